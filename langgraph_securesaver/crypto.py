@@ -1,0 +1,248 @@
+"""Field-level encryption: the token format, associated data, and per-tenant data keys.
+
+Token format (bytes)::
+
+    b"SS" | format version (1 byte, 0x01) | data-key version (4 bytes, big endian)
+          | nonce (12 bytes) | AES-256-GCM ciphertext with 16-byte tag
+
+The tenant is not written in the token: it is part of the associated data, together with the
+thread, the checkpoint namespace and the record the value belongs to. A token moved to any other
+place fails authentication. Text columns (JSON metadata) carry ``"ss1." + urlsafe base64``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import logging
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from hashlib import sha256
+from typing import Protocol
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .errors import TamperedDataError
+from .keyring import KeyProvider, WrappedKey
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"SS\x01"
+TEXT_PREFIX = "ss1."
+_HEADER = struct.Struct(">3sI")
+_NONCE = 12
+_TAG = 16
+MIN_TOKEN_BYTES = _HEADER.size + _NONCE + _TAG
+
+DATA = "data"
+INDEX = "index"
+
+
+def associated_data(*parts: str) -> bytes:
+    """Length-prefixed encoding, so ("a:b", "c") and ("a", "b:c") never collide."""
+    out = bytearray(b"securesaver/aad/v1")
+    for part in parts:
+        raw = part.encode("utf-8", "surrogatepass")
+        out += struct.pack(">I", len(raw))
+        out += raw
+    return bytes(out)
+
+
+def is_token(value: object) -> bool:
+    return isinstance(value, bytes) and len(value) >= MIN_TOKEN_BYTES and value[:3] == MAGIC
+
+
+def token_key_version(token: bytes) -> int:
+    """The data-key version a token names (for audits); raises TamperedDataError if malformed."""
+    if not is_token(token):
+        raise TamperedDataError("not a SecureSaver ciphertext (plain value where one was expected)")
+    return int(_HEADER.unpack_from(token)[1])
+
+
+def to_text(token: bytes) -> str:
+    return TEXT_PREFIX + base64.urlsafe_b64encode(token).decode("ascii")
+
+
+def from_text(text: object) -> bytes:
+    if not isinstance(text, str) or not text.startswith(TEXT_PREFIX):
+        raise TamperedDataError("expected a SecureSaver ciphertext in a text column, found a plain value")
+    try:
+        return base64.urlsafe_b64decode(text[len(TEXT_PREFIX):].encode("ascii"))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        raise TamperedDataError("a text ciphertext is not valid base64") from None
+
+
+@dataclass
+class TenantKeys:
+    """The unwrapped keys of one tenant: versioned data keys and one stable index (HMAC) key."""
+
+    tenant: str
+    current_version: int
+    data: dict[int, AESGCM]
+    index_key: bytes
+    _hmac_cache: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def seal(self, plaintext: bytes, aad: bytes) -> bytes:
+        nonce = secrets.token_bytes(_NONCE)
+        header = _HEADER.pack(MAGIC, self.current_version) + nonce
+        return header + self.data[self.current_version].encrypt(nonce, plaintext, aad)
+
+    def open(self, token: object, aad: bytes) -> bytes:
+        if not isinstance(token, bytes) or not is_token(token):
+            raise TamperedDataError(
+                "a plain value was found where a SecureSaver ciphertext was expected; refusing "
+                "to load it (it was written without encryption, or injected)"
+            )
+        version = int(_HEADER.unpack_from(token)[1])
+        aes = self.data.get(version)
+        if aes is None:
+            raise TamperedDataError(
+                f"ciphertext names data key v{version} of tenant {self.tenant!r}, which is unknown "
+                "(shredded tenant, wrong database, or forged token)"
+            )
+        start = _HEADER.size
+        nonce = token[start:start + _NONCE]
+        try:
+            return aes.decrypt(nonce, token[start + _NONCE:], aad)
+        except InvalidTag:
+            raise TamperedDataError(
+                "ciphertext failed authentication: it was altered, or moved from another tenant, "
+                "thread, namespace or checkpoint"
+            ) from None
+
+    def blind(self, *parts: str) -> str:
+        """A keyed, deterministic digest (blind index / stable token); never reversible."""
+        key = "\x00".join(parts)
+        hit = self._hmac_cache.get(key)
+        if hit is None:
+            hit = hmac.new(self.index_key, key.encode("utf-8", "surrogatepass"), sha256).hexdigest()[:32]
+            if len(self._hmac_cache) < 4096:
+                self._hmac_cache[key] = hit
+        return hit
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """One wrapped key as stored in the registry."""
+
+    tenant: str
+    purpose: str
+    version: int
+    master_version: str
+    wrapped: bytes
+    created_at: float
+
+
+class KeyStore(Protocol):
+    """Where wrapped tenant keys are persisted (the registry implements it)."""
+
+    def load_key_rows(self, tenant: str) -> list[KeyRow]: ...
+
+    def insert_key_rows(self, rows: Sequence[KeyRow]) -> None: ...
+
+
+def wrap_context(tenant: str, purpose: str, version: int) -> bytes:
+    return associated_data("key", tenant, purpose, str(version))
+
+
+class KeyManager:
+    """Unwraps and caches tenant keys; creates them on a tenant's first write.
+
+    Thread-safe. The cache holds unwrapped keys in process memory only.
+    """
+
+    def __init__(self, provider: KeyProvider, store: KeyStore) -> None:
+        self.provider = provider
+        self.store = store
+        self._cache: dict[str, TenantKeys] = {}
+        self._lock = threading.Lock()
+
+    def cached(self, tenant: str) -> TenantKeys | None:
+        return self._cache.get(tenant)
+
+    def forget(self, tenant: str | None = None) -> None:
+        with self._lock:
+            if tenant is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(tenant, None)
+
+    def keys_for(self, tenant: str, *, create: bool = True) -> TenantKeys | None:
+        hit = self._cache.get(tenant)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._cache.get(tenant)
+            if hit is not None:
+                return hit
+            rows = self.store.load_key_rows(tenant)
+            if not rows:
+                if not create:
+                    return None
+                self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
+                rows = self.store.load_key_rows(tenant)  # another process may have won the race
+            keys = self._unwrap(tenant, rows)
+            self._cache[tenant] = keys
+            return keys
+
+    def require(self, tenant: str) -> TenantKeys:
+        keys = self.keys_for(tenant, create=False)
+        if keys is None:
+            raise TamperedDataError(
+                f"tenant {tenant!r} has stored ciphertext but no data keys in the registry "
+                "(shredded tenant, or a registry that does not belong to this database)"
+            )
+        return keys
+
+    def new_data_key(self, tenant: str) -> int:
+        """Add a data-key version for a tenant (data-key rotation); new writes use it."""
+        with self._lock:
+            rows = self.store.load_key_rows(tenant)
+            version = max((r.version for r in rows if r.purpose == DATA), default=0) + 1
+            self.store.insert_key_rows(self._new_rows(tenant, [(DATA, version)]))
+            self._cache.pop(tenant, None)
+        return version
+
+    def _new_rows(self, tenant: str, specs: Iterable[tuple[str, int]]) -> list[KeyRow]:
+        now = time.time()
+        rows = []
+        for purpose, version in specs:
+            wrapped = self.provider.wrap(
+                tenant, secrets.token_bytes(32), wrap_context(tenant, purpose, version)
+            )
+            rows.append(KeyRow(tenant, purpose, version, wrapped.master_version, wrapped.blob, now))
+        return rows
+
+    def _unwrap(self, tenant: str, rows: Sequence[KeyRow]) -> TenantKeys:
+        data: dict[int, AESGCM] = {}
+        index_key: bytes | None = None
+        for row in rows:
+            raw = self.provider.unwrap(
+                tenant, WrappedKey(row.master_version, row.wrapped),
+                wrap_context(tenant, row.purpose, row.version),
+            )
+            if row.purpose == DATA:
+                data[row.version] = AESGCM(raw)
+            elif row.purpose == INDEX:
+                index_key = raw
+        if not data or index_key is None:
+            raise TamperedDataError(f"the key rows of tenant {tenant!r} are incomplete")
+        return TenantKeys(tenant, max(data), data, index_key)
+
+    def rewrap(self, tenant: str, rows: Sequence[KeyRow]) -> list[KeyRow]:
+        """Rows re-sealed under the provider's current master version (no data rewrite)."""
+        out = []
+        for row in rows:
+            ctx = wrap_context(tenant, row.purpose, row.version)
+            raw = self.provider.unwrap(tenant, WrappedKey(row.master_version, row.wrapped), ctx)
+            wrapped = self.provider.wrap(tenant, raw, ctx)
+            out.append(KeyRow(tenant, row.purpose, row.version, wrapped.master_version,
+                              wrapped.blob, row.created_at))
+        return out
+

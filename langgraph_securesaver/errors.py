@@ -1,0 +1,60 @@
+"""Every exception the library raises on purpose.
+
+One type per thing a caller must react to differently; every message says what to do next.
+"""
+
+from __future__ import annotations
+
+
+class SecureSaverError(Exception):
+    """Base class for all langgraph-securesaver errors."""
+
+
+class ConfigurationError(SecureSaverError, ValueError):
+    """The saver was built with missing or contradictory settings."""
+
+
+class KeyringRequired(ConfigurationError):
+    """No keyring was given and none could be found in the environment."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(
+            "SecureSaver needs a keyring: pass keyring=Keyring.from_file(path) or set "
+            "SECURESAVER_MASTER_KEY. Create one with `securesaver keygen --out keyring.json`."
+            + (f" ({detail})" if detail else "")
+        )
+
+
+class TamperedDataError(SecureSaverError):
+    """Stored data could not be authenticated and decrypted.
+
+    Raised for every way a read can fail: a missing or wrong key, a changed byte, a ciphertext
+    moved to another tenant, thread or checkpoint, or a plain value where a ciphertext was
+    expected. Nothing is returned when this is raised.
+    """
+
+
+class TenantRequired(SecureSaverError, LookupError):
+    """An operation needs a tenant and none was given."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(
+            f"{operation} needs a tenant: put tenant_id in config['configurable'], wrap the call "
+            "in `with tenant_scope('acme'):`, or construct SecureSaver(default_tenant=...)."
+        )
+
+
+class AccessDenied(SecureSaverError, PermissionError):
+    """A caller tried to reach another tenant's data. The attempt is recorded."""
+
+
+class AsyncOnlySaverError(SecureSaverError, TypeError):
+    """A synchronous call reached an inner saver that only works asynchronously."""
+
+
+class UnsupportedFilterError(SecureSaverError, ValueError):
+    """list(filter=...) used a protected metadata key in a way the blind index cannot answer."""
+
+
+class DeltaChannelPruneError(SecureSaverError, NotImplementedError):
+    """keep_latest was refused because the thread uses a DeltaChannel."""

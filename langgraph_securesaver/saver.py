@@ -1,0 +1,862 @@
+"""SecureSaver: a BaseCheckpointSaver that encrypts, isolates and records around any saver.
+
+The shared logic (what gets sealed, with which associated data, and how a tuple is opened and
+verified) lives in :class:`_SealedCodec` and in the ``_prepare_*``/``_open_*`` helpers; the sync
+and async methods are thin wrappers that only differ in how they reach the inner saver and the
+registry (async paths never block the event loop: registry calls and sync-only inner savers run
+in a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from .crypto import KeyManager, TenantKeys, associated_data, from_text, to_text
+from .errors import (
+    AccessDenied,
+    AsyncOnlySaverError,
+    ConfigurationError,
+    KeyringRequired,
+    TamperedDataError,
+    TenantRequired,
+    UnsupportedFilterError,
+)
+from .keyring import KeyProvider, Keyring
+from .registry import Registry
+from .storage_ops import DELTA_METADATA_KEYS, StorageOps, ops_for
+from .tenancy import (
+    ThreadRef,
+    current_tenant_scope,
+    outer_thread_id,
+    thread_prefix,
+    validate_tenant,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SEALED_METADATA_KEY = "__securesaver__"
+BLIND_INDEX_PREFIX = "ssbi_"
+DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
+    {"source", "step", "parents", "run_id", *DELTA_METADATA_KEYS}
+)
+_SCALARS = (str, int, float, bool, type(None))
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+
+
+@dataclass(frozen=True)
+class _Denial:
+    actor: str
+    target: str
+    operation: str
+    thread_id: str | None
+
+
+class _SealedCodec:
+    """Turns plaintext checkpoint parts into tokens bound to their place, and back."""
+
+    def __init__(self, serde: SerializerProtocol, allowlist: frozenset[str], blind_index: bool):
+        self.serde = serde
+        self.allowlist = allowlist
+        self.blind_index = blind_index
+
+    # values -------------------------------------------------------------------------------
+    def dump(self, value: Any) -> bytes:
+        type_, data = self.serde.dumps_typed(value)
+        return type_.encode("utf-8") + b"\x00" + data
+
+    def load(self, raw: bytes) -> Any:
+        type_, sep, data = raw.partition(b"\x00")
+        if not sep:
+            raise TamperedDataError("decrypted value has no type header")
+        return self.serde.loads_typed((type_.decode("utf-8"), data))
+
+    @staticmethod
+    def channel_aad(ref: ThreadRef, channel: str, version: Any) -> bytes:
+        return associated_data("cv", ref.tenant, ref.thread_id, ref.checkpoint_ns, channel,
+                               "" if version is None else str(version))
+
+    @staticmethod
+    def write_aad(ref: ThreadRef, checkpoint_id: str, task_id: str, channel: str) -> bytes:
+        return associated_data("w", ref.tenant, ref.thread_id, ref.checkpoint_ns, checkpoint_id,
+                               task_id, channel)
+
+    @staticmethod
+    def metadata_aad(ref: ThreadRef, checkpoint_id: str) -> bytes:
+        return associated_data("md", ref.tenant, ref.thread_id, ref.checkpoint_ns, checkpoint_id)
+
+    # checkpoint ---------------------------------------------------------------------------
+    def seal_checkpoint(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
+                        values: Mapping[str, Any]) -> Checkpoint:
+        versions = checkpoint["channel_versions"]
+        sealed = checkpoint.copy()
+        sealed["channel_values"] = {
+            ch: keys.seal(self.dump(v), self.channel_aad(ref, ch, versions.get(ch)))
+            for ch, v in values.items()
+        }
+        return sealed
+
+    def seal_metadata(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
+                      full: Mapping[str, Any]) -> dict[str, Any]:
+        stored: dict[str, Any] = {k: full[k] for k in self.allowlist if k in full}
+        manifest = {"id": checkpoint["id"], "versions": dict(checkpoint["channel_versions"])}
+        payload = self.dump({"metadata": dict(full), "manifest": manifest})
+        stored[SEALED_METADATA_KEY] = to_text(
+            keys.seal(payload, self.metadata_aad(ref, checkpoint["id"])))
+        if self.blind_index:
+            for key, value in full.items():
+                if key not in self.allowlist and isinstance(value, _SCALARS):
+                    stored[self.blind_key(keys, key)] = self.blind_value(keys, key, value)
+        return stored
+
+    @staticmethod
+    def blind_key(keys: TenantKeys, key: str) -> str:
+        return BLIND_INDEX_PREFIX + keys.blind("bi-key", key)[:16]
+
+    @staticmethod
+    def blind_value(keys: TenantKeys, key: str, value: Any) -> str:
+        return keys.blind("bi-value", key, json.dumps(value, sort_keys=True))
+
+    def translate_filter(self, keys: TenantKeys | None,
+                         filter: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if not filter:
+            return None
+        out: dict[str, Any] = {}
+        for key, value in filter.items():
+            if key in self.allowlist:
+                out[key] = value
+            elif not self.blind_index:
+                raise UnsupportedFilterError(
+                    f"metadata key {key!r} is encrypted and blind_index=False; filter on an "
+                    f"allowlisted key ({sorted(self.allowlist)}) or enable blind_index")
+            elif not isinstance(value, _SCALARS):
+                raise UnsupportedFilterError(
+                    f"metadata key {key!r} is encrypted; its blind index answers equality on "
+                    "str/int/float/bool/None values only")
+            elif keys is not None:
+                out[self.blind_key(keys, key)] = self.blind_value(keys, key, value)
+        return out
+
+    def open_tuple(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                   outer: Callable[[RunnableConfig | None], RunnableConfig | None]
+                   ) -> CheckpointTuple:
+        checkpoint = tup.checkpoint
+        cid = checkpoint["id"]
+        if tup.config["configurable"].get("checkpoint_id") not in (None, cid):
+            raise TamperedDataError("checkpoint row and checkpoint body disagree on the id")
+        stored_md: Mapping[str, Any] = tup.metadata or {}
+        payload = self.load(keys.open(from_text(stored_md.get(SEALED_METADATA_KEY)),
+                                      self.metadata_aad(ref, cid)))
+        metadata, manifest = payload["metadata"], payload["manifest"]
+        if manifest["id"] != cid or manifest["versions"] != dict(checkpoint["channel_versions"]):
+            raise TamperedDataError(
+                "checkpoint structure does not match its sealed manifest (rolled back or swapped)")
+        for key, value in stored_md.items():
+            if key == SEALED_METADATA_KEY or key.startswith(BLIND_INDEX_PREFIX):
+                continue
+            if key not in self.allowlist or metadata.get(key) != value:
+                raise TamperedDataError(f"clear metadata key {key!r} was added or altered")
+        versions = checkpoint["channel_versions"]
+        opened = checkpoint.copy()
+        opened["channel_values"] = {
+            ch: self.load(keys.open(tok, self.channel_aad(ref, ch, versions.get(ch))))
+            for ch, tok in checkpoint["channel_values"].items()
+        }
+        writes = [
+            (task_id, ch, self.load(keys.open(tok, self.write_aad(ref, cid, task_id, ch))))
+            for task_id, ch, tok in (tup.pending_writes or [])
+        ]
+        return CheckpointTuple(
+            config=outer(tup.config) or tup.config,
+            checkpoint=opened,
+            metadata=metadata,
+            parent_config=outer(tup.parent_config),
+            pending_writes=writes,
+        )
+
+
+class SecureSaver(BaseCheckpointSaver):
+    """Wrap ``inner`` so every value, write and metadata field is encrypted per tenant.
+
+    Args:
+        inner: any LangGraph saver (InMemorySaver, SqliteSaver, AsyncSqliteSaver, PostgresSaver,
+            AsyncPostgresSaver, or your own).
+        keyring: where master keys come from (a :class:`Keyring` or any :class:`KeyProvider`).
+            ``None`` reads ``SECURESAVER_MASTER_KEY``; with neither, construction fails.
+        registry: SecureSaver's own tables: a :class:`Registry`, a SQLAlchemy URL, or ``None``
+            (an in-memory registry for an InMemorySaver; the inner saver's own database for
+            SQLite savers; otherwise an error, since losing the wrapped keys loses the data).
+        redaction: a ``Redactor`` applied to channel values and writes before encryption;
+            ``None`` turns redaction off.
+        retention: a default retention policy (see the retention module).
+        default_tenant: the tenant for calls that name none.
+        metadata_allowlist: metadata keys stored in clear (for ``list(filter=...)``).
+        blind_index: store a keyed HMAC of each protected scalar metadata value so equality
+            filters on protected keys keep working (reveals equality, never the value).
+        activity_resolution: seconds between registry updates of a thread's last activity.
+    """
+
+    def __init__(
+        self,
+        inner: BaseCheckpointSaver,
+        *,
+        keyring: KeyProvider | None = None,
+        registry: Registry | str | None = None,
+        redaction: Any = DEFAULT,
+        retention: Any = None,
+        default_tenant: str | None = None,
+        metadata_allowlist: frozenset[str] | set[str] | None = None,
+        blind_index: bool = True,
+        activity_resolution: float = 60.0,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(serde=serde or JsonPlusSerializer())
+        if not isinstance(inner, BaseCheckpointSaver):
+            raise ConfigurationError(f"inner must be a BaseCheckpointSaver, got {type(inner)!r}")
+        if isinstance(inner, SecureSaver):
+            raise ConfigurationError("SecureSaver cannot wrap another SecureSaver")
+        if keyring is None:
+            try:
+                keyring = Keyring.from_env()
+            except KeyringRequired:
+                raise KeyringRequired() from None
+        if not isinstance(keyring, KeyProvider):
+            raise ConfigurationError("keyring must implement the KeyProvider protocol")
+        self.inner = inner
+        self.keyring = keyring
+        self.registry = self._make_registry(inner, registry)
+        self.keys = KeyManager(keyring, self.registry)
+        self.default_tenant = validate_tenant(default_tenant) if default_tenant else None
+        allow = frozenset(metadata_allowlist) if metadata_allowlist is not None else (
+            DEFAULT_METADATA_ALLOWLIST)
+        self.metadata_allowlist = allow | frozenset(DELTA_METADATA_KEYS)
+        self.blind_index = blind_index
+        self.redactor = self._make_redactor(redaction)
+        self.retention = retention
+        self.activity_resolution = activity_resolution
+        self._ops: StorageOps = ops_for(inner)
+        self._touched: dict[tuple[str, str], float] = {}
+        self._async_only = _is_async_only(inner)
+        self._sync_only = _is_sync_only(inner)
+
+    # construction helpers -----------------------------------------------------------------
+    @staticmethod
+    def _make_registry(inner: BaseCheckpointSaver, registry: Registry | str | None) -> Registry:
+        if isinstance(registry, Registry):
+            return registry
+        if isinstance(registry, str):
+            return Registry(registry)
+        if isinstance(inner, InMemorySaver):
+            return Registry.in_memory()
+        path = _sqlite_path(inner)
+        if path == "":
+            return Registry.in_memory()
+        if path is not None:
+            return Registry(f"sqlite:///{path}")
+        raise ConfigurationError(
+            f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
+            "wrapped tenant keys and must be as durable as the checkpoints (usually the same "
+            "database; SecureSaver.from_url does this for you)")
+
+    @staticmethod
+    def _make_redactor(redaction: Any) -> Any:
+        if redaction is None:
+            return None
+        if redaction is DEFAULT:
+            try:
+                from .redaction import Redactor
+            except ImportError:  # redaction package not importable: fail closed
+                raise ConfigurationError(
+                    "redaction is on by default but langgraph_securesaver.redaction could not "
+                    "be imported; pass redaction=None to run without it") from None
+            return Redactor()
+        return redaction
+
+    @property
+    def codec(self) -> _SealedCodec:
+        # built on demand so with_allowlist() clones (which swap self.serde) stay consistent
+        codec: _SealedCodec | None = self.__dict__.get("_codec")
+        if codec is None or codec.serde is not self.serde:
+            codec = _SealedCodec(self.serde, self.metadata_allowlist, self.blind_index)
+            self.__dict__["_codec"] = codec
+        return codec
+
+    def setup(self) -> None:
+        """Create and migrate SecureSaver's tables (and the inner saver's, when it has setup)."""
+        self.registry.setup()
+        inner_setup = getattr(self.inner, "setup", None)
+        if callable(inner_setup) and not asyncio.iscoroutinefunction(inner_setup):
+            inner_setup()
+
+    async def asetup(self) -> None:
+        await asyncio.to_thread(self.registry.setup)
+        inner_setup = getattr(self.inner, "setup", None)
+        if callable(inner_setup):
+            if asyncio.iscoroutinefunction(inner_setup):
+                await inner_setup()
+            else:
+                await asyncio.to_thread(inner_setup)
+
+    # tenancy ------------------------------------------------------------------------------
+    def _tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
+        scoped = current_tenant_scope()
+        if explicit is not None:
+            explicit = validate_tenant(explicit)
+            if scoped is not None and explicit != scoped:
+                raise _DeniedError(_Denial(scoped, explicit, operation, thread_id))
+        tenant = scoped or explicit or self.default_tenant
+        if tenant is None:
+            raise TenantRequired(operation)
+        return tenant
+
+    def _ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+        conf = config.get("configurable") or {}
+        thread_id = conf.get("thread_id")
+        if thread_id is None or thread_id == "":
+            raise ConfigurationError(f"{operation} needs config['configurable']['thread_id']")
+        thread_id = str(thread_id)
+        tenant = self._tenant(operation, conf.get("tenant_id"), thread_id)
+        return ThreadRef(tenant, thread_id, str(conf.get("checkpoint_ns", "") or ""))
+
+    def _record_denial(self, denial: _Denial) -> AccessDenied:
+        logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
+                       denial.actor, denial.operation, denial.target, denial.thread_id)
+        try:
+            self.registry.record_event(
+                "access_denied", tenant=denial.target, thread_id=denial.thread_id,
+                actor=denial.actor, operation=denial.operation)
+        except Exception:  # the denial itself must still reach the caller
+            logger.exception("could not record an access-denied event")
+        return AccessDenied(
+            f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
+            f"{denial.target!r}; the attempt was recorded")
+
+    def _scoped(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except _DeniedError as denied:
+            raise self._record_denial(denied.denial) from None
+
+    async def _ascoped(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except _DeniedError as denied:
+            raise await asyncio.to_thread(self._record_denial, denied.denial) from None
+
+    # inner-saver plumbing -----------------------------------------------------------------
+    def _sync_inner(self, operation: str) -> BaseCheckpointSaver:
+        if self._async_only:
+            loop = getattr(self.inner, "loop", None)
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if loop is None or not loop.is_running() or running is loop:
+                raise AsyncOnlySaverError(
+                    f"{type(self.inner).__name__} is async-only: call a{operation}() (or "
+                    "graph.ainvoke/astream) instead of the sync API, or wrap a sync saver")
+        return self.inner
+
+    async def _ainner(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._sync_only:
+            return await asyncio.to_thread(getattr(self.inner, name), *args, **kwargs)
+        return await getattr(self.inner, "a" + name)(*args, **kwargs)
+
+    @staticmethod
+    def _inner_config(ref: ThreadRef, config: RunnableConfig | None = None,
+                      *, with_ns: bool = True) -> RunnableConfig:
+        conf = (config or {}).get("configurable") or {}
+        out: dict[str, Any] = {"thread_id": ref.inner_id}
+        if with_ns:
+            out["checkpoint_ns"] = ref.checkpoint_ns
+        if conf.get("checkpoint_id"):
+            out["checkpoint_id"] = conf["checkpoint_id"]
+        return {"configurable": out}
+
+    def _outer(self, tenant: str) -> Callable[[RunnableConfig | None], RunnableConfig | None]:
+        def convert(config: RunnableConfig | None) -> RunnableConfig | None:
+            if config is None:
+                return None
+            conf = dict(config["configurable"])
+            thread = outer_thread_id(tenant, str(conf["thread_id"]))
+            if thread is None:
+                raise TamperedDataError("inner saver returned a thread of another tenant")
+            conf["thread_id"] = thread
+            conf["tenant_id"] = tenant
+            return {"configurable": conf}
+        return convert
+
+    def _ref_of(self, tenant: str, tup: CheckpointTuple) -> ThreadRef | None:
+        conf = tup.config["configurable"]
+        thread = outer_thread_id(tenant, str(conf["thread_id"]))
+        if thread is None:
+            return None
+        return ThreadRef(tenant, thread, str(conf.get("checkpoint_ns", "") or ""))
+
+    def _touch_due(self, ref: ThreadRef) -> bool:
+        key = (ref.tenant, ref.thread_id)
+        now = time.monotonic()
+        last = self._touched.get(key)
+        if last is not None and now - last < self.activity_resolution:
+            return False
+        if len(self._touched) > 100_000:
+            self._touched.clear()
+        self._touched[key] = now
+        return True
+
+    def _forget_touch(self, tenant: str, thread_id: str) -> None:
+        self._touched.pop((tenant, thread_id), None)
+
+    # keys ---------------------------------------------------------------------------------
+    def _keys(self, tenant: str) -> TenantKeys:
+        keys = self.keys.keys_for(tenant, create=True)
+        if keys is None:  # create=True always returns keys; kept for the type checker
+            raise TamperedDataError(f"no keys for tenant {tenant!r}")
+        return keys
+
+    async def _akeys(self, tenant: str) -> TenantKeys:
+        return self.keys.cached(tenant) or await asyncio.to_thread(self._keys, tenant)
+
+    async def _akeys_existing(self, tenant: str) -> TenantKeys | None:
+        return self.keys.cached(tenant) or await asyncio.to_thread(
+            self.keys.keys_for, tenant, create=False)
+
+    # put preparation (shared) --------------------------------------------------------------
+    def _prepare_put(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
+                     checkpoint: Checkpoint, metadata: CheckpointMetadata
+                     ) -> tuple[Checkpoint, dict[str, Any]]:
+        values = checkpoint["channel_values"]
+        if self.redactor is not None:
+            values = self._redact_values(keys, ref, values)
+        sealed = self.codec.seal_checkpoint(keys, ref, checkpoint, values)
+        full = get_checkpoint_metadata(config, metadata)
+        return sealed, self.codec.seal_metadata(keys, ref, checkpoint, full)
+
+    def _prepare_writes(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
+                        writes: Sequence[tuple[str, Any]], task_id: str
+                        ) -> list[tuple[str, bytes]]:
+        cid = (config.get("configurable") or {}).get("checkpoint_id")
+        if not cid:
+            raise ConfigurationError("put_writes needs config['configurable']['checkpoint_id']")
+        if self.redactor is not None:
+            writes = [(ch, self._redact_one(keys, ref, ch, v)) for ch, v in writes]
+        return [(ch, keys.seal(self.codec.dump(v), self.codec.write_aad(ref, cid, task_id, ch)))
+                for ch, v in writes]
+
+    def _redact_values(self, keys: TenantKeys, ref: ThreadRef,
+                       values: Mapping[str, Any]) -> dict[str, Any]:
+        return {ch: self._redact_one(keys, ref, ch, v) for ch, v in values.items()}
+
+    def _redact_one(self, keys: TenantKeys, ref: ThreadRef, channel: str, value: Any) -> Any:
+        redacted, _entries = self.redactor.redact_value(
+            value, channel=channel, token_key=keys.index_key)
+        return redacted
+
+    # --------------------------------------------------------------------------------------
+    # sync API
+    # --------------------------------------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ref = self._scoped(lambda: self._ref(config, "get_tuple"))
+        tup = self._sync_inner("get_tuple").get_tuple(self._inner_config(ref, config))
+        if tup is None:
+            return None
+        return self.codec.open_tuple(self.keys.require(ref.tenant), ref, tup,
+                                     self._outer(ref.tenant))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        tenant, inner_config, inner_before, one_thread = self._scoped(
+            lambda: self._list_args(config, before))
+        keys = self.keys.keys_for(tenant, create=False)
+        if keys is None:
+            return
+        inner_filter = self.codec.translate_filter(keys, filter)
+        inner = self._sync_inner("list")
+        yielded = 0
+        for tup in inner.list(inner_config, filter=inner_filter, before=inner_before,
+                              limit=limit if one_thread else None):
+            opened = self._open_listed(keys, tenant, tup)
+            if opened is None:
+                continue
+            yield opened
+            yielded += 1
+            if limit is not None and yielded >= limit:
+                return
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        ref = self._scoped(lambda: self._ref(config, "put"))
+        inner = self._sync_inner("put")
+        keys = self._keys(ref.tenant)
+        sealed, md = self._prepare_put(keys, ref, config, checkpoint, metadata)
+        if self._touch_due(ref):
+            self.registry.touch_thread(ref.tenant, ref.thread_id)
+        saved = inner.put(self._inner_config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
+        return self._outer(ref.tenant)(saved) or saved
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        ref = self._scoped(lambda: self._ref(config, "put_writes"))
+        inner = self._sync_inner("put_writes")
+        sealed = self._prepare_writes(self._keys(ref.tenant), ref, config, writes, task_id)
+        inner.put_writes(self._inner_config(ref, config), sealed, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        tenant = self._scoped(lambda: self._tenant("delete_thread", thread_id=str(thread_id)))
+        ref = ThreadRef(tenant, str(thread_id))
+        self._sync_inner("delete_thread").delete_thread(ref.inner_id)
+        self._after_delete(tenant, [ref.thread_id], "delete_thread")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        tenant = self._scoped(lambda: self._tenant("delete_for_runs"))
+        run_ids = _str_list(run_ids, "run_ids")
+        if not run_ids:
+            return
+        self._sync_inner("delete_for_runs")
+        self._ops.delete_for_runs(thread_prefix(tenant), run_ids)
+        self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        tenant = self._scoped(lambda: self._tenant("copy_thread", thread_id=str(source_thread_id)))
+        with _tenant_pinned(tenant):
+            src = {"configurable": {"thread_id": str(source_thread_id), "tenant_id": tenant}}
+            dst = {"configurable": {"thread_id": str(target_thread_id), "tenant_id": tenant}}
+            if self.get_tuple(dst) is not None:
+                raise ConfigurationError(
+                    f"copy_thread target {target_thread_id!r} already has checkpoints")
+            tuples = list(self.list(src))
+            for tup in reversed(tuples):
+                for cfg, ckpt, md, versions, writes in _copy_plan(tup, dst):
+                    saved = self.put(cfg, ckpt, md, versions)
+                    for task_id, task_writes in writes.items():
+                        self.put_writes(saved, task_writes, task_id)
+        self.registry.record_event("thread_copied", tenant=tenant, thread_id=str(target_thread_id),
+                                   source=str(source_thread_id), checkpoints=len(tuples))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        tenant = self._scoped(lambda: self._tenant("prune"))
+        ids = _str_list(thread_ids, "thread_ids")
+        _check_strategy(strategy)
+        if not ids:
+            return
+        refs = [ThreadRef(tenant, t) for t in ids]
+        self._sync_inner("prune")
+        if strategy == "delete":
+            self._ops.delete_threads([r.inner_id for r in refs])
+            self._after_delete(tenant, ids, "prune")
+        else:
+            self._ops.keep_latest([r.inner_id for r in refs])
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        return self.inner.get_next_version(current, channel)
+
+    # --------------------------------------------------------------------------------------
+    # async API
+    # --------------------------------------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ref = await self._ascoped(lambda: self._ref(config, "get_tuple"))
+        tup = await self._ainner("get_tuple", self._inner_config(ref, config))
+        if tup is None:
+            return None
+        keys = await self._akeys_existing(ref.tenant)
+        if keys is None:
+            keys = self.keys.require(ref.tenant)  # raises TamperedDataError
+        return self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        tenant, inner_config, inner_before, one_thread = await self._ascoped(
+            lambda: self._list_args(config, before))
+        keys = await self._akeys_existing(tenant)
+        if keys is None:
+            return
+        inner_filter = self.codec.translate_filter(keys, filter)
+        inner_limit = limit if one_thread else None
+        if self._sync_only:
+            rows: Any = await asyncio.to_thread(lambda: list(self.inner.list(
+                inner_config, filter=inner_filter, before=inner_before, limit=inner_limit)))
+        else:
+            rows = self.inner.alist(inner_config, filter=inner_filter, before=inner_before,
+                                    limit=inner_limit)
+        yielded = 0
+        async for tup in _aiter(rows):
+            opened = self._open_listed(keys, tenant, tup)
+            if opened is None:
+                continue
+            yield opened
+            yielded += 1
+            if limit is not None and yielded >= limit:
+                return
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        ref = await self._ascoped(lambda: self._ref(config, "put"))
+        keys = await self._akeys(ref.tenant)
+        sealed, md = self._prepare_put(keys, ref, config, checkpoint, metadata)
+        if self._touch_due(ref):
+            await asyncio.to_thread(self.registry.touch_thread, ref.tenant, ref.thread_id)
+        saved = await self._ainner("put", self._inner_config(ref, config), sealed, md,
+                                   new_versions)
+        return self._outer(ref.tenant)(saved) or saved
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        ref = await self._ascoped(lambda: self._ref(config, "put_writes"))
+        keys = await self._akeys(ref.tenant)
+        sealed = self._prepare_writes(keys, ref, config, writes, task_id)
+        await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
+                           task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        tenant = await self._ascoped(
+            lambda: self._tenant("delete_thread", thread_id=str(thread_id)))
+        ref = ThreadRef(tenant, str(thread_id))
+        await self._ainner("delete_thread", ref.inner_id)
+        await asyncio.to_thread(self._after_delete, tenant, [ref.thread_id], "delete_thread")
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        tenant = await self._ascoped(lambda: self._tenant("delete_for_runs"))
+        run_ids = _str_list(run_ids, "run_ids")
+        if not run_ids:
+            return
+        if self._sync_only:
+            await asyncio.to_thread(self._ops.delete_for_runs, thread_prefix(tenant), run_ids)
+        else:
+            await self._ops.adelete_for_runs(thread_prefix(tenant), run_ids)
+        await asyncio.to_thread(self.registry.record_event, "runs_deleted", tenant=tenant,
+                                run_ids=run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        tenant = await self._ascoped(
+            lambda: self._tenant("copy_thread", thread_id=str(source_thread_id)))
+        with _tenant_pinned(tenant):
+            src = {"configurable": {"thread_id": str(source_thread_id), "tenant_id": tenant}}
+            dst = {"configurable": {"thread_id": str(target_thread_id), "tenant_id": tenant}}
+            if await self.aget_tuple(dst) is not None:
+                raise ConfigurationError(
+                    f"copy_thread target {target_thread_id!r} already has checkpoints")
+            tuples = [t async for t in self.alist(src)]
+            for tup in reversed(tuples):
+                for cfg, ckpt, md, versions, writes in _copy_plan(tup, dst):
+                    saved = await self.aput(cfg, ckpt, md, versions)
+                    for task_id, task_writes in writes.items():
+                        await self.aput_writes(saved, task_writes, task_id)
+        await asyncio.to_thread(
+            self.registry.record_event, "thread_copied", tenant=tenant,
+            thread_id=str(target_thread_id), source=str(source_thread_id),
+            checkpoints=len(tuples))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        tenant = await self._ascoped(lambda: self._tenant("prune"))
+        ids = _str_list(thread_ids, "thread_ids")
+        _check_strategy(strategy)
+        if not ids:
+            return
+        inner_ids = [ThreadRef(tenant, t).inner_id for t in ids]
+        if strategy == "delete":
+            if self._sync_only:
+                await asyncio.to_thread(self._ops.delete_threads, inner_ids)
+            else:
+                await self._ops.adelete_threads(inner_ids)
+            await asyncio.to_thread(self._after_delete, tenant, ids, "prune")
+        elif self._sync_only:
+            await asyncio.to_thread(self._ops.keep_latest, inner_ids)
+        else:
+            await self._ops.akeep_latest(inner_ids)
+
+    # shared helpers -----------------------------------------------------------------------
+    def _list_args(self, config: RunnableConfig | None, before: RunnableConfig | None
+                   ) -> tuple[str, RunnableConfig | None, RunnableConfig | None, bool]:
+        if config is None:
+            tenant = self._tenant("list(None)")
+            inner_config = None
+        else:
+            ref = self._ref(config, "list")
+            tenant = ref.tenant
+            has_ns = "checkpoint_ns" in (config.get("configurable") or {})
+            inner_config = self._inner_config(ref, config, with_ns=has_ns)
+        inner_before = None
+        if before is not None:
+            bconf = before.get("configurable") or {}
+            if bconf.get("thread_id") is not None:
+                bref = self._ref(before, "list(before=...)")
+                if bref.tenant != tenant:
+                    raise _DeniedError(_Denial(tenant, bref.tenant, "list", bref.thread_id))
+                inner_before = self._inner_config(bref, before)
+            else:
+                inner_before = before
+        return tenant, inner_config, inner_before, config is not None
+
+    def _open_listed(self, keys: TenantKeys, tenant: str,
+                     tup: CheckpointTuple) -> CheckpointTuple | None:
+        ref = self._ref_of(tenant, tup)
+        if ref is None:
+            return None  # another tenant's row in an unscoped inner listing
+        return self.codec.open_tuple(keys, ref, tup, self._outer(tenant))
+
+    def _after_delete(self, tenant: str, thread_ids: Sequence[str], how: str) -> None:
+        for thread_id in thread_ids:
+            self.registry.forget_thread(tenant, thread_id)
+            self._forget_touch(tenant, thread_id)
+            self.registry.record_event("thread_deleted", tenant=tenant, thread_id=thread_id,
+                                       via=how)
+
+    # constructors -------------------------------------------------------------------------
+    @classmethod
+    @contextmanager
+    def from_url(cls, url: str, *, keyring: KeyProvider | None = None,
+                 **options: Any) -> Iterator[SecureSaver]:
+        """A SecureSaver on one database (inner saver + registry), set up and ready.
+
+        ``sqlite:///path.db`` (or ``sqlite:///:memory:``) or ``postgresql://...``.
+        """
+        from .backends import open_sync_inner
+        with open_sync_inner(url) as (inner, registry_url):
+            saver = cls(inner, keyring=keyring, registry=registry_url, **options)
+            saver.setup()
+            try:
+                yield saver
+            finally:
+                saver.registry.dispose()
+
+    @classmethod
+    @asynccontextmanager
+    async def afrom_url(cls, url: str, *, keyring: KeyProvider | None = None,
+                        **options: Any) -> AsyncIterator[SecureSaver]:
+        """Async twin of :meth:`from_url` (AsyncSqliteSaver / AsyncPostgresSaver inside)."""
+        from .backends import open_async_inner
+        async with open_async_inner(url) as (inner, registry_url):
+            saver = cls(inner, keyring=keyring, registry=registry_url, **options)
+            await saver.asetup()
+            try:
+                yield saver
+            finally:
+                await asyncio.to_thread(saver.registry.dispose)
+
+
+class _DeniedError(Exception):
+    def __init__(self, denial: _Denial) -> None:
+        super().__init__(denial)
+        self.denial = denial
+
+
+@contextmanager
+def _tenant_pinned(tenant: str) -> Iterator[None]:
+    """Inside copy_thread the resolved tenant acts for itself (scope or default alike)."""
+    from .tenancy import tenant_scope
+    if current_tenant_scope() == tenant:
+        yield
+        return
+    with tenant_scope(tenant):
+        yield
+
+
+def _copy_plan(tup: CheckpointTuple, dst: RunnableConfig) -> Iterator[
+        tuple[RunnableConfig, Checkpoint, CheckpointMetadata, ChannelVersions,
+              dict[str, list[tuple[str, Any]]]]]:
+    conf = dict(dst["configurable"])
+    conf["checkpoint_ns"] = tup.config["configurable"].get("checkpoint_ns", "")
+    if tup.parent_config is not None:
+        conf["checkpoint_id"] = tup.parent_config["configurable"]["checkpoint_id"]
+    writes: dict[str, list[tuple[str, Any]]] = {}
+    for task_id, channel, value in tup.pending_writes or []:
+        writes.setdefault(task_id, []).append((channel, value))
+    checkpoint = tup.checkpoint
+    yield ({"configurable": conf}, checkpoint, tup.metadata,
+           dict(checkpoint["channel_versions"]), writes)
+
+
+def _str_list(values: Sequence[str], name: str) -> list[str]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of ids, not a single string")
+    return [str(v) for v in values]
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in PRUNE_STRATEGIES:
+        raise ValueError(f"unknown prune strategy {strategy!r}; use one of {PRUNE_STRATEGIES}")
+
+
+async def _aiter(rows: Any) -> AsyncIterator[Any]:
+    if hasattr(rows, "__aiter__"):
+        async for row in rows:
+            yield row
+    else:
+        for row in rows:
+            yield row
+
+
+def _is_async_only(inner: BaseCheckpointSaver) -> bool:
+    return isinstance(getattr(inner, "loop", None), asyncio.AbstractEventLoop)
+
+
+def _is_sync_only(inner: BaseCheckpointSaver) -> bool:
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        if isinstance(inner, SqliteSaver):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        if isinstance(inner, PostgresSaver):
+            return True
+    except ImportError:
+        pass
+    return type(inner).aget_tuple is BaseCheckpointSaver.aget_tuple
+
+
+def _sqlite_path(inner: BaseCheckpointSaver) -> str | None:
+    """The file behind a sync SqliteSaver ("" for in-memory), or None if not a SqliteSaver."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+    except ImportError:  # pragma: no cover
+        return None
+    if not isinstance(inner, SqliteSaver):
+        return None
+    rows = inner.conn.execute("PRAGMA database_list").fetchall()
+    for _seq, name, file in rows:
+        if name == "main":
+            return file or ""
+    return ""

@@ -1,0 +1,330 @@
+"""What the BaseCheckpointSaver API lacks, done natively on the inner saver's own storage.
+
+``keep_latest`` pruning and ``delete_for_runs`` must work on every backend we claim, and must
+never be a delete-then-rewrite: each operation below deletes older rows inside one transaction
+(or one synchronous step for the in-memory saver), so the latest checkpoint is never at risk.
+Threads that use a ``DeltaChannel`` are refused for ``keep_latest`` (see the base-class warning):
+their latest value is rebuilt from the older checkpoints this would delete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+
+from .errors import DeltaChannelPruneError
+
+logger = logging.getLogger(__name__)
+
+DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
+
+# --- SQLite (langgraph-checkpoint-sqlite schema) ---------------------------------------------
+SQLITE_DELTA_THREAD = """
+SELECT 1 FROM checkpoints WHERE thread_id = ? AND (
+    json_extract(CAST(metadata AS TEXT), '$.counters_since_delta_snapshot') IS NOT NULL
+    OR json_extract(CAST(metadata AS TEXT), '$.delta_writes_versioned') IS NOT NULL
+) LIMIT 1
+"""
+SQLITE_HEADS = """
+SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ? GROUP BY checkpoint_ns
+"""
+SQLITE_PRUNE_WRITES = """
+DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id < ?
+"""
+SQLITE_PRUNE_CHECKPOINTS = """
+DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id < ?
+"""
+SQLITE_DETACH_HEAD = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+SQLITE_RUN_CHECKPOINTS = """
+SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints
+WHERE substr(thread_id, 1, ?) = ?
+AND json_extract(CAST(metadata AS TEXT), '$.run_id') IN ({placeholders})
+"""
+SQLITE_DELETE_CHECKPOINT = """
+DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+SQLITE_DELETE_CHECKPOINT_WRITES = """
+DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+
+# --- PostgreSQL (langgraph-checkpoint-postgres schema) ---------------------------------------
+PG_DELETE_RUNS = """
+WITH gone AS (
+    DELETE FROM checkpoints
+    WHERE left(thread_id, %(plen)s) = %(prefix)s AND metadata ->> 'run_id' = ANY(%(runs)s)
+    RETURNING thread_id, checkpoint_ns, checkpoint_id
+)
+DELETE FROM checkpoint_writes w USING gone g
+WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
+AND w.checkpoint_id = g.checkpoint_id
+"""
+
+
+def _sqlite_keep_latest_statements(cur: Any, thread_id: str) -> None:
+    if cur.execute(SQLITE_DELTA_THREAD, (thread_id,)).fetchone():
+        raise DeltaChannelPruneError(
+            f"thread {thread_id!r} uses a DeltaChannel; keep_latest would rebuild it as empty. "
+            "Use strategy='delete' or leave the thread unpruned."
+        )
+    for ns, head in cur.execute(SQLITE_HEADS, (thread_id,)).fetchall():
+        cur.execute(SQLITE_PRUNE_WRITES, (thread_id, ns, head))
+        cur.execute(SQLITE_PRUNE_CHECKPOINTS, (thread_id, ns, head))
+        cur.execute(SQLITE_DETACH_HEAD, (thread_id, ns, head))
+
+
+class StorageOps:
+    """Fallback: use the inner saver's own implementation if it has one."""
+
+    def __init__(self, inner: BaseCheckpointSaver) -> None:
+        self.inner = inner
+
+    def _has(self, name: str) -> bool:
+        return getattr(type(self.inner), name, None) is not getattr(BaseCheckpointSaver, name)
+
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self.inner).__name__} does not implement {what}, and SecureSaver has no "
+            "native implementation for it; use InMemorySaver, SQLite or Postgres savers, or "
+            f"implement {what} on your saver"
+        )
+
+    def keep_latest(self, inner_ids: Sequence[str]) -> None:
+        if not self._has("prune"):
+            raise self._unsupported("prune(strategy='keep_latest')")
+        self.inner.prune(inner_ids, strategy="keep_latest")
+
+    async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
+        if not self._has("aprune"):
+            raise self._unsupported("aprune(strategy='keep_latest')")
+        await self.inner.aprune(inner_ids, strategy="keep_latest")
+
+    def delete_threads(self, inner_ids: Sequence[str]) -> None:
+        for tid in inner_ids:
+            self.inner.delete_thread(tid)
+
+    async def adelete_threads(self, inner_ids: Sequence[str]) -> None:
+        for tid in inner_ids:
+            await self.inner.adelete_thread(tid)
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        raise self._unsupported("delete_for_runs scoped to one tenant")
+
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        raise self._unsupported("delete_for_runs scoped to one tenant")
+
+
+class MemoryOps(StorageOps):
+    """InMemorySaver: its dictionaries are its storage; each operation is one synchronous step."""
+
+    inner: InMemorySaver
+
+    def _delete_checkpoints(self, thread_id: str, ns: str, ids: Sequence[str]) -> None:
+        by_ns = self.inner.storage.get(thread_id, {})
+        for cid in ids:
+            by_ns.get(ns, {}).pop(cid, None)
+            self.inner.writes.pop((thread_id, ns, cid), None)
+        self._collect_blobs(thread_id, ns)
+
+    def _collect_blobs(self, thread_id: str, ns: str) -> None:
+        serde = self.inner.serde
+        referenced: set[tuple[str, Any]] = set()
+        for saved, _md, _parent in self.inner.storage.get(thread_id, {}).get(ns, {}).values():
+            for ch, ver in serde.loads_typed(saved).get("channel_versions", {}).items():
+                referenced.add((ch, ver))
+        for key in [k for k in self.inner.blobs if k[0] == thread_id and k[1] == ns]:
+            if (key[2], key[3]) not in referenced:
+                del self.inner.blobs[key]
+
+    def keep_latest(self, inner_ids: Sequence[str]) -> None:
+        serde = self.inner.serde
+        for tid in inner_ids:
+            namespaces = self.inner.storage.get(tid, {})
+            for by_id in namespaces.values():
+                for _saved, md, _parent in by_id.values():
+                    if any(k in serde.loads_typed(md) for k in DELTA_METADATA_KEYS):
+                        raise DeltaChannelPruneError(
+                            f"thread {tid!r} uses a DeltaChannel; keep_latest refused"
+                        )
+            for ns, by_id in list(namespaces.items()):
+                if not by_id:
+                    continue
+                head = max(by_id)
+                saved, md, _parent = by_id[head]
+                by_id[head] = (saved, md, None)
+                self._delete_checkpoints(tid, ns, [c for c in by_id if c != head])
+
+    async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
+        self.keep_latest(inner_ids)
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        wanted = set(run_ids)
+        serde = self.inner.serde
+        for tid, namespaces in list(self.inner.storage.items()):
+            if not tid.startswith(prefix):
+                continue
+            for ns, by_id in list(namespaces.items()):
+                doomed = [cid for cid, (_s, md, _p) in by_id.items()
+                          if serde.loads_typed(md).get("run_id") in wanted]
+                if doomed:
+                    self._delete_checkpoints(tid, ns, doomed)
+
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        self.delete_for_runs(prefix, run_ids)
+
+
+class SqliteOps(StorageOps):
+    """SqliteSaver: SQL on its connection, one IMMEDIATE transaction per operation."""
+
+    def _transaction(self, body: Any) -> None:
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            conn = inner.conn
+            if conn.in_transaction:
+                conn.commit()
+            cur = conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                body(cur)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                cur.close()
+
+    def keep_latest(self, inner_ids: Sequence[str]) -> None:
+        for tid in inner_ids:
+            self._transaction(lambda cur, tid=tid: _sqlite_keep_latest_statements(cur, tid))
+
+    async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
+        import asyncio
+        await asyncio.to_thread(self.keep_latest, inner_ids)
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        if not run_ids:
+            return
+        sql = SQLITE_RUN_CHECKPOINTS.format(placeholders=",".join("?" * len(run_ids)))
+
+        def body(cur: Any) -> None:
+            rows = cur.execute(sql, (len(prefix), prefix, *run_ids)).fetchall()
+            for row in rows:
+                cur.execute(SQLITE_DELETE_CHECKPOINT_WRITES, row)
+                cur.execute(SQLITE_DELETE_CHECKPOINT, row)
+
+        self._transaction(body)
+
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        import asyncio
+        await asyncio.to_thread(self.delete_for_runs, prefix, run_ids)
+
+
+class AsyncSqliteOps(StorageOps):
+    """AsyncSqliteSaver: the same SQL through aiosqlite, one IMMEDIATE transaction each."""
+
+    async def _atransaction(self, body: Any) -> None:
+        inner: Any = self.inner
+        await inner.setup()
+        async with inner.lock:
+            conn = inner.conn
+            if conn.in_transaction:
+                await conn.commit()
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+                await body(conn)
+                await conn.commit()
+            except BaseException:
+                await conn.rollback()
+                raise
+
+    async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
+        for tid in inner_ids:
+            async def body(conn: Any, tid: str = tid) -> None:
+                async with conn.execute(SQLITE_DELTA_THREAD, (tid,)) as cur:
+                    if await cur.fetchone():
+                        raise DeltaChannelPruneError(
+                            f"thread {tid!r} uses a DeltaChannel; keep_latest refused")
+                async with conn.execute(SQLITE_HEADS, (tid,)) as cur:
+                    heads = await cur.fetchall()
+                for ns, head in heads:
+                    await conn.execute(SQLITE_PRUNE_WRITES, (tid, ns, head))
+                    await conn.execute(SQLITE_PRUNE_CHECKPOINTS, (tid, ns, head))
+                    await conn.execute(SQLITE_DETACH_HEAD, (tid, ns, head))
+            await self._atransaction(body)
+
+    def keep_latest(self, inner_ids: Sequence[str]) -> None:
+        raise NotImplementedError("AsyncSqliteSaver is async-only: use aprune")
+
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        if not run_ids:
+            return
+        sql = SQLITE_RUN_CHECKPOINTS.format(placeholders=",".join("?" * len(run_ids)))
+
+        async def body(conn: Any) -> None:
+            async with conn.execute(sql, (len(prefix), prefix, *run_ids)) as cur:
+                rows = await cur.fetchall()
+            for row in rows:
+                await conn.execute(SQLITE_DELETE_CHECKPOINT_WRITES, tuple(row))
+                await conn.execute(SQLITE_DELETE_CHECKPOINT, tuple(row))
+
+        await self._atransaction(body)
+
+
+class PostgresOps(StorageOps):
+    """PostgresSaver: keep_latest is upstream's native prune; delete_for_runs is one statement."""
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        if not run_ids:
+            return
+        inner: Any = self.inner
+        with inner._cursor() as cur:
+            cur.execute(PG_DELETE_RUNS, {"plen": len(prefix), "prefix": prefix,
+                                         "runs": list(run_ids)})
+
+    def delete_threads(self, inner_ids: Sequence[str]) -> None:
+        self.inner.prune(list(inner_ids), strategy="delete")
+
+
+class AsyncPostgresOps(StorageOps):
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        if not run_ids:
+            return
+        inner: Any = self.inner
+        async with inner._cursor() as cur:
+            await cur.execute(PG_DELETE_RUNS, {"plen": len(prefix), "prefix": prefix,
+                                               "runs": list(run_ids)})
+
+    async def adelete_threads(self, inner_ids: Sequence[str]) -> None:
+        await self.inner.aprune(list(inner_ids), strategy="delete")
+
+
+def ops_for(inner: BaseCheckpointSaver) -> StorageOps:
+    """Pick the native implementation for the inner saver's type."""
+    if isinstance(inner, InMemorySaver):
+        return MemoryOps(inner)
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    except ImportError:  # pragma: no cover - sqlite saver is a core dependency
+        SqliteSaver = AsyncSqliteSaver = None  # type: ignore[assignment,misc]
+    if SqliteSaver is not None and isinstance(inner, SqliteSaver):
+        return SqliteOps(inner)
+    if AsyncSqliteSaver is not None and isinstance(inner, AsyncSqliteSaver):
+        return AsyncSqliteOps(inner)
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    except ImportError:
+        return StorageOps(inner)
+    if isinstance(inner, PostgresSaver):
+        return PostgresOps(inner)
+    if isinstance(inner, AsyncPostgresSaver):
+        return AsyncPostgresOps(inner)
+    return StorageOps(inner)

@@ -1,0 +1,83 @@
+"""Who a call acts for, and where that tenant's threads live in the inner saver.
+
+The tenant comes from ``config["configurable"]["tenant_id"]``, else from :func:`tenant_scope`
+(set it in request middleware from the authenticated identity), else from the saver's
+``default_tenant``. When a scope is active it is the caller's identity: a config naming a
+different tenant is refused with :class:`AccessDenied` and recorded.
+
+Storage is namespaced: tenant ``acme``'s thread ``t1`` is stored under
+``<tag(acme)>:t1`` where the tag is a fixed-length digest of the tenant id, so two tenants
+can use the same thread id without colliding, and a thread id cannot forge another tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .errors import ConfigurationError
+
+_scope: ContextVar[str | None] = ContextVar("securesaver_tenant_scope", default=None)
+MAX_TENANT_LENGTH = 255
+
+
+def validate_tenant(tenant: object) -> str:
+    if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LENGTH:
+        raise ConfigurationError(
+            f"tenant ids are non-empty strings of at most {MAX_TENANT_LENGTH} characters, "
+            f"got {tenant!r}"
+        )
+    if "\x00" in tenant or tenant != tenant.strip():
+        raise ConfigurationError(f"tenant id {tenant!r} has NUL or surrounding whitespace")
+    return tenant
+
+
+@contextmanager
+def tenant_scope(tenant: str) -> Iterator[str]:
+    """Run the enclosed calls as ``tenant`` (works across threads started with copy_context
+    and across ``await``)."""
+    token = _scope.set(validate_tenant(tenant))
+    try:
+        yield tenant
+    finally:
+        _scope.reset(token)
+
+
+def current_tenant_scope() -> str | None:
+    return _scope.get()
+
+
+@lru_cache(maxsize=65536)
+def tenant_tag(tenant: str) -> str:
+    return "t" + hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:24]
+
+
+def thread_prefix(tenant: str) -> str:
+    return tenant_tag(tenant) + ":"
+
+
+def inner_thread_id(tenant: str, thread_id: str) -> str:
+    return thread_prefix(tenant) + thread_id
+
+
+def outer_thread_id(tenant: str, inner_id: str) -> str | None:
+    """The caller's thread id for an inner id, or None if it belongs to another tenant."""
+    prefix = thread_prefix(tenant)
+    return inner_id[len(prefix):] if inner_id.startswith(prefix) else None
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    """One thread of one tenant, with the id the inner saver knows it by."""
+
+    tenant: str
+    thread_id: str
+    checkpoint_ns: str = ""
+
+    @property
+    def inner_id(self) -> str:
+        return inner_thread_id(self.tenant, self.thread_id)

@@ -1,0 +1,76 @@
+"""Shared fixtures: keyrings, savers on every backend, and the real PostgreSQL server.
+
+Postgres tests run against the server at SECURESAVER_TEST_PG (default
+postgresql://postgres@127.0.0.1:5432/test). Without a server they skip with the reason,
+except under CI=true, where a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from langgraph_securesaver import Keyring
+
+PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_available() -> str | None:
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install 'langgraph-securesaver[postgres]')"
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3):
+            return None
+    except Exception as exc:
+        return f"PostgreSQL not reachable at {PG_URL}: {exc}"
+
+
+_PG_REASON = _pg_available()
+
+
+def require_postgres() -> None:
+    if _PG_REASON is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true requires PostgreSQL: {_PG_REASON}")
+    pytest.skip(_PG_REASON)
+
+
+@pytest.fixture
+def keyring() -> Keyring:
+    return Keyring.generate()
+
+
+def new_pg_schema() -> str:
+    import psycopg
+    name = "ss_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    return name
+
+
+def drop_pg_schema(name: str) -> None:
+    import psycopg
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def pg_url_in(schema: str) -> str:
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
+    require_postgres()
+    schema = new_pg_schema()
+    try:
+        yield pg_url_in(schema)
+    finally:
+        drop_pg_schema(schema)
