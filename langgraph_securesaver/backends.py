@@ -17,7 +17,7 @@ POSTGRES_EXTRA_HINT = (
 
 
 def sqlite_path(url: str) -> str | None:
-    """``sqlite:///rel.db`` / ``sqlite:////abs.db`` / ``sqlite:///:memory:`` -> a path; else None."""
+    """``sqlite:///rel.db``, ``sqlite:////abs.db``, ``sqlite:///:memory:`` -> a path, else None."""
     if not url.startswith("sqlite:"):
         return None
     rest = url[len("sqlite:"):]

@@ -71,7 +71,8 @@ def to_text(token: bytes) -> str:
 
 def from_text(text: object) -> bytes:
     if not isinstance(text, str) or not text.startswith(TEXT_PREFIX):
-        raise TamperedDataError("expected a SecureSaver ciphertext in a text column, found a plain value")
+        raise TamperedDataError(
+            "expected a SecureSaver ciphertext in a text column, found a plain value")
     try:
         return base64.urlsafe_b64decode(text[len(TEXT_PREFIX):].encode("ascii"))
     except (binascii.Error, ValueError, UnicodeEncodeError):
@@ -121,7 +122,8 @@ class TenantKeys:
         key = "\x00".join(parts)
         hit = self._hmac_cache.get(key)
         if hit is None:
-            hit = hmac.new(self.index_key, key.encode("utf-8", "surrogatepass"), sha256).hexdigest()[:32]
+            raw = key.encode("utf-8", "surrogatepass")
+            hit = hmac.new(self.index_key, raw, sha256).hexdigest()[:32]
             if len(self._hmac_cache) < 4096:
                 self._hmac_cache[key] = hit
         return hit

@@ -99,7 +99,8 @@ class Keyring:
         self._masters = dict(masters)
         self._current = current if current is not None else max(self._masters, key=_version_key)
         if self._current not in self._masters:
-            raise ConfigurationError(f"current master version {self._current!r} is not in the keyring")
+            raise ConfigurationError(
+                f"current master version {self._current!r} is not in the keyring")
         self._keks: dict[tuple[str, str], AESGCM] = {}
 
     # construction -------------------------------------------------------------------------
@@ -200,7 +201,8 @@ class Keyring:
     def retire_version(self, version: str) -> None:
         """Forget a master key. Data keys still wrapped by it become unreadable."""
         if version == self._current:
-            raise ConfigurationError("cannot retire the current master version; add a new one first")
+            raise ConfigurationError(
+                "cannot retire the current master version; add a new one first")
         self._masters.pop(version, None)
         self._keks = {k: v for k, v in self._keks.items() if k[0] != version}
 

@@ -444,7 +444,8 @@ class SecureSaver(BaseCheckpointSaver):
         return keys
 
     async def _akeys(self, tenant: str) -> TenantKeys:
-        return self.keys.cached(tenant) or await asyncio.to_thread(self._keys, tenant)
+        cached = self.keys.cached(tenant)
+        return cached if cached is not None else await asyncio.to_thread(self._keys, tenant)
 
     async def _akeys_existing(self, tenant: str) -> TenantKeys | None:
         return self.keys.cached(tenant) or await asyncio.to_thread(
@@ -554,8 +555,10 @@ class SecureSaver(BaseCheckpointSaver):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         tenant = self._scoped(lambda: self._tenant("copy_thread", thread_id=str(source_thread_id)))
         with _tenant_pinned(tenant):
-            src = {"configurable": {"thread_id": str(source_thread_id), "tenant_id": tenant}}
-            dst = {"configurable": {"thread_id": str(target_thread_id), "tenant_id": tenant}}
+            src: RunnableConfig = {"configurable": {"thread_id": str(source_thread_id),
+                                                    "tenant_id": tenant}}
+            dst: RunnableConfig = {"configurable": {"thread_id": str(target_thread_id),
+                                                    "tenant_id": tenant}}
             if self.get_tuple(dst) is not None:
                 raise ConfigurationError(
                     f"copy_thread target {target_thread_id!r} already has checkpoints")
@@ -671,8 +674,10 @@ class SecureSaver(BaseCheckpointSaver):
         tenant = await self._ascoped(
             lambda: self._tenant("copy_thread", thread_id=str(source_thread_id)))
         with _tenant_pinned(tenant):
-            src = {"configurable": {"thread_id": str(source_thread_id), "tenant_id": tenant}}
-            dst = {"configurable": {"thread_id": str(target_thread_id), "tenant_id": tenant}}
+            src: RunnableConfig = {"configurable": {"thread_id": str(source_thread_id),
+                                                    "tenant_id": tenant}}
+            dst: RunnableConfig = {"configurable": {"thread_id": str(target_thread_id),
+                                                    "tenant_id": tenant}}
             if await self.aget_tuple(dst) is not None:
                 raise ConfigurationError(
                     f"copy_thread target {target_thread_id!r} already has checkpoints")
