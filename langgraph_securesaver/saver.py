@@ -747,6 +747,51 @@ class SecureSaver(BaseCheckpointSaver):
             self.registry.record_event("thread_deleted", tenant=tenant, thread_id=thread_id,
                                        via=how)
 
+    # key operations -----------------------------------------------------------------------
+    def rewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Re-seal every tenant's data keys under the keyring's current master version.
+
+        Fast (no checkpoint is rewritten) and online. Afterwards older master versions are only
+        needed for database backups taken before. Returns the number of key rows rewrapped.
+        """
+        current = self.keyring.current_version
+        tenants = self.registry.tenants_with_keys()
+        done = 0
+        for i, tenant in enumerate(tenants):
+            stale = [r for r in self.registry.load_key_rows(tenant)
+                     if r.master_version != current]
+            if stale:
+                self.registry.replace_key_rows(self.keys.rewrap(tenant, stale))
+                done += len(stale)
+            if progress:
+                progress(i + 1, len(tenants))
+        self.keys.forget()
+        if done:
+            self.registry.record_event("keys_rewrapped", master_version=current, rows=done,
+                                       tenants=len(tenants))
+        logger.info("rewrapped %d key rows under master version %s", done, current)
+        return done
+
+    async def arewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        return await asyncio.to_thread(self.rewrap_keys, progress=progress)
+
+    def rotate_data_key(self, tenant: str) -> int:
+        """Start a new data-key version for ``tenant``; new writes use it, old data still reads."""
+        version = self.keys.new_data_key(validate_tenant(tenant))
+        self.registry.record_event("data_key_rotated", tenant=tenant, version=version)
+        return version
+
+    async def arotate_data_key(self, tenant: str) -> int:
+        return await asyncio.to_thread(self.rotate_data_key, tenant)
+
+    def master_versions_in_use(self) -> dict[str, int]:
+        """How many key rows each master version still wraps (retire a version at zero)."""
+        counts: dict[str, int] = {}
+        for tenant in self.registry.tenants_with_keys():
+            for row in self.registry.load_key_rows(tenant):
+                counts[row.master_version] = counts.get(row.master_version, 0) + 1
+        return counts
+
     # constructors -------------------------------------------------------------------------
     @classmethod
     @contextmanager
