@@ -24,7 +24,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 logger = logging.getLogger(__name__)
 
-_ORDER = re.compile(r"order\s+([A-Z0-9-]+)", re.IGNORECASE)
+_ORDER = re.compile(r"order\s+(?:is\s+|number\s+|#)?([A-Z]{2,}-[A-Z0-9-]+)", re.IGNORECASE)
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 
 
@@ -72,8 +72,9 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
-def build_support_graph(checkpointer: BaseCheckpointSaver | None) -> Any:
-    """The compiled demo agent."""
+def build_support_graph(checkpointer: BaseCheckpointSaver | None, *,
+                        pause_before_tools: bool = False) -> Any:
+    """The compiled demo agent (optionally pausing before tools, to show a resume)."""
     model = ScriptedChatModel()
 
     def agent(state: SupportState) -> dict[str, Any]:
@@ -93,7 +94,8 @@ def build_support_graph(checkpointer: BaseCheckpointSaver | None) -> Any:
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: END})
     builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=checkpointer)
+    return builder.compile(checkpointer=checkpointer,
+                           interrupt_before=["tools"] if pause_before_tools else None)
 
 
 def build_chat_graph(checkpointer: BaseCheckpointSaver | None) -> Any:

@@ -1,0 +1,58 @@
+"""The securesaver CLI: keygen and demo, through typer's runner and as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from langgraph_securesaver import Keyring
+from langgraph_securesaver.cli import app
+
+runner = CliRunner()
+
+
+def test_keygen_writes_a_0600_keyring(tmp_path: Path) -> None:
+    out = tmp_path / "k.json"
+    result = runner.invoke(app, ["keygen", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert Keyring.from_file(out).versions() == ["1"]
+    again = runner.invoke(app, ["keygen", "--out", str(out)])
+    assert again.exit_code == 2 and "--force" in again.output
+    assert json.loads(out.read_text())["format"] == "securesaver-keyring/1"
+
+
+def test_keygen_without_out_prints_an_env_line(monkeypatch) -> None:
+    result = runner.invoke(app, ["keygen"])
+    assert result.exit_code == 0
+    line = next(s for s in result.stdout.splitlines() if s.startswith("export"))
+    monkeypatch.setenv("SECURESAVER_MASTER_KEY", line.split("=", 1)[1])
+    assert Keyring.from_env().versions() == ["1"]
+
+
+def test_demo_runs_and_every_check_holds(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SECURESAVER_MASTER_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "langgraph_securesaver.cli", "demo", "--db",
+         str(tmp_path / "demo.db")],
+        capture_output=True, text=True, env={**env, "COLUMNS": "200"}, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all checks passed" in proc.stdout
+    assert "AccessDenied" in proc.stdout
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("demo.db*"))
+    assert b"alice.liu@acme-mail.com" not in raw and b"GLX-4410" not in raw
+    assert (tmp_path / "demo.db.keyring.json").exists()
+
+
+def test_demo_with_a_missing_keyring_file_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["demo", "--db", str(tmp_path / "d.db"), "--keyring",
+                                 str(tmp_path / "nope.json")])
+    assert result.exit_code == 2
+    assert "securesaver keygen" in result.output
