@@ -1,0 +1,135 @@
+"""Per-turn latency of a compiled chat graph: SecureSaver vs the raw saver vs EncryptedSerializer.
+
+All variants run in this one process, interleaved round by round, on the same machine and
+database server, so the printed ratios compare like with like. Absolute times are noisy.
+
+    python benchmarks/saver_overhead.py [--turns 300] [--rounds 3] [--backends sqlite,postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.backends import _connect_sqlite, libpq_url
+from langgraph_securesaver.demo import build_chat_graph
+
+PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _encrypted_serde():
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+    return EncryptedSerializer.from_pycryptodome_aes(key=secrets.token_bytes(32))
+
+
+@contextmanager
+def sqlite_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    path = workdir / f"{variant}-{uuid.uuid4().hex}.db"
+    if variant == "securesaver":
+        with SecureSaver.from_url(f"sqlite:///{path}", keyring=Keyring.generate(),
+                                  redaction=None) as saver:
+            yield saver
+        return
+    conn = _connect_sqlite(str(path))
+    try:
+        serde = _encrypted_serde() if variant == "encrypted_serializer" else None
+        saver = SqliteSaver(conn, serde=serde)
+        saver.setup()
+        yield saver
+    finally:
+        conn.close()
+
+
+@contextmanager
+def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+    schema = "bench_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
+    try:
+        if variant == "securesaver":
+            with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+                yield saver
+        else:
+            kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+            with ConnectionPool(libpq_url(url), kwargs=kwargs, min_size=1, max_size=8) as pool:
+                serde = _encrypted_serde() if variant == "encrypted_serializer" else None
+                saver = PostgresSaver(pool, serde=serde)
+                saver.setup()
+                yield saver
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def run_turns(saver: BaseCheckpointSaver, turns: int) -> list[float]:
+    graph = build_chat_graph(saver)
+    config = {"configurable": {"thread_id": "bench", "tenant_id": "acme"}}
+    times = []
+    for i in range(turns):
+        message = HumanMessage(f"turn {i}: please summarise the previous answer in one line")
+        start = time.perf_counter()
+        graph.invoke({"messages": [message]}, config)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+VARIANTS = ("raw", "encrypted_serializer", "securesaver")
+
+
+def measure(backend: str, factory: Callable, turns: int, rounds: int, workdir: Path
+            ) -> dict[str, float]:
+    per_variant: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for r in range(rounds):
+        order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
+        for variant in order:
+            with factory(variant, workdir) as saver:
+                per_variant[variant].append(statistics.median(run_turns(saver, turns)))
+    return {v: statistics.median(ts) * 1000 for v, ts in per_variant.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    args = parser.parse_args()
+    factories = {"sqlite": sqlite_saver, "postgres": postgres_saver}
+    targets = {"sqlite": 1.15, "postgres": 1.10}
+    print(f"per-turn median latency, one-node chat graph, {args.turns} turns x {args.rounds} rounds")
+    print(f"{'backend':<10}{'variant':<22}{'ms/turn':>9}{'x raw':>8}")
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in args.backends.split(","):
+            results = measure(backend, factories[backend], args.turns, args.rounds, Path(tmp))
+            raw = results["raw"]
+            for variant, ms in results.items():
+                print(f"{backend:<10}{variant:<22}{ms:>9.2f}{ms / raw:>8.2f}")
+            ratio = results["securesaver"] / raw
+            verdict = "ok" if ratio <= targets[backend] else "ABOVE TARGET"
+            print(f"{backend:<10}{'securesaver target':<22}{'<=':>9}{targets[backend]:>8.2f}"
+                  f"  {verdict}")
+            ok = ok and ratio <= targets[backend]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
