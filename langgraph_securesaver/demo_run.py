@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from .errors import AccessDenied
+from .errors import AccessDenied, SecureSaverError
 from .keyring import Keyring
 from .saver import SecureSaver
 from .tenancy import tenant_scope
@@ -32,7 +33,7 @@ CONVERSATIONS = {
 THREAD = "support-1"
 
 
-def _config(tenant: str) -> dict:
+def _config(tenant: str) -> RunnableConfig:
     return {"configurable": {"thread_id": THREAD, "tenant_id": tenant,
                              "customer_tier": f"{tenant}-gold-tier"}}
 
@@ -89,7 +90,7 @@ def run_demo(db: Path, *, keyring_path: Path | None, keep: bool, console: Consol
         try:
             ring = Keyring.from_env()
             source = "SECURESAVER_MASTER_KEY"
-        except Exception:
+        except SecureSaverError:
             ring_file = db.with_name(db.name + ".keyring.json")
             if not ring_file.exists():
                 Keyring.generate().save(ring_file)
@@ -124,7 +125,7 @@ def run_demo(db: Path, *, keyring_path: Path | None, keep: bool, console: Consol
             except AccessDenied as exc:
                 denied = True
                 console.print(f"  [green]AccessDenied[/]: {exc}")
-            own = saver.get_tuple({"configurable": {"thread_id": THREAD}})
+            own = saver.get_tuple(RunnableConfig(configurable={"thread_id": THREAD}))
         isolated = own is not None and not any(
             "alice" in str(m.content).lower() for m in own.checkpoint["channel_values"]["messages"])
         console.print(f"  globex's own '{THREAD}' holds only globex messages: {isolated}")

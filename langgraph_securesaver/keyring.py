@@ -102,6 +102,9 @@ class Keyring:
             raise ConfigurationError(
                 f"current master version {self._current!r} is not in the keyring")
         self._keks: dict[tuple[str, str], AESGCM] = {}
+        # master versions destroyed by a tenant shred: the per-tenant KEKs that survive it
+        self._punctured: dict[str, dict[str, bytes]] = {}
+        self.path: Path | None = None
 
     # construction -------------------------------------------------------------------------
     @classmethod
@@ -131,7 +134,9 @@ class Keyring:
             text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise KeyringRequired(f"keyring file {p} does not exist") from None
-        return cls._from_json(text, source=str(p))
+        ring = cls._from_json(text, source=str(p))
+        ring.path = p
+        return ring
 
     @classmethod
     def _from_json(cls, text: str, *, source: str) -> Keyring:
@@ -145,7 +150,11 @@ class Keyring:
             str(v): _unb64(k, f"{source} master key {v}") for v, k in dict(data["masters"]).items()
         }
         current = data.get("current")
-        return cls(masters, str(current) if current is not None else None)
+        ring = cls(masters, str(current) if current is not None else None)
+        for version, keks in dict(data.get("punctured", {})).items():
+            ring._punctured[str(version)] = {
+                t: _unb64(k, f"{source} punctured key {version}/{t}") for t, k in keks.items()}
+        return ring
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None) -> Keyring:
@@ -160,6 +169,8 @@ class Keyring:
                 "format": FILE_FORMAT,
                 "current": self._current,
                 "masters": {v: _b64(k) for v, k in sorted(self._masters.items())},
+                "punctured": {v: {t: _b64(k) for t, k in sorted(keks.items())}
+                              for v, keks in sorted(self._punctured.items())},
             },
             indent=2,
         )
@@ -179,7 +190,16 @@ class Keyring:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        self.path = target
         return target
+
+    def persist(self) -> None:
+        """Save back to the file this keyring came from (shredding and rotation need it)."""
+        if self.path is None:
+            raise ConfigurationError(
+                "this keyring has no file to save to (it came from the environment); load it "
+                "with Keyring.from_file(path) to rotate or shred, then update your secret store")
+        self.save(self.path)
 
     # versions -----------------------------------------------------------------------------
     @property
@@ -187,7 +207,10 @@ class Keyring:
         return self._current
 
     def versions(self) -> list[str]:
-        return sorted(self._masters, key=_version_key)
+        return sorted(set(self._masters) | set(self._punctured), key=_version_key)
+
+    def shredded_from(self, version: str) -> bool:
+        return version in self._punctured
 
     def add_version(self) -> str:
         """Add a new random master key and make it current; older versions still unwrap."""
@@ -207,20 +230,31 @@ class Keyring:
         self._keks = {k: v for k, v in self._keks.items() if k[0] != version}
 
     # wrapping -----------------------------------------------------------------------------
+    @staticmethod
+    def _derive(master: bytes, tenant: str) -> bytes:
+        return HKDF(
+            algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=None,
+            info=_KEK_INFO + tenant.encode("utf-8"),
+        ).derive(master)
+
     def _kek(self, version: str, tenant: str) -> AESGCM:
         cached = self._keks.get((version, tenant))
         if cached is not None:
             return cached
         master = self._masters.get(version)
-        if master is None:
+        if master is not None:
+            kek = self._derive(master, tenant)
+        elif tenant in self._punctured.get(version, {}):
+            kek = self._punctured[version][tenant]
+        elif version in self._punctured:
+            raise TamperedDataError(
+                f"tenant {tenant!r} was crypto-shredded (or unknown) for master version "
+                f"{version}: its data can no longer be decrypted")
+        else:
             raise TamperedDataError(
                 f"master key version {version} is not in this keyring; load the keyring that "
                 "holds it (or rewrap with `securesaver rotate-keys` before retiring it)"
             )
-        kek = HKDF(
-            algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=None,
-            info=_KEK_INFO + tenant.encode("utf-8"),
-        ).derive(master)
         aes = AESGCM(kek)
         self._keks[(version, tenant)] = aes
         return aes
@@ -240,6 +274,20 @@ class Keyring:
                 f"a data key of tenant {tenant!r} does not unwrap under master version "
                 f"{wrapped.master_version}: wrong keyring, or the key row was altered"
             ) from None
+
+    def destroy_tenant(self, tenant: str, keep_tenants: list[str]) -> None:
+        """Crypto-shred ``tenant``: every master version except the current one is replaced
+        by the KEKs of ``keep_tenants`` only, then forgotten. Backups whose key rows were
+        wrapped under those versions stay readable for the kept tenants and never again for
+        ``tenant``. Call only after every kept tenant's rows are rewrapped under the current
+        version, and persist the keyring afterwards."""
+        for version in [v for v in self._masters if v != self._current]:
+            master = self._masters.pop(version)
+            self._punctured[version] = {
+                t: self._derive(master, t) for t in keep_tenants if t != tenant}
+        for keks in self._punctured.values():
+            keks.pop(tenant, None)
+        self._keks = {k: v for k, v in self._keks.items() if k[1] != tenant}
 
     def __repr__(self) -> str:  # never print key material
         return f"Keyring(versions={self.versions()}, current={self._current!r})"

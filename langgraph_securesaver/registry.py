@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from sqlalchemy.pool import StaticPool
 
 from .crypto import KeyRow
 from .errors import ConfigurationError
+from .retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,41 @@ threads = sa.Table(
     sa.Column("thread_id", sa.String(512), primary_key=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("last_activity", sa.Float, nullable=False),
+    # effective retention (copied from the thread override, tenant or default policy)
+    sa.Column("idle_ttl", sa.Float, nullable=True),
+    sa.Column("max_age", sa.Float, nullable=True),
+    sa.Column("strategy", sa.String(16), nullable=False, default="delete"),
+    sa.Column("legal_hold", sa.Boolean, nullable=False, default=False),
+    sa.Column("policy_source", sa.String(16), nullable=False, default="default"),
+    sa.Column("expires_at", sa.Float, nullable=True, index=True),
+    sa.Column("state", sa.String(16), nullable=False, default="active"),
+    # pruner claims (lease + fencing token)
+    sa.Column("claim_owner", sa.String(128), nullable=True),
+    sa.Column("claim_token", sa.String(64), nullable=True),
+    sa.Column("claim_expires", sa.Float, nullable=True),
+)
+
+policies = sa.Table(
+    "securesaver_policies", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),  # "*" = the saver default
+    sa.Column("idle_ttl", sa.Float, nullable=True),
+    sa.Column("max_age", sa.Float, nullable=True),
+    sa.Column("strategy", sa.String(16), nullable=False),
+    sa.Column("legal_hold", sa.Boolean, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+receipts = sa.Table(
+    "securesaver_receipts", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("receipt_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("tenant", sa.String(255), nullable=False, index=True),
+    sa.Column("thread_id", sa.String(512), nullable=True),
+    sa.Column("deleted_at", sa.Float, nullable=False, index=True),
+    sa.Column("action", sa.String(16), nullable=False),  # deleted | pruned | shredded
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("requested_by", sa.String(255), nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, default="{}"),
 )
 
 events = sa.Table(
@@ -64,12 +101,48 @@ events = sa.Table(
 )
 
 
+def expires_expr(created: Any, last: Any, idle: Any, max_age: Any, hold: Any) -> Any:
+    """SQL for the expiry a thread row's TTLs imply (NULL when held or without TTLs)."""
+    by_idle = last + idle
+    by_age = created + max_age
+    return sa.case(
+        (hold.is_(True), sa.null()),
+        (sa.and_(idle.is_(None), max_age.is_(None)), sa.null()),
+        (idle.is_(None), by_age),
+        (max_age.is_(None), by_idle),
+        (by_idle < by_age, by_idle),
+        else_=by_age,
+    )
+
+
 @dataclass(frozen=True)
 class ThreadRow:
     tenant: str
     thread_id: str
     created_at: float
     last_activity: float
+    idle_ttl: float | None = None
+    max_age: float | None = None
+    strategy: str = "delete"
+    legal_hold: bool = False
+    policy_source: str = "default"
+    expires_at: float | None = None
+    state: str = "active"
+    claim_owner: str | None = None
+    claim_token: str | None = None
+    claim_expires: float | None = None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    receipt_id: str
+    tenant: str
+    thread_id: str | None
+    deleted_at: float
+    action: str
+    reason: str
+    requested_by: str | None
+    detail: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -198,22 +271,35 @@ class Registry:
             return conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant)).rowcount
 
     # threads ----------------------------------------------------------------------------------
-    def touch_thread(self, tenant: str, thread_id: str, now: float | None = None) -> None:
-        """Register a thread (first write) or move its last activity forward."""
-        now = time.time() if now is None else now
-        row = {"tenant": tenant, "thread_id": thread_id, "created_at": now, "last_activity": now}
-        stmt: Any
+    def _upsert(self, table: sa.Table) -> Any:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
-            stmt = pg_insert(threads)
-        else:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-            stmt = sqlite_insert(threads)
-        stmt = stmt.values(**row).on_conflict_do_update(
+            return pg_insert(table)
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+        return sqlite_insert(table)
+
+    def _greatest(self, a: Any, b: Any) -> Any:
+        return sa.func.greatest(a, b) if self.dialect == "postgresql" else sa.func.max(a, b)
+
+    def touch_thread(self, tenant: str, thread_id: str, now: float | None = None,
+                     policy: RetentionPolicy | None = None) -> None:
+        """Register a thread (first write, with the given effective policy) or move its last
+        activity forward and recompute its expiry from its stored TTLs."""
+        now = time.time() if now is None else now
+        policy = policy or NO_RETENTION
+        row = {"tenant": tenant, "thread_id": thread_id, "created_at": now, "last_activity": now,
+               **policy.as_row(), "policy_source": "default",
+               "expires_at": policy.expires_at(now, now), "state": "active"}
+        stmt = self._upsert(threads).values(**row)
+        last = self._greatest(threads.c.last_activity, stmt.excluded.last_activity)
+        stmt = stmt.on_conflict_do_update(
             index_elements=[threads.c.tenant, threads.c.thread_id],
-            set_={"last_activity": sa.func.max(threads.c.last_activity, stmt.excluded.last_activity)
-                  if self.dialect == "sqlite"
-                  else sa.func.greatest(threads.c.last_activity, stmt.excluded.last_activity)},
+            set_={
+                "last_activity": last,
+                "expires_at": expires_expr(threads.c.created_at, last, threads.c.idle_ttl,
+                                           threads.c.max_age, threads.c.legal_hold),
+                "state": sa.case((threads.c.state == "deleting", "deleting"), else_="active"),
+            },
         )
         with self.begin() as conn:
             conn.execute(stmt)
@@ -231,10 +317,201 @@ class Registry:
         with self.begin() as conn:
             return [ThreadRow(**r) for r in conn.execute(q).mappings()]
 
+    def tenants(self) -> list[str]:
+        with self.begin() as conn:
+            found = set(conn.execute(sa.select(threads.c.tenant).distinct()).scalars())
+            found |= set(conn.execute(sa.select(tenant_keys.c.tenant).distinct()).scalars())
+        return sorted(found)
+
     def forget_thread(self, tenant: str, thread_id: str) -> None:
         with self.begin() as conn:
             conn.execute(threads.delete().where(
                 threads.c.tenant == tenant, threads.c.thread_id == thread_id))
+
+    # retention policies ---------------------------------------------------------------------
+    def set_policy(self, tenant: str, policy: RetentionPolicy | None) -> None:
+        """Store the default (tenant ``"*"``) or a tenant's policy and re-derive the expiry of
+        every thread that follows it (threads with their own override keep it)."""
+        with self.begin() as conn:
+            conn.execute(policies.delete().where(policies.c.tenant == tenant))
+            if policy is not None:
+                conn.execute(policies.insert().values(tenant=tenant, updated_at=time.time(),
+                                                      **policy.as_row()))
+            self._reapply(conn, tenant)
+
+    def get_policy(self, tenant: str) -> RetentionPolicy | None:
+        with self.begin() as conn:
+            r = conn.execute(sa.select(policies).where(policies.c.tenant == tenant)
+                             ).mappings().first()
+        if r is None:
+            return None
+        return RetentionPolicy(r["idle_ttl"], r["max_age"], r["strategy"], r["legal_hold"])
+
+    def effective_policy(self, tenant: str) -> tuple[RetentionPolicy, str]:
+        own = self.get_policy(tenant)
+        if own is not None:
+            return own, "tenant"
+        return self.get_policy(DEFAULT_POLICY_KEY) or NO_RETENTION, "default"
+
+    def _reapply(self, conn: Connection, tenant: str) -> None:
+        if tenant == DEFAULT_POLICY_KEY:
+            overridden = sa.select(policies.c.tenant).where(policies.c.tenant != DEFAULT_POLICY_KEY)
+            where = sa.and_(threads.c.policy_source == "default",
+                            threads.c.tenant.not_in(overridden))
+            source = "default"
+        else:
+            where = sa.and_(threads.c.tenant == tenant, threads.c.policy_source != "thread")
+            source = "tenant"
+        row = conn.execute(sa.select(policies).where(policies.c.tenant == tenant)
+                           ).mappings().first()
+        if row is None and tenant != DEFAULT_POLICY_KEY:
+            row = conn.execute(sa.select(policies).where(
+                policies.c.tenant == DEFAULT_POLICY_KEY)).mappings().first()
+            source = "default"
+        values = ({"idle_ttl": row["idle_ttl"], "max_age": row["max_age"],
+                   "strategy": row["strategy"], "legal_hold": row["legal_hold"]}
+                  if row is not None else NO_RETENTION.as_row())
+        conn.execute(threads.update().where(where).values(policy_source=source, **values))
+        conn.execute(threads.update().where(where).values(expires_at=expires_expr(
+            threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
+            threads.c.max_age, threads.c.legal_hold)))
+
+    def set_thread_retention(self, tenant: str, thread_id: str, **changes: Any) -> ThreadRow:
+        """Per-thread override of idle_ttl / max_age / strategy / legal_hold."""
+        with self.begin() as conn:
+            found = conn.execute(threads.update().where(
+                threads.c.tenant == tenant, threads.c.thread_id == thread_id,
+            ).values(policy_source="thread", **changes)).rowcount
+            if not found:
+                raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
+            conn.execute(threads.update().where(
+                threads.c.tenant == tenant, threads.c.thread_id == thread_id,
+            ).values(expires_at=expires_expr(threads.c.created_at, threads.c.last_activity,
+                                             threads.c.idle_ttl, threads.c.max_age,
+                                             threads.c.legal_hold)))
+        row = self.get_thread(tenant, thread_id)
+        if row is None:  # deleted concurrently
+            raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
+        return row
+
+    # pruner claims ----------------------------------------------------------------------------
+    def claim_expired(self, *, now: float, owner: str, lease: float, limit: int,
+                      tenant: str | None = None) -> list[ThreadRow]:
+        """Atomically claim up to ``limit`` expired threads not claimed by a live pruner."""
+        wall = time.time()
+        token = uuid.uuid4().hex
+        candidates = sa.select(threads.c.tenant, threads.c.thread_id).where(
+            threads.c.expires_at <= now,
+            sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall),
+        ).order_by(threads.c.expires_at).limit(limit)
+        if tenant is not None:
+            candidates = candidates.where(threads.c.tenant == tenant)
+        if self.dialect == "postgresql":
+            candidates = candidates.with_for_update(skip_locked=True)
+        stmt = threads.update().where(
+            sa.tuple_(threads.c.tenant, threads.c.thread_id).in_(candidates)
+        ).values(claim_owner=owner, claim_token=token, claim_expires=wall + lease
+                 ).returning(*threads.c)
+        with self.begin() as conn:
+            return [ThreadRow(**r) for r in conn.execute(stmt).mappings()]
+
+    def release_claim(self, row: ThreadRow) -> None:
+        with self.begin() as conn:
+            conn.execute(threads.update().where(
+                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+                threads.c.claim_token == row.claim_token,
+            ).values(claim_owner=None, claim_token=None, claim_expires=None))
+
+    def mark_state(self, row: ThreadRow, state: str) -> bool:
+        with self.begin() as conn:
+            return bool(conn.execute(threads.update().where(
+                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+                threads.c.claim_token == row.claim_token,
+            ).values(state=state)).rowcount)
+
+    def finish_pruned(self, row: ThreadRow, receipt: dict[str, Any]) -> bool:
+        """keep_latest done: clear expiry until the next write, release, write the receipt."""
+        with self.begin() as conn:
+            done = conn.execute(threads.update().where(
+                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+                threads.c.claim_token == row.claim_token,
+            ).values(state="pruned", expires_at=None, claim_owner=None, claim_token=None,
+                     claim_expires=None)).rowcount
+            if done:
+                self._insert_receipt(conn, receipt)
+        return bool(done)
+
+    def finish_deleted(self, tenant: str, thread_id: str, receipt: dict[str, Any],
+                       claim_token: str | None = None) -> bool:
+        """Drop the registry row and write the receipt in one transaction (fenced by the claim
+        token when a pruner holds one): a thread is receipted exactly once."""
+        with self.begin() as conn:
+            where = [threads.c.tenant == tenant, threads.c.thread_id == thread_id]
+            if claim_token is not None:
+                where.append(threads.c.claim_token == claim_token)
+            done = conn.execute(threads.delete().where(*where)).rowcount
+            if done or claim_token is None:
+                self._insert_receipt(conn, receipt)
+        return bool(done) or claim_token is None
+
+    def expired_but_held(self, now: float, tenant: str | None = None) -> list[ThreadRow]:
+        over = sa.or_(threads.c.last_activity + threads.c.idle_ttl <= now,
+                      threads.c.created_at + threads.c.max_age <= now)
+        q = sa.select(threads).where(threads.c.legal_hold.is_(True), over)
+        if tenant is not None:
+            q = q.where(threads.c.tenant == tenant)
+        with self.begin() as conn:
+            return [ThreadRow(**r) for r in conn.execute(q).mappings()]
+
+    def list_expired(self, now: float, tenant: str | None = None,
+                     limit: int | None = None) -> list[ThreadRow]:
+        q = sa.select(threads).where(threads.c.expires_at <= now).order_by(threads.c.expires_at)
+        if tenant is not None:
+            q = q.where(threads.c.tenant == tenant)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.begin() as conn:
+            return [ThreadRow(**r) for r in conn.execute(q).mappings()]
+
+    def forget_tenant(self, tenant: str) -> None:
+        with self.begin() as conn:
+            conn.execute(threads.delete().where(threads.c.tenant == tenant))
+            conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant))
+            conn.execute(policies.delete().where(policies.c.tenant == tenant))
+
+    def count_expired(self, now: float, tenant: str | None = None) -> int:
+        q = sa.select(sa.func.count()).select_from(threads).where(threads.c.expires_at <= now)
+        if tenant is not None:
+            q = q.where(threads.c.tenant == tenant)
+        with self.begin() as conn:
+            return int(conn.execute(q).scalar() or 0)
+
+    # receipts ---------------------------------------------------------------------------------
+    def _insert_receipt(self, conn: Connection, receipt: dict[str, Any]) -> None:
+        detail = receipt.pop("detail", {})
+        conn.execute(receipts.insert().values(
+            receipt_id=uuid.uuid4().hex, deleted_at=time.time(),
+            detail=json.dumps(detail, default=str, sort_keys=True), **receipt))
+
+    def add_receipt(self, **receipt: Any) -> None:
+        with self.begin() as conn:
+            self._insert_receipt(conn, receipt)
+
+    def list_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
+                      since: float | None = None, until: float | None = None) -> list[Receipt]:
+        q = sa.select(receipts).order_by(receipts.c.id)
+        if tenant is not None:
+            q = q.where(receipts.c.tenant == tenant)
+        if thread_id is not None:
+            q = q.where(receipts.c.thread_id == thread_id)
+        if since is not None:
+            q = q.where(receipts.c.deleted_at >= since)
+        if until is not None:
+            q = q.where(receipts.c.deleted_at < until)
+        with self.begin() as conn:
+            return [Receipt(r["receipt_id"], r["tenant"], r["thread_id"], r["deleted_at"],
+                            r["action"], r["reason"], r["requested_by"],
+                            json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
 
     # events -----------------------------------------------------------------------------------
     def record_event(self, kind: str, *, tenant: str | None = None, thread_id: str | None = None,

@@ -10,6 +10,7 @@ in a worker thread).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import time
@@ -42,7 +43,8 @@ from .errors import (
     UnsupportedFilterError,
 )
 from .keyring import KeyProvider, Keyring
-from .registry import Registry
+from .registry import Receipt, Registry, ThreadRow
+from .retention import DEFAULT_POLICY_KEY, PruneReport, RetentionPolicy, parse_duration
 from .storage_ops import DELTA_METADATA_KEYS, StorageOps, ops_for
 from .tenancy import (
     ThreadRef,
@@ -261,7 +263,11 @@ class SecureSaver(BaseCheckpointSaver):
         self.metadata_allowlist = allow | frozenset(DELTA_METADATA_KEYS)
         self.blind_index = blind_index
         self.redactor = self._make_redactor(redaction)
-        self.retention = retention
+        if retention is not None and not isinstance(retention, RetentionPolicy):
+            raise ConfigurationError("retention must be a RetentionPolicy or None")
+        self.retention: RetentionPolicy | None = retention
+        self._default_policy_saved = False
+        self._policies: dict[str, tuple[float, RetentionPolicy]] = {}
         self.activity_resolution = activity_resolution
         self._ops: StorageOps = ops_for(inner)
         self._touched: dict[tuple[str, str], float] = {}
@@ -313,12 +319,14 @@ class SecureSaver(BaseCheckpointSaver):
     def setup(self) -> None:
         """Create and migrate SecureSaver's tables (and the inner saver's, when it has setup)."""
         self.registry.setup()
+        self._save_default_policy()
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup) and not asyncio.iscoroutinefunction(inner_setup):
             inner_setup()
 
     async def asetup(self) -> None:
         await asyncio.to_thread(self.registry.setup)
+        await asyncio.to_thread(self._save_default_policy)
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup):
             if asyncio.iscoroutinefunction(inner_setup):
@@ -464,7 +472,7 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _prepare_writes(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
                         writes: Sequence[tuple[str, Any]], task_id: str
-                        ) -> list[tuple[str, bytes]]:
+                        ) -> builtins.list[tuple[str, bytes]]:
         cid = (config.get("configurable") or {}).get("checkpoint_id")
         if not cid:
             raise ConfigurationError("put_writes needs config['configurable']['checkpoint_id']")
@@ -526,7 +534,7 @@ class SecureSaver(BaseCheckpointSaver):
         keys = self._keys(ref.tenant)
         sealed, md = self._prepare_put(keys, ref, config, checkpoint, metadata)
         if self._touch_due(ref):
-            self.registry.touch_thread(ref.tenant, ref.thread_id)
+            self._touch(ref)
         saved = inner.put(self._inner_config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
         return self._outer(ref.tenant)(saved) or saved
 
@@ -539,9 +547,8 @@ class SecureSaver(BaseCheckpointSaver):
 
     def delete_thread(self, thread_id: str) -> None:
         tenant = self._scoped(lambda: self._tenant("delete_thread", thread_id=str(thread_id)))
-        ref = ThreadRef(tenant, str(thread_id))
-        self._sync_inner("delete_thread").delete_thread(ref.inner_id)
-        self._after_delete(tenant, [ref.thread_id], "delete_thread")
+        self._sync_inner("delete_thread")
+        self._delete_threads(tenant, [str(thread_id)], "delete_thread")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         tenant = self._scoped(lambda: self._tenant("delete_for_runs"))
@@ -577,13 +584,11 @@ class SecureSaver(BaseCheckpointSaver):
         _check_strategy(strategy)
         if not ids:
             return
-        refs = [ThreadRef(tenant, t) for t in ids]
         self._sync_inner("prune")
         if strategy == "delete":
-            self._ops.delete_threads([r.inner_id for r in refs])
-            self._after_delete(tenant, ids, "prune")
+            self._delete_threads(tenant, ids, "prune")
         else:
-            self._ops.keep_latest([r.inner_id for r in refs])
+            self._keep_latest(tenant, ids)
 
     def get_next_version(self, current: Any, channel: None) -> Any:
         return self.inner.get_next_version(current, channel)
@@ -638,7 +643,7 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys(ref.tenant)
         sealed, md = self._prepare_put(keys, ref, config, checkpoint, metadata)
         if self._touch_due(ref):
-            await asyncio.to_thread(self.registry.touch_thread, ref.tenant, ref.thread_id)
+            await asyncio.to_thread(self._touch, ref)
         saved = await self._ainner("put", self._inner_config(ref, config), sealed, md,
                                    new_versions)
         return self._outer(ref.tenant)(saved) or saved
@@ -654,9 +659,7 @@ class SecureSaver(BaseCheckpointSaver):
     async def adelete_thread(self, thread_id: str) -> None:
         tenant = await self._ascoped(
             lambda: self._tenant("delete_thread", thread_id=str(thread_id)))
-        ref = ThreadRef(tenant, str(thread_id))
-        await self._ainner("delete_thread", ref.inner_id)
-        await asyncio.to_thread(self._after_delete, tenant, [ref.thread_id], "delete_thread")
+        await asyncio.to_thread(self._delete_threads, tenant, [str(thread_id)], "delete_thread")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         tenant = await self._ascoped(lambda: self._tenant("delete_for_runs"))
@@ -698,17 +701,10 @@ class SecureSaver(BaseCheckpointSaver):
         _check_strategy(strategy)
         if not ids:
             return
-        inner_ids = [ThreadRef(tenant, t).inner_id for t in ids]
         if strategy == "delete":
-            if self._sync_only:
-                await asyncio.to_thread(self._ops.delete_threads, inner_ids)
-            else:
-                await self._ops.adelete_threads(inner_ids)
-            await asyncio.to_thread(self._after_delete, tenant, ids, "prune")
-        elif self._sync_only:
-            await asyncio.to_thread(self._ops.keep_latest, inner_ids)
+            await asyncio.to_thread(self._delete_threads, tenant, ids, "prune")
         else:
-            await self._ops.akeep_latest(inner_ids)
+            await asyncio.to_thread(self._keep_latest, tenant, ids)
 
     # shared helpers -----------------------------------------------------------------------
     def _list_args(self, config: RunnableConfig | None, before: RunnableConfig | None
@@ -740,12 +736,220 @@ class SecureSaver(BaseCheckpointSaver):
             return None  # another tenant's row in an unscoped inner listing
         return self.codec.open_tuple(keys, ref, tup, self._outer(tenant))
 
-    def _after_delete(self, tenant: str, thread_ids: Sequence[str], how: str) -> None:
+    def _delete_threads(self, tenant: str, thread_ids: Sequence[str], how: str) -> None:
+        """Delete threads completely and leave a receipt for each (runs in a worker thread
+        on the async path; async-only inner savers are reached on their own loop)."""
+        actor = current_tenant_scope() or tenant
         for thread_id in thread_ids:
-            self.registry.forget_thread(tenant, thread_id)
+            ref = ThreadRef(tenant, thread_id)
+            counts = self._purge_thread_storage(ref)
+            self.registry.finish_deleted(tenant, thread_id, {
+                "tenant": tenant, "thread_id": thread_id, "action": "deleted", "reason": how,
+                "requested_by": actor, "detail": counts})
             self._forget_touch(tenant, thread_id)
-            self.registry.record_event("thread_deleted", tenant=tenant, thread_id=thread_id,
-                                       via=how)
+
+    def _keep_latest(self, tenant: str, thread_ids: Sequence[str]) -> None:
+        refs = [ThreadRef(tenant, t) for t in thread_ids]
+        before = {r.thread_id: self._ops.count_checkpoints(r.inner_id) for r in refs}
+        self._ops.keep_latest([r.inner_id for r in refs])
+        for ref in refs:
+            after = self._ops.count_checkpoints(ref.inner_id)
+            if before[ref.thread_id] > after:
+                self.registry.add_receipt(
+                    tenant=tenant, thread_id=ref.thread_id, action="pruned", reason="prune",
+                    requested_by=current_tenant_scope() or tenant,
+                    detail={"checkpoints_deleted": before[ref.thread_id] - after,
+                            "checkpoints_kept": after})
+
+    def _purge_thread_storage(self, ref: ThreadRef) -> dict[str, int]:
+        """Remove a thread's checkpoints, writes and blobs, and every record SecureSaver or its
+        companions keep for it. Idempotent: a crash half-way is finished by running it again."""
+        counts = {"checkpoints": self._ops.count_checkpoints(ref.inner_id)}
+        self._ops.delete_threads([ref.inner_id])
+        for name, purge in self._thread_purgers():
+            counts[name] = purge(ref.tenant, ref.thread_id)
+        return counts
+
+    def _thread_purgers(self) -> builtins.list[tuple[str, Callable[[str, str], int]]]:
+        """Per-thread cleanups of companion stores (PII vault, idempotency records)."""
+        purgers: builtins.list[tuple[str, Callable[[str, str], int]]] = []
+        store = self.__dict__.get("_idempotency_store")
+        if store is not None:
+            purgers.append(("idempotency_records", store.delete_thread))
+        return purgers
+
+    def _latest_checkpoint_time(self, ref: ThreadRef) -> float | None:
+        from .pruner import _checkpoint_time
+        config: RunnableConfig = {"configurable": {"thread_id": ref.inner_id,
+                                                   "checkpoint_ns": ""}}
+        if self._async_only:
+            tup = self._ops._bridge(self.inner.aget_tuple(config))
+        else:
+            tup = self.inner.get_tuple(config)
+        return None if tup is None else _checkpoint_time(tup.checkpoint.get("ts"))
+
+    # retention ----------------------------------------------------------------------------
+    def _save_default_policy(self) -> None:
+        if self.retention is not None and not self._default_policy_saved:
+            self.registry.set_policy(DEFAULT_POLICY_KEY, self.retention)
+        self._default_policy_saved = True
+
+    def _policy_for(self, tenant: str) -> RetentionPolicy:
+        self._save_default_policy()
+        hit = self._policies.get(tenant)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.activity_resolution:
+            return hit[1]
+        policy, _source = self.registry.effective_policy(tenant)
+        self._policies[tenant] = (now, policy)
+        return policy
+
+    def _touch(self, ref: ThreadRef) -> None:
+        self.registry.touch_thread(ref.tenant, ref.thread_id, policy=self._policy_for(ref.tenant))
+
+    def set_default_retention(self, policy: RetentionPolicy | None) -> None:
+        """The policy for tenants without their own (stored in the registry for the pruner)."""
+        self.registry.set_policy(DEFAULT_POLICY_KEY, policy)
+        self.retention, self._default_policy_saved = policy, True
+        self._policies.clear()
+
+    def set_tenant_retention(self, tenant: str, policy: RetentionPolicy | None) -> None:
+        """A tenant's own policy (``legal_hold=True`` holds the whole tenant); None removes it."""
+        self.registry.set_policy(validate_tenant(tenant), policy)
+        self._policies.pop(tenant, None)
+        self.registry.record_event("retention_changed", tenant=tenant,
+                                   policy=None if policy is None else policy.as_row())
+
+    _UNSET: Any = object()
+
+    def set_retention(self, thread_id: str, *, idle_ttl: Any = _UNSET, max_age: Any = _UNSET,
+                      legal_hold: Any = _UNSET, strategy: Any = _UNSET) -> ThreadRow:
+        """Override retention for one thread of the current tenant (scope or default)."""
+        tenant = self._scoped(lambda: self._tenant("set_retention", thread_id=str(thread_id)))
+        changes: dict[str, Any] = {}
+        if idle_ttl is not self._UNSET:
+            changes["idle_ttl"] = parse_duration(idle_ttl, what="idle_ttl")
+        if max_age is not self._UNSET:
+            changes["max_age"] = parse_duration(max_age, what="max_age")
+        if legal_hold is not self._UNSET:
+            changes["legal_hold"] = bool(legal_hold)
+        if strategy is not self._UNSET:
+            RetentionPolicy(strategy=strategy)  # validates
+            changes["strategy"] = strategy
+        if not changes:
+            raise ConfigurationError(
+                "set_retention needs idle_ttl, max_age, legal_hold or strategy")
+        row = self.registry.set_thread_retention(tenant, str(thread_id), **changes)
+        self.registry.record_event("retention_changed", tenant=tenant, thread_id=str(thread_id),
+                                   **{k: v for k, v in changes.items()})
+        return row
+
+    async def aset_retention(self, thread_id: str, **changes: Any) -> ThreadRow:
+        tenant = await self._ascoped(
+            lambda: self._tenant("set_retention", thread_id=str(thread_id)))
+        from .tenancy import tenant_scope
+        def run() -> ThreadRow:
+            with tenant_scope(tenant):
+                return self.set_retention(thread_id, **changes)
+        return await asyncio.to_thread(run)
+
+    def prune_expired(self, now: float | None = None, *, limit: int | None = None,
+                      dry_run: bool = False, tenant: str | None = None, **options: Any
+                      ) -> PruneReport:
+        """Execute retention: delete (or prune to latest) every expired, unheld thread.
+
+        Safe to run on several machines at once. ``now`` is for tests and backfills.
+        ``options``: ``batch``, ``lease``, ``active_grace``, ``owner``, ``progress``,
+        ``should_stop`` (see :class:`~langgraph_securesaver.pruner.Sweep`).
+        """
+        from .pruner import Sweep
+        if tenant is not None:
+            validate_tenant(tenant)
+        self._save_default_policy()
+        report = Sweep(self, now=now, limit=limit, dry_run=dry_run, tenant=tenant,
+                       **options).run()
+        if not dry_run and (report.deleted or report.pruned_to_latest):
+            self.registry.record_event("retention_sweep", tenant=tenant,
+                                       deleted=len(report.deleted),
+                                       pruned=len(report.pruned_to_latest),
+                                       errors=len(report.errors))
+        return report
+
+    async def aprune_expired(self, now: float | None = None, *, limit: int | None = None,
+                             dry_run: bool = False, tenant: str | None = None, **options: Any
+                             ) -> PruneReport:
+        return await asyncio.to_thread(self.prune_expired, now, limit=limit, dry_run=dry_run,
+                                       tenant=tenant, **options)
+
+    def receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
+                 since: float | None = None, until: float | None = None) -> builtins.list[Receipt]:
+        """Deletion receipts (content-free: who, what, when, why, how many)."""
+        return self.registry.list_receipts(tenant=tenant, thread_id=thread_id, since=since,
+                                           until=until)
+
+    async def areceipts(self, **filters: Any) -> builtins.list[Receipt]:
+        return await asyncio.to_thread(lambda: self.receipts(**filters))
+
+    def shred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
+        """Crypto-shred a tenant: destroy what unwraps its keys at the key provider, so every
+        copy of its data (database backups included) is unreadable, then delete its rows.
+
+        Needs a keyring loaded from a file (it is rewritten) or a provider with
+        ``destroy_tenant``. Returns the number of threads deleted.
+        """
+        tenant = validate_tenant(tenant)
+        ring: Any = self.keyring
+        if not hasattr(ring, "destroy_tenant") or not hasattr(ring, "add_version"):
+            raise ConfigurationError(
+                f"{type(ring).__name__} cannot destroy tenant keys; use a Keyring file or a "
+                "KeyProvider with destroy_tenant()")
+        if getattr(ring, "path", None) is None:
+            raise ConfigurationError(
+                "shredding rewrites the keyring: load it with Keyring.from_file(path) (an "
+                "environment keyring cannot be changed from here)")
+        others = [t for t in self.registry.tenants_with_keys() if t != tenant]
+        ring.add_version()
+        ring.persist()                         # 1. a fresh master version for everyone else
+        for other in others:                   # 2. move the others' key rows onto it
+            stale = [r for r in self.registry.load_key_rows(other)
+                     if r.master_version != ring.current_version]
+            if stale:
+                self.registry.replace_key_rows(self.keys.rewrap(other, stale))
+        ring.destroy_tenant(tenant, others)    # 3. older versions survive only for the others
+        ring.persist()
+        self.keys.forget()
+        thread_ids = sorted({r.thread_id for r in self.registry.list_threads(tenant)}
+                            | set(self._inner_thread_ids(tenant)))
+        for thread_id in thread_ids:           # 4. delete the (now unreadable) rows
+            counts = self._purge_thread_storage(ThreadRef(tenant, thread_id))
+            self.registry.finish_deleted(tenant, thread_id, {
+                "tenant": tenant, "thread_id": thread_id, "action": "shredded",
+                "reason": "shred_tenant", "requested_by": requested_by, "detail": counts})
+        self.registry.forget_tenant(tenant)
+        self._policies.pop(tenant, None)
+        self.registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,
+                                   threads=len(thread_ids),
+                                   master_version=ring.current_version)
+        logger.warning("tenant %r crypto-shredded (%d threads)", tenant, len(thread_ids))
+        return len(thread_ids)
+
+    async def ashred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
+        return await asyncio.to_thread(self.shred_tenant, tenant, requested_by=requested_by)
+
+    def _inner_thread_ids(self, tenant: str) -> builtins.list[str]:
+        """Thread ids the inner saver holds for a tenant (finds rows the registry lost)."""
+        seen: set[str] = set()
+        if self._async_only:
+            async def collect() -> builtins.list[Any]:
+                return [t async for t in self.inner.alist(None)]
+            rows: Any = self._ops._bridge(collect())
+        else:
+            rows = self.inner.list(None)
+        for tup in rows:
+            thread = outer_thread_id(tenant, str(tup.config["configurable"]["thread_id"]))
+            if thread is not None:
+                seen.add(thread)
+        return sorted(seen)
 
     # key operations -----------------------------------------------------------------------
     def rewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:

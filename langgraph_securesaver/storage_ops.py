@@ -50,11 +50,13 @@ AND json_extract(CAST(metadata AS TEXT), '$.run_id') IN ({placeholders})
 SQLITE_DELETE_CHECKPOINT = """
 DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
 """
+SQLITE_COUNT = "SELECT count(*) FROM checkpoints WHERE thread_id = ?"
 SQLITE_DELETE_CHECKPOINT_WRITES = """
 DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
 """
 
 # --- PostgreSQL (langgraph-checkpoint-postgres schema) ---------------------------------------
+PG_COUNT = "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s"
 PG_DELETE_RUNS = """
 WITH gone AS (
     DELETE FROM checkpoints
@@ -119,6 +121,20 @@ class StorageOps:
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         raise self._unsupported("delete_for_runs scoped to one tenant")
 
+    def count_checkpoints(self, inner_id: str) -> int:
+        """How many checkpoints a thread holds (for deletion receipts)."""
+        return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
+
+    def _bridge(self, coro: Any) -> Any:
+        """Run an async-only saver's coroutine from a worker thread on the saver's own loop."""
+        import asyncio
+        loop = getattr(self.inner, "loop", None)
+        if loop is None or not loop.is_running():
+            coro.close()
+            raise NotImplementedError(
+                f"{type(self.inner).__name__} is async-only: use the async API from its loop")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
 
 class MemoryOps(StorageOps):
     """InMemorySaver: its dictionaries are its storage; each operation is one synchronous step."""
@@ -162,6 +178,9 @@ class MemoryOps(StorageOps):
 
     async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
         self.keep_latest(inner_ids)
+
+    def count_checkpoints(self, inner_id: str) -> int:
+        return sum(len(by_id) for by_id in self.inner.storage.get(inner_id, {}).values())
 
     def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         wanted = set(run_ids)
@@ -225,6 +244,12 @@ class SqliteOps(StorageOps):
         import asyncio
         await asyncio.to_thread(self.delete_for_runs, prefix, run_ids)
 
+    def count_checkpoints(self, inner_id: str) -> int:
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            return int(inner.conn.execute(SQLITE_COUNT, (inner_id,)).fetchone()[0])
+
 
 class AsyncSqliteOps(StorageOps):
     """AsyncSqliteSaver: the same SQL through aiosqlite, one IMMEDIATE transaction each."""
@@ -260,7 +285,23 @@ class AsyncSqliteOps(StorageOps):
             await self._atransaction(body)
 
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
-        raise NotImplementedError("AsyncSqliteSaver is async-only: use aprune")
+        self._bridge(self.akeep_latest(inner_ids))
+
+    def delete_threads(self, inner_ids: Sequence[str]) -> None:
+        self._bridge(self.adelete_threads(inner_ids))
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        self._bridge(self.adelete_for_runs(prefix, run_ids))
+
+    async def acount_checkpoints(self, inner_id: str) -> int:
+        inner: Any = self.inner
+        await inner.setup()
+        async with inner.lock, inner.conn.execute(SQLITE_COUNT, (inner_id,)) as cur:
+            row = await cur.fetchone()
+        return int(row[0])
+
+    def count_checkpoints(self, inner_id: str) -> int:
+        return int(self._bridge(self.acount_checkpoints(inner_id)))
 
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         if not run_ids:
@@ -291,6 +332,12 @@ class PostgresOps(StorageOps):
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
         self.inner.prune(list(inner_ids), strategy="delete")
 
+    def count_checkpoints(self, inner_id: str) -> int:
+        inner: Any = self.inner
+        with inner._cursor() as cur:
+            cur.execute(PG_COUNT, (inner_id,))
+            return int(cur.fetchone()["n"])
+
 
 class AsyncPostgresOps(StorageOps):
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
@@ -303,6 +350,24 @@ class AsyncPostgresOps(StorageOps):
 
     async def adelete_threads(self, inner_ids: Sequence[str]) -> None:
         await self.inner.aprune(list(inner_ids), strategy="delete")
+
+    async def acount_checkpoints(self, inner_id: str) -> int:
+        inner: Any = self.inner
+        async with inner._cursor() as cur:
+            await cur.execute(PG_COUNT, (inner_id,))
+            return int((await cur.fetchone())["n"])
+
+    def keep_latest(self, inner_ids: Sequence[str]) -> None:
+        self._bridge(self.akeep_latest(inner_ids))
+
+    def delete_threads(self, inner_ids: Sequence[str]) -> None:
+        self._bridge(self.adelete_threads(inner_ids))
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        self._bridge(self.adelete_for_runs(prefix, run_ids))
+
+    def count_checkpoints(self, inner_id: str) -> int:
+        return int(self._bridge(self.acount_checkpoints(inner_id)))
 
 
 def ops_for(inner: BaseCheckpointSaver) -> StorageOps:
