@@ -90,6 +90,158 @@ def demo(
     raise typer.Exit(EXIT_OK if ok else EXIT_FOUND)
 
 
+UrlOption = Annotated[str, typer.Option("--url", help="sqlite:///path.db or postgresql://...")]
+
+
+def open_saver(url: str, keyring: Any) -> Any:
+    """Open a SecureSaver for an operations command; exit 2 with the reason if it cannot."""
+    from .saver import SecureSaver
+    try:
+        return SecureSaver.from_url(url, keyring=keyring, redaction=None)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command()
+def prune(
+    url: UrlOption,
+    keyring: KeyringOption = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, delete nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    every: Annotated[str | None, typer.Option(
+        "--every", help="Keep running, one sweep per interval (e.g. 10m); stops on SIGTERM.")]
+    = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1,
+                                              help="At most this many threads per sweep.")]
+    = None,
+    active_grace: Annotated[str, typer.Option(
+        "--active-grace", help="Skip threads written this recently (a run may be in flight).")]
+    = "2m",
+) -> None:
+    """Execute retention policies: delete or prune expired threads, leaving receipts.
+
+    Exit codes: 0 done (also when nothing expired), 1 some threads failed (see the report),
+    2 could not run (bad duration, unknown tenant, unreachable database).
+    """
+    import json
+    import signal
+    import threading
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from .keyring import NoKeys
+    from .retention import parse_duration
+
+    try:
+        interval = parse_duration(every, what="--every") if every else None
+        grace = parse_duration(active_grace, what="--active-grace") or 0.0
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    ring: Any = load_keyring(keyring) if keyring else _env_keyring_or_none() or NoKeys()
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        err_console.print(f"received signal {signum}: finishing the current thread")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    out = err_console if as_json else console
+    failed = False
+    try:
+        with open_saver(url, ring) as saver:
+            if tenant is not None and tenant not in saver.registry.tenants():
+                raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
+            while True:
+                with Progress(TextColumn("[bold]retention sweep"), BarColumn(),
+                              MofNCompleteColumn(), console=out, transient=True) as bar:
+                    task = bar.add_task("sweep", total=None)
+
+                    def advance(done: int, total: int, bar: Any = bar, task: Any = task) -> None:
+                        bar.update(task, completed=done, total=total)
+
+                    report = saver.prune_expired(limit=limit, dry_run=dry_run, tenant=tenant,
+                                                 should_stop=stop.is_set, progress=advance,
+                                                 active_grace=grace)
+                failed = failed or not report.ok
+                if as_json:
+                    console.print_json(json.dumps(report.as_dict()))
+                else:
+                    _print_report(report)
+                if interval is None or stop.wait(interval):
+                    break
+    except typer.Exit:
+        raise
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:  # an unreachable database or a broken registry
+        raise fail(f"cannot reach the database: {type(exc).__name__}: {exc}") from None
+    raise typer.Exit(EXIT_FOUND if failed else EXIT_OK)
+
+
+def database_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean 'the database could not be used' (exit code 2)."""
+    import sqlite3
+
+    import sqlalchemy.exc
+    errors: list[type[BaseException]] = [sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError]
+    try:
+        import psycopg
+        import psycopg_pool
+        errors += [psycopg.Error, psycopg_pool.PoolTimeout]
+    except ImportError:  # the postgres extra is optional
+        pass
+    return tuple(errors)
+
+
+def _env_keyring_or_none() -> Keyring | None:
+    try:
+        return Keyring.from_env()
+    except SecureSaverError:
+        return None
+
+
+def _print_report(report: Any) -> None:
+    table = Table("outcome", "threads")
+    for label, rows in (("deleted", report.deleted), ("pruned to latest", report.pruned_to_latest),
+                        ("held (legal hold)", report.held),
+                        ("skipped (run in flight)", report.skipped_active),
+                        ("survived re-check", report.survived),
+                        ("would delete (dry run)", report.would_delete),
+                        ("would prune (dry run)", report.would_prune)):
+        if rows:
+            table.add_row(label, str(len(rows)))
+    for tenant, thread, error in report.errors:
+        table.add_row(f"[red]error[/] {tenant}/{thread}", error)
+    if not table.rows:
+        table.add_row("nothing expired", "0")
+    console.print(table)
+
+
+@app.command("shred-tenant")
+def shred_tenant(
+    tenant: Annotated[str, typer.Argument(help="The tenant to crypto-shred.")],
+    url: UrlOption,
+    keyring: Annotated[Path, typer.Option("--keyring", help="Keyring file (it is rewritten).",
+                                          dir_okay=False)],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    requested_by: Annotated[str | None, typer.Option("--requested-by")] = None,
+) -> None:
+    """Destroy a tenant's keys (backups included) and delete its data. Irreversible."""
+    ring = load_keyring(keyring)
+    with open_saver(url, ring) as saver:
+        if tenant not in saver.registry.tenants():
+            raise fail(f"unknown tenant {tenant!r}: nothing to shred")
+        if not yes and not typer.confirm(
+                f"Crypto-shred tenant {tenant!r}? Its data becomes unreadable everywhere, "
+                "including backups", default=False):
+            raise fail("aborted", EXIT_FOUND)
+        threads = saver.shred_tenant(tenant, requested_by=requested_by)
+    console.print(f"tenant [bold]{tenant}[/] shredded: {threads} threads deleted, keyring "
+                  f"{keyring} rewritten. Replace every copy of the old keyring file.")
+
+
 def run() -> Any:  # pragma: no cover - console entry point
     return app()
 

@@ -293,5 +293,23 @@ class Keyring:
         return f"Keyring(versions={self.versions()}, current={self._current!r})"
 
 
+class NoKeys:
+    """A provider with no keys, for jobs that never decrypt (the retention pruner).
+
+    Any attempt to wrap or unwrap fails closed with :class:`KeyringRequired`.
+    """
+
+    current_version = "none"
+
+    def versions(self) -> list[str]:
+        return []
+
+    def wrap(self, tenant: str, key: bytes, context: bytes) -> WrappedKey:
+        raise KeyringRequired("this job runs without keys and cannot create tenant keys")
+
+    def unwrap(self, tenant: str, wrapped: WrappedKey, context: bytes) -> bytes:
+        raise KeyringRequired("this job runs without keys and cannot decrypt")
+
+
 def _version_key(version: str) -> tuple[int, str]:
     return (int(version), "") if version.isdigit() else (1 << 62, version)

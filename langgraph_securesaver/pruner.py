@@ -134,7 +134,10 @@ class Sweep:
                 self.registry.release_claim(row)
                 return
             if latest is not None and self.now - latest < self.active_grace:
-                self.report.skipped_active.append(key)  # claim kept until the lease expires
+                # keep the claim for the grace period only: not retried by this sweep, free
+                # for the first sweep after the run had time to finish
+                self.registry.extend_claim(row, min(self.lease, self.active_grace))
+                self.report.skipped_active.append(key)
                 return
         reason = _reason(row, self.now)
         if row.strategy == "keep_latest" and row.state != "deleting":

@@ -422,6 +422,13 @@ class Registry:
                 threads.c.claim_token == row.claim_token,
             ).values(claim_owner=None, claim_token=None, claim_expires=None))
 
+    def extend_claim(self, row: ThreadRow, seconds: float) -> None:
+        with self.begin() as conn:
+            conn.execute(threads.update().where(
+                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+                threads.c.claim_token == row.claim_token,
+            ).values(claim_expires=time.time() + seconds))
+
     def mark_state(self, row: ThreadRow, state: str) -> bool:
         with self.begin() as conn:
             return bool(conn.execute(threads.update().where(

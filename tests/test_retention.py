@@ -1,0 +1,214 @@
+"""Retention with a controllable clock: TTLs, overrides, holds, dry runs, keep_latest,
+complete deletion, receipts, crypto-shredding against a database backup."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import HumanMessage
+
+from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
+from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.retention import RetentionPolicy, parse_duration
+from langgraph_securesaver.tenancy import inner_thread_id, tenant_scope
+
+HOUR = 3600.0
+
+
+def _cfg(thread: str, tenant: str = "acme") -> dict:
+    return {"configurable": {"thread_id": thread, "tenant_id": tenant}}
+
+
+def _say(saver: SecureSaver, thread: str, text: str = "hello", tenant: str = "acme") -> None:
+    build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _cfg(thread, tenant))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "agent.db"
+
+
+@pytest.fixture
+def saver(db: Path):
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(), redaction=None,
+                              retention=RetentionPolicy(idle_ttl="1h")) as s:
+        yield s
+
+
+def _rows(db: Path, sql: str, *args) -> list:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def test_idle_ttl_deletes_only_after_expiry_and_completely(saver: SecureSaver, db: Path) -> None:
+    _say(saver, "old")
+    tup = saver.get_tuple(_cfg("old"))
+    saver.put_writes(tup.config, [("messages", "pending")], "task-1")
+    t0 = time.time()
+    assert saver.prune_expired(now=t0 + 0.5 * HOUR).deleted == []
+    report = saver.prune_expired(now=t0 + 2 * HOUR)
+    assert report.deleted == [("acme", "old")] and report.ok
+    inner = inner_thread_id("acme", "old")
+    assert _rows(db, "SELECT count(*) FROM checkpoints WHERE thread_id = ?", inner) == [(0,)]
+    assert _rows(db, "SELECT count(*) FROM writes WHERE thread_id = ?", inner) == [(0,)]
+    assert _rows(db, "SELECT count(*) FROM securesaver_threads") == [(0,)]
+    assert saver.get_tuple(_cfg("old")) is None
+    (receipt,) = saver.receipts(tenant="acme", thread_id="old")
+    assert receipt.action == "deleted" and receipt.reason == "retention:idle_ttl"
+    assert receipt.detail["checkpoints"] >= 2 and receipt.requested_by.startswith("pruner:")
+    assert "hello" not in str(receipt)  # receipts are content-free
+
+
+def test_max_age_deletes_even_an_active_thread(db: Path) -> None:
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(), redaction=None,
+                              retention=RetentionPolicy(max_age="1d")) as saver:
+        _say(saver, "t")
+        report = saver.prune_expired(now=time.time() + 2 * 86400)
+        assert report.deleted == [("acme", "t")]
+        assert saver.receipts()[0].reason == "retention:max_age"
+
+
+def test_per_thread_override_and_legal_hold(saver: SecureSaver) -> None:
+    for t in ("plain", "longer", "held"):
+        _say(saver, t)
+    with tenant_scope("acme"):
+        assert saver.set_retention("longer", idle_ttl="10d").expires_at > time.time() + 9 * 86400
+        assert saver.set_retention("held", legal_hold=True).expires_at is None
+    report = saver.prune_expired(now=time.time() + 2 * HOUR)
+    assert report.deleted == [("acme", "plain")]
+    assert report.held == [("acme", "held")]
+    assert saver.get_tuple(_cfg("longer")) is not None
+    assert saver.get_tuple(_cfg("held")) is not None
+    with tenant_scope("acme"):
+        saver.set_retention("held", legal_hold=False)
+    assert saver.prune_expired(now=time.time() + 2 * HOUR).deleted == [("acme", "held")]
+
+
+def test_tenant_hold_and_tenant_policy(saver: SecureSaver) -> None:
+    _say(saver, "a", tenant="acme")
+    _say(saver, "g", tenant="globex")
+    saver.set_tenant_retention("globex", RetentionPolicy(legal_hold=True))
+    report = saver.prune_expired(now=time.time() + 2 * HOUR)
+    assert report.deleted == [("acme", "a")]
+    assert saver.get_tuple(_cfg("g", "globex")) is not None
+    saver.set_tenant_retention("globex", None)  # back to the default policy
+    assert saver.prune_expired(now=time.time() + 2 * HOUR).deleted == [("globex", "g")]
+
+
+def test_dry_run_deletes_nothing(saver: SecureSaver) -> None:
+    _say(saver, "t")
+    report = saver.prune_expired(now=time.time() + 2 * HOUR, dry_run=True)
+    assert report.would_delete == [("acme", "t")] and report.deleted == []
+    assert saver.get_tuple(_cfg("t")) is not None
+    assert saver.receipts() == []
+
+
+def test_limit_and_tenant_filter(saver: SecureSaver) -> None:
+    for i in range(5):
+        _say(saver, f"t{i}")
+    _say(saver, "g", tenant="globex")
+    later = time.time() + 2 * HOUR
+    assert len(saver.prune_expired(now=later, limit=2).deleted) == 2
+    assert saver.prune_expired(now=later, tenant="globex").deleted == [("globex", "g")]
+    assert len(saver.prune_expired(now=later).deleted) == 3
+
+
+def test_keep_latest_leaves_a_thread_the_graph_continues(db: Path) -> None:
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(), redaction=None,
+                              retention=RetentionPolicy(idle_ttl="1h",
+                                                        strategy="keep_latest")) as saver:
+        for text in ("one", "two", "three"):
+            _say(saver, "t", text)
+        assert len(list(saver.list(_cfg("t")))) > 3
+        report = saver.prune_expired(now=time.time() + 2 * HOUR)
+        assert report.pruned_to_latest == [("acme", "t")]
+        assert len(list(saver.list(_cfg("t")))) == 1
+        assert saver.prune_expired(now=time.time() + 2 * HOUR).pruned_to_latest == []
+        graph = build_chat_graph(saver)
+        result = graph.invoke({"messages": [HumanMessage("four")]}, _cfg("t"))
+        assert [m.content for m in result["messages"] if m.type == "human"] == [
+            "one", "two", "three", "four"]
+        assert saver.receipts()[0].action == "pruned"
+
+
+def test_thread_written_a_moment_ago_survives(saver: SecureSaver, db: Path) -> None:
+    """The registry lags (activity updates are coalesced); the sweep re-checks storage."""
+    _say(saver, "t")
+    with sqlite3.connect(db) as conn:  # the registry heard of it 3 hours ago
+        conn.execute("UPDATE securesaver_threads SET last_activity = ?, expires_at = ?",
+                     (time.time() - 3 * HOUR, time.time() - 2 * HOUR))
+    report = saver.prune_expired(now=time.time() + 0.5 * HOUR)
+    assert report.survived == [("acme", "t")] and report.deleted == []
+    assert saver.registry.get_thread("acme", "t").expires_at > time.time() + 0.5 * HOUR
+
+
+def test_a_thread_with_a_run_in_flight_is_skipped(db: Path) -> None:
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(), redaction=None,
+                              retention=RetentionPolicy(max_age=1)) as saver:
+        _say(saver, "busy")
+        report = saver.prune_expired(now=time.time() + 5, active_grace=120)
+        assert report.skipped_active == [("acme", "busy")] and report.deleted == []
+
+
+def test_delete_thread_and_prune_leave_receipts(saver: SecureSaver) -> None:
+    for t in ("a", "b"):
+        _say(saver, t)
+    with tenant_scope("acme"):
+        saver.delete_thread("a")
+        saver.prune(["b"], strategy="delete")
+    got = {(r.thread_id, r.action, r.reason, r.requested_by) for r in saver.receipts()}
+    assert got == {("a", "deleted", "delete_thread", "acme"), ("b", "deleted", "prune", "acme")}
+    assert saver.registry.list_threads() == []
+
+
+@pytest.mark.parametrize("bad", ["", "ten minutes", "-5m", "0", "1y", True, [1]])
+def test_malformed_durations_are_rejected(bad) -> None:
+    with pytest.raises(ConfigurationError):
+        parse_duration(bad)
+
+
+def test_policy_and_override_input_errors(saver: SecureSaver) -> None:
+    assert parse_duration("90s") == 90 and parse_duration("2w") == 14 * 86400
+    with pytest.raises(ConfigurationError):
+        RetentionPolicy(strategy="shred")
+    with tenant_scope("acme"), pytest.raises(LookupError):
+        saver.set_retention("no-such-thread", idle_ttl="1h")
+    with tenant_scope("acme"), pytest.raises(ConfigurationError):
+        saver.set_retention("x")
+
+
+def test_shredding_makes_a_database_backup_unreadable_for_that_tenant_only(tmp_path: Path) -> None:
+    ring_path = tmp_path / "keyring.json"
+    Keyring.generate().save(ring_path)
+    live, backup = tmp_path / "live.db", tmp_path / "backup.db"
+    with SecureSaver.from_url(f"sqlite:///{live}", keyring=Keyring.from_file(ring_path),
+                              redaction=None) as saver:
+        _say(saver, "t", "acme secret", tenant="acme")
+        _say(saver, "t", "globex data", tenant="globex")
+    for f in tmp_path.glob("live.db*"):
+        shutil.copy(f, backup.with_name(f.name.replace("live", "backup")))
+    with SecureSaver.from_url(f"sqlite:///{live}", keyring=Keyring.from_file(ring_path),
+                              redaction=None) as saver:
+        assert saver.shred_tenant("acme", requested_by="dpo@example.com") == 1
+        assert saver.get_tuple(_cfg("t", "acme")) is None
+        assert [r.action for r in saver.receipts(tenant="acme")] == ["shredded"]
+        assert saver.get_tuple(_cfg("t", "globex")) is not None
+    after = Keyring.from_file(ring_path)
+    with SecureSaver.from_url(f"sqlite:///{backup}", keyring=after, redaction=None) as old:
+        with pytest.raises(TamperedDataError):
+            old.get_tuple(_cfg("t", "acme"))
+        tup = old.get_tuple(_cfg("t", "globex"))
+        assert "globex data" in [m.content for m in tup.checkpoint["channel_values"]["messages"]]
+    # the backup still holds acme's ciphertext, but nothing can open it any more
+    assert _rows(backup, "SELECT count(*) FROM securesaver_tenant_keys WHERE tenant = 'acme'") != [(0,)]
+
+
+def test_shredding_needs_a_keyring_file(saver: SecureSaver) -> None:
+    _say(saver, "t")
+    with pytest.raises(ConfigurationError, match="from_file"):
+        saver.shred_tenant("acme")
+    assert saver.get_tuple(_cfg("t")) is not None
