@@ -56,7 +56,7 @@ threads = sa.Table(
     sa.Column("idle_ttl", sa.Float, nullable=True),
     sa.Column("max_age", sa.Float, nullable=True),
     sa.Column("strategy", sa.String(16), nullable=False, default="delete"),
-    sa.Column("legal_hold", sa.Boolean, nullable=False, default=False),
+    sa.Column("legal_hold", sa.Boolean, nullable=False, default=False, index=True),
     sa.Column("policy_source", sa.String(16), nullable=False, default="default"),
     sa.Column("expires_at", sa.Float, nullable=True, index=True),
     sa.Column("state", sa.String(16), nullable=False, default="active"),
