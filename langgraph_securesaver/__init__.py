@@ -14,6 +14,7 @@ from .errors import (
 )
 from .keyring import KeyProvider, Keyring, WrappedKey
 from .registry import Registry
+from .retention import PruneReport, RetentionPolicy
 from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
 from .tenancy import current_tenant_scope, tenant_scope
 
@@ -28,7 +29,9 @@ __all__ = [
     "KeyProvider",
     "Keyring",
     "KeyringRequired",
+    "PruneReport",
     "Registry",
+    "RetentionPolicy",
     "SecureSaver",
     "SecureSaverError",
     "TamperedDataError",
