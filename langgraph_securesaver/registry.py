@@ -185,6 +185,16 @@ def create_registry_engine(url: str) -> Engine:
     raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
 
 
+def _register_companion_tables() -> None:
+    """Companion modules define their tables on ``metadata``; import them so setup creates all."""
+    import importlib
+    for module in ("langgraph_securesaver.pii_vault", "langgraph_securesaver.idempotency.schema"):
+        try:
+            importlib.import_module(module)
+        except ImportError:  # an optional component that is not installed
+            logger.debug("companion tables %s not available", module)
+
+
 class Registry:
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
 
@@ -210,6 +220,7 @@ class Registry:
         with self._setup_lock:
             if self._is_setup:
                 return
+            _register_companion_tables()
             metadata.create_all(self.engine, checkfirst=True)
             with self.engine.begin() as conn:
                 current = conn.execute(

@@ -43,6 +43,7 @@ from .errors import (
     UnsupportedFilterError,
 )
 from .keyring import KeyProvider, Keyring
+from .pii_vault import PiiVault
 from .registry import Receipt, Registry, ThreadRow
 from .retention import DEFAULT_POLICY_KEY, PruneReport, RetentionPolicy, parse_duration
 from .storage_ops import DELTA_METADATA_KEYS, StorageOps, ops_for
@@ -263,6 +264,7 @@ class SecureSaver(BaseCheckpointSaver):
         self.metadata_allowlist = allow | frozenset(DELTA_METADATA_KEYS)
         self.blind_index = blind_index
         self.redactor = self._make_redactor(redaction)
+        self.vault = PiiVault(self.registry)
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise ConfigurationError("retention must be a RetentionPolicy or None")
         self.retention: RetentionPolicy | None = retention
@@ -462,33 +464,73 @@ class SecureSaver(BaseCheckpointSaver):
     # put preparation (shared) --------------------------------------------------------------
     def _prepare_put(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
                      checkpoint: Checkpoint, metadata: CheckpointMetadata
-                     ) -> tuple[Checkpoint, dict[str, Any]]:
-        values = checkpoint["channel_values"]
+                     ) -> tuple[Checkpoint, dict[str, Any], builtins.list[Any]]:
+        values: Mapping[str, Any] = checkpoint["channel_values"]
+        entries: builtins.list[Any] = []
         if self.redactor is not None:
-            values = self._redact_values(keys, ref, values)
+            values = {ch: self._redact_one(keys, ch, v, entries) for ch, v in values.items()}
         sealed = self.codec.seal_checkpoint(keys, ref, checkpoint, values)
         full = get_checkpoint_metadata(config, metadata)
-        return sealed, self.codec.seal_metadata(keys, ref, checkpoint, full)
+        md = self.codec.seal_metadata(keys, ref, checkpoint, full)
+        return sealed, md, self.vault.unknown(ref.tenant, ref.thread_id, entries)
 
     def _prepare_writes(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
                         writes: Sequence[tuple[str, Any]], task_id: str
-                        ) -> builtins.list[tuple[str, bytes]]:
+                        ) -> tuple[builtins.list[tuple[str, Any]], builtins.list[Any]]:
         cid = (config.get("configurable") or {}).get("checkpoint_id")
         if not cid:
             raise ConfigurationError("put_writes needs config['configurable']['checkpoint_id']")
+        entries: builtins.list[Any] = []
         if self.redactor is not None:
-            writes = [(ch, self._redact_one(keys, ref, ch, v)) for ch, v in writes]
-        return [(ch, keys.seal(self.codec.dump(v), self.codec.write_aad(ref, cid, task_id, ch)))
-                for ch, v in writes]
+            writes = [(ch, self._redact_one(keys, ch, v, entries)) for ch, v in writes]
+        sealed: builtins.list[tuple[str, Any]] = [
+            (ch, keys.seal(self.codec.dump(v), self.codec.write_aad(ref, cid, task_id, ch)))
+            for ch, v in writes]
+        return sealed, self.vault.unknown(ref.tenant, ref.thread_id, entries)
 
-    def _redact_values(self, keys: TenantKeys, ref: ThreadRef,
-                       values: Mapping[str, Any]) -> dict[str, Any]:
-        return {ch: self._redact_one(keys, ref, ch, v) for ch, v in values.items()}
+    @staticmethod
+    def _token_key(keys: TenantKeys) -> bytes:
+        return bytes.fromhex(keys.blind("pii-token-key"))
 
-    def _redact_one(self, keys: TenantKeys, ref: ThreadRef, channel: str, value: Any) -> Any:
-        redacted, _entries = self.redactor.redact_value(
-            value, channel=channel, token_key=keys.index_key)
+    def _redact_one(self, keys: TenantKeys, channel: str, value: Any,
+                    entries: builtins.list[Any]) -> Any:
+        redacted, found = self.redactor.redact_value(
+            value, channel=channel, token_key=self._token_key(keys))
+        entries.extend(found)
         return redacted
+
+    # restoring tokenized PII on read (shared) ---------------------------------------------
+    def _tokens_in(self, tup: CheckpointTuple) -> builtins.list[str]:
+        found: dict[str, None] = {}
+        for value in tup.checkpoint["channel_values"].values():
+            found.update(dict.fromkeys(self.redactor.find_tokens(value)))
+        for _task, _ch, value in tup.pending_writes or []:
+            found.update(dict.fromkeys(self.redactor.find_tokens(value)))
+        return builtins.list(found)
+
+    def _restore(self, keys: TenantKeys, tup: CheckpointTuple) -> CheckpointTuple:
+        """Put the originals back for the owning tenant (so a resumed tool gets real values)."""
+        if self.redactor is None:
+            return tup
+
+        def lookup(tokens: Sequence[str]) -> Mapping[str, str]:
+            return self.vault.lookup(keys, tokens)
+
+        checkpoint = tup.checkpoint.copy()
+        checkpoint["channel_values"] = {
+            ch: self.redactor.restore_value(v, lookup)
+            for ch, v in tup.checkpoint["channel_values"].items()}
+        writes = [(t, ch, self.redactor.restore_value(v, lookup))
+                  for t, ch, v in tup.pending_writes or []]
+        return tup._replace(checkpoint=checkpoint, pending_writes=writes)
+
+    async def _arestore(self, keys: TenantKeys, tup: CheckpointTuple) -> CheckpointTuple:
+        if self.redactor is None:
+            return tup
+        tokens = self._tokens_in(tup)
+        if tokens:  # warm the vault cache off the event loop; restoring is then CPU only
+            await asyncio.to_thread(self.vault.lookup, keys, tokens)
+        return self._restore(keys, tup)
 
     # --------------------------------------------------------------------------------------
     # sync API
@@ -498,8 +540,8 @@ class SecureSaver(BaseCheckpointSaver):
         tup = self._sync_inner("get_tuple").get_tuple(self._inner_config(ref, config))
         if tup is None:
             return None
-        return self.codec.open_tuple(self.keys.require(ref.tenant), ref, tup,
-                                     self._outer(ref.tenant))
+        keys = self.keys.require(ref.tenant)
+        return self._restore(keys, self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant)))
 
     def list(
         self,
@@ -522,7 +564,7 @@ class SecureSaver(BaseCheckpointSaver):
             opened = self._open_listed(keys, tenant, tup)
             if opened is None:
                 continue
-            yield opened
+            yield self._restore(keys, opened)
             yielded += 1
             if limit is not None and yielded >= limit:
                 return
@@ -532,9 +574,10 @@ class SecureSaver(BaseCheckpointSaver):
         ref = self._scoped(lambda: self._ref(config, "put"))
         inner = self._sync_inner("put")
         keys = self._keys(ref.tenant)
-        sealed, md = self._prepare_put(keys, ref, config, checkpoint, metadata)
+        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata)
         if self._touch_due(ref):
             self._touch(ref)
+        self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
         saved = inner.put(self._inner_config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
         return self._outer(ref.tenant)(saved) or saved
 
@@ -542,7 +585,9 @@ class SecureSaver(BaseCheckpointSaver):
                    task_id: str, task_path: str = "") -> None:
         ref = self._scoped(lambda: self._ref(config, "put_writes"))
         inner = self._sync_inner("put_writes")
-        sealed = self._prepare_writes(self._keys(ref.tenant), ref, config, writes, task_id)
+        keys = self._keys(ref.tenant)
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id)
+        self.vault.store(keys, ref.thread_id, new_pii)
         inner.put_writes(self._inner_config(ref, config), sealed, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
@@ -604,7 +649,8 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys_existing(ref.tenant)
         if keys is None:
             keys = self.keys.require(ref.tenant)  # raises TamperedDataError
-        return self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant))
+        return await self._arestore(keys, self.codec.open_tuple(keys, ref, tup,
+                                                                self._outer(ref.tenant)))
 
     async def alist(
         self,
@@ -632,7 +678,7 @@ class SecureSaver(BaseCheckpointSaver):
             opened = self._open_listed(keys, tenant, tup)
             if opened is None:
                 continue
-            yield opened
+            yield await self._arestore(keys, opened)
             yielded += 1
             if limit is not None and yielded >= limit:
                 return
@@ -641,9 +687,11 @@ class SecureSaver(BaseCheckpointSaver):
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         ref = await self._ascoped(lambda: self._ref(config, "put"))
         keys = await self._akeys(ref.tenant)
-        sealed, md = self._prepare_put(keys, ref, config, checkpoint, metadata)
+        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata)
         if self._touch_due(ref):
             await asyncio.to_thread(self._touch, ref)
+        if new_pii:
+            await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         saved = await self._ainner("put", self._inner_config(ref, config), sealed, md,
                                    new_versions)
         return self._outer(ref.tenant)(saved) or saved
@@ -652,7 +700,9 @@ class SecureSaver(BaseCheckpointSaver):
                           task_id: str, task_path: str = "") -> None:
         ref = await self._ascoped(lambda: self._ref(config, "put_writes"))
         keys = await self._akeys(ref.tenant)
-        sealed = self._prepare_writes(keys, ref, config, writes, task_id)
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id)
+        if new_pii:
+            await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
                            task_path)
 
@@ -772,7 +822,8 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _thread_purgers(self) -> builtins.list[tuple[str, Callable[[str, str], int]]]:
         """Per-thread cleanups of companion stores (PII vault, idempotency records)."""
-        purgers: builtins.list[tuple[str, Callable[[str, str], int]]] = []
+        purgers: builtins.list[tuple[str, Callable[[str, str], int]]] = [
+            ("pii_values", self.vault.delete_thread)]
         store = self.__dict__.get("_idempotency_store")
         if store is not None:
             purgers.append(("idempotency_records", store.delete_thread))
@@ -925,6 +976,7 @@ class SecureSaver(BaseCheckpointSaver):
             self.registry.finish_deleted(tenant, thread_id, {
                 "tenant": tenant, "thread_id": thread_id, "action": "shredded",
                 "reason": "shred_tenant", "requested_by": requested_by, "detail": counts})
+        self.vault.delete_tenant(tenant)
         self.registry.forget_tenant(tenant)
         self._policies.pop(tenant, None)
         self.registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,
@@ -950,6 +1002,47 @@ class SecureSaver(BaseCheckpointSaver):
             if thread is not None:
                 seen.add(thread)
         return sorted(seen)
+
+    # PII inventory and erasure --------------------------------------------------------------
+    def pii_inventory(self, tenant: str | None = None, thread_id: str | None = None
+                      ) -> dict[tuple[str, str], dict[str, int]]:
+        """{(tenant, thread): {PII kind: distinct values}} for threads holding tokenized PII."""
+        return self.vault.inventory(tenant, thread_id)
+
+    async def apii_inventory(self, tenant: str | None = None, thread_id: str | None = None
+                             ) -> dict[tuple[str, str], dict[str, int]]:
+        return await asyncio.to_thread(self.vault.inventory, tenant, thread_id)
+
+    def forget_pii(self, tenant: str, value: str | None = None, *, kind: str | None = None,
+                   requested_by: str | None = None) -> int:
+        """Erase stored PII without deleting conversations: the token stays, the value goes.
+
+        ``value`` erases that value wherever the tenant's threads hold it; ``kind`` (e.g.
+        ``"EMAIL_ADDRESS"``) erases every value of that kind. Returns the values erased.
+        """
+        from .redaction import make_token
+        tenant = validate_tenant(tenant)
+        if value is None and kind is None:
+            raise ConfigurationError("forget_pii needs a value or a kind")
+        keys = self.keys.keys_for(tenant, create=False)
+        if keys is None:
+            return 0
+        tokens: builtins.list[str] = []
+        if kind is not None:
+            tokens += self.vault.tokens_of_kind(tenant, kind)
+        if value is not None:
+            token_key = self._token_key(keys)
+            for known in ([kind] if kind else self.vault.kinds(tenant)):
+                tokens.append(make_token(token_key, known, value))
+        erased = self.vault.forget_tokens(tenant, tokens)
+        self.registry.record_event("pii_forgotten", tenant=tenant, actor=requested_by,
+                                   entity=kind, by_value=value is not None, erased=erased)
+        return erased
+
+    async def aforget_pii(self, tenant: str, value: str | None = None, *,
+                          kind: str | None = None, requested_by: str | None = None) -> int:
+        return await asyncio.to_thread(lambda: self.forget_pii(
+            tenant, value, kind=kind, requested_by=requested_by))
 
     # key operations -----------------------------------------------------------------------
     def rewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:

@@ -1,0 +1,188 @@
+"""The PII vault: originals behind redaction tokens, sealed under the tenant's key.
+
+Redaction replaces a value by a stable token (``<EMAIL_ADDRESS:3f9a…>``) before anything is
+encrypted; the original goes here, encrypted and bound to (tenant, token), so a tool call
+resumed by the owning tenant gets the real value back, while an erasure request
+(:meth:`PiiVault.forget`) removes the value and leaves the token in the conversation.
+
+``securesaver_pii_refs`` records which thread holds which token (and its kind): the PII
+inventory per tenant and thread, and what deleting a thread must erase.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from .crypto import TenantKeys, associated_data
+from .registry import Registry, metadata
+
+logger = logging.getLogger(__name__)
+
+pii_vault = sa.Table(
+    "securesaver_pii_vault", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("token", sa.String(128), primary_key=True),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+pii_refs = sa.Table(
+    "securesaver_pii_refs", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("token", sa.String(128), primary_key=True),
+    sa.Column("kind", sa.String(64), nullable=False, index=True),
+    sa.Column("first_seen", sa.Float, nullable=False),
+)
+
+
+def _aad(tenant: str, token: str) -> bytes:
+    return associated_data("pii", tenant, token)
+
+
+class PiiVault:
+    """Thread-safe; keeps a bounded in-process cache of what it already wrote and read."""
+
+    def __init__(self, registry: Registry, *, cache_size: int = 50_000) -> None:
+        self.registry = registry
+        self._known: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._values: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    # writing ----------------------------------------------------------------------------------
+    def unknown(self, tenant: str, thread_id: str, entries: Iterable[Any]) -> list[Any]:
+        """Entries this process has not stored for that thread yet (the rest are no-ops)."""
+        with self._lock:
+            return [e for e in entries if (tenant, thread_id, e.token) not in self._known]
+
+    def store(self, keys: TenantKeys, thread_id: str, entries: Sequence[Any]) -> None:
+        """Seal and insert the originals (idempotent), then record the thread's references."""
+        if not entries:
+            return
+        tenant, now = keys.tenant, time.time()
+        unique = {e.token: e for e in entries}
+        vault_rows = [{"tenant": tenant, "token": e.token, "kind": e.kind,
+                       "sealed": keys.seal(e.value.encode("utf-8", "surrogatepass"),
+                                           _aad(tenant, e.token)), "created_at": now}
+                      for e in unique.values()]
+        ref_rows = [{"tenant": tenant, "thread_id": thread_id, "token": e.token, "kind": e.kind,
+                     "first_seen": now} for e in unique.values()]
+        with self.registry.begin() as conn:
+            self.registry._insert_ignore(conn, pii_vault, vault_rows)
+            self.registry._insert_ignore(conn, pii_refs, ref_rows)
+        with self._lock:
+            for e in unique.values():
+                self._known[(tenant, thread_id, e.token)] = None
+                self._values[(tenant, e.token)] = e.value
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self._known) > self._cache_size:
+            self._known.popitem(last=False)
+        while len(self._values) > self._cache_size:
+            self._values.popitem(last=False)
+
+    # reading ----------------------------------------------------------------------------------
+    def lookup(self, keys: TenantKeys, tokens: Sequence[str]) -> Mapping[str, str]:
+        tenant = keys.tenant
+        found: dict[str, str] = {}
+        missing: list[str] = []
+        with self._lock:
+            for token in tokens:
+                value = self._values.get((tenant, token))
+                if value is None:
+                    missing.append(token)
+                else:
+                    found[token] = value
+        if missing:
+            with self.registry.begin() as conn:
+                rows = conn.execute(sa.select(pii_vault.c.token, pii_vault.c.sealed).where(
+                    pii_vault.c.tenant == tenant, pii_vault.c.token.in_(missing))).all()
+            for token, sealed in rows:
+                value = keys.open(bytes(sealed), _aad(tenant, token)).decode(
+                    "utf-8", "surrogatepass")
+                found[token] = value
+            with self._lock:
+                for token, value in found.items():
+                    self._values[(tenant, token)] = value
+                self._trim()
+        return found
+
+    # inventory and erasure ------------------------------------------------------------------
+    def inventory(self, tenant: str | None = None, thread_id: str | None = None
+                  ) -> dict[tuple[str, str], dict[str, int]]:
+        """{(tenant, thread): {kind: distinct values}} for every thread that holds PII whose
+        value is still stored (erased values no longer count)."""
+        joined = pii_refs.join(pii_vault, sa.and_(pii_refs.c.tenant == pii_vault.c.tenant,
+                                                  pii_refs.c.token == pii_vault.c.token))
+        q = sa.select(pii_refs.c.tenant, pii_refs.c.thread_id, pii_refs.c.kind,
+                      sa.func.count()).select_from(joined).group_by(
+            pii_refs.c.tenant, pii_refs.c.thread_id, pii_refs.c.kind)
+        if tenant is not None:
+            q = q.where(pii_refs.c.tenant == tenant)
+        if thread_id is not None:
+            q = q.where(pii_refs.c.thread_id == thread_id)
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        with self.registry.begin() as conn:
+            for t, th, kind, n in conn.execute(q):
+                out.setdefault((t, th), {})[kind] = int(n)
+        return out
+
+    def forget_tokens(self, tenant: str, tokens: Sequence[str]) -> int:
+        """Erase originals; the tokens stay in the conversations. Returns values erased."""
+        if not tokens:
+            return 0
+        with self.registry.begin() as conn:
+            erased = conn.execute(pii_vault.delete().where(
+                pii_vault.c.tenant == tenant, pii_vault.c.token.in_(list(tokens)))).rowcount
+        with self._lock:
+            for token in tokens:
+                self._values.pop((tenant, token), None)
+        return int(erased or 0)
+
+    def tokens_of_kind(self, tenant: str, kind: str) -> list[str]:
+        with self.registry.begin() as conn:
+            return list(conn.execute(sa.select(pii_vault.c.token).where(
+                pii_vault.c.tenant == tenant, pii_vault.c.kind == kind)).scalars())
+
+    def kinds(self, tenant: str) -> list[str]:
+        with self.registry.begin() as conn:
+            return sorted(conn.execute(sa.select(pii_vault.c.kind).where(
+                pii_vault.c.tenant == tenant).distinct()).scalars())
+
+    def delete_thread(self, tenant: str, thread_id: str) -> int:
+        """Drop the thread's references and every original no other thread still uses."""
+        with self.registry.begin() as conn:
+            tokens = list(conn.execute(sa.select(pii_refs.c.token).where(
+                pii_refs.c.tenant == tenant, pii_refs.c.thread_id == thread_id)).scalars())
+            conn.execute(pii_refs.delete().where(pii_refs.c.tenant == tenant,
+                                                 pii_refs.c.thread_id == thread_id))
+            still_used = sa.select(pii_refs.c.token).where(pii_refs.c.tenant == tenant)
+            erased = conn.execute(pii_vault.delete().where(
+                pii_vault.c.tenant == tenant, pii_vault.c.token.in_(tokens),
+                pii_vault.c.token.not_in(still_used))).rowcount if tokens else 0
+        with self._lock:
+            for key in [k for k in self._known if k[0] == tenant and k[1] == thread_id]:
+                del self._known[key]
+            for token in tokens:
+                self._values.pop((tenant, token), None)
+        return int(erased or 0)
+
+    def delete_tenant(self, tenant: str) -> int:
+        with self.registry.begin() as conn:
+            conn.execute(pii_refs.delete().where(pii_refs.c.tenant == tenant))
+            erased = conn.execute(pii_vault.delete().where(pii_vault.c.tenant == tenant)).rowcount
+        with self._lock:
+            self._known = OrderedDict((k, None) for k in self._known if k[0] != tenant)
+            self._values = OrderedDict((k, v) for k, v in self._values.items() if k[0] != tenant)
+        return int(erased or 0)
+
