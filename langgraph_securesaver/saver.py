@@ -871,6 +871,12 @@ class SecureSaver(BaseCheckpointSaver):
         self.registry.record_event("retention_changed", tenant=tenant,
                                    policy=None if policy is None else policy.as_row())
 
+    async def aset_default_retention(self, policy: RetentionPolicy | None) -> None:
+        await asyncio.to_thread(self.set_default_retention, policy)
+
+    async def aset_tenant_retention(self, tenant: str, policy: RetentionPolicy | None) -> None:
+        await asyncio.to_thread(self.set_tenant_retention, tenant, policy)
+
     _UNSET: Any = object()
 
     def set_retention(self, thread_id: str, *, idle_ttl: Any = _UNSET, max_age: Any = _UNSET,
@@ -1080,6 +1086,9 @@ class SecureSaver(BaseCheckpointSaver):
 
     async def arotate_data_key(self, tenant: str) -> int:
         return await asyncio.to_thread(self.rotate_data_key, tenant)
+
+    async def amaster_versions_in_use(self) -> dict[str, int]:
+        return await asyncio.to_thread(self.master_versions_in_use)
 
     def master_versions_in_use(self) -> dict[str, int]:
         """How many key rows each master version still wraps (retire a version at zero)."""
