@@ -20,7 +20,7 @@ import secrets
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Protocol
@@ -88,6 +88,10 @@ class TenantKeys:
     data: dict[int, AESGCM]
     index_key: bytes
     _hmac_cache: dict[str, str] = field(default_factory=dict, repr=False)
+    # asks the key store again when a token names a version this process has not seen yet
+    # (another process rotated the tenant's data key)
+    reload: Callable[[], TenantKeys | None] | None = field(default=None, repr=False)
+    loaded_at: float = field(default_factory=time.monotonic, repr=False)
 
     def seal(self, plaintext: bytes, aad: bytes) -> bytes:
         nonce = secrets.token_bytes(_NONCE)
@@ -102,6 +106,12 @@ class TenantKeys:
             )
         version = int(_HEADER.unpack_from(token)[1])
         aes = self.data.get(version)
+        if aes is None and self.reload is not None:
+            fresh = self.reload()
+            if fresh is not None:
+                self.data.update(fresh.data)
+                self.current_version = max(self.current_version, fresh.current_version)
+                aes = self.data.get(version)
         if aes is None:
             raise TamperedDataError(
                 f"ciphertext names data key v{version} of tenant {self.tenant!r}, which is unknown "
@@ -159,14 +169,18 @@ class KeyManager:
     Thread-safe. The cache holds unwrapped keys in process memory only.
     """
 
-    def __init__(self, provider: KeyProvider, store: KeyStore) -> None:
+    def __init__(self, provider: KeyProvider, store: KeyStore, *, ttl: float = 300.0) -> None:
         self.provider = provider
         self.store = store
+        self.ttl = ttl  # how long a process trusts its cached keys before re-reading them
         self._cache: dict[str, TenantKeys] = {}
         self._lock = threading.Lock()
 
     def cached(self, tenant: str) -> TenantKeys | None:
-        return self._cache.get(tenant)
+        hit = self._cache.get(tenant)
+        if hit is not None and time.monotonic() - hit.loaded_at > self.ttl:
+            return None  # stale: re-read so rotations by other processes are picked up
+        return hit
 
     def forget(self, tenant: str | None = None) -> None:
         with self._lock:
@@ -176,11 +190,11 @@ class KeyManager:
                 self._cache.pop(tenant, None)
 
     def keys_for(self, tenant: str, *, create: bool = True) -> TenantKeys | None:
-        hit = self._cache.get(tenant)
+        hit = self.cached(tenant)
         if hit is not None:
             return hit
         with self._lock:
-            hit = self._cache.get(tenant)
+            hit = self.cached(tenant)
             if hit is not None:
                 return hit
             rows = self.store.load_key_rows(tenant)
@@ -235,7 +249,17 @@ class KeyManager:
                 index_key = raw
         if not data or index_key is None:
             raise TamperedDataError(f"the key rows of tenant {tenant!r} are incomplete")
-        return TenantKeys(tenant, max(data), data, index_key)
+        return TenantKeys(tenant, max(data), data, index_key,
+                          reload=lambda: self._reload(tenant))
+
+    def _reload(self, tenant: str) -> TenantKeys | None:
+        rows = self.store.load_key_rows(tenant)
+        if not rows:
+            return None
+        keys = self._unwrap(tenant, rows)
+        with self._lock:
+            self._cache[tenant] = keys
+        return keys
 
     def rewrap(self, tenant: str, rows: Sequence[KeyRow]) -> list[KeyRow]:
         """Rows re-sealed under the provider's current master version (no data rewrite)."""

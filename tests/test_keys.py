@@ -114,3 +114,21 @@ def test_data_key_rotation_tokens_name_the_new_key() -> None:
     first = list(saver.inner.list({"configurable": {"thread_id": inner_thread_id("acme", "t")}}))[-1]
     assert {token_key_version(v) for v in first.checkpoint["channel_values"].values()} == {1}
     assert {"old key", "new key"} <= set(_texts(saver, "acme", "t"))
+
+
+def test_a_rotation_by_another_process_is_picked_up(tmp_path: Path) -> None:
+    """Two savers on one database stand for two processes with their own key caches."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    ring = Keyring.generate()
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as a, \
+            SecureSaver.from_url(url, keyring=ring, redaction=None) as b:
+        _say(a, "acme", "t", "first")
+        assert "first" in _texts(b, "acme", "t")      # b caches acme's keys (v1)
+        a.rotate_data_key("acme")
+        _say(a, "acme", "t", "second")                # sealed under data key v2
+        assert "second" in _texts(b, "acme", "t")     # b reloads on the unknown version
+        b.keys.ttl = 0                                # b's cache expires: it seals with v2 too
+        _say(b, "acme", "t", "third")
+        raw = b.inner.get_tuple({"configurable": {"thread_id": inner_thread_id("acme", "t"),
+                                                  "checkpoint_ns": ""}})
+        assert token_key_version(raw.checkpoint["channel_values"]["messages"]) == 2
