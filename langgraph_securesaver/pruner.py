@@ -27,6 +27,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH = 100
 DEFAULT_LEASE = 300.0
 DEFAULT_ACTIVE_GRACE = 120.0
+TRANSIENT_RETRIES = 3
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Deadlocks, serialization failures and busy databases: worth retrying, never surfaced."""
+    names = {type(e).__name__ for e in (exc, exc.__cause__, getattr(exc, "orig", None)) if e}
+    text = str(exc).lower()
+    return bool(names & {"DeadlockDetected", "SerializationFailure", "LockNotAvailable"}) or (
+        "database is locked" in text or "deadlock detected" in text)
 
 
 def default_owner() -> str:
@@ -102,13 +111,24 @@ class Sweep:
         return self.report
 
     def _process_safely(self, row: ThreadRow) -> None:
-        try:
-            self._process(row)
-        except Exception as exc:  # one bad thread must not stop the sweep
-            # the claim is kept until its lease expires, so this sweep does not retry it
-            logger.exception("retention failed for tenant %r thread %r", row.tenant,
-                             row.thread_id)
-            self.report.errors.append((row.tenant, row.thread_id, f"{type(exc).__name__}: {exc}"))
+        for attempt in range(1, TRANSIENT_RETRIES + 1):
+            try:
+                self._process(row)
+                return
+            except Exception as exc:  # one bad thread must not stop the sweep
+                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                    logger.info("retrying tenant %r thread %r after %s", row.tenant,
+                                row.thread_id, type(exc).__name__)
+                    time.sleep(0.05 * attempt)
+                    continue
+                self._record_error(row, exc)
+                return
+
+    def _record_error(self, row: ThreadRow, exc: Exception) -> None:
+        # the claim is kept until its lease expires, so this sweep does not retry it
+        logger.error("retention failed for tenant %r thread %r: %s", row.tenant,
+                     row.thread_id, exc, exc_info=exc)
+        self.report.errors.append((row.tenant, row.thread_id, f"{type(exc).__name__}: {exc}"))
 
     def _process(self, claimed: ThreadRow) -> None:
         key = (claimed.tenant, claimed.thread_id)
