@@ -115,7 +115,7 @@ class Sweep:
             try:
                 self._process(row)
                 return
-            except Exception as exc:  # one bad thread must not stop the sweep
+            except Exception as exc:  # noqa: BLE001 - one bad thread must not stop the sweep
                 if attempt < TRANSIENT_RETRIES and _is_transient(exc):
                     logger.info("retrying tenant %r thread %r after %s", row.tenant,
                                 row.thread_id, type(exc).__name__)
