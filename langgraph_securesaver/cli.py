@@ -242,6 +242,51 @@ def shred_tenant(
                   f"{keyring} rewritten. Replace every copy of the old keyring file.")
 
 
+@app.command()
+def recover(
+    url: UrlOption,
+    graph: Annotated[str, typer.Option("--graph", help="module:attr of the graph (compiled "
+                                       "graph, StateGraph, or factory(saver)).")],
+    keyring: KeyringOption = None,
+    older_than: Annotated[str, typer.Option("--older-than", help="Idle time before a thread "
+                                            "with pending tasks counts as stalled.")] = "5m",
+    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    max_attempts: Annotated[int, typer.Option("--max-attempts", min=1)] = 3,
+    worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Resume stalled threads that opted in (mark_recoverable), each by exactly one worker.
+
+    Exit codes: 0 done, 1 some threads failed or were dead-lettered, 2 could not run.
+    """
+    import json
+
+    from .idempotency.recovery import recover_main
+    from .retention import parse_duration
+    try:
+        idle = parse_duration(older_than, what="--older-than") or 0.0
+        report = recover_main(url, graph, keyring=str(keyring) if keyring else None,
+                              older_than=idle, tenant=tenant, max_attempts=max_attempts,
+                              worker_id=worker_id, redaction=None)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except (ImportError, AttributeError) as exc:
+        raise fail(f"cannot load graph {graph!r}: {exc}") from None
+    except database_errors() as exc:
+        raise fail(f"cannot reach the database: {type(exc).__name__}: {exc}") from None
+    summary = {"worker": report.worker_id, "examined": report.examined,
+               "resumed": len(report.resumed), "failed": len(report.failed),
+               "dead_lettered": len(report.dead_lettered)}
+    if as_json:
+        console.print_json(json.dumps(summary))
+    else:
+        table = Table("outcome", "threads")
+        for key, value in summary.items():
+            table.add_row(key, str(value))
+        console.print(table)
+    raise typer.Exit(EXIT_FOUND if report.failed or report.dead_lettered else EXIT_OK)
+
+
 def run() -> Any:  # pragma: no cover - console entry point
     return app()
 

@@ -11,8 +11,9 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +186,37 @@ def create_registry_engine(url: str) -> Engine:
     raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
 
 
+_engine_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_engine_locks_guard = threading.Lock()
+
+
+def engine_lock(engine: Engine) -> AbstractContextManager[Any]:
+    """Serializes transactions on an engine whose pool is ONE shared connection (the in-memory
+    registry): sqlite3 cannot run two transactions at once on a connection. Engines that pool
+    a connection per thread need no lock."""
+    if not isinstance(engine.pool, StaticPool):
+        return nullcontext()
+    with _engine_locks_guard:
+        lock = _engine_locks.get(engine)
+        if lock is None:
+            lock = _engine_locks[engine] = threading.RLock()
+    return lock
+
+
+def _create_all(engine: Engine) -> None:
+    """create_all, tolerating another process creating the same tables at the same moment."""
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            return
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
+            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
+                raise
+            logger.debug("concurrent schema creation (attempt %d): %s", attempt + 1, exc)
+            time.sleep(0.05 * (attempt + 1))
+    metadata.create_all(engine, checkfirst=True)
+
+
 def _register_companion_tables() -> None:
     """Companion modules define their tables on ``metadata``; import them so setup creates all."""
     import importlib
@@ -212,7 +244,7 @@ class Registry:
     def begin(self) -> Iterator[Connection]:
         if not self._is_setup:
             self.setup()  # like SqliteSaver: the first use creates the tables
-        with self.engine.begin() as conn:
+        with engine_lock(self.engine), self.engine.begin() as conn:
             yield conn
 
     def setup(self) -> None:
@@ -221,8 +253,8 @@ class Registry:
             if self._is_setup:
                 return
             _register_companion_tables()
-            metadata.create_all(self.engine, checkfirst=True)
-            with self.engine.begin() as conn:
+            _create_all(self.engine)
+            with engine_lock(self.engine), self.engine.begin() as conn:
                 current = conn.execute(
                     sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
                 ).scalar()

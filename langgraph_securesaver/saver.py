@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -126,12 +126,17 @@ class _SealedCodec:
             ch: keys.seal(self.dump(v), self.channel_aad(ref, ch, versions.get(ch)))
             for ch, v in values.items()
         }
+        if sealed.get("pending_sends"):  # pre-v4 checkpoints: Send args live in the manifest
+            cast(dict, sealed)["pending_sends"] = []
         return sealed
 
     def seal_metadata(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
                       full: Mapping[str, Any]) -> dict[str, Any]:
         stored: dict[str, Any] = {k: full[k] for k in self.allowlist if k in full}
-        manifest = {"id": checkpoint["id"], "versions": dict(checkpoint["channel_versions"])}
+        manifest: dict[str, Any] = {"id": checkpoint["id"],
+                                    "versions": dict(checkpoint["channel_versions"])}
+        if checkpoint.get("pending_sends"):
+            manifest["pending_sends"] = checkpoint.get("pending_sends")
         payload = self.dump({"metadata": dict(full), "manifest": manifest})
         stored[SEALED_METADATA_KEY] = to_text(
             keys.seal(payload, self.metadata_aad(ref, checkpoint["id"])))
@@ -188,8 +193,12 @@ class _SealedCodec:
                 continue
             if key not in self.allowlist or metadata.get(key) != value:
                 raise TamperedDataError(f"clear metadata key {key!r} was added or altered")
+        if checkpoint.get("pending_sends"):
+            raise TamperedDataError("a checkpoint holds clear pending sends (injected plaintext)")
         versions = checkpoint["channel_versions"]
         opened = checkpoint.copy()
+        if "pending_sends" in manifest:
+            cast(dict, opened)["pending_sends"] = manifest["pending_sends"]
         opened["channel_values"] = {
             ch: self.load(keys.open(tok, self.channel_aad(ref, ch, versions.get(ch))))
             for ch, tok in checkpoint["channel_values"].items()
@@ -824,10 +833,18 @@ class SecureSaver(BaseCheckpointSaver):
         """Per-thread cleanups of companion stores (PII vault, idempotency records)."""
         purgers: builtins.list[tuple[str, Callable[[str, str], int]]] = [
             ("pii_values", self.vault.delete_thread)]
-        store = self.__dict__.get("_idempotency_store")
+        store = self._idempotency()
         if store is not None:
             purgers.append(("idempotency_records", store.delete_thread))
         return purgers
+
+    def _idempotency(self) -> Any:
+        """The idempotency store on this saver's database (None if that component is absent)."""
+        try:
+            from .idempotency import IdempotencyStore
+        except ImportError:
+            return None
+        return IdempotencyStore.for_saver(self)
 
     def _latest_checkpoint_time(self, ref: ThreadRef) -> float | None:
         from .pruner import _checkpoint_time
@@ -983,6 +1000,9 @@ class SecureSaver(BaseCheckpointSaver):
                 "tenant": tenant, "thread_id": thread_id, "action": "shredded",
                 "reason": "shred_tenant", "requested_by": requested_by, "detail": counts})
         self.vault.delete_tenant(tenant)
+        store = self._idempotency()
+        if store is not None:
+            store.delete_tenant(tenant)
         self.registry.forget_tenant(tenant)
         self._policies.pop(tenant, None)
         self.registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,

@@ -56,3 +56,19 @@ def test_demo_with_a_missing_keyring_file_exits_2(tmp_path: Path) -> None:
                                  str(tmp_path / "nope.json")])
     assert result.exit_code == 2
     assert "securesaver keygen" in result.output
+
+
+def test_recover_with_nothing_stalled_exits_0_and_a_bad_graph_exits_2(tmp_path: Path) -> None:
+    from langgraph_securesaver import SecureSaver
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    ring = tmp_path / "k.json"
+    Keyring.generate().save(ring)
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring), redaction=None):
+        pass
+    ok = runner.invoke(app, ["recover", "--url", url, "--keyring", str(ring), "--graph",
+                             "langgraph_securesaver.demo:build_support_graph", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["resumed"] == 0
+    bad = runner.invoke(app, ["recover", "--url", url, "--keyring", str(ring), "--graph",
+                              "no_such_module:graph"])
+    assert bad.exit_code == 2 and "cannot load graph" in bad.output

@@ -212,3 +212,17 @@ def test_shredding_needs_a_keyring_file(saver: SecureSaver) -> None:
     with pytest.raises(ConfigurationError, match="from_file"):
         saver.shred_tenant("acme")
     assert saver.get_tuple(_cfg("t")) is not None
+
+
+def test_deletion_removes_idempotency_records_and_counts_them(saver: SecureSaver) -> None:
+    from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
+    _say(saver, "t")
+    _say(saver, "keep")
+    store = IdempotencyStore.for_saver(saver)
+    for thread in ("t", "keep"):
+        scope = KeyScope("acme", thread, f"key-{thread}", "tool", "send_email")
+        assert store.execute(scope, lambda claim: "sent").value == "sent"
+    with tenant_scope("acme"):
+        saver.delete_thread("t")
+    assert [r.thread_id for r in store.list_records("acme")] == ["keep"]
+    assert saver.receipts(thread_id="t")[0].detail["idempotency_records"] == 1

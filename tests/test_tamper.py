@@ -177,3 +177,23 @@ def test_list_stops_at_tampered_row(saver: SecureSaver) -> None:
     _rewrite(saver, victim, values)
     with pytest.raises(TamperedDataError):
         list(saver.list(_cfg("t2")))
+
+
+def test_legacy_pending_sends_are_sealed_and_restored(saver: SecureSaver) -> None:
+    from langgraph.types import Send
+    tup = saver.get_tuple(_cfg("t1"))
+    checkpoint = {**tup.checkpoint, "id": str(uuid.uuid4()),
+                  "pending_sends": [Send("node", {"email": "sends.marker@example.org"})]}
+    saved = saver.put(tup.config, checkpoint, {"source": "loop", "step": 9, "parents": {}}, {})
+    raw = saver.inner.get_tuple({"configurable": {
+        "thread_id": inner_thread_id("acme", "t1"), "checkpoint_ns": "",
+        "checkpoint_id": saved["configurable"]["checkpoint_id"]}})
+    assert not raw.checkpoint.get("pending_sends")
+    back = saver.get_tuple(saved)
+    assert back.checkpoint["pending_sends"][0].arg == {"email": "sends.marker@example.org"}
+    _rewrite(saver, raw)  # unchanged rewrite still reads
+    assert saver.get_tuple(saved) is not None
+    injected = {**raw.checkpoint, "pending_sends": [Send("node", {"x": 1})]}
+    _rewrite(saver, raw._replace(checkpoint=injected))
+    with pytest.raises(TamperedDataError, match="pending sends"):
+        saver.get_tuple(saved)

@@ -1,0 +1,81 @@
+"""Tables of the idempotency component, on the registry's shared ``metadata``.
+
+``Registry.setup()`` (``metadata.create_all``) creates them once this module is imported; the
+store also calls ``create_all`` itself on first use. All times are seconds since the epoch on the
+DATABASE clock (see :func:`db_now`), never the Python clock of a worker.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..registry import metadata
+
+#: Claim states of an idempotency record.
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+FAILED = "failed"
+UNKNOWN = "unknown"
+
+idempotency_records = sa.Table(
+    "securesaver_idempotency", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    # "" for tenant-scoped business keys
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    # the derived key (keyed HMAC, hex); the same string is given to downstream APIs
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),        # tool | task | step | business
+    sa.Column("name", sa.String(255), nullable=False),       # tool / function name (operators)
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("fingerprint", sa.String(64), nullable=True),  # keyed HMAC of canonical args
+    sa.Column("owner", sa.String(128), nullable=True),
+    sa.Column("fencing_token", sa.BigInteger, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("lease_expires_at", sa.Float, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("result", sa.LargeBinary, nullable=True),      # sealed, bound to tenant/thread/key
+    sa.Column("error", sa.LargeBinary, nullable=True),       # sealed error text of the last try
+    sa.Index("ix_securesaver_idempotency_state", "tenant", "state"),
+)
+
+recoverable_threads = sa.Table(
+    "securesaver_recoverable", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),       # armed | done | dead
+    sa.Column("owner", sa.String(128), nullable=True),
+    sa.Column("fencing_token", sa.BigInteger, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("lease_expires_at", sa.Float, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("configurable", sa.LargeBinary, nullable=True),  # sealed run configurable
+    sa.Column("last_error", sa.LargeBinary, nullable=True),    # sealed
+    sa.Index("ix_securesaver_recoverable_state", "state", "lease_expires_at"),
+)
+
+dead_letters = sa.Table(
+    "securesaver_dead_letters", metadata,
+    sa.Column("letter_id", sa.String(36), primary_key=True),
+    sa.Column("tenant", sa.String(255), nullable=False, index=True),
+    sa.Column("thread_id", sa.String(512), nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("worker", sa.String(128), nullable=True),
+    sa.Column("error_type", sa.String(255), nullable=True),
+    sa.Column("error", sa.LargeBinary, nullable=True),       # sealed
+)
+
+TABLES = (idempotency_records, recoverable_threads, dead_letters)
+
+
+def db_now(dialect: str) -> ColumnElement[float]:
+    """The database's wall clock in epoch seconds, evaluated by the server in the statement."""
+    if dialect == "postgresql":
+        return sa.literal_column("CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)",
+                                 sa.Float)
+    if dialect == "sqlite":
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
+    raise ValueError(f"the idempotency store supports sqlite and postgresql, not {dialect!r}")

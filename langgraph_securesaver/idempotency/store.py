@@ -1,0 +1,741 @@
+"""The idempotency store: atomic claims, leases with fencing tokens, sealed results.
+
+Every state change is ONE SQL statement (a unique insert, or a compare-and-set ``UPDATE``
+whose ``WHERE`` names the expected state and fencing token), so two workers, threads or
+processes can never both believe they own a key. Leases are compared with the database clock
+(``CURRENT_TIMESTAMP``-style expressions evaluated by the server), never a worker's clock.
+
+The store uses the registry's SQLAlchemy engine (same database as the checkpoints by default).
+The engine's pool is thread-safe; async callers run each statement in a worker thread, so the
+event loop is never blocked. Any database failure is raised as
+:class:`IdempotencyStoreUnavailable` before the effect runs (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import sqlalchemy as sa
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from sqlalchemy.engine import Connection, Engine
+
+from ..crypto import KeyManager, TenantKeys
+from ..errors import ConfigurationError, TamperedDataError
+from ..registry import engine_lock
+from . import schema
+from .errors import (
+    IdempotencyAttemptsExhausted,
+    IdempotencyConflict,
+    IdempotencyError,
+    IdempotencyKeyReused,
+    IdempotencyLeaseLost,
+    IdempotencyOutcomeUnknown,
+    IdempotencyStoreUnavailable,
+)
+from .keys import KeyScope
+from .policy import DEFAULT_POLICY, IdempotencyPolicy
+from .schema import COMPLETED, FAILED, IN_PROGRESS, UNKNOWN, db_now, idempotency_records
+
+if TYPE_CHECKING:
+    from ..saver import SecureSaver
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_T = idempotency_records
+_STORE_ATTR = "_idempotency_store"
+_for_saver_lock = threading.Lock()
+_MAX_POLL = 0.5
+_COMPLETE_RETRIES = (0.05, 0.2, 0.5)
+
+
+@dataclass
+class Claim:
+    """This worker owns ``scope`` until its lease expires (``token`` is the fencing token)."""
+
+    scope: KeyScope
+    token: int
+    attempts: int
+    owner: str
+    lease: float
+    lost: bool = False
+    claim_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """The key is completed: ``value`` is the stored result."""
+
+    scope: KeyScope
+    value: Any
+    token: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :meth:`IdempotencyStore.execute` returns."""
+
+    value: Any
+    replayed: bool
+    key: str
+    fencing_token: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """One stored record, as operators see it (the result stays sealed; see ``result()``)."""
+
+    tenant: str
+    thread_id: str
+    key: str
+    kind: str
+    name: str
+    state: str
+    fingerprint: str | None
+    owner: str | None
+    fencing_token: int
+    attempts: int
+    lease_expires_at: float | None
+    created_at: float
+    updated_at: float
+    has_result: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class _Row:
+    state: str
+    fingerprint: str | None
+    fencing_token: int
+    attempts: int
+    lease_expires_at: float | None
+    now: float
+    result: bytes | None
+
+
+@dataclass(frozen=True)
+class _Wait:
+    reason: str
+
+
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Heartbeat:
+    """One daemon thread per store renewing the leases of the claims whose effects still run."""
+
+    def __init__(self, store: IdempotencyStore) -> None:
+        self._store = store
+        self._claims: dict[str, tuple[Claim, float]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def track(self, claim: Claim) -> Iterator[None]:
+        with self._lock:
+            self._claims[claim.claim_id] = (claim, time.monotonic() + claim.lease / 3)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="securesaver-idem-lease",
+                                                daemon=True)
+                self._thread.start()
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._claims.pop(claim.claim_id, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._claims:
+                    self._thread = None
+                    return
+                now = time.monotonic()
+                due = [c for c, at in self._claims.values() if at <= now]
+                wait = min(at for _c, at in self._claims.values()) - now
+            for claim in due:
+                try:
+                    ok = self._store.renew(claim)
+                except IdempotencyStoreUnavailable:
+                    logger.warning("could not renew the lease of %s (store unavailable)",
+                                   claim.scope.key)
+                    ok = True  # try again next round; the lease may still be valid
+                with self._lock:
+                    if claim.claim_id in self._claims:
+                        self._claims[claim.claim_id] = (claim, time.monotonic() + claim.lease / 3)
+                if not ok:
+                    logger.warning("lease of idempotency key %s was lost (taken over)",
+                                   claim.scope.key)
+            self._wake.wait(timeout=max(0.01, wait) if not due else 0.01)
+            self._wake.clear()
+
+
+class IdempotencyStore:
+    """Claims, leases and sealed results of idempotent effects, per tenant and thread.
+
+    Args:
+        engine: SQLAlchemy engine (SQLite or PostgreSQL), usually ``saver.registry.engine``.
+        keys: the saver's :class:`KeyManager` (results are sealed with the tenant's data key and
+            keys/fingerprints are HMACs under the tenant's index key).
+        serde: serializer for results (LangGraph's JsonPlusSerializer by default).
+        policy: default :class:`IdempotencyPolicy` of calls that give none.
+        saver: the SecureSaver this store belongs to (tenant resolution, fences).
+        owner: worker identity written on claims (default ``host:pid``).
+    """
+
+    def __init__(self, engine: Engine, keys: KeyManager, serde: SerializerProtocol | None = None,
+                 *, policy: IdempotencyPolicy | None = None, saver: SecureSaver | None = None,
+                 owner: str | None = None) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise ConfigurationError(
+                f"the idempotency store supports SQLite and PostgreSQL, not {self.dialect!r}")
+        self.keys = keys
+        self.serde = serde or JsonPlusSerializer()
+        self.policy = policy or DEFAULT_POLICY
+        self.saver = saver
+        self.owner = owner or default_owner()
+        self._now = db_now(self.dialect)
+        self._serial = engine_lock(engine)
+        self._statements: dict[str, Any] = {}
+        self._setup_lock = threading.Lock()
+        self._is_setup = False
+        self._heartbeat = _Heartbeat(self)
+        self._fenced: dict[tuple[str, str, str, str], None] = {}
+
+    # construction -------------------------------------------------------------------------
+    @classmethod
+    def for_saver(cls, saver: SecureSaver, **options: Any) -> IdempotencyStore:
+        """The store of ``saver`` (created once, cached on the saver)."""
+        store: IdempotencyStore | None = saver.__dict__.get(_STORE_ATTR)
+        if store is not None and not options:
+            return store
+        with _for_saver_lock:
+            store = saver.__dict__.get(_STORE_ATTR)
+            if store is None or options:
+                store = cls(saver.registry.engine, saver.keys, saver.serde, saver=saver,
+                            **options)
+                saver.__dict__[_STORE_ATTR] = store
+        return store
+
+    def setup(self) -> None:
+        """Create the tables (idempotent; safe from several processes)."""
+        with self._setup_lock:
+            if self._is_setup:
+                return
+            with self._serial, self._db("setup"):
+                try:
+                    schema.metadata.create_all(self.engine, checkfirst=True)
+                except sa.exc.SQLAlchemyError:
+                    # another process created them between the check and the CREATE
+                    schema.metadata.create_all(self.engine, checkfirst=True)
+            self._is_setup = True
+
+    async def asetup(self) -> None:
+        await asyncio.to_thread(self.setup)
+
+    @contextmanager
+    def _db(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sa.exc.SQLAlchemyError as exc:
+            raise IdempotencyStoreUnavailable(
+                f"idempotency store unavailable during {what}: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+    @contextmanager
+    def _begin(self, what: str) -> Iterator[Connection]:
+        if not self._is_setup:
+            self.setup()
+        with self._serial, self._db(what), self.engine.begin() as conn:
+            yield conn
+
+    def tenant_keys(self, tenant: str) -> TenantKeys:
+        """The tenant's keys (created on first use); store errors fail closed."""
+        hit = self.keys.cached(tenant)
+        if hit is not None:
+            return hit
+        with self._db("loading tenant keys"):
+            keys = self.keys.keys_for(tenant, create=True)
+        if keys is None:  # create=True always returns keys
+            raise TamperedDataError(f"no keys for tenant {tenant!r}")
+        return keys
+
+    def db_time(self) -> float:
+        """The database clock (epoch seconds)."""
+        with self._begin("reading the clock") as conn:
+            return float(conn.execute(sa.select(self._now)).scalar_one())
+
+    # serialization --------------------------------------------------------------------------
+    def _seal_value(self, scope: KeyScope, value: Any) -> bytes:
+        type_, data = self.serde.dumps_typed(value)
+        keys = self.tenant_keys(scope.tenant)
+        return keys.seal(type_.encode("utf-8") + b"\x00" + data, scope.result_aad())
+
+    def _open_value(self, scope: KeyScope, token: bytes) -> Any:
+        raw = self.tenant_keys(scope.tenant).open(token, scope.result_aad())
+        type_, sep, data = raw.partition(b"\x00")
+        if not sep:
+            raise TamperedDataError("idempotency result has no type header")
+        return self.serde.loads_typed((type_.decode("utf-8"), data))
+
+    def _seal_error(self, scope: KeyScope, error: BaseException | str) -> bytes:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return self.tenant_keys(scope.tenant).seal(text.encode("utf-8", "replace"),
+                                                   scope.error_aad())
+
+    # statements (built once, parameterized: building SQLAlchemy expressions per call costs
+    # more than the round trip) -------------------------------------------------------------------
+    @staticmethod
+    def _pk() -> sa.ColumnElement[bool]:
+        return sa.and_(_T.c.tenant == sa.bindparam("p_tenant"),
+                       _T.c.thread_id == sa.bindparam("p_thread"),
+                       _T.c.key == sa.bindparam("p_key"))
+
+    @staticmethod
+    def _pk_params(scope: KeyScope) -> dict[str, Any]:
+        return {"p_tenant": scope.tenant, "p_thread": scope.thread_id, "p_key": scope.key}
+
+    def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
+        stmt = self._statements.get(name)
+        if stmt is None:
+            stmt = self._statements[name] = build()
+        return stmt
+
+    def _lease_param(self) -> sa.ColumnElement[float]:
+        return self._now + sa.bindparam("p_lease", type_=sa.Float)
+
+    def _build_insert(self) -> Any:
+        now = self._now
+        values: dict[str, Any] = {c: sa.bindparam(f"v_{c}") for c in (
+            "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner")}
+        values.update(state=IN_PROGRESS, fencing_token=1, attempts=1,
+                      lease_expires_at=self._lease_param(), created_at=now, updated_at=now)
+        ins: Any
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+            ins = pg_insert(_T)
+        else:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+            ins = sqlite_insert(_T)
+        # RETURNING rather than rowcount: drivers disagree on rowcount of ON CONFLICT inserts
+        return ins.values(**values).on_conflict_do_nothing().returning(_T.c.fencing_token)
+
+    def _build_takeover(self, retry_expired: bool, check_fp: bool) -> Any:
+        now = self._now
+        claimable: sa.ColumnElement[bool] = _T.c.state == FAILED
+        if retry_expired:
+            claimable = sa.or_(claimable, sa.and_(_T.c.state == IN_PROGRESS,
+                                                  _T.c.lease_expires_at < now))
+        conds = [self._pk(), claimable, _T.c.attempts < sa.bindparam("p_max_attempts")]
+        if check_fp:
+            conds.append(sa.or_(_T.c.fingerprint.is_(None),
+                                _T.c.fingerprint == sa.bindparam("p_fp")))
+        return (_T.update().where(*conds).values(
+            state=IN_PROGRESS, owner=sa.bindparam("p_owner"),
+            fencing_token=_T.c.fencing_token + 1, attempts=_T.c.attempts + 1,
+            lease_expires_at=self._lease_param(), updated_at=now)
+            .returning(_T.c.fencing_token, _T.c.attempts))
+
+    def _build_cas(self, kind: str) -> Any:
+        """UPDATE ... WHERE <key> AND state = in_progress AND fencing_token = <ours>."""
+        values: dict[str, Any] = {"updated_at": self._now}
+        if kind == "renew":
+            values["lease_expires_at"] = self._lease_param()
+        elif kind == "complete":
+            values.update(state=COMPLETED, result=sa.bindparam("v_blob"), error=None,
+                          lease_expires_at=None)
+        elif kind in ("fail", "unknown"):
+            values.update(state=FAILED if kind == "fail" else UNKNOWN,
+                          error=sa.bindparam("v_blob"), lease_expires_at=None)
+        elif kind == "release":
+            greatest = sa.func.max if self.dialect == "sqlite" else sa.func.greatest
+            values.update(state=FAILED, error=None, lease_expires_at=None,
+                          attempts=greatest(_T.c.attempts - 1, 0))
+        else:  # pragma: no cover - internal misuse
+            raise ValueError(kind)
+        return _T.update().where(self._pk(), _T.c.state == IN_PROGRESS,
+                                 _T.c.fencing_token == sa.bindparam("p_token")
+                                 ).values(**values)
+
+    def _select_row(self, scope: KeyScope) -> _Row | None:
+        q = self._stmt("select", lambda: sa.select(
+            _T.c.state, _T.c.fingerprint, _T.c.fencing_token, _T.c.attempts,
+            _T.c.lease_expires_at, self._now.label("now"), _T.c.result).where(self._pk()))
+        with self._begin("reading a key") as conn:
+            r = conn.execute(q, self._pk_params(scope)).first()
+        if r is None:
+            return None
+        return _Row(r.state, r.fingerprint, int(r.fencing_token), int(r.attempts),
+                    r.lease_expires_at, float(r.now),
+                    bytes(r.result) if r.result is not None else None)
+
+    def _try_insert(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
+                    ) -> Claim | None:
+        stmt = self._stmt("insert", self._build_insert)
+        params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
+                  "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
+                  "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease}
+        with self._begin("claiming a key") as conn:
+            inserted = conn.execute(stmt, params).first() is not None
+        return Claim(scope, 1, 1, self.owner, policy.lease) if inserted else None
+
+    def _try_takeover(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
+                      ) -> Claim | None:
+        retry, check = policy.on_expired == "retry", fp is not None
+        stmt = self._stmt(f"takeover-{retry}-{check}",
+                          lambda: self._build_takeover(retry, check))
+        params = {**self._pk_params(scope), "p_max_attempts": policy.max_attempts,
+                  "p_owner": self.owner, "p_lease": policy.lease}
+        if check:
+            params["p_fp"] = fp
+        with self._begin("taking over a key") as conn:
+            r = conn.execute(stmt, params).first()
+        if r is None:
+            return None
+        logger.info("idempotency key %s (%s) taken over: fencing token %s, attempt %s",
+                    scope.key, scope.name, r.fencing_token, r.attempts)
+        return Claim(scope, int(r.fencing_token), int(r.attempts), self.owner, policy.lease)
+
+    def _expire_to_unknown(self, scope: KeyScope, token: int) -> None:
+        now = self._now
+        stmt = self._stmt("expire-unknown", lambda: _T.update().where(
+            self._pk(), _T.c.state == IN_PROGRESS, _T.c.fencing_token == sa.bindparam("p_token"),
+            _T.c.lease_expires_at < now).values(state=UNKNOWN, updated_at=now,
+                                                lease_expires_at=None))
+        with self._begin("marking a key unknown") as conn:
+            conn.execute(stmt, {**self._pk_params(scope), "p_token": token})
+
+    # claiming -------------------------------------------------------------------------------
+    def _acquire_step(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
+                      ) -> Claim | Hit | _Wait:
+        row = self._select_row(scope)
+        if row is None:
+            claim = self._try_insert(scope, fp, policy)
+            if claim is not None:
+                return claim
+            row = self._select_row(scope)
+            if row is None:  # deleted in between (delete_thread); try again
+                return _Wait("the record vanished while claiming")
+        if row.fingerprint is not None and fp is not None and row.fingerprint != fp:
+            raise IdempotencyKeyReused(
+                f"idempotency key {scope.key} ({scope.name}) was first used with different "
+                "arguments; refusing to replay or execute. Use a distinct key per operation.")
+        if row.state == COMPLETED:
+            if row.result is None:
+                raise TamperedDataError(f"completed idempotency key {scope.key} has no result")
+            return Hit(scope, self._open_value(scope, row.result), row.fencing_token,
+                       row.attempts)
+        if row.state == UNKNOWN:
+            raise IdempotencyOutcomeUnknown(
+                f"idempotency key {scope.key} ({scope.name}) is in state 'unknown': an attempt "
+                "may have taken effect. Check the downstream system with this key, then call "
+                "IdempotencyStore.resolve(...).")
+        expired = (row.state == IN_PROGRESS and row.lease_expires_at is not None
+                   and row.lease_expires_at < row.now)
+        claimable = row.state == FAILED or (expired and policy.on_expired == "retry")
+        if claimable and row.attempts >= policy.max_attempts:
+            raise IdempotencyAttemptsExhausted(
+                f"idempotency key {scope.key} ({scope.name}) failed {row.attempts} time(s) "
+                f"(max_attempts={policy.max_attempts}); it is not executed again")
+        if claimable:
+            claim = self._try_takeover(scope, fp, policy)
+            if claim is not None:
+                return claim
+            return _Wait("lost a takeover race")
+        if expired and policy.on_expired == "unknown":
+            self._expire_to_unknown(scope, row.fencing_token)
+            raise IdempotencyOutcomeUnknown(
+                f"the lease of idempotency key {scope.key} ({scope.name}) expired while in "
+                "progress; recorded as 'unknown' (on_expired='unknown')")
+        return _Wait("in progress elsewhere")
+
+    def _conflict(self, scope: KeyScope, waited: float | None) -> IdempotencyConflict:
+        if waited is None:
+            return IdempotencyConflict(
+                f"idempotency key {scope.key} ({scope.name}) is in progress in another worker")
+        return IdempotencyConflict(
+            f"idempotency key {scope.key} ({scope.name}) stayed in progress in another worker "
+            f"for {waited:.1f}s (wait_timeout)")
+
+    def acquire(self, scope: KeyScope, *, fingerprint: str | None = None,
+                policy: IdempotencyPolicy | None = None) -> Claim | Hit:
+        """Claim ``scope`` or return its stored result; waits or raises on conflict per policy."""
+        policy = policy or self.policy
+        start = time.monotonic()
+        delay = policy.poll_interval
+        while True:
+            step = self._acquire_step(scope, fingerprint, policy)
+            if not isinstance(step, _Wait):
+                return step
+            if policy.on_conflict == "raise" and step.reason == "in progress elsewhere":
+                raise self._conflict(scope, None)
+            waited = time.monotonic() - start
+            if waited >= policy.wait_timeout:
+                raise self._conflict(scope, waited)
+            time.sleep(min(delay, max(0.0, policy.wait_timeout - waited)))
+            delay = min(delay * 1.5, _MAX_POLL)
+
+    async def aacquire(self, scope: KeyScope, *, fingerprint: str | None = None,
+                       policy: IdempotencyPolicy | None = None) -> Claim | Hit:
+        policy = policy or self.policy
+        start = time.monotonic()
+        delay = policy.poll_interval
+        while True:
+            step = await asyncio.to_thread(self._acquire_step, scope, fingerprint, policy)
+            if not isinstance(step, _Wait):
+                return step
+            if policy.on_conflict == "raise" and step.reason == "in progress elsewhere":
+                raise self._conflict(scope, None)
+            waited = time.monotonic() - start
+            if waited >= policy.wait_timeout:
+                raise self._conflict(scope, waited)
+            await asyncio.sleep(min(delay, max(0.0, policy.wait_timeout - waited)))
+            delay = min(delay * 1.5, _MAX_POLL)
+
+    # transitions of a claim -------------------------------------------------------------------
+    def _cas(self, claim: Claim, kind: str, what: str, **params: Any) -> bool:
+        stmt = self._stmt(f"cas-{kind}", lambda: self._build_cas(kind))
+        with self._begin(what) as conn:
+            n = conn.execute(stmt, {**self._pk_params(claim.scope), "p_token": claim.token,
+                                    **params}).rowcount
+        return bool(n == 1)
+
+    def renew(self, claim: Claim) -> bool:
+        """Extend the lease (heartbeat). False if the claim was lost."""
+        ok = self._cas(claim, "renew", "renewing a lease", p_lease=claim.lease)
+        if not ok:
+            claim.lost = True
+        return ok
+
+    def complete(self, claim: Claim, value: Any) -> None:
+        """Store the result and mark the key completed (only if this claim still owns it)."""
+        try:
+            sealed = self._seal_value(claim.scope, value)
+        except (TypeError, ValueError) as exc:
+            self.mark_unknown(claim, f"result could not be serialized: {exc}")
+            raise IdempotencyError(
+                f"the effect of {claim.scope.name} ran but its result ({type(value).__name__}) "
+                "cannot be serialized, so it cannot be replayed; the key was marked 'unknown'. "
+                "Return JSON-like values, messages or pydantic models.") from exc
+        last: IdempotencyStoreUnavailable | None = None
+        for pause in (*_COMPLETE_RETRIES, None):
+            try:
+                ok = self._cas(claim, "complete", "completing a key", v_blob=sealed)
+            except IdempotencyStoreUnavailable as exc:
+                last = exc
+                if pause is None:
+                    break
+                time.sleep(pause)
+                continue
+            if not ok:
+                claim.lost = True
+                raise IdempotencyLeaseLost(
+                    f"idempotency key {claim.scope.key} ({claim.scope.name}) was taken over by "
+                    f"another worker (this claim's fencing token {claim.token} is stale); this "
+                    "attempt's result was not stored")
+            return
+        if last is None:  # pragma: no cover - the loop always sets it before breaking
+            raise IdempotencyStoreUnavailable("completing a key failed")
+        raise IdempotencyStoreUnavailable(
+            f"the effect of {claim.scope.name} ran but its result could not be recorded; the "
+            "key stays in progress until its lease expires") from last
+
+    def fail(self, claim: Claim, error: BaseException | str) -> bool:
+        """Record a failed attempt (retryable until ``max_attempts``)."""
+        try:
+            return self._cas(claim, "fail", "recording a failure",
+                             v_blob=self._seal_error(claim.scope, error))
+        except IdempotencyStoreUnavailable:
+            logger.exception("could not record the failure of idempotency key %s",
+                             claim.scope.key)
+            return False
+
+    def release(self, claim: Claim) -> bool:
+        """Give the claim back without counting the attempt (e.g. the call was interrupted)."""
+        try:
+            return self._cas(claim, "release", "releasing a key")
+        except IdempotencyStoreUnavailable:
+            logger.exception("could not release idempotency key %s", claim.scope.key)
+            return False
+
+    def mark_unknown(self, claim: Claim, reason: str) -> bool:
+        try:
+            return self._cas(claim, "unknown", "marking a key unknown",
+                             v_blob=self._seal_error(claim.scope, reason))
+        except IdempotencyStoreUnavailable:
+            logger.exception("could not mark idempotency key %s unknown", claim.scope.key)
+            return False
+
+    # one call -------------------------------------------------------------------------------
+    def execute(self, scope: KeyScope, fn: Callable[[Claim], T], *,
+                fingerprint: str | None = None, policy: IdempotencyPolicy | None = None,
+                is_failure: Callable[[Any], bool] | None = None) -> Outcome:
+        """Run ``fn(claim)`` at most once per key (per completed result); replay otherwise."""
+        policy = policy or self.policy
+        got = self.acquire(scope, fingerprint=fingerprint, policy=policy)
+        if isinstance(got, Hit):
+            return Outcome(got.value, True, scope.key, got.token, got.attempts)
+        claim = got
+        tracking = self._heartbeat.track(claim) if policy.heartbeat else _null()
+        with tracking:
+            try:
+                value = fn(claim)
+            except BaseException as exc:
+                self._after_exception(claim, exc)
+                raise
+        if is_failure is not None and is_failure(value):
+            self.fail(claim, _failure_text(value))
+        else:
+            self.complete(claim, value)
+        return Outcome(value, False, scope.key, claim.token, claim.attempts)
+
+    async def aexecute(self, scope: KeyScope, fn: Callable[[Claim], Awaitable[T]], *,
+                       fingerprint: str | None = None, policy: IdempotencyPolicy | None = None,
+                       is_failure: Callable[[Any], bool] | None = None) -> Outcome:
+        policy = policy or self.policy
+        got = await self.aacquire(scope, fingerprint=fingerprint, policy=policy)
+        if isinstance(got, Hit):
+            return Outcome(got.value, True, scope.key, got.token, got.attempts)
+        claim = got
+        tracking = self._heartbeat.track(claim) if policy.heartbeat else _null()
+        with tracking:
+            try:
+                value = await fn(claim)
+            except BaseException as exc:
+                await asyncio.to_thread(self._after_exception, claim, exc)
+                raise
+        if is_failure is not None and is_failure(value):
+            await asyncio.to_thread(self.fail, claim, _failure_text(value))
+        else:
+            await asyncio.to_thread(self.complete, claim, value)
+        return Outcome(value, False, scope.key, claim.token, claim.attempts)
+
+    def _after_exception(self, claim: Claim, exc: BaseException) -> None:
+        from langgraph.errors import GraphBubbleUp
+        if isinstance(exc, (GraphBubbleUp, asyncio.CancelledError, KeyboardInterrupt)):
+            self.release(claim)
+        else:
+            self.fail(claim, exc)
+
+    # inspection and operator actions ------------------------------------------------------------
+    def get(self, tenant: str, thread_id: str, key: str) -> IdempotencyRecord | None:
+        with self._begin("reading a record") as conn:
+            r = conn.execute(sa.select(_T).where(
+                _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)
+            ).mappings().first()
+        return self._record(r) if r is not None else None
+
+    def list_records(self, tenant: str, thread_id: str | None = None, *,
+                     state: str | None = None) -> list[IdempotencyRecord]:
+        q = sa.select(_T).where(_T.c.tenant == tenant).order_by(_T.c.created_at)
+        if thread_id is not None:
+            q = q.where(_T.c.thread_id == thread_id)
+        if state is not None:
+            q = q.where(_T.c.state == state)
+        with self._begin("listing records") as conn:
+            rows = conn.execute(q).mappings().all()
+        return [self._record(r) for r in rows]
+
+    def _record(self, r: Any) -> IdempotencyRecord:
+        scope = KeyScope(r["tenant"], r["thread_id"], r["key"], r["kind"], r["name"])
+        error = None
+        if r["error"] is not None:
+            error = self.tenant_keys(scope.tenant).open(bytes(r["error"]), scope.error_aad()
+                                                        ).decode("utf-8", "replace")
+        return IdempotencyRecord(
+            r["tenant"], r["thread_id"], r["key"], r["kind"], r["name"], r["state"],
+            r["fingerprint"], r["owner"], int(r["fencing_token"]), int(r["attempts"]),
+            r["lease_expires_at"], r["created_at"], r["updated_at"], r["result"] is not None,
+            error)
+
+    def result(self, tenant: str, thread_id: str, key: str) -> Any:
+        """The stored (decrypted) result of a completed key; LookupError if there is none."""
+        with self._begin("reading a result") as conn:
+            r = conn.execute(sa.select(_T.c.kind, _T.c.name, _T.c.result).where(
+                _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)).first()
+        if r is None or r.result is None:
+            raise LookupError(f"no stored result for idempotency key {key}")
+        return self._open_value(KeyScope(tenant, thread_id, key, r.kind, r.name),
+                                bytes(r.result))
+
+    def resolve(self, tenant: str, thread_id: str, key: str, *, result: Any = None,
+                retry: bool = False) -> bool:
+        """Settle an ``unknown`` (or stuck) key: record ``result`` as its completed outcome, or
+        with ``retry=True`` make it claimable again (same key, attempts kept)."""
+        now = self._now
+        with self._begin("reading a record") as conn:
+            r = conn.execute(sa.select(_T.c.kind, _T.c.name).where(
+                _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)).first()
+        if r is None:
+            return False
+        scope = KeyScope(tenant, thread_id, key, r.kind, r.name)
+        values: dict[str, Any] = ({"state": FAILED, "lease_expires_at": None} if retry else
+                                  {"state": COMPLETED, "result": self._seal_value(scope, result),
+                                   "lease_expires_at": None, "error": None})
+        with self._begin("resolving a key") as conn:
+            n = conn.execute(_T.update().where(self._pk(), _T.c.state != COMPLETED)
+                             .values(updated_at=now, **values), self._pk_params(scope)).rowcount
+        return bool(n)
+
+    # deletion -------------------------------------------------------------------------------
+    def delete_thread(self, tenant: str, thread_id: str) -> int:
+        """Delete the thread's idempotency records, recovery row and dead letters."""
+        total = 0
+        with self._begin("deleting a thread") as conn:
+            for table in schema.TABLES:
+                total += conn.execute(table.delete().where(
+                    table.c.tenant == tenant, table.c.thread_id == thread_id)).rowcount
+        return total
+
+    def delete_tenant(self, tenant: str) -> int:
+        """Delete every idempotency / recovery / dead-letter row of the tenant."""
+        total = 0
+        with self._begin("deleting a tenant") as conn:
+            for table in schema.TABLES:
+                total += conn.execute(table.delete().where(table.c.tenant == tenant)).rowcount
+        return total
+
+    async def adelete_thread(self, tenant: str, thread_id: str) -> int:
+        return await asyncio.to_thread(self.delete_thread, tenant, thread_id)
+
+    async def adelete_tenant(self, tenant: str) -> int:
+        return await asyncio.to_thread(self.delete_tenant, tenant)
+
+    # fences (used by the decorators) -------------------------------------------------------------
+    def fenced(self, tenant: str, thread_id: str, ns: str, checkpoint_id: str) -> bool:
+        return (tenant, thread_id, ns, checkpoint_id) in self._fenced
+
+    def remember_fence(self, tenant: str, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        if len(self._fenced) > 10_000:
+            self._fenced.clear()
+        self._fenced[(tenant, thread_id, ns, checkpoint_id)] = None
+
+
+def _failure_text(value: Any) -> str:
+    content = getattr(value, "content", value)
+    return f"error result: {str(content)[:2000]}"
+
+
+@contextmanager
+def _null() -> Iterator[None]:
+    yield
