@@ -291,5 +291,10 @@ def run() -> Any:  # pragma: no cover - console entry point
     return app()
 
 
+# operations commands live in their own module and register themselves on `app`
+from . import cli_ops  # noqa: E402,F401
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    # `python -m` runs this file as __main__, a second copy of the module: use the real one
+    from langgraph_securesaver.cli import app as _app
+    sys.exit(_app())

@@ -25,12 +25,13 @@ Strategy = Literal["delete", "keep_latest"]
 STRATEGIES: tuple[str, ...] = ("delete", "keep_latest")
 DEFAULT_POLICY_KEY = "*"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w|y)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
+                 "y": 365 * 86400, None: 1}
 
 
 def parse_duration(value: Any, *, what: str = "duration") -> float | None:
-    """``None``, seconds, a ``timedelta``, or text like ``"90s"``, ``"10m"``, ``"12h"``."""
+    """``None``, seconds, a ``timedelta``, or text like ``"90s"``, ``"12h"``, ``"1y"``."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -43,7 +44,7 @@ def parse_duration(value: Any, *, what: str = "duration") -> float | None:
         match = _DURATION.match(value.lower())
         if not match:
             raise ConfigurationError(
-                f"{what} {value!r} is not a duration; use e.g. 90s, 10m, 12h, 30d or 2w")
+                f"{what} {value!r} is not a duration; use e.g. 90s, 10m, 12h, 30d, 2w or 1y")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     else:
         raise ConfigurationError(f"{what} must be a duration, got {type(value).__name__}")

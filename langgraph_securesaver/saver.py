@@ -1070,6 +1070,47 @@ class SecureSaver(BaseCheckpointSaver):
         return await asyncio.to_thread(lambda: self.forget_pii(
             tenant, value, kind=kind, requested_by=requested_by))
 
+    # audit and operations (implemented in audit.py, scan.py, rotation.py) -----------------
+    def audit(self, *, tenant: str | None = None, now: float | None = None) -> Any:
+        """Inventory: tenants, threads, ages, expiry, sizes, key versions, PII kinds."""
+        from .audit import audit
+        return audit(self, tenant=tenant, now=now)
+
+    async def aaudit(self, *, tenant: str | None = None, now: float | None = None) -> Any:
+        return await asyncio.to_thread(lambda: self.audit(tenant=tenant, now=now))
+
+    def events(self, **filters: Any) -> Any:
+        """Audit events and deletion receipts (tenant, thread_id, kind, since, until, limit)."""
+        from .audit import events
+        return events(self, **filters)
+
+    async def aevents(self, **filters: Any) -> Any:
+        return await asyncio.to_thread(lambda: self.events(**filters))
+
+    def scan(self, **options: Any) -> Any:
+        """Check the at-rest guarantees on the raw tables (see scan.scan for options)."""
+        from .scan import scan
+        return scan(self, **options)
+
+    async def ascan(self, **options: Any) -> Any:
+        return await asyncio.to_thread(lambda: self.scan(**options))
+
+    def rotate_keys(self, **options: Any) -> Any:
+        """New master version + rewrap; ``reencrypt=True`` also re-encrypts stored data."""
+        from .rotation import rotate_keys
+        return rotate_keys(self, **options)
+
+    async def arotate_keys(self, **options: Any) -> Any:
+        return await asyncio.to_thread(lambda: self.rotate_keys(**options))
+
+    def reencrypt(self, **options: Any) -> Any:
+        """Rewrite every ciphertext not under its tenant's newest data key (resumable)."""
+        from .rotation import reencrypt
+        return reencrypt(self, **options)
+
+    async def areencrypt(self, **options: Any) -> Any:
+        return await asyncio.to_thread(lambda: self.reencrypt(**options))
+
     # key operations -----------------------------------------------------------------------
     def rewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Re-seal every tenant's data keys under the keyring's current master version.

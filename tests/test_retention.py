@@ -165,7 +165,7 @@ def test_delete_thread_and_prune_leave_receipts(saver: SecureSaver) -> None:
     assert saver.registry.list_threads() == []
 
 
-@pytest.mark.parametrize("bad", ["", "ten minutes", "-5m", "0", "1y", True, [1]])
+@pytest.mark.parametrize("bad", ["", "ten minutes", "-5m", "0", "1 year", "3x", True, [1]])
 def test_malformed_durations_are_rejected(bad) -> None:
     with pytest.raises(ConfigurationError):
         parse_duration(bad)
@@ -173,6 +173,7 @@ def test_malformed_durations_are_rejected(bad) -> None:
 
 def test_policy_and_override_input_errors(saver: SecureSaver) -> None:
     assert parse_duration("90s") == 90 and parse_duration("2w") == 14 * 86400
+    assert parse_duration("1y") == 365 * 86400
     with pytest.raises(ConfigurationError):
         RetentionPolicy(strategy="shred")
     with tenant_scope("acme"), pytest.raises(LookupError):

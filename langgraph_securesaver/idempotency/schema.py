@@ -79,3 +79,28 @@ def db_now(dialect: str) -> ColumnElement[float]:
     if dialect == "sqlite":
         return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
     raise ValueError(f"the idempotency store supports sqlite and postgresql, not {dialect!r}")
+
+
+def _register_sealed_columns() -> None:
+    """Tell scan and re-encryption where this package keeps ciphertexts, and their AAD."""
+    from typing import Any
+
+    from ..crypto import associated_data
+    from ..raw_tables import SealedColumn, register_sealed_column
+
+    def col(table: str, column: str, aad: Any) -> None:
+        register_sealed_column(SealedColumn(table, column, "tenant", aad))
+
+    col("securesaver_idempotency", "result", lambda r: associated_data(
+        "idem", str(r["tenant"]), str(r["thread_id"]), str(r["key"])))
+    col("securesaver_idempotency", "error", lambda r: associated_data(
+        "idem-error", str(r["tenant"]), str(r["thread_id"]), str(r["key"])))
+    col("securesaver_recoverable", "configurable", lambda r: associated_data(
+        "recover-conf", str(r["tenant"]), str(r["thread_id"])))
+    col("securesaver_recoverable", "last_error", lambda r: associated_data(
+        "recover-error", str(r["tenant"]), str(r["thread_id"]), "last"))
+    col("securesaver_dead_letters", "error", lambda r: associated_data(
+        "recover-error", str(r["tenant"]), str(r["thread_id"]), str(r["letter_id"])))
+
+
+_register_sealed_columns()

@@ -1,0 +1,412 @@
+"""Inventory: what is held per tenant and thread, since when, until when, under which keys.
+
+:func:`audit` joins three sources without decrypting anything (no keyring needed):
+
+* the registry (``securesaver_threads``): created, last activity, effective retention, expiry,
+  legal hold; threads past their expiry that are still here mean retention is not running;
+* the inner saver's raw rows: checkpoints, stored bytes, the data-key versions the
+  ciphertexts name, and the age of every stored byte;
+* the PII vault: which kinds of personal data each thread holds (distinct values).
+
+:func:`events` is the audit trail: security events and deletion receipts, filtered.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from .crypto import from_text, is_token, token_key_version
+from .errors import ConfigurationError, TamperedDataError
+from .raw_tables import CheckpointRow, TenantIndex, raw_tables_for
+
+if TYPE_CHECKING:
+    from .saver import SecureSaver
+
+logger = logging.getLogger(__name__)
+
+DAY = 86400.0
+AGE_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("< 1 day", DAY),
+    ("1-7 days", 7 * DAY),
+    ("7-30 days", 30 * DAY),
+    ("30-90 days", 90 * DAY),
+    ("90-365 days", 365 * DAY),
+    ("> 1 year", math.inf),
+)
+UNKNOWN_AGE = "unknown"
+
+
+def age_bucket(age: float | None) -> str:
+    if age is None:
+        return UNKNOWN_AGE
+    for label, upper in AGE_BUCKETS:
+        if age < upper:
+            return label
+    return AGE_BUCKETS[-1][0]
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _checkpoint_epoch(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    try:
+        return datetime.fromisoformat(ts).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class ThreadAudit:
+    tenant: str
+    thread_id: str
+    created_at: float | None
+    last_activity: float | None
+    expires_at: float | None
+    legal_hold: bool
+    policy_source: str | None
+    idle_ttl: float | None
+    max_age: float | None
+    state: str | None
+    checkpoints: int = 0
+    stored_bytes: int = 0
+    key_versions: list[int] = field(default_factory=list)
+    pii: dict[str, int] = field(default_factory=dict)
+    first_checkpoint: float | None = None
+    last_checkpoint: float | None = None
+    registered: bool = True
+    overdue: bool = False          # past expiry, not held: retention is not being executed
+    held_past_ttl: bool = False    # would have expired, kept by a legal hold
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("created_at", "last_activity", "expires_at", "first_checkpoint",
+                    "last_checkpoint"):
+            out[key] = iso(out[key])
+        return out
+
+
+@dataclass
+class TenantAudit:
+    tenant: str
+    threads: int = 0
+    checkpoints: int = 0
+    stored_bytes: int = 0
+    key_versions: list[int] = field(default_factory=list)   # named by stored ciphertexts
+    current_data_key: int | None = None
+    data_keys: list[int] = field(default_factory=list)
+    master_versions: list[str] = field(default_factory=list)
+    pii: dict[str, int] = field(default_factory=dict)        # distinct values in the vault
+    first_created: float | None = None
+    overdue: int = 0
+    held: int = 0
+    unregistered: int = 0
+    policy: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["first_created"] = iso(out["first_created"])
+        return out
+
+
+@dataclass
+class AuditReport:
+    generated_at: float
+    backend: str
+    tenant_filter: str | None
+    tenants: list[TenantAudit]
+    threads: list[ThreadAudit]
+    orphans: list[dict[str, Any]]               # stored threads whose tag names no tenant
+    age_bytes: dict[str, dict[str, int]]        # tenant -> age bucket -> stored bytes
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def overdue(self) -> list[ThreadAudit]:
+        return [t for t in self.threads if t.overdue]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "generated_at": iso(self.generated_at), "backend": self.backend,
+            "tenant": self.tenant_filter, "problems": self.problems,
+            "tenants": [t.as_dict() for t in self.tenants],
+            "threads": [t.as_dict() for t in self.threads],
+            "orphans": self.orphans,
+            "stored_bytes_by_age": self.age_bytes,
+            "age_buckets": [label for label, _ in AGE_BUCKETS] + [UNKNOWN_AGE],
+        }
+
+
+@dataclass
+class _Stored:
+    checkpoints: int = 0
+    stored_bytes: int = 0
+    versions: set[int] = field(default_factory=set)
+    first: float | None = None
+    last: float | None = None
+
+
+def _versions_of(row: CheckpointRow) -> set[int]:
+    found = {token_key_version(v) for v in row.channel_values.values() if is_token(v)}
+    sealed = (row.metadata or {}).get("__securesaver__")
+    if isinstance(sealed, str):
+        try:
+            token = from_text(sealed)
+            if is_token(token):
+                found.add(token_key_version(token))
+        except TamperedDataError:
+            pass
+    return found
+
+
+class _StorageWalk:
+    """One pass over the inner tables: per inner thread id, what is stored and how old."""
+
+    def __init__(self, saver: SecureSaver, index: TenantIndex, tenant: str | None, now: float,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.raw = raw_tables_for(saver.inner)
+        self.index = index
+        self.tenant = tenant
+        self.now = now
+        self.progress = progress
+        self.threads: dict[str, _Stored] = {}
+        self.age_bytes: dict[str, dict[str, int]] = {}
+        self._ckpt_ts: dict[tuple[str, str, str], float | None] = {}
+        self._blob_ts: dict[tuple[str, str, str, str], float] = {}
+        self._done = 0
+        self._total = 0
+
+    def _wanted(self, thread_id: str) -> bool:
+        if self.tenant is None:
+            return True
+        return self.index.split(thread_id)[0] == self.tenant
+
+    def _age(self, tenant_key: str, size: int, ts: float | None) -> None:
+        bucket = age_bucket(None if ts is None else max(0.0, self.now - ts))
+        per = self.age_bytes.setdefault(tenant_key, {})
+        per[bucket] = per.get(bucket, 0) + size
+
+    def _tenant_key(self, thread_id: str) -> str:
+        tenant = self.index.split(thread_id)[0]
+        return tenant if tenant is not None else "(unknown tenant)"
+
+    def _tick(self, n: int) -> None:
+        self._done += n
+        if self.progress:
+            self.progress(self._done, self._total)
+
+    def run(self) -> None:
+        self._total = sum(self.raw.counts().values())
+        for rows in self.raw.checkpoints():
+            for row in rows:
+                if self._wanted(row.thread_id):
+                    self._checkpoint(row)
+            self._tick(len(rows))
+        for blobs in self.raw.blobs():
+            for blob in blobs:
+                if not self._wanted(blob.thread_id) or blob.blob is None:
+                    continue
+                stored = self.threads.setdefault(blob.thread_id, _Stored())
+                stored.stored_bytes += len(blob.blob)
+                if is_token(blob.blob):
+                    stored.versions.add(token_key_version(blob.blob))
+                ts = self._blob_ts.get((blob.thread_id, blob.checkpoint_ns, blob.channel,
+                                        blob.version), stored.last)
+                self._age(self._tenant_key(blob.thread_id), len(blob.blob), ts)
+            self._tick(len(blobs))
+        for writes in self.raw.writes():
+            for w in writes:
+                if not self._wanted(w.thread_id) or w.value is None:
+                    continue
+                stored = self.threads.setdefault(w.thread_id, _Stored())
+                stored.stored_bytes += len(w.value)
+                if is_token(w.value):
+                    stored.versions.add(token_key_version(w.value))
+                ts = self._ckpt_ts.get((w.thread_id, w.checkpoint_ns, w.checkpoint_id),
+                                       stored.last)
+                self._age(self._tenant_key(w.thread_id), len(w.value), ts)
+            self._tick(len(writes))
+
+    def _checkpoint(self, row: CheckpointRow) -> None:
+        stored = self.threads.setdefault(row.thread_id, _Stored())
+        stored.checkpoints += 1
+        stored.stored_bytes += row.size
+        stored.versions |= _versions_of(row)
+        ts = _checkpoint_epoch(row.ts)
+        if ts is not None:
+            stored.first = ts if stored.first is None else min(stored.first, ts)
+            stored.last = ts if stored.last is None else max(stored.last, ts)
+        self._ckpt_ts[(row.thread_id, row.checkpoint_ns, row.checkpoint_id)] = ts
+        if self.raw.has_blobs and ts is not None:
+            for channel, version in row.channel_versions.items():
+                key = (row.thread_id, row.checkpoint_ns, channel, str(version))
+                known = self._blob_ts.get(key)
+                self._blob_ts[key] = ts if known is None else min(known, ts)
+        self._age(self._tenant_key(row.thread_id), row.size, ts)
+
+
+def _vault_kinds(saver: SecureSaver, tenant: str | None) -> dict[str, dict[str, int]]:
+    from .pii_vault import pii_vault
+    q = sa.select(pii_vault.c.tenant, pii_vault.c.kind, sa.func.count()).group_by(
+        pii_vault.c.tenant, pii_vault.c.kind)
+    if tenant is not None:
+        q = q.where(pii_vault.c.tenant == tenant)
+    out: dict[str, dict[str, int]] = {}
+    with saver.registry.begin() as conn:
+        for t, kind, n in conn.execute(q):
+            out.setdefault(t, {})[kind] = int(n)
+    return out
+
+
+def audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = None,
+          progress: Callable[[int, int], None] | None = None) -> AuditReport:
+    """Inventory of the database behind ``saver`` (optionally one tenant). Reads only."""
+    now = time.time() if now is None else float(now)
+    registry = saver.registry
+    all_tenants = registry.tenants()
+    if tenant is not None and tenant not in all_tenants:
+        raise ConfigurationError(f"unknown tenant {tenant!r}: it has no threads or keys here")
+    index = TenantIndex(all_tenants)
+    walk = _StorageWalk(saver, index, tenant, now, progress)
+    walk.run()
+    inventory = saver.pii_inventory(tenant)
+    held_past = {(r.tenant, r.thread_id) for r in registry.expired_but_held(now, tenant)}
+
+    threads: list[ThreadAudit] = []
+    covered: set[str] = set()
+    for row in registry.list_threads(tenant):
+        inner_id = _inner_id(row.tenant, row.thread_id)
+        covered.add(inner_id)
+        stored = walk.threads.get(inner_id, _Stored())
+        threads.append(ThreadAudit(
+            row.tenant, row.thread_id, row.created_at, row.last_activity, row.expires_at,
+            bool(row.legal_hold), row.policy_source, row.idle_ttl, row.max_age, row.state,
+            stored.checkpoints, stored.stored_bytes, sorted(stored.versions),
+            inventory.get((row.tenant, row.thread_id), {}), stored.first, stored.last,
+            registered=True,
+            overdue=row.expires_at is not None and row.expires_at <= now
+            and not row.legal_hold,
+            held_past_ttl=(row.tenant, row.thread_id) in held_past))
+    orphans: list[dict[str, Any]] = []
+    for inner_id, stored in sorted(walk.threads.items()):
+        if inner_id in covered:
+            continue
+        owner, thread = index.split(inner_id)
+        if owner is None:
+            orphans.append({"thread_id": inner_id, "checkpoints": stored.checkpoints,
+                            "stored_bytes": stored.stored_bytes})
+            continue
+        threads.append(ThreadAudit(
+            owner, thread, None, None, None, False, None, None, None, None, stored.checkpoints,
+            stored.stored_bytes, sorted(stored.versions), inventory.get((owner, thread), {}),
+            stored.first, stored.last, registered=False))
+    threads.sort(key=lambda t: (t.tenant, t.thread_id))
+
+    vault = _vault_kinds(saver, tenant)
+    tenants: list[TenantAudit] = []
+    for name in ([tenant] if tenant is not None else all_tenants):
+        mine = [t for t in threads if t.tenant == name]
+        keys = registry.load_key_rows(name)
+        data = sorted(r.version for r in keys if r.purpose == "data")
+        policy, source = registry.effective_policy(name)
+        created = [t.created_at for t in mine if t.created_at is not None]
+        tenants.append(TenantAudit(
+            name, threads=len(mine), checkpoints=sum(t.checkpoints for t in mine),
+            stored_bytes=sum(t.stored_bytes for t in mine),
+            key_versions=sorted({v for t in mine for v in t.key_versions}),
+            current_data_key=data[-1] if data else None, data_keys=data,
+            master_versions=sorted({r.master_version for r in keys}),
+            pii=vault.get(name, {}), first_created=min(created) if created else None,
+            overdue=sum(t.overdue for t in mine), held=sum(t.legal_hold for t in mine),
+            unregistered=sum(not t.registered for t in mine),
+            policy={"source": source, **policy.as_row()}))
+
+    report = AuditReport(now, walk.raw.backend, tenant, tenants, threads, orphans,
+                         walk.age_bytes)
+    overdue = report.overdue
+    if overdue:
+        report.problems.append(
+            f"{len(overdue)} thread(s) past their expiry are still stored: retention is not "
+            "being executed (schedule `securesaver prune`)")
+    unregistered = [t for t in threads if not t.registered]
+    if unregistered:
+        report.problems.append(
+            f"{len(unregistered)} stored thread(s) have no registry row: no retention policy "
+            "applies to them")
+    if orphans:
+        report.problems.append(
+            f"{len(orphans)} stored thread(s) belong to no known tenant")
+    return report
+
+
+def _inner_id(tenant: str, thread_id: str) -> str:
+    from .tenancy import inner_thread_id
+    return inner_thread_id(tenant, thread_id)
+
+
+# --------------------------------------------------------------------------------------------
+# the audit trail
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrailEntry:
+    """An event (``kind`` as recorded) or a deletion receipt (``kind`` = ``receipt:<action>``)."""
+
+    at: float
+    kind: str
+    tenant: str | None
+    thread_id: str | None
+    actor: str | None
+    detail: dict[str, Any]
+    source: str            # "event" | "receipt"
+    ref: str               # event id or receipt id
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "kind": self.kind, "tenant": self.tenant,
+                "thread_id": self.thread_id, "actor": self.actor, "detail": self.detail,
+                "source": self.source, "id": self.ref}
+
+
+def _kind_matches(kind: str, wanted: str | None) -> bool:
+    return wanted is None or kind == wanted or kind.split(":", 1)[0] == wanted
+
+
+def events(saver: SecureSaver, *, tenant: str | None = None, thread_id: str | None = None,
+           kind: str | None = None, since: float | None = None, until: float | None = None,
+           limit: int | None = None) -> list[TrailEntry]:
+    """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind
+    (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action)."""
+    registry = saver.registry
+    out: list[TrailEntry] = []
+    if kind is None or not kind.startswith("receipt"):
+        for e in registry.list_events(kind=kind, tenant=tenant, thread_id=thread_id,
+                                      since=since, until=until):
+            out.append(TrailEntry(e.at, e.kind, e.tenant, e.thread_id, e.actor, e.detail,
+                                  "event", str(e.id)))
+    if kind is None or kind.startswith("receipt"):
+        for r in registry.list_receipts(tenant=tenant, thread_id=thread_id, since=since,
+                                        until=until):
+            entry_kind = f"receipt:{r.action}"
+            if not _kind_matches(entry_kind, kind):
+                continue
+            detail = {"reason": r.reason, **r.detail}
+            out.append(TrailEntry(r.deleted_at, entry_kind, r.tenant, r.thread_id,
+                                  r.requested_by, detail, "receipt", r.receipt_id))
+    out.sort(key=lambda e: (e.at, e.source, e.ref))
+    if limit is not None:
+        out = out[-limit:]
+    return out

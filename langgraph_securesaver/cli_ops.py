@@ -1,0 +1,475 @@
+"""Operations commands of the ``securesaver`` CLI: audit, scan, rotate-keys, events.
+
+They are registered on :data:`langgraph_securesaver.cli.app` when this module is imported.
+
+Exit codes (all four commands): 0 ok; 1 the command ran and found something (audit: threads
+past their expiry or outside the registry; scan: violations; rotate-keys: work left or a
+version still in use; events: nothing matched); 2 it could not run (bad arguments, missing
+keyring, unreachable or missing database).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .cli import (
+    EXIT_CANNOT_RUN,
+    EXIT_FOUND,
+    EXIT_OK,
+    KeyringOption,
+    UrlOption,
+    app,
+    console,
+    database_errors,
+    err_console,
+    fail,
+    load_keyring,
+)
+from .errors import SecureSaverError
+
+MAX_ROWS_SHOWN = 200
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class AuditFormat(str, Enum):
+    table = "table"
+    json = "json"
+    html = "html"
+
+
+FormatOption = Annotated[OutputFormat, typer.Option(
+    "--format", case_sensitive=False, help="table (for people) or json (for scripts).")]
+
+
+# --------------------------------------------------------------------------------------------
+# shared plumbing
+# --------------------------------------------------------------------------------------------
+def _keyring_or_none(path: Path | None) -> Any:
+    """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None."""
+    if path is not None:
+        return load_keyring(path)
+    from .keyring import Keyring
+    try:
+        return Keyring.from_env()
+    except SecureSaverError:
+        return None
+
+
+@contextmanager
+def opened(url: str, ring: Any) -> Iterator[Any]:
+    """A SecureSaver on ``url`` for an operations command; exit 2 with the reason if the
+    database is missing or unusable (also when that surfaces half-way)."""
+    from .backends import sqlite_path
+    from .keyring import NoKeys
+    from .saver import SecureSaver
+    try:
+        path = sqlite_path(url)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    if path is not None and path != ":memory:" and not Path(path).exists():
+        raise fail(f"no database at {path}")
+    try:
+        with SecureSaver.from_url(url, keyring=ring or NoKeys(), redaction=None) as saver:
+            yield saver
+    except typer.Exit:
+        raise
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise fail(f"cannot use the database: {type(exc).__name__}: {exc}") from None
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback ``(done, total)`` drawing a transient bar on stderr (only when
+    stderr is a terminal: logs and pipes get no control characters)."""
+    if quiet or not err_console.is_terminal:
+        yield lambda done, total: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    with Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, done))
+
+        yield advance
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def _dt(value: str | None) -> str:
+    """``2026-11-29T09:54:15+00:00`` -> ``2026-11-29 09:54`` (tables say UTC in the header)."""
+    if value is None:
+        return "—"
+    return value.replace("T", " ").replace("+00:00", "")[:16]
+
+
+def parse_when(value: str | None, *, what: str, now: float | None = None) -> float | None:
+    """``2025-11-01``, ``2025-11-01T10:00:00Z``, an epoch number, or a duration ago (``7d``)."""
+    if value is None:
+        return None
+    from .retention import parse_duration
+    now = time.time() if now is None else now
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        parsed = None
+    if parsed is not None:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        return parsed.timestamp()
+    try:
+        ago = parse_duration(text, what=what)
+    except SecureSaverError:
+        raise fail(f"{what} {value!r} is not a date (2025-11-01, 2025-11-01T10:00:00Z), an "
+                   "epoch, or a duration ago (90m, 12h, 7d)") from None
+    return now - (ago or 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# audit
+# --------------------------------------------------------------------------------------------
+@app.command()
+def audit(
+    url: UrlOption,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
+    keyring: KeyringOption = None,
+    output: Annotated[AuditFormat, typer.Option(
+        "--format", case_sensitive=False,
+        help="table, json, or html (a self-contained report with charts).")]
+    = AuditFormat.table,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write the report to this file (html and json).", dir_okay=False)]
+    = None,
+) -> None:
+    """What is held per tenant and thread: since when, until when, how much, under which
+    keys, which personal data; threads past their expiry are flagged.
+
+    Exit codes: 0 ok, 1 threads past their expiry (retention not running) or stored outside
+    the registry, 2 could not run.
+    """
+    from .audit import audit as run_audit
+    ring = _keyring_or_none(keyring)
+    with opened(url, ring) as saver:
+        try:
+            with progress_bar("audit", quiet=output is not AuditFormat.table) as advance:
+                report = run_audit(saver, tenant=tenant, progress=advance)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    if output is AuditFormat.html:
+        from .report_html import render_html
+        text = render_html(report)
+        if out is None:
+            typer.echo(text)
+        else:
+            out.write_text(text, encoding="utf-8")
+            err_console.print(f"wrote {out} ({len(text):,} bytes)")
+    elif output is AuditFormat.json:
+        if out is None:
+            _echo_json(report.as_dict())
+        else:
+            out.write_text(json.dumps(report.as_dict(), indent=2), encoding="utf-8")
+    else:
+        _print_audit(report)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _no_wrap(table: Table, *columns: int) -> None:
+    for i in columns:
+        table.columns[i].no_wrap = True
+
+
+def _kinds(pii: dict[str, int]) -> str:
+    return "\n".join(f"{escape(k)} {n}" for k, n in sorted(pii.items())) or "—"
+
+
+def _print_audit(report: Any) -> None:
+    from .report_html import human_bytes, policy_text
+    tenants = Table("tenant", "threads", "ckpts", "stored", "first thread (UTC)", "retention",
+                    "personal data\n(distinct values)", "data keys\n(master)", "past\nexpiry",
+                    "held", title="Tenants")
+    _no_wrap(tenants, 0, 4, 6, 7)
+    for t in report.tenants:
+        keys = (",".join(f"v{v}" for v in t.data_keys) or "—") + " (" + (
+            ",".join(f"m{v}" for v in t.master_versions) or "—") + ")"
+        tenants.add_row(
+            escape(t.tenant), str(t.threads), str(t.checkpoints), human_bytes(t.stored_bytes),
+            _dt(t.as_dict()["first_created"]), escape(policy_text(t.policy)), _kinds(t.pii),
+            keys, f"[red]{t.overdue}[/]" if t.overdue else "0", str(t.held))
+    console.print(tenants)
+    threads = Table("tenant", "thread", "created (UTC)", "last activity", "expires",
+                    "ckpts", "stored", "keys", "personal data", title="Threads")
+    _no_wrap(threads, 0, 2, 3, 4)
+    threads.columns[1].overflow = "fold"     # thread ids are never cut short
+    threads.columns[1].min_width = min(40, max((len(t.thread_id) for t in report.threads),
+                                               default=6))
+    for th in report.threads[:MAX_ROWS_SHOWN]:
+        d = th.as_dict()
+        if th.legal_hold:
+            expires = "[blue]legal hold[/]"
+        elif th.overdue:
+            expires = f"[red]{_dt(d['expires_at'])}\nPAST EXPIRY[/]"
+        elif not th.registered:
+            expires = "[red]unregistered[/]"
+        else:
+            expires = _dt(d["expires_at"]) if th.expires_at is not None else "never"
+        threads.add_row(escape(th.tenant), escape(th.thread_id), _dt(d["created_at"]),
+                        _dt(d["last_activity"]), expires, str(th.checkpoints),
+                        human_bytes(th.stored_bytes),
+                        ",".join(f"v{v}" for v in th.key_versions) or "—", _kinds(th.pii))
+    console.print(threads)
+    if len(report.threads) > MAX_ROWS_SHOWN:
+        console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
+                      "(--format json or html for all)")
+    for orphan in report.orphans:
+        console.print(f"[red]stored thread of no known tenant[/]: {escape(orphan['thread_id'])}"
+                      f" ({orphan['checkpoints']} checkpoints)")
+    for problem in report.problems:
+        console.print(f"[bold red]problem:[/] {escape(problem)}")
+    if report.ok:
+        console.print("[green]no problems[/]")
+
+
+# --------------------------------------------------------------------------------------------
+# scan
+# --------------------------------------------------------------------------------------------
+@app.command()
+def scan(
+    url: UrlOption,
+    keyring: KeyringOption = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Also authenticate every ciphertext against its place (needs the "
+        "keyring).")] = False,
+    allow_metadata: Annotated[list[str] | None, typer.Option(
+        "--allow-metadata", help="A metadata key your saver stores in clear (repeatable).")]
+    = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """Check the raw tables at rest: nothing unencrypted, no personal data or secrets in clear
+    columns, every ciphertext under a known key. Violations name the kind and place, never
+    the value.
+
+    Exit codes: 0 clean, 1 violations found, 2 could not run.
+    """
+    from .saver import DEFAULT_METADATA_ALLOWLIST
+    from .scan import VIOLATIONS
+    from .scan import scan as run_scan
+    ring = _keyring_or_none(keyring)
+    if verify and ring is None:
+        raise fail("--verify decrypts every ciphertext: pass --keyring or set "
+                   "SECURESAVER_MASTER_KEY")
+    allow = set(DEFAULT_METADATA_ALLOWLIST) | set(allow_metadata or ())
+    with opened(url, ring) as saver:
+        try:
+            with progress_bar("scan", quiet=output is OutputFormat.json) as advance:
+                report = run_scan(saver, keyring=ring, verify=verify, allowlist=allow,
+                                  progress=advance)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    if output is OutputFormat.json:
+        _echo_json(report.as_dict())
+    else:
+        _print_scan(report, VIOLATIONS)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _print_scan(report: Any, meanings: dict[str, str]) -> None:
+    summary = Table("table", "rows", title=f"Scanned ({report.backend}, "
+                                           f"{report.duration:.1f}s)")
+    for name, n in report.rows.items():
+        summary.add_row(name, str(n))
+    console.print(summary)
+    checked = (f"{report.tokens} ciphertexts checked"
+               + (f", {report.verified} authenticated" if report.verified else ""))
+    console.print(checked)
+    keys = "; ".join(f"{escape(t)} (" + ", ".join(
+        f"v{k}: {n} ciphertexts" for k, n in sorted(v.items())) + ")"
+        for t, v in sorted(report.key_versions.items()))
+    console.print(f"data-key versions in use: {keys or 'none'}")
+    masters = ", ".join(f"v{k}: {n} key rows" for k, n in sorted(report.master_versions.items()))
+    console.print(f"master versions wrapping key rows: {masters or 'none'}"
+                  + ("" if report.keyring_checked else " (not checked: no keyring)"))
+    if report.ok:
+        console.print("[bold green]clean[/]: no violations")
+        return
+    table = Table("kind", "table", "where", "detail", title="Violations")
+    table.columns[2].overflow = "fold"       # row keys are never cut short
+    for v in report.violations[:MAX_ROWS_SHOWN]:
+        table.add_row(v.kind, v.table, escape(v.location), escape(v.detail))
+    console.print(table)
+    if len(report.violations) > MAX_ROWS_SHOWN:
+        console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more (--format json)")
+    for kind, n in sorted(report.by_kind().items()):
+        console.print(f"[bold red]{n}[/] x {kind}: {escape(meanings.get(kind, ''))}")
+
+
+# --------------------------------------------------------------------------------------------
+# rotate-keys
+# --------------------------------------------------------------------------------------------
+@app.command("rotate-keys")
+def rotate_keys(
+    url: UrlOption,
+    keyring: Annotated[Path, typer.Option(
+        "--keyring", help="Keyring file (a master version is added; the file is rewritten).",
+        dir_okay=False)],
+    reencrypt: Annotated[bool, typer.Option(
+        "--reencrypt", help="Also rotate every tenant's data key and re-encrypt the stored "
+        "data (online, resumable).")] = False,
+    retire_old: Annotated[bool, typer.Option(
+        "--retire-old", help="Then remove master versions that no key row uses any more.")]
+    = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1,
+                                            help="Rows per transaction.")] = 200,
+    max_rate: Annotated[float | None, typer.Option(
+        "--max-rate", min=0.001, help="At most this many rows rewritten per second.")] = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """Add a master key version and rewrap every data key under it (fast, no data rewrite);
+    --reencrypt also moves all stored data to new data keys. Run the same command again to
+    resume an interrupted --reencrypt. Stops cleanly between batches on SIGTERM/SIGINT.
+
+    Exit codes: 0 done, 1 work left (stopped, rows contended or unreadable) or an old master
+    version still in use, 2 could not run.
+    """
+    from .rotation import rotate_keys as run_rotation
+    ring = load_keyring(keyring)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        err_console.print(f"received signal {signum}: stopping after the current batch")
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with opened(url, ring) as saver:
+            try:
+                with progress_bar("rotate-keys", quiet=output is OutputFormat.json) as advance:
+                    report = run_rotation(
+                        saver, reencrypt=reencrypt, retire_old=retire_old,
+                        batch_size=batch_size, max_rate=max_rate,
+                        progress=lambda _stage, d, t: advance(d, t), should_stop=stop.is_set)
+            except SecureSaverError as exc:
+                raise fail(str(exc)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if output is OutputFormat.json:
+        _echo_json(report.as_dict())
+    else:
+        _print_rotation(report, keyring)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _print_rotation(report: Any, keyring: Path) -> None:
+    verb = "resumed" if report.resumed else "added"
+    console.print(f"master version [bold]{report.master_version}[/] {verb} (keyring "
+                  f"{escape(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
+    re = report.reencrypt
+    if re is not None:
+        if report.rotated_tenants:
+            console.print(f"data keys rotated for {len(report.rotated_tenants)} tenant(s)")
+        table = Table("table", "rows re-encrypted", title=f"Re-encryption ({re.passes} "
+                                                          f"passes, {re.duration:.1f}s)")
+        for name, n in sorted(re.rewritten.items()):
+            table.add_row(name, str(n))
+        console.print(table)
+        console.print(f"{re.tokens} ciphertexts re-sealed, {re.already_current} rows already "
+                      f"under the newest data key, {re.conflicts} concurrent writes left to "
+                      "their writer and revisited")
+        for name, n in sorted(re.not_covered.items()):
+            console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {escape(name)} (no "
+                          "known place; they stay readable under their data-key version)")
+        for error in re.errors[:20]:
+            console.print(f"[red]error[/]: {escape(error)}")
+    in_use = ", ".join(f"v{k}: {n} key rows" for k, n in sorted(
+        report.master_versions_in_use.items()))
+    console.print(f"master versions in use: {in_use or 'none'}")
+    if report.retired:
+        console.print(f"retired master version(s): {', '.join(report.retired)}")
+    for problem in report.problems:
+        console.print(f"[bold red]problem:[/] {escape(problem)}")
+    if report.ok:
+        console.print("[bold green]done[/]")
+
+
+# --------------------------------------------------------------------------------------------
+# events
+# --------------------------------------------------------------------------------------------
+@app.command()
+def events(
+    url: UrlOption,
+    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    thread: Annotated[str | None, typer.Option("--thread", help="Thread id (as the app "
+                                                                "knows it).")] = None,
+    kind: Annotated[str | None, typer.Option(
+        "--kind", help="An event kind (access_denied, keys_rewrapped, ...), `receipt` for "
+        "every deletion receipt, or `receipt:deleted|pruned|shredded`.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="2025-11-01, 2025-11-01T10:00:00Z, an epoch, or a duration ago (7d).")]
+    = None,
+    until: Annotated[str | None, typer.Option("--until", help="Same forms as --since.")]
+    = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1,
+                                              help="Only the latest N entries.")] = None,
+    keyring: KeyringOption = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """The audit trail: security events (denied access, key operations, retention changes)
+    and deletion receipts, oldest first.
+
+    Exit codes: 0 entries found, 1 nothing matched, 2 could not run.
+    """
+    from .audit import events as list_entries
+    start = parse_when(since, what="--since")
+    end = parse_when(until, what="--until")
+    with opened(url, _keyring_or_none(keyring)) as saver:
+        entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
+                               until=end, limit=limit)
+    if output is OutputFormat.json:
+        _echo_json([e.as_dict() for e in entries])
+    else:
+        table = Table("at (UTC)", "kind", "tenant", "thread", "actor / by", "detail",
+                      title=f"{len(entries)} entries")
+        _no_wrap(table, 0, 1)
+        for e in entries:
+            d = e.as_dict()
+            table.add_row(_dt(d["at"]), escape(e.kind), escape(e.tenant or "—"),
+                          escape(e.thread_id or "—"), escape(e.actor or "—"),
+                          escape(json.dumps(e.detail, sort_keys=True, default=str)))
+        console.print(table)
+    raise typer.Exit(EXIT_OK if entries else EXIT_FOUND)
+
+
+__all__ = ["EXIT_CANNOT_RUN", "audit", "events", "parse_when", "rotate_keys", "scan"]

@@ -1,0 +1,254 @@
+"""A self-contained HTML audit report: inline CSS and inline SVG charts, no script, no fetch.
+
+The file can be mailed, archived with a compliance request, or opened offline; it references
+nothing outside itself.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .audit import AGE_BUCKETS, UNKNOWN_AGE, AuditReport, iso
+
+PALETTE = ("#2563eb", "#f97316", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#ca8a04",
+           "#db2777", "#4b5563", "#65a30d")
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#111827;
+background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
+.meta{color:#6b7280;font-size:13px}
+.tiles{display:flex;gap:12px;flex-wrap:wrap;margin:16px 0}
+.tile{border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;min-width:110px}
+.tile b{display:block;font-size:20px}.tile span{color:#6b7280;font-size:12px}
+.problems{background:#fef2f2;border:1px solid #fecaca;border-radius:8px;padding:8px 14px}
+.ok{background:#f0fdf4;border:1px solid #bbf7d0;border-radius:8px;padding:8px 14px}
+.charts{display:flex;gap:24px;flex-wrap:wrap}
+.chart{border:1px solid #e5e7eb;border-radius:8px;padding:8px}
+table{border-collapse:collapse;font-size:13px;margin-top:4px}
+th,td{border-bottom:1px solid #e5e7eb;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f9fafb}td.n{text-align:right;font-variant-numeric:tabular-nums}
+td.n,td.d{white-space:nowrap}
+tr.overdue td{background:#fef2f2}.tag{font-size:11px;padding:1px 6px;border-radius:9px;
+background:#fee2e2;color:#991b1b}.held{background:#e0e7ff;color:#3730a3}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+"""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _nice_max(value: float) -> float:
+    """A round axis maximum in the unit ``human_bytes`` will print (so ticks read 50 KB, not
+    48.8 KB)."""
+    if value <= 0:
+        return 1.0
+    unit = 1.0
+    while value / unit >= 1024 and unit < 1024 ** 4:
+        unit *= 1024
+    scaled = value / unit
+    exp = 10 ** math.floor(math.log10(scaled))
+    for step in (1, 2, 2.5, 5, 10):
+        if scaled <= step * exp:
+            return step * exp * unit
+    return 10 * exp * unit  # pragma: no cover
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    for unit, size in (("y", 365 * 86400), ("w", 7 * 86400), ("d", 86400), ("h", 3600),
+                       ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def policy_text(policy: dict[str, Any] | None) -> str:
+    """``idle 30d, max 1y, keep_latest (tenant)``; ``legal hold``; ``no expiry (default)``."""
+    policy = policy or {}
+    source = policy.get("source") or "default"
+    if policy.get("legal_hold"):
+        return f"legal hold ({source})"
+    parts = []
+    if policy.get("idle_ttl"):
+        parts.append(f"idle {_duration(policy['idle_ttl'])}")
+    if policy.get("max_age"):
+        parts.append(f"max age {_duration(policy['max_age'])}")
+    if not parts:
+        return f"no expiry ({source})"
+    if policy.get("strategy") and policy["strategy"] != "delete":
+        parts.append(str(policy["strategy"]))
+    return ", ".join(parts) + f" ({source})"
+
+
+def colors_for(tenants: Sequence[str]) -> dict[str, str]:
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(tenants)}
+
+
+def age_chart(report: AuditReport, colors: dict[str, str], width: int = 620,
+              height: int = 300) -> str:
+    """Stacked bars: stored bytes per age bucket, one colour per tenant."""
+    buckets = [label for label, _ in AGE_BUCKETS]
+    if any(UNKNOWN_AGE in per for per in report.age_bytes.values()):
+        buckets.append(UNKNOWN_AGE)
+    totals = [sum(per.get(b, 0) for per in report.age_bytes.values()) for b in buckets]
+    top = _nice_max(max(totals, default=0))
+    left, right, upper, lower = 70, 10, 20, 40
+    plot_w, plot_h = width - left - right, height - upper - lower
+    slot = plot_w / len(buckets)
+    bar_w = slot * 0.6
+    parts = [f'<svg width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="stored data by age">']
+    for i in range(5):
+        value = top * i / 4
+        y = upper + plot_h - plot_h * i / 4
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" '
+                     'stroke="#e5e7eb"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" '
+                     f'fill="#6b7280">{_e(human_bytes(value))}</text>')
+    for i, bucket in enumerate(buckets):
+        x = left + slot * i + (slot - bar_w) / 2
+        y = upper + plot_h
+        for tenant, color in colors.items():
+            size = report.age_bytes.get(tenant, {}).get(bucket, 0)
+            if not size:
+                continue
+            h = plot_h * size / top
+            y -= h
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+                         f'fill="{color}"><title>{_e(tenant)}: {_e(bucket)}, '
+                         f'{_e(human_bytes(size))}</title></rect>')
+        parts.append(f'<text x="{left + slot * i + slot / 2:.1f}" y="{height - lower + 16}" '
+                     f'font-size="11" text-anchor="middle" fill="#374151">{_e(bucket)}</text>')
+    parts.append(f'<line x1="{left}" y1="{upper + plot_h}" x2="{width - right}" '
+                 f'y2="{upper + plot_h}" stroke="#9ca3af"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def tenant_chart(report: AuditReport, colors: dict[str, str], width: int = 520) -> str:
+    """Horizontal bars: stored bytes per tenant."""
+    rows = [(t.tenant, t.stored_bytes) for t in report.tenants]
+    bar_h, gap, left, right, upper = 22, 10, 120, 80, 10
+    height = upper * 2 + max(1, len(rows)) * (bar_h + gap)
+    top = _nice_max(max((b for _, b in rows), default=0))
+    plot_w = width - left - right
+    parts = [f'<svg width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="stored data by tenant">']
+    for i, (tenant, size) in enumerate(rows):
+        y = upper + i * (bar_h + gap)
+        w = plot_w * size / top
+        label = tenant if len(tenant) <= 16 else tenant[:15] + "…"
+        parts.append(f'<text x="{left - 6}" y="{y + bar_h / 2 + 4:.1f}" font-size="12" '
+                     f'text-anchor="end" fill="#374151">{_e(label)}</text>')
+        parts.append(f'<rect x="{left}" y="{y}" width="{max(w, 1):.1f}" height="{bar_h}" '
+                     f'fill="{colors.get(tenant, PALETTE[0])}"><title>{_e(tenant)}: '
+                     f'{_e(human_bytes(size))}</title></rect>')
+        parts.append(f'<text x="{left + max(w, 1) + 6:.1f}" y="{y + bar_h / 2 + 4:.1f}" '
+                     f'font-size="12" fill="#374151">{_e(human_bytes(size))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _kinds(pii: dict[str, int]) -> str:
+    return ", ".join(f"{_e(k)}&nbsp;&times;&nbsp;{n}" for k, n in sorted(pii.items())) or "—"
+
+
+def _dt(ts: float | None) -> str:
+    value = iso(ts)
+    return "—" if value is None else _e(value.replace("T", " ").replace("+00:00", " UTC"))
+
+
+def render_html(report: AuditReport, *, title: str = "SecureSaver audit") -> str:
+    """The whole report as one HTML document (inline CSS and SVG only)."""
+    colors = colors_for([t.tenant for t in report.tenants]
+                        + sorted(k for k in report.age_bytes
+                                 if k not in {t.tenant for t in report.tenants}))
+    total_bytes = sum(t.stored_bytes for t in report.tenants)
+    tiles = [("tenants", len(report.tenants)), ("threads", len(report.threads)),
+             ("checkpoints", sum(t.checkpoints for t in report.tenants)),
+             ("stored", human_bytes(total_bytes)), ("past expiry", len(report.overdue))]
+    out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+           f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
+           f"<h1>{_e(title)}</h1>",
+           f'<div class="meta">generated {_dt(report.generated_at)} · backend '
+           f'{_e(report.backend)}' + (f" · tenant {_e(report.tenant_filter)}"
+                                      if report.tenant_filter else "") + "</div>",
+           '<div class="tiles">' + "".join(
+               f'<div class="tile"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v in tiles)
+           + "</div>"]
+    if report.problems:
+        out.append('<div class="problems"><b>Problems</b><ul>' + "".join(
+            f"<li>{_e(p)}</li>" for p in report.problems) + "</ul></div>")
+    else:
+        out.append('<div class="ok">No problems: every stored thread is registered, and none '
+                   "is past its expiry.</div>")
+    legend = '<div class="legend">' + "".join(
+        f'<span><i style="background:{c}"></i>{_e(t)}</span>' for t, c in colors.items()) + "</div>"
+    out.append('<div class="charts">')
+    out.append(f'<div class="chart" id="chart-age"><h2>Stored data by age</h2>{legend}'
+               f"{age_chart(report, colors)}</div>")
+    out.append(f'<div class="chart" id="chart-tenant"><h2>Stored data by tenant</h2>'
+               f"{tenant_chart(report, colors)}</div>")
+    out.append("</div>")
+
+    out.append("<h2>Tenants</h2><table><tr><th>tenant</th><th>threads</th><th>checkpoints</th>"
+               "<th>stored</th><th>first thread</th><th>data keys (current)</th>"
+               "<th>master versions</th><th>personal data (distinct values)</th>"
+               "<th>retention</th><th>past expiry</th><th>held</th></tr>")
+    for t in report.tenants:
+        out.append(
+            f"<tr><td>{_e(t.tenant)}</td><td class=n>{t.threads}</td>"
+            f"<td class=n>{t.checkpoints}</td><td class=n>{_e(human_bytes(t.stored_bytes))}</td>"
+            f"<td class=d>{_dt(t.first_created)}</td>"
+            f"<td>{_e(', '.join(f'v{v}' for v in t.data_keys))} "
+            f"({_e('v' + str(t.current_data_key) if t.current_data_key else '—')})</td>"
+            f"<td>{_e(', '.join(t.master_versions))}</td><td>{_kinds(t.pii)}</td>"
+            f"<td>{_e(policy_text(t.policy))}</td><td class=n>{t.overdue}</td>"
+            f"<td class=n>{t.held}</td></tr>")
+    out.append("</table>")
+
+    out.append("<h2>Threads</h2><table><tr><th>tenant</th><th>thread</th><th>created</th>"
+               "<th>last activity</th><th>expires</th><th>checkpoints</th><th>stored</th>"
+               "<th>key versions</th><th>personal data</th></tr>")
+    for th in report.threads:
+        if th.legal_hold:
+            expires = '<span class="tag held">legal hold</span>'
+        elif th.overdue:
+            expires = f'{_dt(th.expires_at)} <span class="tag">past expiry</span>'
+        elif not th.registered:
+            expires = '<span class="tag">unregistered</span>'
+        else:
+            expires = _dt(th.expires_at) if th.expires_at is not None else "never"
+        cls = ' class="overdue"' if th.overdue or not th.registered else ""
+        out.append(
+            f"<tr{cls}><td>{_e(th.tenant)}</td><td>{_e(th.thread_id)}</td>"
+            f"<td class=d>{_dt(th.created_at)}</td><td class=d>{_dt(th.last_activity)}</td>"
+            f"<td class=d>{expires}</td>"
+            f"<td class=n>{th.checkpoints}</td><td class=n>{_e(human_bytes(th.stored_bytes))}"
+            f"</td><td>{_e(', '.join(f'v{v}' for v in th.key_versions) or '—')}</td>"
+            f"<td>{_kinds(th.pii)}</td></tr>")
+    out.append("</table>")
+    if report.orphans:
+        out.append("<h2>Stored threads of no known tenant</h2><table><tr><th>inner thread id"
+                   "</th><th>checkpoints</th><th>stored</th></tr>")
+        for o in report.orphans:
+            out.append(f"<tr><td>{_e(o['thread_id'])}</td><td class=n>{o['checkpoints']}</td>"
+                       f"<td class=n>{_e(human_bytes(o['stored_bytes']))}</td></tr>")
+        out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out)

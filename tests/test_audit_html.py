@@ -1,0 +1,151 @@
+"""The HTML audit report is self-contained and its charts render in headless Chromium.
+
+Needs the ``chromium`` binary (Debian: ``apt-get install -y chromium``). Without it the
+screenshot test is skipped with the reason, except under CI=true, where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import HumanMessage
+from typer.testing import CliRunner
+
+from langgraph_securesaver import (
+    Keyring,
+    SecureSaver,
+    cli_ops,  # noqa: F401  (registers the commands)
+    tenant_scope,
+)
+from langgraph_securesaver.cli import app
+from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.report_html import PALETTE
+
+runner = CliRunner()
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _rgb(color: str) -> tuple[int, int, int]:
+    return (int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16))
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """acme holds about twice as much as globex; one globex thread is past its expiry."""
+    tmp = tmp_path_factory.mktemp("html")
+    url = f"sqlite:///{tmp / 'agent.db'}"
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        graph = build_chat_graph(saver)
+        for tenant, threads in (("acme", 6), ("globex", 3)):
+            for i in range(threads):
+                for turn in range(3):
+                    graph.invoke({"messages": [HumanMessage(f"{tenant} {i} turn {turn}")]},
+                                 {"configurable": {"thread_id": f"{tenant}-{i}",
+                                                   "tenant_id": tenant}})
+        with tenant_scope("globex"):
+            saver.set_retention("globex-0", idle_ttl=0.001)
+    out = tmp / "report.html"
+    result = runner.invoke(app, ["audit", "--url", url, "--format", "html", "--out", str(out)])
+    assert result.exit_code == 1, result.output   # globex-0 is past its expiry
+    return out
+
+
+def test_report_is_self_contained_with_both_charts(report_html: Path) -> None:
+    text = report_html.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    for external in ("<script", "src=", "href=", "url(", "@import", "http:", "https:", "<link"):
+        assert external not in text, f"report references something outside itself: {external}"
+    assert text.count("<svg") == 2
+    assert 'id="chart-age"' in text and 'id="chart-tenant"' in text
+    age = text.split('id="chart-age"')[1].split("</svg>")[0]
+    assert f'fill="{PALETTE[0]}"' in age and f'fill="{PALETTE[1]}"' in age   # stacked tenants
+    assert "past expiry" in text and "globex-0" in text
+
+
+def _chromium() -> str | None:
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:
+    """A minimal PNG decoder (8-bit RGB/RGBA, not interlaced): width, height, pixels."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color_type, _c, _f, interlace = header
+    assert depth == 8 and color_type in (2, 6) and interlace == 0, header
+    channels = 4 if color_type == 6 else 3
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    previous = bytearray(stride)
+    pixels: list[tuple[int, int, int]] = []
+    at = 0
+    for _ in range(height):
+        kind, line = raw[at], bytearray(raw[at + 1:at + 1 + stride])
+        at += 1 + stride
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up = previous[i]
+            corner = previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                pred = left if pa <= pb and pa <= pc else up if pb <= pc else corner
+                line[i] = (line[i] + pred) & 0xFF
+        pixels.extend(tuple(line[i:i + 3]) for i in range(0, stride, channels))
+        previous = line
+    return width, height, pixels
+
+
+def test_report_charts_render_in_headless_chromium(report_html: Path, tmp_path: Path) -> None:
+    browser = _chromium()
+    if browser is None:
+        reason = ("chromium is not installed (Debian: apt-get install -y chromium); the HTML "
+                  "report screenshot test needs it")
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true requires it: {reason}")
+        pytest.skip(reason)
+    shot = tmp_path / "report.png"
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--screenshot={shot}", "--window-size=1280,1600", report_html.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    keep = os.environ.get("SECURESAVER_KEEP_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, keep)
+    width, height, pixels = decode_png(shot.read_bytes())
+    assert (width, height) == (1280, 1600)
+    counts = Counter(pixels)
+    acme, globex = counts[_rgb(PALETTE[0])], counts[_rgb(PALETTE[1])]
+    # both charts draw both tenants as solid bars (legend swatches alone are ~200 pixels)
+    assert acme > 5000 and globex > 2500, (acme, globex)
+    assert acme > globex          # acme holds more, so its bars are bigger
+    assert len(counts) > 50       # text and table rendered too, not a blank page
+    assert re.search(r"\d", report_html.read_text())
