@@ -52,6 +52,7 @@ from .raw_tables import (
     registry_rows,
     registry_tables,
 )
+from .saver import SEALED_METADATA_KEY
 from .tenancy import ThreadRef
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SEALED_METADATA_KEY = "__securesaver__"
 DEFAULT_BATCH = 200
 MAX_PASSES = 4
 JOB_STARTED = "key_rotation_started"

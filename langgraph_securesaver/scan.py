@@ -45,6 +45,7 @@ from .raw_tables import (
     registry_rows,
     registry_tables,
 )
+from .saver import SEALED_METADATA_KEY
 from .tenancy import ThreadRef
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SEALED_METADATA_KEY = "__securesaver__"
 BLIND_KEY_RE = re.compile(r"^ssbi_[0-9a-f]{16}$")
 BLIND_VALUE_RE = re.compile(r"^[0-9a-f]{32}$")
 

@@ -251,7 +251,27 @@ class SqliteOps(StorageOps):
             return int(inner.conn.execute(SQLITE_COUNT, (inner_id,)).fetchone()[0])
 
 
-class AsyncSqliteOps(StorageOps):
+class _AsyncOnlyOps(StorageOps):
+    """For async-only savers: the sync operations run the async ones on the saver's loop
+    (from a worker thread; see StorageOps._bridge)."""
+
+    async def acount_checkpoints(self, inner_id: str) -> int:
+        raise NotImplementedError
+
+    def keep_latest(self, inner_ids: Sequence[str]) -> None:
+        self._bridge(self.akeep_latest(inner_ids))
+
+    def delete_threads(self, inner_ids: Sequence[str]) -> None:
+        self._bridge(self.adelete_threads(inner_ids))
+
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+        self._bridge(self.adelete_for_runs(prefix, run_ids))
+
+    def count_checkpoints(self, inner_id: str) -> int:
+        return int(self._bridge(self.acount_checkpoints(inner_id)))
+
+
+class AsyncSqliteOps(_AsyncOnlyOps):
     """AsyncSqliteSaver: the same SQL through aiosqlite, one IMMEDIATE transaction each."""
 
     async def _atransaction(self, body: Any) -> None:
@@ -284,15 +304,6 @@ class AsyncSqliteOps(StorageOps):
                     await conn.execute(SQLITE_DETACH_HEAD, (tid, ns, head))
             await self._atransaction(body)
 
-    def keep_latest(self, inner_ids: Sequence[str]) -> None:
-        self._bridge(self.akeep_latest(inner_ids))
-
-    def delete_threads(self, inner_ids: Sequence[str]) -> None:
-        self._bridge(self.adelete_threads(inner_ids))
-
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
-        self._bridge(self.adelete_for_runs(prefix, run_ids))
-
     async def acount_checkpoints(self, inner_id: str) -> int:
         inner: Any = self.inner
         await inner.setup()
@@ -300,8 +311,6 @@ class AsyncSqliteOps(StorageOps):
             row = await cur.fetchone()
         return int(row[0])
 
-    def count_checkpoints(self, inner_id: str) -> int:
-        return int(self._bridge(self.acount_checkpoints(inner_id)))
 
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         if not run_ids:
@@ -339,7 +348,7 @@ class PostgresOps(StorageOps):
             return int(cur.fetchone()["n"])
 
 
-class AsyncPostgresOps(StorageOps):
+class AsyncPostgresOps(_AsyncOnlyOps):
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         if not run_ids:
             return
@@ -357,17 +366,6 @@ class AsyncPostgresOps(StorageOps):
             await cur.execute(PG_COUNT, (inner_id,))
             return int((await cur.fetchone())["n"])
 
-    def keep_latest(self, inner_ids: Sequence[str]) -> None:
-        self._bridge(self.akeep_latest(inner_ids))
-
-    def delete_threads(self, inner_ids: Sequence[str]) -> None:
-        self._bridge(self.adelete_threads(inner_ids))
-
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
-        self._bridge(self.adelete_for_runs(prefix, run_ids))
-
-    def count_checkpoints(self, inner_id: str) -> int:
-        return int(self._bridge(self.acount_checkpoints(inner_id)))
 
 
 def ops_for(inner: BaseCheckpointSaver) -> StorageOps:
