@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -92,5 +94,92 @@ async def test_conformance_postgres_async_saver() -> None:
                 yield s
         finally:
             drop_pg_schema(schema)
+
+    await _check(factory)
+
+
+class SyncDriven(BaseCheckpointSaver):
+    """Drives the suite through SecureSaver's *sync* methods (in a worker thread)."""
+
+    def __init__(self, saver: SecureSaver) -> None:
+        super().__init__(serde=saver.serde)
+        self.saver = saver
+
+    async def aget_tuple(self, config):
+        return await asyncio.to_thread(self.saver.get_tuple, config)
+
+    async def alist(self, config, *, filter=None, before=None, limit=None):
+        rows = await asyncio.to_thread(lambda: list(self.saver.list(
+            config, filter=filter, before=before, limit=limit)))
+        for row in rows:
+            yield row
+
+    async def aput(self, config, checkpoint, metadata, new_versions):
+        return await asyncio.to_thread(self.saver.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config, writes, task_id, task_path=""):
+        await asyncio.to_thread(self.saver.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id):
+        await asyncio.to_thread(self.saver.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids):
+        await asyncio.to_thread(self.saver.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id, target_thread_id):
+        await asyncio.to_thread(self.saver.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids, *, strategy="keep_latest"):
+        await asyncio.to_thread(self.saver.prune, thread_ids, strategy=strategy)
+
+    def get_next_version(self, current, channel):
+        return self.saver.get_next_version(current, channel)
+
+
+async def test_conformance_through_the_sync_api_in_memory() -> None:
+    @checkpointer_test(name="SecureSaver[InMemorySaver] sync API")
+    async def factory() -> AsyncIterator[BaseCheckpointSaver]:
+        yield SyncDriven(SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                                     default_tenant="conformance"))
+
+    await _check(factory)
+
+
+async def test_conformance_through_the_sync_api_sqlite(tmp_path: Path) -> None:
+    @checkpointer_test(name="SecureSaver[SqliteSaver] sync API")
+    async def factory() -> AsyncIterator[BaseCheckpointSaver]:
+        with SecureSaver.from_url(f"sqlite:///{tmp_path / uuid.uuid4().hex}.db",
+                                  keyring=Keyring.generate(), redaction=None,
+                                  default_tenant="conformance") as saver:
+            yield SyncDriven(saver)
+
+    await _check(factory)
+
+
+@pytest.mark.postgres
+async def test_conformance_through_the_sync_api_postgres() -> None:
+    require_postgres()
+
+    @checkpointer_test(name="SecureSaver[PostgresSaver] sync API")
+    async def factory() -> AsyncIterator[BaseCheckpointSaver]:
+        schema = new_pg_schema()
+        try:
+            with SecureSaver.from_url(pg_url_in(schema), keyring=Keyring.generate(),
+                                      redaction=None, default_tenant="conformance") as saver:
+                yield SyncDriven(saver)
+        finally:
+            drop_pg_schema(schema)
+
+    await _check(factory)
+
+
+async def test_conformance_with_default_redaction_on(tmp_path: Path) -> None:
+    """Redaction on (the default) is transparent to the checkpoint contract."""
+    @checkpointer_test(name="SecureSaver[SqliteSaver] redaction on")
+    async def factory() -> AsyncIterator[SecureSaver]:
+        async with SecureSaver.afrom_url(f"sqlite:///{tmp_path / uuid.uuid4().hex}.db",
+                                         keyring=Keyring.generate(),
+                                         default_tenant="conformance") as saver:
+            yield saver
 
     await _check(factory)

@@ -1,0 +1,14 @@
+"""The one exception the redaction package raises on purpose."""
+
+from __future__ import annotations
+
+from ..errors import SecureSaverError
+
+
+class RedactionError(SecureSaverError):
+    """A value could not be redacted safely, so nothing was returned for it.
+
+    Raised (fail-closed) for structures nested deeper than the policy's ``max_depth``, cyclic
+    structures, text longer than the policy's ``hard_max_chars``, dictionary keys that collide
+    once redacted, and NLP engines that would have to download a model.
+    """

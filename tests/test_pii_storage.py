@@ -1,0 +1,143 @@
+"""Redaction as the saver applies it: tokens in storage, originals for the owning tenant,
+a crash-resume that gets the real email back, inventory and erasure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.tenancy import ThreadRef, inner_thread_id, tenant_scope
+
+ROOT = Path(__file__).resolve().parents[1]
+EMAIL = "li.na@example.com"
+CN_ID = "11010519491231002X"          # valid checksum, real birth date
+CN_MOBILE = "+86 138-1234-5678"
+CARD = "4111 1111 1111 1111"
+SECRET = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"
+TEXT = f"我的邮箱是{EMAIL}，身份证{CN_ID}，手机{CN_MOBILE}，卡号{CARD}，key {SECRET}"
+
+
+def _cfg(thread: str, tenant: str = "acme") -> dict:
+    return {"configurable": {"thread_id": thread, "tenant_id": tenant}}
+
+
+@pytest.fixture(scope="module")
+def redactor():
+    from langgraph_securesaver.redaction import Redactor
+    return Redactor()
+
+
+@pytest.fixture
+def saver(tmp_path: Path, redactor):
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=Keyring.generate(),
+                              redaction=redactor) as s:
+        yield s
+
+
+def _stored_messages(saver: SecureSaver, thread: str, tenant: str = "acme") -> list:
+    """What a key holder reading the database directly sees (decrypted, not restored)."""
+    raw = saver.inner.get_tuple({"configurable": {"thread_id": inner_thread_id(tenant, thread),
+                                                  "checkpoint_ns": ""}})
+    ref = ThreadRef(tenant, thread)
+    keys = saver.keys.require(tenant)
+    version = raw.checkpoint["channel_versions"]["messages"]
+    token = raw.checkpoint["channel_values"]["messages"]
+    return saver.codec.load(keys.open(token, saver.codec.channel_aad(ref, "messages", version)))
+
+
+def test_pii_is_tokenized_in_storage_and_restored_for_the_tenant(saver: SecureSaver) -> None:
+    build_chat_graph(saver).invoke({"messages": [HumanMessage(TEXT)]}, _cfg("t"))
+    stored = " ".join(str(m.content) for m in _stored_messages(saver, "t"))
+    for value in (EMAIL, CN_ID, "1234-5678", CARD, SECRET):
+        assert value not in stored
+    assert "<EMAIL_ADDRESS:" in stored and "<CN_RESIDENT_ID:" in stored
+    assert "<API_SECRET:masked>" in stored
+    restored = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"][0].content
+    assert EMAIL in restored and CN_ID in restored
+    assert SECRET not in restored  # secrets are irreversible by default
+    inventory = saver.pii_inventory("acme")[("acme", "t")]
+    assert inventory["EMAIL_ADDRESS"] == 1 and inventory["CN_RESIDENT_ID"] == 1
+
+
+async def test_async_path_redacts_and_restores(tmp_path: Path, redactor) -> None:
+    async with SecureSaver.afrom_url(f"sqlite:///{tmp_path / 'a.db'}", keyring=Keyring.generate(),
+                                     redaction=redactor) as saver:
+        await build_chat_graph(saver).ainvoke({"messages": [HumanMessage(TEXT)]}, _cfg("t"))
+        tup = await saver.aget_tuple(_cfg("t"))
+        assert EMAIL in tup.checkpoint["channel_values"]["messages"][0].content
+        listed = [t async for t in saver.alist(_cfg("t"), limit=1)]
+        assert EMAIL in listed[0].checkpoint["channel_values"]["messages"][0].content
+
+
+def test_tool_call_arguments_are_tokenized_and_restored(saver: SecureSaver) -> None:
+    message = AIMessage("", id="ai-1", tool_calls=[{"name": "send", "id": "call-1",
+                                                    "args": {"to": EMAIL}}])
+    cfg = _cfg("t")
+    graph = build_chat_graph(saver)
+    graph.update_state(cfg, {"messages": [message]})
+    stored = _stored_messages(saver, "t")[-1]
+    assert stored.tool_calls[0]["args"]["to"].startswith("<EMAIL_ADDRESS:")
+    assert stored.id == "ai-1" and stored.tool_calls[0]["id"] == "call-1"
+    state = graph.get_state(cfg).values["messages"][-1]
+    assert state.tool_calls[0]["args"]["to"] == EMAIL
+    assert message.tool_calls[0]["args"]["to"] == EMAIL  # the caller's object is untouched
+
+
+def test_crash_inside_a_tool_then_resume_gets_the_real_email(tmp_path: Path) -> None:
+    ring = tmp_path / "keyring.json"
+    Keyring.generate().save(ring)
+    db, out = tmp_path / "agent.db", tmp_path / "received.txt"
+    script = [sys.executable, "-m", "tests.scripts.pii_resume", str(db), str(ring), str(out)]
+    first = subprocess.run([*script, "start"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 17, first.stderr
+    assert not out.exists()
+    second = subprocess.run([*script, "resume"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert out.read_text(encoding="utf-8") == "zhang.wei+vip@example.cn"
+    assert b"zhang.wei" not in b"".join(p.read_bytes() for p in tmp_path.glob("agent.db*"))
+
+
+def test_forget_pii_by_value_and_by_kind(saver: SecureSaver) -> None:
+    graph = build_chat_graph(saver)
+    graph.invoke({"messages": [HumanMessage(TEXT)]}, _cfg("t"))
+    assert saver.forget_pii("acme", EMAIL, requested_by="dpo") == 1
+    content = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"][0].content
+    assert EMAIL not in content and "<EMAIL_ADDRESS:" in content and CN_ID in content
+    assert saver.forget_pii("acme", kind="CN_RESIDENT_ID") == 1
+    content = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"][0].content
+    assert CN_ID not in content and "<CN_RESIDENT_ID:" in content
+    assert "EMAIL_ADDRESS" not in saver.pii_inventory("acme")[("acme", "t")]
+    assert [e.kind for e in saver.registry.list_events(kind="pii_forgotten")] == [
+        "pii_forgotten", "pii_forgotten"]
+    assert saver.forget_pii("globex", EMAIL) == 0
+
+
+def test_deleting_a_thread_deletes_its_vault_entries(saver: SecureSaver) -> None:
+    graph = build_chat_graph(saver)
+    graph.invoke({"messages": [HumanMessage(f"mail {EMAIL}")]}, _cfg("a"))
+    graph.invoke({"messages": [HumanMessage(f"mail {EMAIL} and id {CN_ID}")]}, _cfg("b"))
+    with tenant_scope("acme"):
+        saver.delete_thread("b")
+    assert ("acme", "b") not in saver.pii_inventory("acme")
+    assert saver.vault.tokens_of_kind("acme", "CN_RESIDENT_ID") == []
+    # the email is still used by thread a, so its value stays
+    assert EMAIL in saver.get_tuple(_cfg("a")).checkpoint["channel_values"]["messages"][0].content
+    receipt = saver.receipts(thread_id="b")[0]
+    assert receipt.detail["pii_values"] == 1
+
+
+def test_tokens_are_per_tenant(saver: SecureSaver) -> None:
+    graph = build_chat_graph(saver)
+    graph.invoke({"messages": [HumanMessage(f"mail {EMAIL}")]}, _cfg("t", "acme"))
+    graph.invoke({"messages": [HumanMessage(f"mail {EMAIL}")]}, _cfg("t", "globex"))
+    acme = str(_stored_messages(saver, "t", "acme")[0].content)
+    globex = str(_stored_messages(saver, "t", "globex")[0].content)
+    assert acme != globex and "<EMAIL_ADDRESS:" in acme and "<EMAIL_ADDRESS:" in globex
