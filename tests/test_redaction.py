@@ -1,5 +1,5 @@
 """Detection, policy and token tests for langgraph_securesaver.redaction (real presidio)."""
-# ruff: noqa: RUF001  (full-width Chinese punctuation and digits are test data)
+
 
 from __future__ import annotations
 
@@ -160,6 +160,17 @@ def test_each_secret_family_is_masked(redactor: Redactor, family: str) -> None:
     assert [(e.kind, e.text) for e in result.entities] == [("API_SECRET", secret)]
     assert result.text == "my credential is <API_SECRET:masked> ok"
     assert result.vault == []  # secrets are irreversible: nothing goes to the vault
+
+
+@pytest.mark.parametrize("line", [
+    "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    'AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"',
+])
+def test_labelled_aws_secret(redactor: Redactor, line: str) -> None:
+    result = redactor.redact(line, token_key=KEY)
+    assert "wJalrXUtnFEMI" not in result.text and "<API_SECRET:masked>" in result.text
+    unlabelled = redactor.redact("blob wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", token_key=KEY)
+    assert unlabelled.entities == []  # 40 base64 characters alone are not a secret
 
 
 def test_bearer_token_keeps_the_scheme(redactor: Redactor) -> None:

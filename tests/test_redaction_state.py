@@ -1,5 +1,5 @@
 """Walking LangGraph state: copies, messages, restore, robustness and caching (real presidio)."""
-# ruff: noqa: RUF001  (full-width Chinese punctuation and digits are test data)
+
 
 from __future__ import annotations
 
@@ -405,3 +405,12 @@ def test_json_documents_are_analyzed_in_batches_like_one_by_one() -> None:
     assert json.loads(out)["rows"][3]["parts"] == ["13812345", "678"]  # no match across strings
     assert json.loads(out)["rows"][3]["split"] == ["a.b@example", ".com"]
     assert len(vault) == 60 and batched.stats.values_analyzed >= 90
+
+
+def test_error_paths_do_not_show_personal_data(redactor: Redactor) -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(RedactionError) as info:
+        redactor.redact_value({"messages": {EMAIL: {MOBILE: loop}}}, channel="c", token_key=KEY)
+    assert EMAIL not in str(info.value) and MOBILE not in str(info.value)
+    assert "['messages'][<key>][<key>][0]" in str(info.value)

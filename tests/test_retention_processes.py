@@ -172,7 +172,7 @@ def test_cli_prune_every_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         if "nothing expired" in line:
             break
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
 
 

@@ -31,8 +31,8 @@ async def test_sync_call_from_the_loop_on_an_async_only_saver_raises(tmp_path: P
 
 def test_sync_call_without_a_running_loop_raises_instead_of_hanging(tmp_path: Path) -> None:
     async def make() -> SecureSaver:
-        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
         import aiosqlite
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
         conn = await aiosqlite.connect(str(tmp_path / "b.db"))
         return SecureSaver(AsyncSqliteSaver(conn), keyring=Keyring.generate(),
                            registry=f"sqlite:///{tmp_path / 'b.db'}", redaction=None)

@@ -142,7 +142,7 @@ _SECRET_PATTERNS = [
             0.95),
     # AWS secret access key, only where it is labelled (40 base64 chars are too common alone).
     Pattern("aws_secret_access_key",
-            r"(?<=aws_?secret_?access_?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9/+]{40}"
+            r"(?<=(?i:aws_?secret_?access_?key)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9/+]{40}"
             r"(?![A-Za-z0-9/+])", 0.95),
     # GitHub classic tokens and fine-grained PATs.
     Pattern("github_token", r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{36,251}(?![A-Za-z0-9_])",

@@ -476,6 +476,8 @@ class Redactor:
             self._ner_entities = tuple(sorted(ner))
             self._analyzer = analyzer
             self._pattern_entities = tuple(sorted(supported - ner))
+            logger.debug("redactor ready: %d pattern entities, NER entities %s",
+                         len(self._pattern_entities), list(self._ner_entities))
 
     @property
     def stats(self) -> RedactionStats:
@@ -738,7 +740,7 @@ class Redactor:
                 call.add(known[5])
             return known[4], known[3], known[5]
         try:
-            dumped: bytes | None = marshal.dumps(values, _MARSHAL_VERSION)
+            dumped: bytes | None = marshal.dumps(values, 0)
         except ValueError:  # a field holds an object marshal cannot encode: no caching
             dumped = None
         content_key = (call.ctx, type(msg), dumped)
@@ -900,6 +902,8 @@ class Redactor:
         if len(text) <= policy.max_chars:
             collect(self._analyze(view, pattern_entities, threshold))
         else:
+            logger.debug("analyzing a %d-character string in chunks of %d", len(text),
+                         policy.max_chars)
             long_span = [e for e in pattern_entities if e == API_SECRET]
             short_span = [e for e in pattern_entities if e != API_SECRET]
             collect(self._analyze(view, long_span, threshold))
@@ -970,10 +974,6 @@ def _resolve_overlaps(candidates: list[Entity]) -> list[Entity]:
     return taken
 
 
-# marshal format 2: no back-references (so equal values dump to equal bytes whatever their
-# reference counts), and interned strings stay interned through a dump/load round trip (dict
-# keys of snapshots and restored copies then compare by identity).
-_MARSHAL_VERSION = 2
 _TOKEN_BYTES_RE = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")
 
 
@@ -985,7 +985,7 @@ def _dump_message(msg: Any) -> bytes | None:
         return None
     try:
         return marshal.dumps((tuple(fields.values()),
-                              getattr(msg, "__pydantic_extra__", None)), _MARSHAL_VERSION)
+                              getattr(msg, "__pydantic_extra__", None)), 0)
     except ValueError:
         return None
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,11 @@ _KINDS: dict[type, int] = {t: _LEAF for t in (int, float, bool, type(None), byte
 _KINDS.update({dict: _DICT, list: _LIST, tuple: _TUPLE, set: _SET, frozenset: _SET})
 
 
+def _kind_of(cls: type) -> int:
+    kind = _KINDS.get(cls)
+    return _classify(cls) if kind is None else kind
+
+
 def _classify(cls: type) -> int:
     """How values of ``cls`` are walked (cached per class)."""
     if issubclass(cls, (str, bytes, bytearray, memoryview, int, float, complex)):
@@ -85,6 +91,18 @@ MESSAGE_KEPT_FIELDS = frozenset({"id", "type", "name", "tool_call_id", "status",
                                  "chunk_position"})
 _TOOL_CALL_TEXT_KEYS = {"tool_calls": ("args",), "invalid_tool_calls": ("args", "error"),
                         "tool_call_chunks": ("args",)}
+
+
+_SAFE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def _path_key(key: Any) -> str:
+    """A dictionary key for an error path; keys that could be personal data are not shown."""
+    if isinstance(key, str) and _SAFE_KEY.fullmatch(key) and not any(c.isdigit() for c in key):
+        return f"[{key!r}]"
+    if isinstance(key, (int, bool)) or key is None:
+        return f"[{key!r}]"
+    return "[<key>]"
 
 
 class _PathError(RedactionError):
@@ -188,7 +206,7 @@ class Walker:
                     nk = self._on_str(k, depth, True) if type(k) is str else k
                     nv = self._walk(v, depth)
             except _PathError as exc:
-                exc.path.append(f"[{k!r}]")
+                exc.path.append(_path_key(k))
                 raise
             if nk is not k or nv is not v:
                 changed = True
@@ -230,7 +248,7 @@ class Walker:
     def _walk_list(self, value: list[Any], depth: int) -> list[Any]:
         if (self._on_message_list is not None and type(value) is list and value
                 and depth < self._max_depth
-                and all(_KINDS.get(t) == _MESSAGE for t in set(map(type, value)))):
+                and all(_kind_of(t) == _MESSAGE for t in set(map(type, value)))):
             return self._on_message_list(value, depth)  # e.g. the "messages" channel
         out, changed = self._walk_seq(value, depth)
         if not changed:
