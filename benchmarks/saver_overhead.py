@@ -39,9 +39,10 @@ def _encrypted_serde():
 def sqlite_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
     from langgraph.checkpoint.sqlite import SqliteSaver
     path = workdir / f"{variant}-{uuid.uuid4().hex}.db"
-    if variant == "securesaver":
+    if variant.startswith("securesaver"):
+        redaction = shared_redactor() if variant == "securesaver_redaction" else None
         with SecureSaver.from_url(f"sqlite:///{path}", keyring=Keyring.generate(),
-                                  redaction=None) as saver:
+                                  redaction=redaction) as saver:
             yield saver
         return
     conn = _connect_sqlite(str(path))
@@ -65,8 +66,10 @@ def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]
         conn.execute(f'CREATE SCHEMA "{schema}"')
     url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
     try:
-        if variant == "securesaver":
-            with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        if variant.startswith("securesaver"):
+            redaction = shared_redactor() if variant == "securesaver_redaction" else None
+            with SecureSaver.from_url(url, keyring=Keyring.generate(),
+                                      redaction=redaction) as saver:
                 yield saver
         else:
             kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
@@ -80,19 +83,40 @@ def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
+_REDACTOR = None
+
+
+def shared_redactor():
+    """One warmed-up redactor for the whole run (the engine is built once per process)."""
+    global _REDACTOR
+    if _REDACTOR is None:
+        from langgraph_securesaver.redaction import Redactor
+        _REDACTOR = Redactor()
+        _REDACTOR.redact("warm up: a@example.com", token_key=b"k" * 32)
+    return _REDACTOR
+
+
+def turn_text(i: int) -> str:
+    """Chat text; every fifth turn carries PII, as real support chats do."""
+    if i % 5 == 4:
+        return (f"turn {i}: my new email is user{i}@example.com and my phone is "
+                f"+1 415 555 {1000 + i:04d}, please update the account")
+    return f"turn {i}: please summarise the previous answer in one line"
+
+
 def run_turns(saver: BaseCheckpointSaver, turns: int) -> list[float]:
     graph = build_chat_graph(saver)
     config = {"configurable": {"thread_id": "bench", "tenant_id": "acme"}}
     times = []
     for i in range(turns):
-        message = HumanMessage(f"turn {i}: please summarise the previous answer in one line")
+        message = HumanMessage(turn_text(i))
         start = time.perf_counter()
         graph.invoke({"messages": [message]}, config)
         times.append(time.perf_counter() - start)
     return times
 
 
-VARIANTS = ("raw", "encrypted_serializer", "securesaver")
+VARIANTS = ("raw", "encrypted_serializer", "securesaver", "securesaver_redaction")
 
 
 def measure(backend: str, factory: Callable, turns: int, rounds: int, workdir: Path
@@ -114,20 +138,27 @@ def main() -> int:
     args = parser.parse_args()
     factories = {"sqlite": sqlite_saver, "postgres": postgres_saver}
     targets = {"sqlite": 1.15, "postgres": 1.10}
+    full_stack_targets = {"sqlite": 1.5}
     print(f"per-turn median latency, one-node chat graph, {args.turns} turns x {args.rounds} rounds")
-    print(f"{'backend':<10}{'variant':<22}{'ms/turn':>9}{'x raw':>8}")
+    print(f"{'backend':<10}{'variant':<24}{'ms/turn':>9}{'x raw':>8}")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends.split(","):
             results = measure(backend, factories[backend], args.turns, args.rounds, Path(tmp))
             raw = results["raw"]
             for variant, ms in results.items():
-                print(f"{backend:<10}{variant:<22}{ms:>9.2f}{ms / raw:>8.2f}")
+                print(f"{backend:<10}{variant:<24}{ms:>9.2f}{ms / raw:>8.2f}")
             ratio = results["securesaver"] / raw
             verdict = "ok" if ratio <= targets[backend] else "ABOVE TARGET"
-            print(f"{backend:<10}{'securesaver target':<22}{'<=':>9}{targets[backend]:>8.2f}"
+            print(f"{backend:<10}{'securesaver target':<24}{'<=':>9}{targets[backend]:>8.2f}"
                   f"  {verdict}")
             ok = ok and ratio <= targets[backend]
+            if backend in full_stack_targets:
+                full = results["securesaver_redaction"] / raw
+                verdict = "ok" if full <= full_stack_targets[backend] else "ABOVE TARGET"
+                print(f"{backend:<10}{'+redaction target':<24}{'<=':>9}"
+                      f"{full_stack_targets[backend]:>8.2f}  {verdict}")
+                ok = ok and full <= full_stack_targets[backend]
     return 0 if ok else 1
 
 

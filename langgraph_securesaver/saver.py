@@ -32,6 +32,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from .caches import TokenCache
 from .crypto import KeyManager, TenantKeys, associated_data, from_text, to_text
 from .errors import (
     AccessDenied,
@@ -119,12 +120,15 @@ class _SealedCodec:
 
     # checkpoint ---------------------------------------------------------------------------
     def seal_checkpoint(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
-                        values: Mapping[str, Any]) -> Checkpoint:
+                        values: Mapping[str, Any], reused: Mapping[str, bytes] | None = None
+                        ) -> Checkpoint:
+        """Seal ``values``; ``reused`` are tokens already sealed for the same (channel, version)."""
         versions = checkpoint["channel_versions"]
         sealed = checkpoint.copy()
         sealed["channel_values"] = {
-            ch: keys.seal(self.dump(v), self.channel_aad(ref, ch, versions.get(ch)))
-            for ch, v in values.items()
+            **(reused or {}),
+            **{ch: keys.seal(self.dump(v), self.channel_aad(ref, ch, versions.get(ch)))
+               for ch, v in values.items()},
         }
         if sealed.get("pending_sends"):  # pre-v4 checkpoints: Send args live in the manifest
             cast(dict, sealed)["pending_sends"] = []
@@ -281,6 +285,10 @@ class SecureSaver(BaseCheckpointSaver):
         self._policies: dict[str, tuple[float, RetentionPolicy]] = {}
         self.activity_resolution = activity_resolution
         self._ops: StorageOps = ops_for(inner)
+        self._tokens = TokenCache()
+        # savers that keep each channel version once (as a blob) and ignore values whose
+        # version did not change: those values need not be sealed at all
+        self._versioned_blobs = _stores_versioned_blobs(inner)
         self._touched: dict[tuple[str, str], float] = {}
         self._async_only = _is_async_only(inner)
         self._sync_only = _is_sync_only(inner)
@@ -454,6 +462,7 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _forget_touch(self, tenant: str, thread_id: str) -> None:
         self._touched.pop((tenant, thread_id), None)
+        self._tokens.forget_thread(tenant, thread_id)
 
     # keys ---------------------------------------------------------------------------------
     def _keys(self, tenant: str) -> TenantKeys:
@@ -472,13 +481,27 @@ class SecureSaver(BaseCheckpointSaver):
 
     # put preparation (shared) --------------------------------------------------------------
     def _prepare_put(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
-                     checkpoint: Checkpoint, metadata: CheckpointMetadata
+                     checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                     new_versions: ChannelVersions
                      ) -> tuple[Checkpoint, dict[str, Any], builtins.list[Any]]:
-        values: Mapping[str, Any] = checkpoint["channel_values"]
+        versions = checkpoint["channel_versions"]
+        values: dict[str, Any] = {}
+        reused: dict[str, bytes] = {}
+        for ch, value in checkpoint["channel_values"].items():
+            if ch not in new_versions:
+                if self._versioned_blobs:
+                    continue  # stored when its version was new; the inner saver skips it
+                token = self._tokens.get(ref, ch, versions.get(ch))
+                if token is not None:
+                    reused[ch] = token
+                    continue
+            values[ch] = value
         entries: builtins.list[Any] = []
         if self.redactor is not None:
             values = {ch: self._redact_one(keys, ch, v, entries) for ch, v in values.items()}
-        sealed = self.codec.seal_checkpoint(keys, ref, checkpoint, values)
+        sealed = self.codec.seal_checkpoint(keys, ref, checkpoint, values, reused)
+        for ch in values:
+            self._tokens.put(ref, ch, versions.get(ch), sealed["channel_values"][ch])
         full = get_checkpoint_metadata(config, metadata)
         md = self.codec.seal_metadata(keys, ref, checkpoint, full)
         return sealed, md, self.vault.unknown(ref.tenant, ref.thread_id, entries)
@@ -496,6 +519,14 @@ class SecureSaver(BaseCheckpointSaver):
             (ch, keys.seal(self.codec.dump(v), self.codec.write_aad(ref, cid, task_id, ch)))
             for ch, v in writes]
         return sealed, self.vault.unknown(ref.tenant, ref.thread_id, entries)
+
+    def _remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
+        """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""
+        conf = raw.config["configurable"]
+        at = ThreadRef(ref.tenant, ref.thread_id, str(conf.get("checkpoint_ns", "") or ""))
+        versions = raw.checkpoint["channel_versions"]
+        for ch, token in raw.checkpoint["channel_values"].items():
+            self._tokens.put(at, ch, versions.get(ch), token)
 
     @staticmethod
     def _token_key(keys: TenantKeys) -> bytes:
@@ -550,7 +581,9 @@ class SecureSaver(BaseCheckpointSaver):
         if tup is None:
             return None
         keys = self.keys.require(ref.tenant)
-        return self._restore(keys, self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant)))
+        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant))
+        self._remember_tokens(ref, tup)
+        return self._restore(keys, opened)
 
     def list(
         self,
@@ -583,7 +616,8 @@ class SecureSaver(BaseCheckpointSaver):
         ref = self._scoped(lambda: self._ref(config, "put"))
         inner = self._sync_inner("put")
         keys = self._keys(ref.tenant)
-        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata)
+        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
+                                                new_versions)
         if self._touch_due(ref):
             self._touch(ref)
         self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
@@ -658,8 +692,9 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys_existing(ref.tenant)
         if keys is None:
             keys = self.keys.require(ref.tenant)  # raises TamperedDataError
-        return await self._arestore(keys, self.codec.open_tuple(keys, ref, tup,
-                                                                self._outer(ref.tenant)))
+        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant))
+        self._remember_tokens(ref, tup)
+        return await self._arestore(keys, opened)
 
     async def alist(
         self,
@@ -696,7 +731,8 @@ class SecureSaver(BaseCheckpointSaver):
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         ref = await self._ascoped(lambda: self._ref(config, "put"))
         keys = await self._akeys(ref.tenant)
-        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata)
+        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
+                                                new_versions)
         if self._touch_due(ref):
             await asyncio.to_thread(self._touch, ref)
         if new_pii:
@@ -1242,6 +1278,19 @@ async def _aiter(rows: Any) -> AsyncIterator[Any]:
     else:
         for row in rows:
             yield row
+
+
+def _stores_versioned_blobs(inner: BaseCheckpointSaver) -> bool:
+    """InMemorySaver and the Postgres savers store a channel value once per version and only
+    for the channels in ``new_versions``; SqliteSaver stores every value in every row."""
+    if isinstance(inner, InMemorySaver):
+        return True
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    except ImportError:
+        return False
+    return isinstance(inner, (PostgresSaver, AsyncPostgresSaver))
 
 
 def _is_async_only(inner: BaseCheckpointSaver) -> bool:
