@@ -50,3 +50,39 @@ def test_token_cache_is_keyed_by_place_and_version() -> None:
     assert cache.get(a, "messages", "0001.42") is None  # evicted by the byte budget
     cache.forget_thread("acme", "x19")
     assert cache.get(ThreadRef("acme", "x19"), "messages", "19.5") is None
+
+
+def test_the_presidio_prefilter_lets_every_labelled_entity_through() -> None:
+    """The pre-filter may only skip text in which no built-in recognizer could match."""
+    import json
+
+    from langgraph_securesaver.redaction.recognizers import CANDIDATE_RE
+    from langgraph_securesaver.redaction.redactor import analysis_view
+    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "pii_eval.jsonl"
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line]
+    positives = [r for r in rows if r["entities"]]
+    assert len(positives) > 200
+    for row in positives:
+        for entity in row["entities"]:
+            assert CANDIDATE_RE.search(analysis_view(entity["value"])), entity["kind"]
+    for plain in ("turn 12: please summarise the previous answer in one line",
+                  "Thanks, noted (turn 3): 好的，我明天再问", "Order shipped yesterday."):
+        assert CANDIDATE_RE.search(analysis_view(plain)) is None
+
+
+def test_prefiltered_text_is_not_analyzed_but_pii_still_is() -> None:
+    from langgraph_securesaver.redaction import Redactor
+    redactor = Redactor()
+    redactor.redact("warm up", token_key=b"k" * 32)
+    calls: list[str] = []
+    real = redactor._analyze
+
+    def counting(text, entities, threshold):
+        calls.append(text)
+        return real(text, entities, threshold)
+
+    redactor._analyze = counting
+    assert redactor.redact("turn 7: please summarise", token_key=b"k" * 32).entities == []
+    assert calls == []
+    found = redactor.redact("write to li.na@example.com", token_key=b"k" * 32).entities
+    assert [e.kind for e in found] == ["EMAIL_ADDRESS"] and len(calls) == 1

@@ -376,3 +376,19 @@ __all__ = [
     "label_veto",
     "luhn_ok",
 ]
+
+
+# A cheap, conservative pre-filter: text in which none of these shapes occurs cannot match any
+# built-in pattern recognizer, so presidio is not called for it (most chat turns). Every
+# recognizer above needs one of: an "@", seven or more digits (separators allowed), a dotted
+# quad or a hex:hex: IPv6 shape, a long alphanumeric run (keys, tokens, crypto addresses,
+# IBANs) or a secret's label/prefix.
+CANDIDATE_RE = std_re.compile(
+    r"@"
+    r"|\d(?:[\s\-.()/]{0,3}\d){6,}"
+    r"|\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}"
+    r"|[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:"
+    r"|[A-Za-z0-9_\-+/=]{20,}"
+    r"|sk[-_]|rk_|AKIA|ASIA|gh[pousr]_|github_pat_|eyJ|BEGIN|xox[abprs]-|AIza"
+    r"|(?i:bearer|secret|passw|api[_-]?key|token|aws)"
+)

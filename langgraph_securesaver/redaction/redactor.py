@@ -27,13 +27,14 @@ from ..errors import ConfigurationError
 from .engine import (
     DEFAULT_PHONE_REGIONS,
     LANGUAGE,
+    PATTERN_ENTITIES,
     empty_artifacts,
     ner_entities_of,
     shared_analyzer,
 )
 from .errors import RedactionError
 from .policy import Action, RedactionPolicy
-from .recognizers import API_SECRET, label_veto
+from .recognizers import API_SECRET, CANDIDATE_RE, label_veto
 from .walker import Walker
 
 logger = logging.getLogger(__name__)
@@ -440,6 +441,7 @@ class Redactor:
         self._setup_lock = threading.Lock()
         self._pattern_entities: tuple[str, ...] | None = None
         self._ner_entities: tuple[str, ...] = ()
+        self._prefilter = False
         self._artifacts: Any = None
         # string -> result, keyed by (context, string); redaction outputs map to themselves
         self._text_cache = _Cache(cache_size, cache_max_chars)
@@ -476,6 +478,8 @@ class Redactor:
             self._ner_entities = tuple(sorted(ner))
             self._analyzer = analyzer
             self._pattern_entities = tuple(sorted(supported - ner))
+            # the pre-filter knows the built-in recognizers only
+            self._prefilter = set(self._pattern_entities) <= set(PATTERN_ENTITIES)
             logger.debug("redactor ready: %d pattern entities, NER entities %s",
                          len(self._pattern_entities), list(self._ner_entities))
 
@@ -900,7 +904,8 @@ class Redactor:
                     found[k] = r.score
 
         if len(text) <= policy.max_chars:
-            collect(self._analyze(view, pattern_entities, threshold))
+            if not (self._prefilter and CANDIDATE_RE.search(view) is None):
+                collect(self._analyze(view, pattern_entities, threshold))
         else:
             logger.debug("analyzing a %d-character string in chunks of %d", len(text),
                          policy.max_chars)
