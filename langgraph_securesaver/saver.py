@@ -13,6 +13,7 @@ import asyncio
 import builtins
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -83,6 +84,19 @@ class _Denial:
     target: str
     operation: str
     thread_id: str | None
+
+
+# the byte form of redaction.TOKEN_RE (not imported here: importing presidio costs seconds);
+# serialized strings hold tokens verbatim, so one C-speed scan of the plaintext finds them all
+_TOKEN_BYTES = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")
+
+
+def _tokens_in_plaintext(raw: bytes) -> builtins.set[str] | None:
+    """The tokens in a serialized value, or None when its encoding may escape them."""
+    type_, _sep, data = raw.partition(b"\x00")
+    if type_ not in (b"msgpack", b"json"):
+        return None
+    return {t.decode("ascii") for t in _TOKEN_BYTES.findall(data)}
 
 
 class _SealedCodec:
@@ -179,8 +193,11 @@ class _SealedCodec:
         return out
 
     def open_tuple(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
-                   outer: Callable[[RunnableConfig | None], RunnableConfig | None]
+                   outer: Callable[[RunnableConfig | None], RunnableConfig | None],
+                   tokens: dict[str, builtins.set[str] | None] | None = None
                    ) -> CheckpointTuple:
+        """Authenticate and decrypt a stored tuple; with ``tokens``, also note the redaction
+        tokens each channel value holds (from its plaintext bytes)."""
         checkpoint = tup.checkpoint
         cid = checkpoint["id"]
         if tup.config["configurable"].get("checkpoint_id") not in (None, cid):
@@ -203,10 +220,13 @@ class _SealedCodec:
         opened = checkpoint.copy()
         if "pending_sends" in manifest:
             cast(dict, opened)["pending_sends"] = manifest["pending_sends"]
-        opened["channel_values"] = {
-            ch: self.load(keys.open(tok, self.channel_aad(ref, ch, versions.get(ch))))
-            for ch, tok in checkpoint["channel_values"].items()
-        }
+        values: dict[str, Any] = {}
+        for ch, tok in checkpoint["channel_values"].items():
+            plain = keys.open(tok, self.channel_aad(ref, ch, versions.get(ch)))
+            if tokens is not None:
+                tokens[ch] = _tokens_in_plaintext(plain)
+            values[ch] = self.load(plain)
+        opened["channel_values"] = values
         writes = [
             (task_id, ch, self.load(keys.open(tok, self.write_aad(ref, cid, task_id, ch))))
             for task_id, ch, tok in (tup.pending_writes or [])
@@ -540,37 +560,58 @@ class SecureSaver(BaseCheckpointSaver):
         return redacted
 
     # restoring tokenized PII on read (shared) ---------------------------------------------
-    def _tokens_in(self, tup: CheckpointTuple) -> builtins.list[str]:
+    def _tokens_in(self, tup: CheckpointTuple,
+                   known: Mapping[str, builtins.set[str] | None] | None = None
+                   ) -> builtins.list[str]:
         found: dict[str, None] = {}
-        for value in tup.checkpoint["channel_values"].values():
-            found.update(dict.fromkeys(self.redactor.find_tokens(value)))
+        for ch, value in tup.checkpoint["channel_values"].items():
+            in_bytes = (known or {}).get(ch)
+            found.update(dict.fromkeys(
+                in_bytes if in_bytes is not None else self.redactor.find_tokens(value)))
         for _task, _ch, value in tup.pending_writes or []:
             found.update(dict.fromkeys(self.redactor.find_tokens(value)))
         return builtins.list(found)
 
-    def _restore(self, keys: TenantKeys, tup: CheckpointTuple) -> CheckpointTuple:
-        """Put the originals back for the owning tenant (so a resumed tool gets real values)."""
+    def _restore(self, keys: TenantKeys, tup: CheckpointTuple,
+                 known: Mapping[str, builtins.set[str] | None] | None = None
+                 ) -> CheckpointTuple:
+        """Put the originals back for the owning tenant (so a resumed tool gets real values).
+
+        ``known``: the tokens of each channel found in its plaintext bytes (see open_tuple): a
+        channel without any is returned as loaded, the others are restored in one walk."""
         if self.redactor is None:
             return tup
+        known = known or {}
+        originals = self.vault.lookup(keys, self._tokens_in(tup, known))  # one query
 
-        def lookup(tokens: Sequence[str]) -> Mapping[str, str]:
-            return self.vault.lookup(keys, tokens)
+        def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
+            return self.vault.lookup(keys, wanted)
+
+        def restore_channel(ch: str, value: Any) -> Any:
+            in_bytes = known.get(ch)
+            if in_bytes is None:
+                return self.redactor.restore_value(value, lookup)
+            if not in_bytes:
+                return value
+            return self.redactor.restore_value(
+                value, lookup, originals={t: originals[t] for t in in_bytes if t in originals})
 
         checkpoint = tup.checkpoint.copy()
         checkpoint["channel_values"] = {
-            ch: self.redactor.restore_value(v, lookup)
-            for ch, v in tup.checkpoint["channel_values"].items()}
+            ch: restore_channel(ch, v) for ch, v in tup.checkpoint["channel_values"].items()}
         writes = [(t, ch, self.redactor.restore_value(v, lookup))
                   for t, ch, v in tup.pending_writes or []]
         return tup._replace(checkpoint=checkpoint, pending_writes=writes)
 
-    async def _arestore(self, keys: TenantKeys, tup: CheckpointTuple) -> CheckpointTuple:
+    async def _arestore(self, keys: TenantKeys, tup: CheckpointTuple,
+                        known: Mapping[str, builtins.set[str] | None] | None = None
+                        ) -> CheckpointTuple:
         if self.redactor is None:
             return tup
-        tokens = self._tokens_in(tup)
+        tokens = self._tokens_in(tup, known)
         if tokens:  # warm the vault cache off the event loop; restoring is then CPU only
             await asyncio.to_thread(self.vault.lookup, keys, tokens)
-        return self._restore(keys, tup)
+        return self._restore(keys, tup, known)
 
     # --------------------------------------------------------------------------------------
     # sync API
@@ -581,9 +622,11 @@ class SecureSaver(BaseCheckpointSaver):
         if tup is None:
             return None
         keys = self.keys.require(ref.tenant)
-        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant))
+        known: dict[str, builtins.set[str] | None] | None = (
+            {} if self.redactor is not None else None)
+        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant), known)
         self._remember_tokens(ref, tup)
-        return self._restore(keys, opened)
+        return self._restore(keys, opened, known)
 
     def list(
         self,
@@ -692,9 +735,11 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys_existing(ref.tenant)
         if keys is None:
             keys = self.keys.require(ref.tenant)  # raises TamperedDataError
-        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant))
+        known: dict[str, builtins.set[str] | None] | None = (
+            {} if self.redactor is not None else None)
+        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant), known)
         self._remember_tokens(ref, tup)
-        return await self._arestore(keys, opened)
+        return await self._arestore(keys, opened, known)
 
     async def alist(
         self,

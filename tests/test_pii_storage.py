@@ -141,3 +141,25 @@ def test_tokens_are_per_tenant(saver: SecureSaver) -> None:
     acme = str(_stored_messages(saver, "t", "acme")[0].content)
     globex = str(_stored_messages(saver, "t", "globex")[0].content)
     assert acme != globex and "<EMAIL_ADDRESS:" in acme and "<EMAIL_ADDRESS:" in globex
+
+
+def test_restore_with_known_originals_matches_the_two_pass_restore(redactor) -> None:
+    """The saver restores in one walk from tokens found in the bytes; same result."""
+    key = b"t" * 32
+    messages = [HumanMessage(TEXT, id="h1"),
+                AIMessage("", id="a1", tool_calls=[{"name": "send", "id": "c1",
+                                                    "args": {"to": EMAIL, "body": CN_ID}}]),
+                HumanMessage("no personal data here", id="h2")]
+    redacted, entries = redactor.redact_value(messages, channel="messages", token_key=key)
+    vault = {e.token: e.value for e in entries}
+    vault.pop(next(t for t, v in vault.items() if v == CN_ID))  # one value was erased
+
+    def lookup(tokens):
+        return {t: vault[t] for t in tokens if t in vault}
+
+    two_pass = redactor.restore_value(redacted, lookup)
+    one_pass = redactor.restore_value(redacted, lookup, originals=vault)
+    assert [m.model_dump() for m in one_pass] == [m.model_dump() for m in two_pass]
+    assert EMAIL in one_pass[0].content and CN_ID not in one_pass[0].content
+    assert one_pass[1].tool_calls[0]["args"]["to"] == EMAIL
+    assert one_pass[2] is redacted[2]  # untouched messages are shared, not copied

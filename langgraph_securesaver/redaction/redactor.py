@@ -565,20 +565,27 @@ class Redactor:
         return found
 
     def restore_value(self, value: Any,
-                      lookup: Callable[[Sequence[str]], Mapping[str, str]]) -> Any:
+                      lookup: Callable[[Sequence[str]], Mapping[str, str]], *,
+                      originals: Mapping[str, str] | None = None) -> Any:
         """A copy of ``value`` with tokens replaced by the originals ``lookup`` returns.
 
         ``lookup`` gets every distinct token once and returns the originals it still has;
-        tokens it does not return (erased values) stay as they are. Inside JSON strings the
+        tokens it does not return (erased values) stay as they are. A caller that already
+        knows the tokens' originals passes them as ``originals`` (one walk instead of two).
+        Inside JSON strings the
         originals are inserted JSON-escaped. Masked values (``<KIND:masked>``) stay masked.
         Unchanged sub-objects (e.g. messages without tokens) are shared with ``value``;
         messages that change are new objects owned by the caller.
         """
         dumps: dict[int, tuple[Any, bytes, list[str]]] = {}
-        tokens = self._find_tokens(value, dumps)
-        if not tokens:
-            return value
-        originals = {t: v for t, v in dict(lookup(list(tokens))).items() if isinstance(v, str)}
+        if originals is None:
+            tokens = self._find_tokens(value, dumps)
+            if not tokens:
+                return value
+            originals = dict(lookup(list(tokens)))
+        # ``originals`` given: the caller already knows the tokens (e.g. from a scan of the
+        # serialized bytes) and their values, so the separate token-finding pass is skipped
+        originals = {t: v for t, v in originals.items() if isinstance(v, str)}
         if not originals:
             return value
 
