@@ -582,7 +582,9 @@ class SecureSaver(BaseCheckpointSaver):
         if self.redactor is None:
             return tup
         known = known or {}
-        originals = self.vault.lookup(keys, self._tokens_in(tup, known))  # one query
+        # one query for the tokens already found in the bytes; other channels look up their own
+        originals = self.vault.lookup(keys, [t for found in known.values() if found
+                                             for t in found])
 
         def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
             return self.vault.lookup(keys, wanted)
@@ -646,10 +648,10 @@ class SecureSaver(BaseCheckpointSaver):
         yielded = 0
         for tup in inner.list(inner_config, filter=inner_filter, before=inner_before,
                               limit=limit if one_thread else None):
-            opened = self._open_listed(keys, tenant, tup)
-            if opened is None:
+            listed = self._open_listed(keys, tenant, tup)
+            if listed is None:
                 continue
-            yield self._restore(keys, opened)
+            yield self._restore(keys, *listed)
             yielded += 1
             if limit is not None and yielded >= limit:
                 return
@@ -764,10 +766,10 @@ class SecureSaver(BaseCheckpointSaver):
                                     limit=inner_limit)
         yielded = 0
         async for tup in _aiter(rows):
-            opened = self._open_listed(keys, tenant, tup)
-            if opened is None:
+            listed = self._open_listed(keys, tenant, tup)
+            if listed is None:
                 continue
-            yield await self._arestore(keys, opened)
+            yield await self._arestore(keys, *listed)
             yielded += 1
             if limit is not None and yielded >= limit:
                 return
@@ -869,12 +871,14 @@ class SecureSaver(BaseCheckpointSaver):
                 inner_before = before
         return tenant, inner_config, inner_before, config is not None
 
-    def _open_listed(self, keys: TenantKeys, tenant: str,
-                     tup: CheckpointTuple) -> CheckpointTuple | None:
+    def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple
+                     ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None] | None] | None:
         ref = self._ref_of(tenant, tup)
         if ref is None:
             return None  # another tenant's row in an unscoped inner listing
-        return self.codec.open_tuple(keys, ref, tup, self._outer(tenant))
+        known: dict[str, builtins.set[str] | None] | None = (
+            {} if self.redactor is not None else None)
+        return self.codec.open_tuple(keys, ref, tup, self._outer(tenant), known), known
 
     def _delete_threads(self, tenant: str, thread_ids: Sequence[str], how: str) -> None:
         """Delete threads completely and leave a receipt for each (runs in a worker thread
