@@ -387,10 +387,9 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
         conf = config.get("configurable") or {}
-        thread_id = conf.get("thread_id")
-        if thread_id is None or thread_id == "":
+        if conf.get("thread_id") in (None, ""):
             raise ConfigurationError(f"{operation} needs config['configurable']['thread_id']")
-        thread_id = str(thread_id)
+        thread_id = _thread_id(conf["thread_id"])
         tenant = self._tenant(operation, conf.get("tenant_id"), thread_id)
         return ThreadRef(tenant, thread_id, str(conf.get("checkpoint_ns", "") or ""))
 
@@ -679,6 +678,7 @@ class SecureSaver(BaseCheckpointSaver):
         inner.put_writes(self._inner_config(ref, config), sealed, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
+        thread_id = _thread_id(thread_id)
         tenant = self._scoped(lambda: self._tenant("delete_thread", thread_id=str(thread_id)))
         self._sync_inner("delete_thread")
         self._delete_threads(tenant, [str(thread_id)], "delete_thread")
@@ -693,6 +693,7 @@ class SecureSaver(BaseCheckpointSaver):
         self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._scoped(lambda: self._tenant("copy_thread", thread_id=str(source_thread_id)))
         with _tenant_pinned(tenant):
             src: RunnableConfig = {"configurable": {"thread_id": str(source_thread_id),
@@ -799,6 +800,7 @@ class SecureSaver(BaseCheckpointSaver):
                            task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        thread_id = _thread_id(thread_id)
         tenant = await self._ascoped(
             lambda: self._tenant("delete_thread", thread_id=str(thread_id)))
         await asyncio.to_thread(self._delete_threads, tenant, [str(thread_id)], "delete_thread")
@@ -816,6 +818,7 @@ class SecureSaver(BaseCheckpointSaver):
                                 run_ids=run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = await self._ascoped(
             lambda: self._tenant("copy_thread", thread_id=str(source_thread_id)))
         with _tenant_pinned(tenant):
@@ -984,6 +987,7 @@ class SecureSaver(BaseCheckpointSaver):
     def set_retention(self, thread_id: str, *, idle_ttl: Any = _UNSET, max_age: Any = _UNSET,
                       legal_hold: Any = _UNSET, strategy: Any = _UNSET) -> ThreadRow:
         """Override retention for one thread of the current tenant (scope or default)."""
+        thread_id = _thread_id(thread_id)
         tenant = self._scoped(lambda: self._tenant("set_retention", thread_id=str(thread_id)))
         changes: dict[str, Any] = {}
         if idle_ttl is not self._UNSET:
@@ -1309,10 +1313,26 @@ def _copy_plan(tup: CheckpointTuple, dst: RunnableConfig) -> Iterator[
            dict(checkpoint["channel_versions"]), writes)
 
 
+def _thread_id(value: Any, what: str = "a thread id") -> str:
+    """Ids are non-empty strings without NUL (ints and UUIDs are accepted and stringified)."""
+    import uuid
+    text = str(value) if isinstance(value, (str, int, uuid.UUID)) else ""
+    if isinstance(value, bool) or not text or "\x00" in text:
+        raise ConfigurationError(f"{what} must be a non-empty string, got {value!r}")
+    return text
+
+
+def _copy_ids(source: Any, target: Any) -> tuple[str, str]:
+    src, dst = _thread_id(source), _thread_id(target)
+    if src == dst:
+        raise ConfigurationError("copy_thread needs two different thread ids")
+    return src, dst
+
+
 def _str_list(values: Sequence[str], name: str) -> list[str]:
     if isinstance(values, (str, bytes)):
         raise TypeError(f"{name} must be a sequence of ids, not a single string")
-    return [str(v) for v in values]
+    return [_thread_id(v, f"each of {name}") for v in values]
 
 
 def _check_strategy(strategy: str) -> None:

@@ -178,3 +178,26 @@ def test_default_tenant_applies_when_nothing_else_does(tmp_path: Path) -> None:
     build_chat_graph(saver).invoke({"messages": [HumanMessage("hi")]}, _cfg("t"))
     assert saver.get_tuple(_cfg("t", "solo")) is not None
     assert saver.get_tuple(_cfg("t", "other")) is None
+
+
+@pytest.mark.parametrize("bad", [None, "", True, 3.5, "a\x00b", ["t"]])
+def test_bad_thread_ids_are_refused_with_a_clear_error(bad) -> None:
+    from langgraph_securesaver import ConfigurationError
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                        default_tenant="acme")
+    with pytest.raises(ConfigurationError):
+        saver.delete_thread(bad)
+    with pytest.raises(ConfigurationError):
+        saver.get_tuple({"configurable": {"thread_id": bad}})
+    with pytest.raises(ConfigurationError):
+        saver.copy_thread(bad, "target")
+    with pytest.raises(ConfigurationError):
+        saver.prune([bad])
+
+
+def test_copy_thread_onto_itself_is_refused() -> None:
+    from langgraph_securesaver import ConfigurationError
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                        default_tenant="acme")
+    with pytest.raises(ConfigurationError, match="different"):
+        saver.copy_thread("t", "t")
