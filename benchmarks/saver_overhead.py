@@ -24,7 +24,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.backends import _connect_sqlite, libpq_url
+from langgraph_securesaver.backends import connect_sqlite, libpq_url, postgres_connection_kwargs
 from langgraph_securesaver.demo import build_chat_graph
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -45,7 +45,7 @@ def sqlite_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
                                   redaction=redaction) as saver:
             yield saver
         return
-    conn = _connect_sqlite(str(path))
+    conn = connect_sqlite(str(path))
     try:
         serde = _encrypted_serde() if variant == "encrypted_serializer" else None
         saver = SqliteSaver(conn, serde=serde)
@@ -59,7 +59,6 @@ def sqlite_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
 def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
-    from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
     schema = "bench_" + uuid.uuid4().hex[:10]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
@@ -72,8 +71,7 @@ def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]
                                       redaction=redaction) as saver:
                 yield saver
         else:
-            kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
-            with ConnectionPool(libpq_url(url), kwargs=kwargs, min_size=1, max_size=8) as pool:
+            with ConnectionPool(libpq_url(url), kwargs=postgres_connection_kwargs(), min_size=1, max_size=8) as pool:
                 serde = _encrypted_serde() if variant == "encrypted_serializer" else None
                 saver = PostgresSaver(pool, serde=serde)
                 saver.setup()

@@ -45,12 +45,23 @@ def registry_url_for(url: str) -> str:
     return url
 
 
-def _connect_sqlite(path: str) -> sqlite3.Connection:
+# file databases run in WAL mode: readers do not block the writer, commits are cheaper
+SQLITE_FILE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
+
+
+def connect_sqlite(path: str) -> sqlite3.Connection:
+    """The connection from_url gives SqliteSaver (also used by the benchmarks' raw saver)."""
     conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
     if path != ":memory:":
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        for pragma in SQLITE_FILE_PRAGMAS:
+            conn.execute(pragma)
     return conn
+
+
+def postgres_connection_kwargs() -> dict[str, Any]:
+    """What the Postgres savers expect of their pooled connections."""
+    from psycopg.rows import dict_row
+    return {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
 
 
 @contextmanager
@@ -58,7 +69,7 @@ def open_sync_inner(url: str) -> Iterator[tuple[BaseCheckpointSaver, str]]:
     path = sqlite_path(url)
     if path is not None:
         from langgraph.checkpoint.sqlite import SqliteSaver
-        conn = _connect_sqlite(path)
+        conn = connect_sqlite(path)
         try:
             yield SqliteSaver(conn), registry_url_for(url)
         finally:
@@ -67,12 +78,10 @@ def open_sync_inner(url: str) -> Iterator[tuple[BaseCheckpointSaver, str]]:
     if is_postgres(url):
         try:
             from langgraph.checkpoint.postgres import PostgresSaver
-            from psycopg.rows import dict_row
             from psycopg_pool import ConnectionPool
+            kwargs = postgres_connection_kwargs()
         except ImportError:
             raise ConfigurationError(POSTGRES_EXTRA_HINT) from None
-        kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
-                                  "row_factory": dict_row}
         with ConnectionPool(libpq_url(url), kwargs=kwargs, min_size=1, max_size=8,
                             open=True) as pool:
             yield PostgresSaver(pool), url  # type: ignore[arg-type]
@@ -89,8 +98,8 @@ async def open_async_inner(url: str) -> AsyncIterator[tuple[BaseCheckpointSaver,
         conn = await aiosqlite.connect(path)
         try:
             if path != ":memory:":
-                await conn.execute("PRAGMA journal_mode=WAL")
-                await conn.execute("PRAGMA synchronous=NORMAL")
+                for pragma in SQLITE_FILE_PRAGMAS:
+                    await conn.execute(pragma)
             yield AsyncSqliteSaver(conn), registry_url_for(url)
         finally:
             await conn.close()
@@ -98,12 +107,10 @@ async def open_async_inner(url: str) -> AsyncIterator[tuple[BaseCheckpointSaver,
     if is_postgres(url):
         try:
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-            from psycopg.rows import dict_row
             from psycopg_pool import AsyncConnectionPool
+            kwargs = postgres_connection_kwargs()
         except ImportError:
             raise ConfigurationError(POSTGRES_EXTRA_HINT) from None
-        kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
-                                  "row_factory": dict_row}
         async with AsyncConnectionPool(libpq_url(url), kwargs=kwargs, min_size=1, max_size=8,
                                        open=False) as pool:
             yield AsyncPostgresSaver(pool), url  # type: ignore[arg-type]
