@@ -43,9 +43,20 @@ def test_sync_call_without_a_running_loop_raises_instead_of_hanging(tmp_path: Pa
 
 
 async def test_async_api_over_a_sync_only_saver_runs_off_the_loop(tmp_path: Path) -> None:
+    import threading
     with SecureSaver.from_url(f"sqlite:///{tmp_path / 'c.db'}", keyring=Keyring.generate(),
                               redaction=None) as saver:
+        loop_thread = threading.get_ident()
+        inner_threads: set[int] = set()
+        for name in ("put", "put_writes", "get_tuple"):
+            real = getattr(saver.inner, name)
+
+            def spy(*args, _real=real, **kwargs):
+                inner_threads.add(threading.get_ident())
+                return _real(*args, **kwargs)
+            setattr(saver.inner, name, spy)
         graph = build_chat_graph(saver)
         await graph.ainvoke({"messages": [HumanMessage("hello")]}, _cfg("t"))
         assert [t async for t in saver.alist(_cfg("t"))]
+        assert inner_threads and loop_thread not in inner_threads
         assert saver.get_tuple(_cfg("t")) is not None
