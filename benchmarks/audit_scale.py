@@ -141,6 +141,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--skip-audit", action="store_true")
     parser.add_argument("--skip-prune", action="store_true")
+    parser.add_argument("--keep", action="store_true",
+                        help="Keep the schema (and print its URL) instead of dropping it.")
     args = parser.parse_args()
     schema = "bench_audit_" + uuid.uuid4().hex[:8]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
@@ -176,8 +178,11 @@ def main() -> int:
             if not args.skip_prune:
                 ok &= _time_prune(saver, args, now)
     finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        if args.keep:
+            print(f"kept: {url}")
+        else:
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return 0 if ok else 1
 
 

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -58,7 +58,10 @@ def age_bucket(age: float | None) -> str:
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+    try:  # the same text as datetime.isoformat(timespec="seconds") in UTC, 4x faster
+        return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
 
 
 def _checkpoint_epoch(ts: str | None) -> float | None:
@@ -93,11 +96,17 @@ class ThreadAudit:
     held_past_ttl: bool = False    # would have expired, kept by a legal hold
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        # (by hand rather than dataclasses.asdict: the streamed audit calls this per thread)
+        out = {f.name: getattr(self, f.name) for f in _THREAD_FIELDS}
+        out["key_versions"] = list(self.key_versions)
+        out["pii"] = dict(self.pii)
         for key in ("created_at", "last_activity", "expires_at", "first_checkpoint",
                     "last_checkpoint"):
             out[key] = iso(out[key])
         return out
+
+
+_THREAD_FIELDS = fields(ThreadAudit)
 
 
 @dataclass
@@ -402,6 +411,107 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
     return sql, params
 
 
+def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
+                      ) -> tuple[str, dict[str, Any]]:
+    """PostgreSQL: every stored row is projected once (size, timestamp, age bucket, key
+    version from the ciphertext header) and folded by ONE hash aggregate per thread (no
+    DISTINCT aggregates, so the planner can hash and parallelize); key versions are a bit
+    mask (versions < 63) plus a list of larger ones."""
+    params: dict[str, Any] = {}
+    values = []
+    for i, name in enumerate(tenants):
+        params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
+        values.append(f"(:tn{i}, :tp{i})")
+    bounds = _bucket_bounds(now)
+    for k, b in enumerate(bounds):
+        params[f"b{k}"] = iso(b)
+    where = reg_where = pii_where = ""
+    if tenant is not None:
+        params.update(prefix=thread_prefix(tenant), tenant=tenant, plen=PREFIX_LEN)
+        where = "WHERE substr(x.thread_id, 1, :plen) = :prefix"
+        reg_where = pii_where = "WHERE r.tenant = :tenant"
+    bucket = " ".join(f"WHEN ts > :b{k} THEN {k}" for k in range(len(bounds)))
+    n_buckets = len(bounds) + 1
+    version = ("CASE WHEN vb IS NOT NULL AND length(vb) >= 7 AND "
+               "substring(vb from 1 for 3) = '\\x535301'::bytea THEN "
+               "(get_byte(vb, 3)::bigint << 24) | (get_byte(vb, 4) << 16) | "
+               "(get_byte(vb, 5) << 8) | get_byte(vb, 6) END")
+
+    def binary(table: str, kind: str) -> str:
+        return f"""
+    SELECT thread_id, 0 AS n, 0 AS ckb, {"size" if kind == "bl" else "0"} AS blb,
+           {"size" if kind == "wr" else "0"} AS wrb, NULL::text AS ts, NULL::int AS bk,
+           {version} AS v
+    FROM (SELECT x.thread_id, length(x.blob) AS size,
+                 CASE WHEN length(x.blob) >= 35 THEN substring(x.blob from 1 for 7) END AS vb
+          FROM {table} x {where} OFFSET 0) y"""  # noqa: S608
+
+    sql = f"""
+WITH tags(tenant, prefix) AS (SELECT * FROM (VALUES {", ".join(values)}) AS v(tenant, prefix)),
+u AS (
+    SELECT thread_id, 1 AS n, size AS ckb, 0 AS blb, 0 AS wrb, ts,
+           CASE WHEN ts IS NULL THEN {n_buckets} {bucket} ELSE {n_buckets - 1} END AS bk,
+           {version} AS v
+    FROM (SELECT thread_id, size, CASE WHEN t LIKE '____-__-__T%' THEN t END AS ts,
+                 CASE WHEN m ~ '^ss1\\.[A-Za-z0-9_-]{{12}}'
+                      THEN decode(translate(substr(m, 5, 12), '-_', '+/'), 'base64') END AS vb
+          FROM (SELECT x.thread_id,
+                       pg_column_size(x.checkpoint) + pg_column_size(x.metadata) AS size,
+                       (x.checkpoint ->> 'ts') COLLATE "C" AS t,
+                       x.metadata ->> '__securesaver__' AS m
+                FROM checkpoints x {where} OFFSET 0) c0
+          OFFSET 0) c1
+    UNION ALL {binary("checkpoint_blobs", "bl")}
+    UNION ALL {binary("checkpoint_writes", "wr")}),
+st AS (
+    SELECT thread_id AS inner_id, sum(n) AS n, sum(ckb) AS ck_bytes, sum(blb) AS bl_bytes,
+           sum(wrb) AS wr_bytes, min(ts) AS first_ts, max(ts) AS last_ts,
+           {", ".join(f"sum(ckb) FILTER (WHERE bk = {k}) AS a{k}" for k in range(n_buckets))},
+           sum(ckb) FILTER (WHERE bk = {n_buckets}) AS au,
+           bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
+           array_agg(v) FILTER (WHERE v >= 63) AS vbig
+    FROM u GROUP BY thread_id),
+reg AS (
+    SELECT r.tenant, r.thread_id, r.created_at, r.last_activity, r.expires_at, r.legal_hold,
+           r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
+    FROM securesaver_threads r JOIN tags ON tags.tenant = r.tenant {reg_where}),
+pii AS (
+    SELECT p.tenant, p.thread_id, string_agg(p.kind || chr(30) || p.n, chr(31)) AS kinds
+    FROM (SELECT r.tenant, r.thread_id, r.kind, count(*) AS n FROM securesaver_pii_refs r
+          JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {pii_where}
+          GROUP BY r.tenant, r.thread_id, r.kind) p
+    GROUP BY p.tenant, p.thread_id),
+rows AS (
+    SELECT reg.tenant AS owner, reg.thread_id AS thread, 1 AS registered, reg.created_at,
+           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
+           reg.max_age, reg.state, st.*
+    FROM reg LEFT JOIN st ON st.inner_id = reg.inner_id
+    UNION ALL
+    SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
+           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread, 0 AS registered,
+           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, st.*
+    FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
+    WHERE NOT EXISTS (SELECT 1 FROM reg WHERE reg.inner_id = st.inner_id))
+SELECT rows.*, pii.kinds FROM rows
+LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
+ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
+"""  # noqa: S608
+    return sql, params
+
+
+def _row_versions(r: Any) -> list[int]:
+    if "vmask" in r:
+        mask = int(r["vmask"] or 0)
+        found = {int(v) for v in (r["vbig"] or ())}
+        while mask:
+            low = mask & -mask
+            found.add(low.bit_length() - 1)
+            mask ^= low
+        return sorted(found)
+    return sorted(_versions(("b64", r["mv"]), ("dec", r["cv"]), ("hex", r["bv"]),
+                            ("hex", r["wv"])))
+
+
 def _versions(*fields: Any) -> set[int]:
     """Key versions from the aggregate columns: hex of the 4 version bytes (binary tokens),
     base64url chunks of text tokens' headers, or decimal lists (SQLite's scan function)."""
@@ -505,16 +615,26 @@ class _Totals:
         self.by_tenant = {n: TenantAudit(n) for n in self.names}
         self._versions: dict[str, set[int]] = {n: set() for n in self.names}
         self.age_bytes: dict[str, dict[str, int]] = {}
+        self._slots: dict[str, list[int]] = {}
         self.orphans: list[dict[str, Any]] = []
         self.orphan_count = 0
         self.threads = 0
         self.overdue = 0
         self.unregistered = 0
 
-    def add_age(self, tenant_key: str, bucket: str, size: int) -> None:
-        if size:
-            per = self.age_bytes.setdefault(tenant_key, {})
-            per[bucket] = per.get(bucket, 0) + int(size)
+    def age_slots(self, tenant_key: str) -> list[int]:
+        """Stored bytes per age bucket (the last slot: unknown age) of a tenant."""
+        per = self._slots.get(tenant_key)
+        if per is None:
+            per = self._slots[tenant_key] = [0] * (len(AGE_BUCKETS) + 1)
+        return per
+
+    def _fold_ages(self) -> None:
+        labels = [label for label, _ in AGE_BUCKETS] + [UNKNOWN_AGE]
+        for key, per in self._slots.items():
+            kept = {label: int(n) for label, n in zip(labels, per, strict=True) if n}
+            if kept:
+                self.age_bytes[key] = kept
 
     def thread(self, th: ThreadAudit) -> None:
         self.threads += 1
@@ -541,6 +661,7 @@ class _Totals:
                                  "stored_bytes": stored_bytes})
 
     def finish(self) -> tuple[list[TenantAudit], list[str]]:
+        self._fold_ages()
         registry = self.saver.registry
         vault = _vault_kinds(self.saver, self.tenant)
         keys_by_tenant: dict[str, list[Any]] = {}
@@ -586,8 +707,10 @@ def _iter_sql(saver: SecureSaver, tenants: list[str], tenant: str | None, now: f
     registry = saver.registry
     if not tenants:
         return
-    sql, params = _sql_inventory(registry.dialect, tenants, tenant, now)
-    labels = [label for label, _ in AGE_BUCKETS]
+    if registry.dialect == "postgresql":
+        sql, params = _sql_inventory_pg(tenants, tenant, now)
+    else:
+        sql, params = _sql_inventory(registry.dialect, tenants, tenant, now)
     total = 0
     if progress:
         from .registry import threads as threads_table
@@ -600,6 +723,11 @@ def _iter_sql(saver: SecureSaver, tenants: list[str], tenant: str | None, now: f
     with registry.begin() as conn:
         if registry.dialect == "sqlite":
             _sqlite_functions(conn)
+        elif registry.dialect == "postgresql":
+            # one big aggregate: JIT compilation costs more than it saves, and a little more
+            # sort memory keeps the ordering off disk
+            conn.exec_driver_sql("SET LOCAL jit = off")
+            conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
         result = conn.execution_options(stream_results=True, yield_per=2000).execute(
             sa.text(sql), params)
         for r in result.mappings():
@@ -609,12 +737,12 @@ def _iter_sql(saver: SecureSaver, tenants: list[str], tenant: str | None, now: f
             checkpoints = int(r["n"] or 0)
             stored = int(r["ck_bytes"] or 0) + int(r["bl_bytes"] or 0) + int(r["wr_bytes"] or 0)
             owner = r["owner"]
+            first, last = _epoch(r["first_ts"]), _epoch(r["last_ts"])
+            if r["inner_id"] is not None:
+                _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last)
             if owner is None:
                 totals.orphan(r["thread"], checkpoints, stored)
-                if r["inner_id"] is not None:
-                    _ages(totals, "(unknown tenant)", r, labels)
                 continue
-            first, last = _epoch(r["first_ts"]), _epoch(r["last_ts"])
             registered = bool(r["registered"])
             hold = bool(r["legal_hold"]) if registered else False
             expires = r["expires_at"]
@@ -626,30 +754,41 @@ def _iter_sql(saver: SecureSaver, tenants: list[str], tenant: str | None, now: f
             th = ThreadAudit(
                 owner, r["thread"], created, activity, expires, hold,
                 r["policy_source"], idle, max_age, r["state"], checkpoints, stored,
-                sorted(_versions(("b64", r["mv"]), ("dec", r["cv"]), ("hex", r["bv"]),
-                                 ("hex", r["wv"]))),
-                _kinds_of(r["kinds"]), first, last, registered=registered,
+                _row_versions(r),
+                _kinds_of(r["kinds"]) if r["kinds"] else {}, first, last,
+                registered=registered,
                 overdue=registered and expires is not None and expires <= now and not hold,
                 held_past_ttl=bool(held_past))
-            if r["inner_id"] is not None:
-                _ages(totals, owner, r, labels)
             totals.thread(th)
             yield th
     if progress:
         progress(done, max(total, done))
 
 
-def _ages(totals: _Totals, key: str, r: Any, labels: list[str]) -> None:
-    for k, label in enumerate(labels):
-        totals.add_age(key, label, r[f"a{k}"] or 0)
-    totals.add_age(key, UNKNOWN_AGE, r["au"] or 0)
+_AGE_COLUMNS = [f"a{k}" for k in range(len(AGE_BUCKETS))]
+
+
+def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None) -> None:
+    per = totals.age_slots(key)
+    for k, column in enumerate(_AGE_COLUMNS):
+        per[k] += r[column] or 0
+    per[-1] += r["au"] or 0
     # blobs are aged by the thread's first checkpoint (a channel value's history goes back
     # that far), pending writes by its latest one
-    first, last = _epoch(r["first_ts"]), _epoch(r["last_ts"])
-    totals.add_age(key, age_bucket(None if first is None else max(0.0, totals.now - first)),
-                   r["bl_bytes"] or 0)
-    totals.add_age(key, age_bucket(None if last is None else max(0.0, totals.now - last)),
-                   r["wr_bytes"] or 0)
+    if r["bl_bytes"]:
+        per[_slot(totals.now, first)] += r["bl_bytes"]
+    if r["wr_bytes"]:
+        per[_slot(totals.now, last)] += r["wr_bytes"]
+
+
+def _slot(now: float, ts: float | None) -> int:
+    if ts is None:
+        return len(AGE_BUCKETS)
+    age = max(0.0, now - ts)
+    for k, (_label, upper) in enumerate(AGE_BUCKETS):
+        if age < upper:
+            return k
+    return len(AGE_BUCKETS) - 1
 
 
 def _kinds_of(text: Any) -> dict[str, int]:
