@@ -97,7 +97,7 @@ def test_streamed_json_is_the_report_and_is_written_as_it_is_read(tmp_path: Path
         assert (first.tenant, first.thread_id) == ("acme", "t-held")
         assert sum(1 for _ in stream) == len(full["threads"]) - 1
         assert finish().threads == len(full["threads"])
-    assert list(streamed)[0] == "threads"    # threads first, summaries after them
+    assert next(iter(streamed)) == "threads"  # threads first, summaries after them
     for key in full:
         assert streamed[key] == full[key], key
     assert summary.ok is False and summary.overdue == 1
@@ -191,7 +191,7 @@ def test_events_of_one_tenant_and_window_come_from_the_index_on_postgres(pg_url:
             for table, column in (("securesaver_events", "at"),
                                   ("securesaver_receipts", "deleted_at")):
                 plans.append(" ".join(r[0] for r in conn.execute(sa.text(
-                    f"EXPLAIN SELECT * FROM {table} WHERE tenant = 'tenant-7' "  # noqa: S608
+                    f"EXPLAIN SELECT * FROM {table} WHERE tenant = 'tenant-7' "
                     f"AND {column} >= 100 AND {column} < 5000 ORDER BY id"))))
         entries = saver.events(tenant="tenant-7", since=100, until=5000)
     assert "ix_securesaver_events_tenant_at" in plans[0], plans[0]
