@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 from .registry import ThreadRow, pairs_in
 from .retention import PruneReport
-from .storage_ops import delete_threads_in, registry_identity
+from .storage_ops import delete_threads_in
 from .tenancy import ThreadRef, inner_thread_id
 
 if TYPE_CHECKING:
@@ -68,17 +68,7 @@ def _checkpoint_time(ts: Any) -> float | None:
 def shares_database(saver: SecureSaver) -> bool:
     """True when the registry's connections see the inner saver's own tables, so one
     transaction can delete storage, companions and registry rows together (cached)."""
-    ops: Any = saver._ops
-    cached = getattr(ops, "_shares_registry_db", None)
-    if cached is None:
-        try:
-            mine = ops.storage_identity()
-        except Exception as exc:  # noqa: BLE001 - unknown: the two-step path is always safe
-            logger.debug("cannot identify the inner saver's database: %s", exc)
-            mine = None
-        cached = mine is not None and mine == registry_identity(saver.registry.engine)
-        ops._shares_registry_db = cached
-    return bool(cached)
+    return saver._ops.shares_database(saver.registry.engine)
 
 
 def _reason(row: ThreadRow, now: float) -> str:
@@ -282,8 +272,11 @@ class Sweep:
         """Companion records of a batch (PII vault, idempotency), in the caller's transaction;
         the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
         out = {"pii_values": self.saver.vault.delete_threads_in(conn, pairs)}
-        if self.saver._idempotency() is not None:
+        try:
             from .idempotency import schema
+        except ImportError:  # the idempotency component is not installed: no such records
+            schema = None  # type: ignore[assignment]
+        if schema is not None:
             counts = {p: 0 for p in pairs}
             dialect = self.registry.dialect
             deletes = [table.delete().where(pairs_in(

@@ -232,6 +232,20 @@ class StorageOps:
         registry's connections see the very same tables; None when unknown."""
         return None
 
+    def shares_database(self, engine: Any) -> bool:
+        """Whether ``engine`` (the registry's) reaches the inner saver's very tables, so one
+        of its transactions can delete storage and registry rows together. Cached per
+        engine; unknown counts as no (the two-step path is always safe)."""
+        cache: dict[int, bool] = self.__dict__.setdefault("_shares", {})
+        if id(engine) not in cache:
+            try:
+                mine = self.storage_identity()
+            except Exception as exc:  # noqa: BLE001 - unknown: not shared
+                logger.debug("cannot identify the inner saver's database: %s", exc)
+                mine = None
+            cache[id(engine)] = mine is not None and mine == registry_identity(engine)
+        return cache[id(engine)]
+
     def _bridge(self, coro: Any) -> Any:
         """Run an async-only saver's coroutine from a worker thread on the saver's own loop."""
         import asyncio
