@@ -222,6 +222,10 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
         for form in (secret, json.dumps(secret)[1:-1]):
             assert form.encode() not in raw, f"{secret!r} is readable in the checkpoint DB"
 
+    # what the README says the server keeps outside the checkpointer, in clear
+    outside = b"".join(p.read_bytes() for p in (server.workdir / ".langgraph_api").glob("*"))
+    assert ALICE_TEXT.encode() in outside and BOB_TEXT.encode() in outside
+
     # bob's run naming alice's tenant failed and was recorded
     assert result["attack_error"] is not None or all(
         r["status"] == "error" for r in result["attack_runs"])
