@@ -170,6 +170,10 @@ async def _drive(url: str) -> dict[str, Any]:
     a, b = await asyncio.gather(
         _conversation(alice, ALICE_TEXT, ALICE_REFUND, "yes"),
         _conversation(bob, BOB_TEXT, BOB_REFUND, "no"))
+    # copy and delete go through acopy_thread / adelete_thread under the caller's identity
+    copied = await alice.threads.copy(a["tid"])
+    copy_state = await alice.threads.get_state(copied["thread_id"])
+    await alice.threads.delete(copied["thread_id"])
     # bob names alice's tenant in his run config: the checkpointer refuses it
     attack_thread = (await bob.threads.create())["thread_id"]
     attack_error = None
@@ -180,7 +184,8 @@ async def _drive(url: str) -> dict[str, Any]:
     except Exception as exc:  # the SDK raises the run's error
         attack_error = exc
     attack_runs = await bob.runs.list(attack_thread)
-    return {"alice": a, "bob": b, "attack_error": attack_error, "attack_runs": attack_runs}
+    return {"alice": a, "bob": b, "attack_error": attack_error, "attack_runs": attack_runs,
+            "copied": copied["thread_id"], "copy_state": copy_state}
 
 
 def _texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -241,6 +246,13 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     assert by_tenant["alice"]["threads"] == 1 and by_tenant["bob"]["threads"] == 1
     threads = {(t["tenant"], t["thread_id"]) for t in report["threads"]}
     assert threads == {("alice", a["tid"]), ("bob", b["tid"])}
+
+    # the copy had alice's conversation; its deletion left a receipt naming alice
+    assert result["copy_state"]["values"]["messages"] == a["final"]["values"]["messages"]
+    receipts = json.loads(runner.invoke(app, ["events", "--url", url, "--kind", "receipt",
+                                              "--format", "json"]).output)
+    assert [(r["tenant"], r["thread_id"], r["actor"]) for r in receipts] == [
+        ("alice", result["copied"], "alice")]
 
     # a checkpointer read of alice's thread under bob's identity: refused, recorded
     asyncio.run(_direct_reads(server, a["tid"]))
@@ -463,3 +475,22 @@ def test_dotted_default_path_loads_in_the_server() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-3000:]
+
+
+@pytest.mark.postgres
+async def test_factory_on_postgres(pg_url: str) -> None:
+    settings = ServerSettings(url=pg_url, keyring=Keyring.generate(), redaction=False)
+    async with make_checkpointer(settings=settings)() as saver:
+        graph = _graph(saver)
+        await graph.ainvoke({"messages": [HumanMessage("from alice")]},
+                            _run_cfg("t", {"identity": "alice"}))
+        await graph.ainvoke({"messages": [HumanMessage("from bob")]},
+                            _run_cfg("t", {"identity": "bob"}))
+        alice = await graph.aget_state(_run_cfg("t", {"identity": "alice"}))
+        assert [m.content for m in alice.values["messages"]] == ["from alice", "Thanks, noted (turn 1): from alice"]
+        with pytest.raises(AccessDenied):
+            await saver.aget_tuple(_run_cfg("t", {"identity": "bob"}, tenant_id="alice"))
+        with pytest.raises(TenantRequired):
+            await saver.adelete_thread("t")
+        assert [(e.tenant, e.actor) for e in await saver.aevents(kind="access_denied")] == [
+            ("alice", "bob")]
