@@ -40,11 +40,15 @@ the field named by ``SECURESAVER_TENANT_FIELD``). Then:
   refused with :class:`AccessDenied` and recorded;
 * a ``tenant_id`` in ``configurable`` — which clients *can* send with a run — must equal the
   user's tenant, otherwise :class:`AccessDenied`, recorded (it is never a way in);
-* a call with no user at all (the server's background work: TTL sweeps, the rollback clean-up
-  of a cancelled run, Studio's own user, an unauthenticated request) acts for
-  ``SECURESAVER_DEFAULT_TENANT`` if you set one, and otherwise raises :class:`TenantRequired`:
-  it touches no tenant's data. Run retention with SecureSaver's own pruner
-  (``securesaver prune --url ... --every 10m``), not the server's ``checkpointer.ttl``.
+* the server's worker rolls runs back (``multitask_strategy="rollback"``, cancel with
+  ``action="rollback"``) by calling ``adelete_for_runs([run_id])`` with no user: that call
+  acts for the tenant this process saw writing the run (remembered from its authenticated
+  ``put`` calls, the latest 65,536 runs), and only there;
+* any other call with no user (TTL sweeps, a run this process did not see, Studio's own user,
+  an unauthenticated request) acts for ``SECURESAVER_DEFAULT_TENANT`` if you set one, and
+  otherwise raises :class:`TenantRequired`: it touches no tenant's data. Run retention with
+  SecureSaver's own pruner (``securesaver prune --url ... --every 10m``), not the server's
+  ``checkpointer.ttl``.
 
 What the server stores itself, outside the checkpointer (SecureSaver does not protect it): its
 thread records (metadata, status, and a copy of the latest state ``values`` — the
@@ -59,7 +63,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -150,9 +156,8 @@ class AuthTenantSaver(SecureSaver):
         tenant = self.tenant_of(user)
         return None if tenant is None else validate_tenant(tenant)
 
-    def _caller_tenant(self, configurable: Mapping[str, Any] | None, operation: str,
-                       thread_id: str | None) -> str:
-        """The tenant this call acts for; raises when it has none or its sources disagree."""
+    def _sources(self, configurable: Mapping[str, Any] | None) -> list[str]:
+        """The tenants named by the scope, the server's auth context and the config's user."""
         sources: list[str] = []
         scoped = current_tenant_scope()
         if scoped is not None:
@@ -167,6 +172,12 @@ class AuthTenantSaver(SecureSaver):
             from_config = self._user_tenant(user)
             if from_config is not None:
                 sources.append(from_config)
+        return sources
+
+    def _caller_tenant(self, configurable: Mapping[str, Any] | None, operation: str,
+                       thread_id: str | None) -> str:
+        """The tenant this call acts for; raises when it has none or its sources disagree."""
+        sources = self._sources(configurable)
         for other in sources[1:]:
             if other != sources[0]:
                 raise _DeniedError(_Denial(sources[0], other, operation, thread_id))
@@ -181,12 +192,74 @@ class AuthTenantSaver(SecureSaver):
         thread = conf.get("thread_id")
         tenant = self._caller_tenant(conf, operation, None if thread is None else str(thread))
         with _scope_as(tenant):
-            return super()._ref(config, operation)
+            ref = super()._ref(config, operation)
+        run_id = conf.get("run_id")
+        if isinstance(run_id, str) and run_id and operation in ("put", "put_writes"):
+            _RUNS.remember(run_id, ref.tenant)
+        return ref
 
     def _tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
         tenant = self._caller_tenant(None, operation, thread_id)
         with _scope_as(tenant):
             return super()._tenant(operation, explicit, thread_id)
+
+    # The server rolls a run back (multitask_strategy="rollback", cancel action="rollback")
+    # from its worker *without* a user: adelete_for_runs([run_id]) then acts for the tenant
+    # this process saw writing that run (learned from authenticated calls), nothing else.
+    def _run_groups(self, run_ids: Sequence[str]) -> dict[str, list[str]] | None:
+        if self._sources(None):
+            return None          # a caller with an identity: the ordinary path
+        groups: dict[str, list[str]] = {}
+        for run_id in run_ids:
+            tenant = _RUNS.tenant_of(str(run_id))
+            if tenant is None:
+                return None      # unknown or ambiguous run: default tenant or TenantRequired
+            groups.setdefault(tenant, []).append(str(run_id))
+        return groups
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        groups = self._run_groups(list(run_ids))
+        if not groups:
+            return super().delete_for_runs(run_ids)
+        for tenant, ids in groups.items():
+            with tenant_scope(tenant):
+                super().delete_for_runs(ids)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        groups = self._run_groups(list(run_ids))
+        if not groups:
+            return await super().adelete_for_runs(run_ids)
+        for tenant, ids in groups.items():
+            with tenant_scope(tenant):
+                await super().adelete_for_runs(ids)
+
+
+class _RunTenants:
+    """run id -> the tenant that wrote it, for the most recent runs of this process (a run id
+    seen under two tenants is forgotten: such a run is never cleaned up without a user)."""
+
+    def __init__(self, size: int = 65536) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._map: OrderedDict[str, str | None] = OrderedDict()
+
+    def remember(self, run_id: str, tenant: str) -> None:
+        with self._lock:
+            if run_id in self._map:
+                if self._map[run_id] != tenant:
+                    self._map[run_id] = None
+                self._map.move_to_end(run_id)
+                return
+            self._map[run_id] = tenant
+            while len(self._map) > self.size:
+                self._map.popitem(last=False)
+
+    def tenant_of(self, run_id: str) -> str | None:
+        with self._lock:
+            return self._map.get(run_id)
+
+
+_RUNS = _RunTenants()
 
 
 @contextmanager

@@ -49,6 +49,29 @@ SECRETS = ["alice.w@example.com", "never arrived", "refund order ACME-7781", "bo
            "Approve this refund?"]
 
 
+GATED_GRAPH = '''
+import os
+import time
+from pathlib import Path
+
+from langchain_core.messages import AIMessage
+from langgraph.graph import START, MessagesState, StateGraph
+
+
+def wait_for_gate(state):
+    gate = Path(os.environ["SS_TEST_GATE"])
+    while not gate.exists():
+        time.sleep(0.05)
+    return {"messages": [AIMessage(content="gated reply")]}
+
+
+builder = StateGraph(MessagesState)
+builder.add_node("wait", wait_for_gate)
+builder.add_edge(START, "wait")
+graph = builder.compile()
+'''
+
+
 def _server_missing() -> str | None:
     import importlib.util
     for module in ("langgraph_api", "langgraph_cli", "langgraph_runtime_inmem", "langgraph_sdk"):
@@ -105,6 +128,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     import httpx
     workdir = tmp_path_factory.mktemp("lgserver")
     shutil.copytree(EXAMPLE, workdir, dirs_exist_ok=True)
+    # a test-only graph whose node waits for a gate file, to roll a run back while it runs
+    (workdir / "gated.py").write_text(GATED_GRAPH, encoding="utf-8")
+    config = json.loads((workdir / "langgraph.json").read_text(encoding="utf-8"))
+    config["graphs"]["gated"] = "./gated.py:graph"
+    (workdir / "langgraph.json").write_text(json.dumps(config), encoding="utf-8")
     db = workdir / "checkpoints.db"
     keyring_file = workdir / "keyring.json"
     Keyring.generate().save(keyring_file)
@@ -118,6 +146,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "LANGGRAPH_CLI_NO_ANALYTICS": "1",
         "LANGSMITH_TRACING": "false",
         "LANGCHAIN_TRACING_V2": "false",
+        "SS_TEST_GATE": str(workdir / "gate"),
     })
     log = workdir / "server.log"
     with log.open("wb") as out:
@@ -163,7 +192,25 @@ async def _conversation(client: Any, text: str, refund_text: str, answer: str) -
             "paused": paused, "resumed": resumed, "final": final, "history": history}
 
 
-async def _drive(url: str) -> dict[str, Any]:
+async def _rollback(client: Any, gate: Path) -> dict[str, Any]:
+    """A run rolled back while it runs (multitask_strategy="rollback")."""
+    tid = (await client.threads.create())["thread_id"]
+    doomed = await client.runs.create(tid, "gated", input={"messages": [
+        {"role": "user", "content": "this run will be rolled back"}]})
+    for _ in range(1200):   # wait (bounded) until the worker is inside the node
+        if (await client.runs.get(tid, doomed["run_id"]))["status"] == "running":
+            break
+        await asyncio.sleep(0.05)
+    kept = await client.runs.create(tid, "gated", input={"messages": [
+        {"role": "user", "content": "this one stays"}]}, multitask_strategy="rollback")
+    gate.touch()
+    await client.runs.join(tid, kept["run_id"])
+    state = await client.threads.get_state(tid)
+    runs = await client.runs.list(tid)
+    return {"tid": tid, "state": state, "runs": runs, "doomed": doomed["run_id"]}
+
+
+async def _drive(url: str, gate: Path) -> dict[str, Any]:
     from langgraph_sdk import get_client
     alice = get_client(url=url, headers=ALICE)
     bob = get_client(url=url, headers=BOB)
@@ -171,6 +218,7 @@ async def _drive(url: str) -> dict[str, Any]:
         _conversation(alice, ALICE_TEXT, ALICE_REFUND, "yes"),
         _conversation(bob, BOB_TEXT, BOB_REFUND, "no"))
     # copy and delete go through acopy_thread / adelete_thread under the caller's identity
+    rollback = await _rollback(alice, gate)
     copied = await alice.threads.copy(a["tid"])
     copy_state = await alice.threads.get_state(copied["thread_id"])
     await alice.threads.delete(copied["thread_id"])
@@ -185,7 +233,7 @@ async def _drive(url: str) -> dict[str, Any]:
         attack_error = exc
     attack_runs = await bob.runs.list(attack_thread)
     return {"alice": a, "bob": b, "attack_error": attack_error, "attack_runs": attack_runs,
-            "copied": copied["thread_id"], "copy_state": copy_state}
+            "copied": copied["thread_id"], "copy_state": copy_state, "rollback": rollback}
 
 
 def _texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -193,7 +241,7 @@ def _texts(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def test_two_users_on_langgraph_server(server: Server) -> None:
-    result = asyncio.run(_drive(server.url))
+    result = asyncio.run(_drive(server.url, server.workdir / "gate"))
     server.stop()   # flush and release the database before reading it
     a, b = result["alice"], result["bob"]
 
@@ -243,9 +291,16 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     report = json.loads(audit.output)
     assert sorted(t["tenant"] for t in report["tenants"]) == ["alice", "bob"]
     by_tenant = {t["tenant"]: t for t in report["tenants"]}
-    assert by_tenant["alice"]["threads"] == 1 and by_tenant["bob"]["threads"] == 1
+    rolled = result["rollback"]
+    assert by_tenant["alice"]["threads"] == 2 and by_tenant["bob"]["threads"] == 1
     threads = {(t["tenant"], t["thread_id"]) for t in report["threads"]}
-    assert threads == {("alice", a["tid"]), ("bob", b["tid"])}
+    assert threads == {("alice", a["tid"]), ("alice", rolled["tid"]), ("bob", b["tid"])}
+
+    # the rolled-back run left nothing: its checkpoints were deleted as alice
+    assert _texts(rolled["state"]["values"]["messages"]) == ["this one stays", "gated reply"]
+    assert [r["status"] for r in rolled["runs"]] == ["success"]
+    log = server.log.read_text(errors="replace")
+    assert "Background worker failed" not in log and "TenantRequired" not in log, log[-3000:]
 
     # the copy had alice's conversation; its deletion left a receipt naming alice
     assert result["copy_state"]["values"]["messages"] == a["final"]["values"]["messages"]
@@ -255,7 +310,7 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
         ("alice", result["copied"], "alice")]
 
     # a checkpointer read of alice's thread under bob's identity: refused, recorded
-    asyncio.run(_direct_reads(server, a["tid"]))
+    asyncio.run(_direct_reads(server, a["tid"], rolled["tid"]))
     events = runner.invoke(app, ["events", "--url", url, "--kind", "access_denied",
                                  "--format", "json"])
     assert events.exit_code == 0, events.output
@@ -264,7 +319,7 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     assert pairs.count(("alice", "bob")) >= 2, denied   # the server run + the direct read
 
 
-async def _direct_reads(server: Server, alice_thread: str) -> None:
+async def _direct_reads(server: Server, alice_thread: str, rolled_thread: str) -> None:
     """Open the checkpointer exactly as the server does and read as each user."""
     settings = ServerSettings(url=f"sqlite:///{server.db}",
                               keyring=Keyring.from_file(server.keyring_file))
@@ -294,6 +349,11 @@ async def _direct_reads(server: Server, alice_thread: str) -> None:
             await saver.adelete_for_runs(["any-run"])
         assert await saver.aget_tuple({"configurable": {
             "thread_id": alice_thread, "langgraph_auth_user": alice_user}}) is not None
+        history = [t async for t in saver.alist({"configurable": {
+            "thread_id": rolled_thread, "langgraph_auth_user": alice_user}})]
+        assert history and not any(
+            "will be rolled back" in json.dumps(t.checkpoint["channel_values"], default=str)
+            for t in history)
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,6 +430,41 @@ def test_calls_without_a_user_act_for_nobody(auth_saver: AuthTenantSaver, user: 
     with pytest.raises(TenantRequired):
         list(auth_saver.list(None))
     assert auth_saver.get_tuple(_run_cfg("t1", {"identity": "alice"})) is not None
+
+
+def test_runs_are_cleaned_up_without_a_user_only_in_the_tenant_that_wrote_them(
+        auth_saver: AuthTenantSaver) -> None:
+    """What the server's worker does after a rollback: adelete_for_runs with no user."""
+    import uuid
+    graph = _graph(auth_saver)
+    runs = {name: str(uuid.uuid4()) for name in ("alice1", "alice2", "bob1")}
+    for name, run_id in runs.items():
+        user = {"identity": name[:-1]}
+        graph.invoke({"messages": [HumanMessage(f"run {name}")]},
+                     {"run_id": run_id, **_run_cfg(f"t-{name}", user, run_id=run_id)})
+
+    def count(thread: str, who: str) -> int:
+        return len(list(auth_saver.list(_run_cfg(thread, {"identity": who}))))
+
+    before = {name: count(f"t-{name}", name[:-1]) for name in runs}
+    assert all(before.values())
+    auth_saver.delete_for_runs([runs["alice1"], runs["bob1"]])    # no user anywhere
+    assert count("t-alice1", "alice") == 0 and count("t-bob1", "bob") == 0
+    assert count("t-alice2", "alice") == before["alice2"]
+    with pytest.raises(TenantRequired):                    # a run this process never saw
+        auth_saver.delete_for_runs([str(uuid.uuid4())])
+    with pytest.raises(TenantRequired):                    # all or nothing
+        auth_saver.delete_for_runs([runs["alice2"], str(uuid.uuid4())])
+    assert count("t-alice2", "alice") == before["alice2"]
+
+
+async def test_async_run_cleanup_without_a_user(auth_saver: AuthTenantSaver) -> None:
+    import uuid
+    run_id = str(uuid.uuid4())
+    await _graph(auth_saver).ainvoke({"messages": [HumanMessage("x")]}, {
+        "run_id": run_id, **_run_cfg("t", {"identity": "alice"}, run_id=run_id)})
+    await auth_saver.adelete_for_runs([run_id])
+    assert await auth_saver.aget_tuple(_run_cfg("t", {"identity": "alice"})) is None
 
 
 def test_default_tenant_is_an_explicit_opt_in(keyring: Keyring) -> None:
@@ -494,3 +589,18 @@ async def test_factory_on_postgres(pg_url: str) -> None:
             await saver.adelete_thread("t")
         assert [(e.tenant, e.actor) for e in await saver.aevents(kind="access_denied")] == [
             ("alice", "bob")]
+
+
+def test_a_run_seen_under_two_tenants_is_never_cleaned_up_without_a_user() -> None:
+    from langgraph_securesaver.server import _RunTenants
+    runs = _RunTenants(size=2)
+    runs.remember("r1", "alice")
+    runs.remember("r1", "alice")
+    assert runs.tenant_of("r1") == "alice"
+    runs.remember("r1", "bob")
+    assert runs.tenant_of("r1") is None
+    runs.remember("r1", "alice")
+    assert runs.tenant_of("r1") is None     # stays ambiguous
+    runs.remember("r2", "alice")
+    runs.remember("r3", "alice")            # bounded: the oldest is forgotten
+    assert runs.tenant_of("r1") is None and runs.tenant_of("r3") == "alice"
