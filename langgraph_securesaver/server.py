@@ -13,7 +13,7 @@ with ``checkpointer.py``::
 
 (``"path": "langgraph_securesaver.server.checkpointer"`` — dots, no colon — uses the defaults
 without a file.) The server calls ``checkpointer()``, enters the async context manager it
-returns once per event loop, and uses the :class:`AuthTenantSaver` it yields.
+returns once per event-loop thread, and uses the :class:`AuthTenantSaver` it yields.
 
 Configuration comes from the environment (``.env`` / ``"env"`` in langgraph.json):
 
@@ -55,7 +55,7 @@ thread records (metadata, status, and a copy of the latest state ``values`` — 
 conversation), run records (inputs, config, kwargs), assistants, crons and the long-term
 ``store``. ``langgraph dev`` keeps them in memory and pickles them under ``.langgraph_api/``
 in the project directory; the platform keeps them in its own PostgreSQL. Protect that storage
-too, or keep conversations out of it (see the README's LangGraph Server section).
+separately.
 """
 
 from __future__ import annotations
