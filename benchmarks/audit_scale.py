@@ -141,6 +141,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--skip-audit", action="store_true")
     parser.add_argument("--skip-prune", action="store_true")
+    parser.add_argument("--compare", action="store_true",
+                        help="Also time the previous code paths in the same run: the row walk "
+                             "for one tenant, and one tenant pruned thread by thread.")
     parser.add_argument("--keep", action="store_true",
                         help="Keep the schema (and print its URL) instead of dropping it.")
     args = parser.parse_args()
@@ -175,6 +178,8 @@ def main() -> int:
             one = names[len(names) // 2]
             if not args.skip_audit:
                 ok &= _time_audits(saver, url, one, now, args.repeat)
+            if args.compare:
+                _time_previous(saver, names, one, now)
             if not args.skip_prune:
                 ok &= _time_prune(saver, args, now)
     finally:
@@ -223,13 +228,48 @@ def _time_audits(saver: SecureSaver, url: str, one: str, now: float, repeat: int
             and max(rss["audit all (CLI)"]) < 300)
 
 
+def _time_previous(saver: SecureSaver, names: list[str], one: str, now: float) -> None:
+    """The code paths this benchmark replaced, on the same data in the same run: the Python
+    walk of every raw row (audit) and one transaction + receipt per thread (prune)."""
+    from langgraph_securesaver.audit import _audit_walk, audit_stream
+    from langgraph_securesaver.pruner import Sweep
+    start = time.perf_counter()
+    _audit_walk(saver, saver.registry.tenants(), one, now, None)
+    walk = time.perf_counter() - start
+    with open(os.devnull, "w") as sink:
+        start = time.perf_counter()
+        audit_stream(saver, sink, tenant=one, now=now)
+        sql = time.perf_counter() - start
+    print(f"same run, audit --tenant in-process: row walk {walk:.2f} s, grouped SQL {sql:.2f} s "
+          f"({walk / sql:.1f}x)")
+    victim = names[0]
+    per_thread = Sweep._batch
+    Sweep._batch = lambda self, rows: [self._process_safely(r) for r in rows]  # type: ignore
+    try:
+        start = time.perf_counter()
+        old = saver.prune_expired(now=now, tenant=victim, batch=100)
+        took_old = time.perf_counter() - start
+    finally:
+        Sweep._batch = per_thread  # type: ignore[method-assign]
+    victim2 = names[2]   # (odd tenants hold no expired threads)
+    start = time.perf_counter()
+    new = saver.prune_expired(now=now, tenant=victim2)
+    took_new = time.perf_counter() - start
+    old_rate, new_rate = len(old.deleted) / took_old, len(new.deleted) / took_new
+    print(f"same run, prune one tenant: thread by thread {old_rate:.0f} threads/s "
+          f"({len(old.deleted)} threads), batched {new_rate:.0f} threads/s "
+          f"({len(new.deleted)} threads) = {new_rate / old_rate:.1f}x")
+
+
 def _time_prune(saver: SecureSaver, args: argparse.Namespace, now: float) -> bool:
-    expected = sum(1 for i in range(1, args.threads + 1) if i % 2 == 0 and i % 997)
+    expected = sum(1 for i in range(1, args.threads + 1) if i % 2 == 0 and i % 997
+                   and (not args.compare or i % args.tenants not in (0, 2)))
+    before = len(saver.receipts(since=now - 1))
     start = time.perf_counter()
     report = saver.prune_expired(now=now, batch=args.batch)
     took = time.perf_counter() - start
     rate = len(report.deleted) / took
-    receipts = len(saver.receipts(since=now - 1))
+    receipts = len(saver.receipts(since=now - 1)) - before
     print(f"prune: {len(report.deleted)} threads ({len(report.deleted) * args.checkpoints} "
           f"checkpoints) deleted in {took:.1f}s = {rate:.0f} threads/s, batch {args.batch}, "
           f"{len(report.errors)} errors, {receipts} new receipts (expected {expected})")
