@@ -4,12 +4,13 @@ See :mod:`langgraph_securesaver.retention` for the guarantees. The sweep is sync
 saver's ``aprune_expired`` runs it in a worker thread (async-only inner savers are reached on
 their own event loop from there).
 
-Threads are processed in batches (``batch``, default 500): one claim (``UPDATE`` with a lease
-and one fencing token), one re-read of the claimed rows, one query for the latest checkpoint
-time of every thread of the batch, then set-based deletes. When the registry and the inner
-saver share a database (``from_url``), a batch's checkpoints, blobs, writes, companion records
-(PII vault, idempotency) and registry rows are deleted and its receipts written in ONE
-transaction fenced by the claim token: a kill at any point leaves each thread of the batch
+Threads are processed in batches (``batch``, default 500): one claim (``UPDATE`` with a
+lease and one fencing token, returning the rows as they are under its locks), one query for
+the latest checkpoint time of every thread of the batch, then set-based deletes whose
+registry-row delete re-checks the claim token, expiry and hold in the same statement. When
+the registry and the inner saver share a database (``from_url``), a batch's checkpoints,
+blobs, writes, companion records (PII vault, idempotency) and registry rows are deleted and
+its receipts written in ONE transaction fenced by the claim token: a kill at any point leaves each thread of the batch
 untouched or fully deleted with exactly one receipt. Otherwise (a registry elsewhere, an
 in-memory or custom saver) the batch is marked ``deleting``, its storage deleted, and the
 companions, registry rows and receipts finished in one registry transaction; a kill between
@@ -99,7 +100,7 @@ class Sweep:
         self.progress = progress
         self.should_stop = should_stop or (lambda: False)
         self.report = PruneReport(self.now, dry_run)
-        self._total = 0
+        self._shared = False
 
     def run(self) -> PruneReport:
         self.report.held = [(r.tenant, r.thread_id)
@@ -107,7 +108,6 @@ class Sweep:
         total = self.registry.count_expired(self.now, self.tenant)
         if self.limit is not None:
             total = min(total, self.limit)
-        self._total = total
         if self.dry_run:
             for row in self.registry.list_expired(self.now, self.tenant, self.limit):
                 target = (self.report.would_delete if row.strategy == "delete"
@@ -125,7 +125,13 @@ class Sweep:
             if self.should_stop():
                 self.registry.release_claims(rows)
                 break
-            self._batch(rows)
+            try:
+                self._batch(rows)
+            except Exception as exc:  # noqa: BLE001 - never lose the sweep to one batch
+                logger.warning("a batch of %d threads failed (%s: %s); processing them one by "
+                               "one", len(rows), type(exc).__name__, exc)
+                for row in rows:   # re-read each; what was already done is skipped
+                    self._process_safely(row)
             for _ in rows:
                 done += 1
                 if self.progress:
