@@ -7,16 +7,17 @@ their own event loop from there).
 Threads are processed in batches (``batch``, default 500): one claim (``UPDATE`` with a
 lease and one fencing token, returning the rows as they are under its locks), one query for
 the latest checkpoint time of every thread of the batch, then set-based deletes whose
-registry-row delete re-checks the claim token, expiry and hold in the same statement. When
-the registry and the inner saver share a database (``from_url``), a batch's checkpoints,
-blobs, writes, companion records (PII vault, idempotency) and registry rows are deleted and
-its receipts written in ONE transaction fenced by the claim token: a kill at any point leaves each thread of the batch
-untouched or fully deleted with exactly one receipt. Otherwise (a registry elsewhere, an
-in-memory or custom saver) the batch is marked ``deleting``, its storage deleted, and the
-companions, registry rows and receipts finished in one registry transaction; a kill between
-the two leaves ``deleting`` rows the next sweep finishes when their lease runs out. A batch
-that fails for a reason other than a transient conflict is retried thread by thread, so one
-bad thread never stops the others.
+registry-row delete re-checks the claim token, expiry and hold in the same statement.
+
+When the registry and the inner saver share a database (``from_url``), a batch's
+checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
+deleted and its receipts written in ONE transaction: a kill at any point leaves each thread
+of the batch untouched or fully deleted with exactly one receipt. Otherwise (a registry
+elsewhere, an in-memory or custom saver) the batch is marked ``deleting``, its storage
+deleted, then its companions, registry rows and receipts finished in one registry
+transaction; a kill in between leaves ``deleting`` rows the next sweep finishes when their
+lease runs out. A batch that fails for a reason other than a transient conflict is retried
+thread by thread, so one bad thread never stops the others.
 """
 
 from __future__ import annotations
