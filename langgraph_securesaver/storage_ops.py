@@ -89,9 +89,11 @@ PG_BATCH_COUNT = """
 SELECT thread_id, count(*) AS n FROM checkpoints WHERE thread_id = ANY(%s) GROUP BY thread_id
 """
 PG_BATCH_LATEST_TS = """
-SELECT DISTINCT ON (thread_id) thread_id, checkpoint ->> 'ts' AS ts FROM checkpoints
-WHERE thread_id = ANY(%s) AND checkpoint_ns = ''
-ORDER BY thread_id, checkpoint_id DESC
+SELECT t.id AS thread_id, (
+    SELECT c.checkpoint ->> 'ts' FROM checkpoints c
+    WHERE c.thread_id = t.id AND c.checkpoint_ns = ''
+    ORDER BY c.checkpoint_id DESC LIMIT 1) AS ts
+FROM unnest(%s::text[]) AS t(id)
 """
 SQLITE_BATCH_COUNT = """
 SELECT thread_id, count(*) FROM checkpoints WHERE thread_id IN ({ids}) GROUP BY thread_id

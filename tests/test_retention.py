@@ -291,3 +291,27 @@ def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: 
         again = _vault_entry(only_a, "PHONE_NUMBER", "+1 415 555 0101")
         assert saver.vault.unknown("acme", "a", [again]) == [again]
         assert saver.vault.unknown("acme", "keep", [_vault_entry(kept, "", "")]) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_batch_re_check_reads_each_threads_latest_checkpoint(tmp_path: Path, backend: str,
+                                                             request) -> None:
+    """The pruner's one-query re-check returns, per thread, what get_tuple's latest root
+    checkpoint says (None for a thread with nothing stored)."""
+    if backend == "postgres":
+        from tests.conftest import require_postgres
+        require_postgres()
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        for t, turns in (("a", 1), ("b", 3)):
+            for n in range(turns):
+                _say(saver, t, f"turn {n}")
+        ids = [inner_thread_id("acme", t) for t in ("a", "b", "nothing")]
+        got = saver._ops.latest_checkpoint_times(ids)
+        from langgraph_securesaver.tenancy import ThreadRef
+        want = {inner_thread_id("acme", t): saver._latest_checkpoint_time(ThreadRef("acme", t))
+                for t in ("a", "b", "nothing")}
+    assert got == want
+    assert got[ids[0]] is not None and got[ids[1]] > got[ids[0]] and got[ids[2]] is None
