@@ -118,19 +118,26 @@ def current_holder() -> Holder:
         return _holder
 
 
-# claims this process is working on: (tenant, thread_id, key, fencing token)
-_running: set[tuple[str, str, str, int]] = set()
+# claims this process is working on: (tenant, thread_id, key, fencing token) -> how many
+# callers here registered it (a claim is registered BEFORE the statement that takes it, so a
+# thread of this process reading the row right after the commit never sees it "abandoned";
+# the callers that lose the race unregister their count)
+_running: dict[tuple[str, str, str, int], int] = {}
 _running_lock = threading.Lock()
 
 
 def register_running(ident: tuple[str, str, str, int]) -> None:
     with _running_lock:
-        _running.add(ident)
+        _running[ident] = _running.get(ident, 0) + 1
 
 
 def unregister_running(ident: tuple[str, str, str, int]) -> None:
     with _running_lock:
-        _running.discard(ident)
+        left = _running.get(ident, 0) - 1
+        if left > 0:
+            _running[ident] = left
+        else:
+            _running.pop(ident, None)
 
 
 def is_running_here(ident: tuple[str, str, str, int]) -> bool:

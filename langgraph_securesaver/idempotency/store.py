@@ -80,6 +80,8 @@ class Claim:
     lease: float
     lost: bool = False
     claim_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # registered as running in this process (see liveness.register_running)
+    registered: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -433,12 +435,14 @@ class IdempotencyStore:
         now = self._now
         claimable: sa.ColumnElement[bool] = _T.c.state == FAILED
         if dead:
-            claimable = sa.and_(_T.c.state == IN_PROGRESS,
-                                _T.c.fencing_token == sa.bindparam("p_token"))
+            claimable = _T.c.state == IN_PROGRESS
         elif retry_expired:
             claimable = sa.or_(claimable, sa.and_(_T.c.state == IN_PROGRESS,
                                                   _T.c.lease_expires_at < now))
-        conds = [self._pk(), claimable, _T.c.attempts < sa.bindparam("p_max_attempts")]
+        # the token this worker saw is pinned, so it knows the token it gets (token + 1) and
+        # registers it as running before the row changes hands
+        conds = [self._pk(), claimable, _T.c.attempts < sa.bindparam("p_max_attempts"),
+                 _T.c.fencing_token == sa.bindparam("p_token")]
         if check_fp:
             conds.append(sa.or_(_T.c.fingerprint.is_(None),
                                 _T.c.fingerprint == sa.bindparam("p_fp")))
@@ -490,35 +494,45 @@ class IdempotencyStore:
                   "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
                   "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
                   **self._holder_params()}
-        with self._begin("claiming a key") as conn:
-            inserted = conn.execute(stmt, params).first() is not None
-        return self._running(Claim(scope, 1, 1, self.owner, policy.lease)) if inserted else None
+        claim = Claim(scope, 1, 1, self.owner, policy.lease, registered=True)
+        register_running(_ident(claim))
+        try:
+            with self._begin("claiming a key") as conn:
+                inserted = conn.execute(stmt, params).first() is not None
+        except BaseException:
+            _end(claim)
+            raise
+        if not inserted:
+            _end(claim)
+            return None
+        return claim
 
     def _try_takeover(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy,
-                      dead_token: int | None = None) -> Claim | None:
-        retry, check, dead = policy.on_expired == "retry", fp is not None, dead_token is not None
+                      seen_token: int, dead: bool = False) -> Claim | None:
+        retry, check = policy.on_expired == "retry", fp is not None
         stmt = self._stmt(f"takeover-{retry}-{check}-{dead}",
                           lambda: self._build_takeover(retry, check, dead))
         params = {**self._pk_params(scope), "p_max_attempts": policy.max_attempts,
-                  "p_owner": self.owner, "p_lease": policy.lease, **self._holder_params()}
+                  "p_owner": self.owner, "p_lease": policy.lease, "p_token": seen_token,
+                  **self._holder_params()}
         if check:
             params["p_fp"] = fp
-        if dead:
-            params["p_token"] = dead_token
-        with self._begin("taking over a key") as conn:
-            r = conn.execute(stmt, params).first()
+        pending = Claim(scope, seen_token + 1, 0, self.owner, policy.lease, registered=True)
+        register_running(_ident(pending))
+        try:
+            with self._begin("taking over a key") as conn:
+                r = conn.execute(stmt, params).first()
+        except BaseException:
+            _end(pending)
+            raise
         if r is None:
+            _end(pending)
             return None
         logger.info("idempotency key %s (%s) taken over%s: fencing token %s, attempt %s",
                     scope.key, scope.name, " from a dead holder" if dead else "",
                     r.fencing_token, r.attempts)
-        return self._running(Claim(scope, int(r.fencing_token), int(r.attempts), self.owner,
-                                   policy.lease))
-
-    @staticmethod
-    def _running(claim: Claim) -> Claim:
-        register_running(_ident(claim))
-        return claim
+        pending.attempts = int(r.attempts)
+        return pending
 
     def _expire_to_unknown(self, scope: KeyScope, token: int, dead: bool = False) -> None:
         now = self._now
@@ -565,8 +579,7 @@ class IdempotencyStore:
                 f"idempotency key {scope.key} ({scope.name}) failed {row.attempts} time(s) "
                 f"(max_attempts={policy.max_attempts}); it is not executed again")
         if claimable:
-            claim = self._try_takeover(scope, fp, policy,
-                                       dead_token=row.fencing_token if dead else None)
+            claim = self._try_takeover(scope, fp, policy, row.fencing_token, dead=dead)
             if claim is not None:
                 return claim
             return _Wait("lost a takeover race")
@@ -631,7 +644,7 @@ class IdempotencyStore:
                                         **params}).rowcount
         finally:
             if ends and kind != "renew":  # the claim ends here (or is lost)
-                unregister_running(_ident(claim))
+                _end(claim)
         return bool(n == 1)
 
     def renew(self, claim: Claim) -> bool:
@@ -654,7 +667,7 @@ class IdempotencyStore:
         try:
             self._complete_sealed(claim, sealed)
         finally:
-            unregister_running(_ident(claim))
+            _end(claim)
 
     def _complete_sealed(self, claim: Claim, sealed: bytes) -> None:
         last: IdempotencyStoreUnavailable | None = None
@@ -692,7 +705,7 @@ class IdempotencyStore:
                              claim.scope.key)
             return False
         finally:
-            unregister_running(_ident(claim))
+            _end(claim)
 
     def release(self, claim: Claim) -> bool:
         """Give the claim back without counting the attempt (e.g. the call was interrupted)."""
@@ -710,7 +723,7 @@ class IdempotencyStore:
             logger.exception("could not mark idempotency key %s unknown", claim.scope.key)
             return False
         finally:
-            unregister_running(_ident(claim))
+            _end(claim)
 
     # one call -------------------------------------------------------------------------------
     def execute(self, scope: KeyScope, fn: Callable[[Claim], T], *,
@@ -859,6 +872,13 @@ class IdempotencyStore:
 
 def _ident(claim: Claim) -> tuple[str, str, str, int]:
     return (claim.scope.tenant, claim.scope.thread_id, claim.scope.key, claim.token)
+
+
+def _end(claim: Claim) -> None:
+    """This process no longer works on ``claim`` (once per claim)."""
+    if claim.registered:
+        claim.registered = False
+        unregister_running(_ident(claim))
 
 
 def _failure_text(value: Any) -> str:
