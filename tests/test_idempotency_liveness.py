@@ -394,3 +394,35 @@ def test_older_tables_get_the_holder_columns(url: str, ring: Keyring) -> None:
         fresh = new_scope()
         assert store.execute(fresh, lambda c: "new").value == "new"
         assert store_on(saver).execute(fresh, lambda c: "again").replayed
+
+
+@pytest.mark.postgres
+def test_postgres_dropped_liveness_connection_is_reopened_with_its_key(
+        pg_url: str, ring: Keyring, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server drops the holder's idle liveness connection (restart, idle timeout) while
+    the process lives: the next claim notices, reconnects under the same lock key, and other
+    hosts see its claims alive again instead of taking them over."""
+    from langgraph_securesaver.idempotency import liveness
+    monkeypatch.setattr(liveness, "_RECHECK", 0.0)  # check on every claim
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None) as saver:
+        a, b = store_on(saver, "host-a"), store_on(saver, "host-b")
+        first = a.acquire(new_scope(), policy=IdempotencyPolicy(lease=600))
+        assert isinstance(first, Claim) and a._session is not None
+        key = a._session.key()
+        backend = a._session._conn.info.backend_pid
+        with a.engine.begin() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": backend})
+
+        def gone() -> bool:
+            with a.engine.connect() as conn:
+                return not conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": backend}
+                ).scalar()
+
+        until(gone)
+        scope = new_scope()
+        second = a.acquire(scope, policy=IdempotencyPolicy(lease=600))
+        assert isinstance(second, Claim)
+        assert row_of(a, scope)["holder_lock"] == key  # the same key, held again
+        assert a._session._conn.info.backend_pid != backend
+        assert takes_over(b, scope) is None  # alive, not taken over

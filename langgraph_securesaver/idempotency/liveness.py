@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -185,6 +186,9 @@ def local_liveness(me: Holder, ident: tuple[str, str, str, int], host_id: Any, p
 # PostgreSQL: a session advisory lock per store, held for as long as the process lives
 # --------------------------------------------------------------------------------------------
 _orphans: list[Any] = []  # connections inherited over fork: never closed by the child
+_RECHECK = 1.0  # seconds a checked liveness connection is trusted without a round trip
+
+_monotonic = time.monotonic
 
 
 class PgSessionLock:
@@ -202,6 +206,7 @@ class PgSessionLock:
         self._key: int | None = None
         self._pid = os.getpid()
         self._closed = False
+        self._checked_at = 0.0
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -228,12 +233,12 @@ class PgSessionLock:
                 dbapi.commit()
                 if row is not None and row[0]:
                     self._conn, self._key = dbapi, key
+                    self._checked_at = _monotonic()
                     return key
                 # another session holds this key (a checker probing it right now, or a
                 # collision): keep our key if it is ours, otherwise draw another one
                 if self._key is None:
                     continue
-                import time
                 time.sleep(0.05)
             raise RuntimeError("could not take a session advisory lock")
         except BaseException:
@@ -254,7 +259,13 @@ class PgSessionLock:
                     _orphans.append(self._conn)
                 self._conn, self._key, self._pid = None, None, os.getpid()
             if self._conn is not None:
-                return self._key
+                if _monotonic() - self._checked_at < _RECHECK:
+                    return self._key
+                if self._alive():  # idle for a while: the server may have dropped it
+                    return self._key
+                logger.warning("the liveness connection of the idempotency store was "
+                               "dropped; reconnecting")
+                self._drop()
             try:
                 return self._open()
             except Exception as exc:  # noqa: BLE001 - fall back to the lease, loudly
@@ -267,23 +278,30 @@ class PgSessionLock:
         with self._lock:
             if self._conn is None or self._closed or os.getpid() != self._pid:
                 return
-            try:
-                cur = self._conn.cursor()
-                try:
-                    cur.execute("SELECT 1")
-                finally:
-                    cur.close()
-                self._conn.commit()
+            if self._alive():
                 return
-            except Exception:  # noqa: BLE001 - any failure means: reconnect
-                logger.warning("the liveness connection of the idempotency store broke; "
-                               "reconnecting")
-                self._drop()
+            logger.warning("the liveness connection of the idempotency store broke; "
+                           "reconnecting")
+            self._drop()
             try:
                 self._open()
             except Exception as exc:  # noqa: BLE001 - logged; the lease still protects
                 logger.warning("could not re-take the session lock (%s); claims in flight "
                                "rely on their lease", exc)
+
+    def _alive(self) -> bool:
+        """One round trip on the dedicated connection (the caller holds ``_lock``)."""
+        try:
+            cur = self._conn.cursor()
+            try:
+                cur.execute("SELECT 1")
+            finally:
+                cur.close()
+            self._conn.commit()
+        except Exception:  # noqa: BLE001 - any failure means: reconnect
+            return False
+        self._checked_at = _monotonic()
+        return True
 
     def close(self) -> None:
         with self._lock:
