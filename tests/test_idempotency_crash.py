@@ -131,6 +131,22 @@ def test_postgres_other_host_crash_is_taken_over_when_its_session_dies(
     assert_exactly_once(downstream, messages)
 
 
+def test_sqlite_other_host_crash_is_taken_over_after_the_default_lease(tmp_path: Path) -> None:
+    """A holder on ANOTHER host (its pid cannot be checked here) sharing the SQLite file: with
+    the default policy the resume waits for the crashed claim's lease (10 s, no heartbeat any
+    more), then takes it over and completes - within the default wait, without a conflict.
+    (SQLite's clock is this machine's, so the request time and the lease compare directly.)"""
+    url = f"sqlite:///{tmp_path / 'checkpoints.db'}"
+    downstream = crash(url, tmp_path, "decorator", "sync", env={"IDEM_HOST_ID": "other-host"})
+    crashed = charge_record(url, tmp_path)
+    assert crashed.state == "in_progress" and crashed.lease_expires_at is not None
+    messages = resume(url, tmp_path, "decorator", "sync")
+    assert_exactly_once(downstream, messages)
+    (first_at, second_at) = [at for (at,) in downstream.rows(
+        "SELECT at FROM requests WHERE service='charge' ORDER BY id")]
+    assert first_at < crashed.lease_expires_at <= second_at  # taken over only after the lease
+
+
 def test_control_without_idempotency_sends_the_email_twice(tmp_path: Path) -> None:
     """The failure the component exists for: the ToolNode task re-runs the finished sibling."""
     url = f"sqlite:///{tmp_path / 'checkpoints.db'}"

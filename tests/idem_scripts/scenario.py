@@ -44,7 +44,8 @@ class Downstream:
                 """
                 CREATE TABLE IF NOT EXISTS requests (
                     id INTEGER PRIMARY KEY AUTOINCREMENT, service TEXT, key TEXT, args TEXT,
-                    pid INTEGER);
+                    pid INTEGER,
+                    at REAL DEFAULT ((julianday('now') - 2440587.5) * 86400.0));
                 CREATE TABLE IF NOT EXISTS emails (id INTEGER PRIMARY KEY AUTOINCREMENT,
                     key TEXT, recipient TEXT);
                 CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, amount INTEGER);
