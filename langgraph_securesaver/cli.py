@@ -253,9 +253,16 @@ def recover(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1)] = 3,
     worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    use_async: Annotated[bool, typer.Option("--async", help="Open an async saver and sweep "
+                                            "with arecover_stalled (implied by "
+                                            "sqlite+aiosqlite:// and "
+                                            "postgresql+psycopg_async:// URLs).")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Resume stalled threads that opted in (mark_recoverable), each by exactly one worker.
+
+    An async URL (or --async) resumes through the async saver API (aget_state / ainvoke), for
+    graphs whose nodes or checkpointer are async-only.
 
     Exit codes: 0 done, 1 some threads failed or were dead-lettered, 2 could not run.
     """
@@ -267,7 +274,8 @@ def recover(
         idle = parse_duration(older_than, what="--older-than") or 0.0
         report = recover_main(url, graph, keyring=str(keyring) if keyring else None,
                               older_than=idle, tenant=tenant, max_attempts=max_attempts,
-                              worker_id=worker_id, redaction=None)
+                              worker_id=worker_id, use_async=use_async or None,
+                              redaction=None)
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
     except (ImportError, AttributeError) as exc:
