@@ -404,9 +404,9 @@ def reencrypt(saver: SecureSaver, *, tenants: Iterable[str] | None = None,
     ``batch_size`` rows are read and rewritten per transaction; ``max_rate`` caps rewritten rows
     per second (load on a live database); ``should_stop()`` is polled between batches.
     """
-    return Reencryption(saver, tenants=tenants, batch_size=batch_size, max_rate=max_rate,
-                        max_passes=max_passes, progress=progress,
-                        should_stop=should_stop).run()
+    return Reencryption(saver, tenants=saver._reencrypt_tenants(tenants),
+                        batch_size=batch_size, max_rate=max_rate, max_passes=max_passes,
+                        progress=progress, should_stop=should_stop).run()
 
 
 @dataclass(frozen=True)
@@ -455,6 +455,8 @@ def retire_unused_masters(saver: SecureSaver) -> tuple[list[str], list[str]]:
     busy = [v for v in old if in_use.get(v)]
     if busy:
         return [], busy
+    if old:   # another database's key rows may still be wrapped under them
+        saver.require_sole_database("retiring master versions")
     for version in old:
         ring.retire_version(version)
     if old:
@@ -476,6 +478,7 @@ def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool
     version, no second data-key rotation, rows already re-encrypted are skipped.
     ``progress(stage, done, total)`` reports "rewrap" and "reencrypt".
     """
+    saver._admin_tenant("rotate_keys", operator_only=True)
     ring = _file_keyring(saver)
     registry = saver.registry
     job = unfinished_job(saver) if reencrypt else None
