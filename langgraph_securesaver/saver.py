@@ -94,6 +94,25 @@ class _Denial:
 _TOKEN_BYTES = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")
 
 
+def _clear_ok(key: str, value: Any, checkpoint: Checkpoint) -> bool:
+    """Whether an allowlisted metadata value may be stored in clear. The DeltaChannel keys
+    are always allowlisted (the inner savers' prune reads them), so they are kept in clear
+    only in the shape LangGraph writes -- ``counters_since_delta_snapshot``:
+    ``{channel of this checkpoint: (updates, supersteps)}`` -- and sealed otherwise: a value
+    copied from run metadata (always a scalar) never lands in clear, and cannot make
+    ``keep_latest`` refuse the thread. ``delta_writes_versioned`` is written by LangGraph.js
+    only and is never kept in clear."""
+    if key not in DELTA_METADATA_KEYS:
+        return True
+    if key != "counters_since_delta_snapshot" or not isinstance(value, dict):
+        return False
+    channels = checkpoint.get("channel_versions") or {}
+    return 0 < len(value) <= 10_000 and all(
+        isinstance(ch, str) and ch in channels and isinstance(pair, (list, tuple))
+        and len(pair) == 2 and all(type(n) is int and 0 <= n < 2 ** 53 for n in pair)
+        for ch, pair in value.items())
+
+
 def _tokens_in_plaintext(raw: bytes) -> builtins.set[str] | None:
     """The tokens in a serialized value, or None when its encoding may escape them."""
     type_, _sep, data = raw.partition(b"\x00")
@@ -153,7 +172,8 @@ class _SealedCodec:
 
     def seal_metadata(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
                       full: Mapping[str, Any]) -> dict[str, Any]:
-        stored: dict[str, Any] = {k: full[k] for k in self.allowlist if k in full}
+        stored: dict[str, Any] = {k: full[k] for k in self.allowlist
+                                  if k in full and _clear_ok(k, full[k], checkpoint)}
         manifest: dict[str, Any] = {"id": checkpoint["id"],
                                     "versions": dict(checkpoint["channel_versions"])}
         if checkpoint.get("pending_sends"):
@@ -688,10 +708,9 @@ class SecureSaver(BaseCheckpointSaver):
         if keys is None:
             return
         inner_filter = self.codec.translate_filter(keys, filter)
-        inner = self._sync_inner("list")
         yielded = 0
-        for tup in inner.list(inner_config, filter=inner_filter, before=inner_before,
-                              limit=limit if one_thread else None):
+        for tup in self._inner_rows(tenant, inner_config, inner_filter, inner_before, limit,
+                                    one_thread):
             listed = self._open_listed(keys, tenant, tup)
             if listed is None:
                 continue
@@ -803,13 +822,8 @@ class SecureSaver(BaseCheckpointSaver):
         if keys is None:
             return
         inner_filter = self.codec.translate_filter(keys, filter)
-        inner_limit = limit if one_thread else None
-        if self._sync_only:
-            rows: Any = await asyncio.to_thread(lambda: list(self.inner.list(
-                inner_config, filter=inner_filter, before=inner_before, limit=inner_limit)))
-        else:
-            rows = self.inner.alist(inner_config, filter=inner_filter, before=inner_before,
-                                    limit=inner_limit)
+        rows = await self._ainner_rows(tenant, inner_config, inner_filter, inner_before, limit,
+                                       one_thread)
         yielded = 0
         async for tup in _aiter(rows):
             listed = self._open_listed(keys, tenant, tup)
@@ -918,6 +932,41 @@ class SecureSaver(BaseCheckpointSaver):
             else:
                 inner_before = before
         return tenant, inner_config, inner_before, config is not None
+
+    # the inner listing behind list/alist: one thread, or one tenant's threads ---------------
+    def _inner_rows(self, tenant: str, config: RunnableConfig | None, filter: Any,
+                    before: RunnableConfig | None, limit: int | None, one_thread: bool
+                    ) -> Iterator[CheckpointTuple]:
+        """What the inner saver lists for ``list``: a config's thread as is; for
+        ``list(None)`` only the tenant's threads (found by a prefix range on the inner
+        table, then listed one by one and merged newest first), so the cost is O(this
+        tenant's rows) whatever other tenants store. Savers without a prefix query fall back
+        to listing everything (other tenants' rows are skipped, unopened)."""
+        inner = self._sync_inner("list")
+        if one_thread:
+            return iter(inner.list(config, filter=filter, before=before, limit=limit))
+        ids = self._ops.thread_ids(thread_prefix(tenant))
+        if ids is None:
+            return iter(inner.list(None, filter=filter, before=before))
+        return _newest_first([builtins.list(inner.list(
+            {"configurable": {"thread_id": tid}}, filter=filter, before=before, limit=limit))
+            for tid in ids])
+
+    async def _ainner_rows(self, tenant: str, config: RunnableConfig | None, filter: Any,
+                           before: RunnableConfig | None, limit: int | None, one_thread: bool
+                           ) -> Any:
+        """Async twin of :meth:`_inner_rows` (an async or a sync iterable)."""
+        if self._sync_only:
+            return await asyncio.to_thread(lambda: builtins.list(self._inner_rows(
+                tenant, config, filter, before, limit, one_thread)))
+        if one_thread:
+            return self.inner.alist(config, filter=filter, before=before, limit=limit)
+        ids = await self._ops.athread_ids(thread_prefix(tenant))
+        if ids is None:
+            return self.inner.alist(None, filter=filter, before=before)
+        return _newest_first([[t async for t in self.inner.alist(
+            {"configurable": {"thread_id": tid}}, filter=filter, before=before, limit=limit)]
+            for tid in ids])
 
     def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple
                      ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None] | None] | None:
@@ -1166,6 +1215,10 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _inner_thread_ids(self, tenant: str) -> builtins.list[str]:
         """Thread ids the inner saver holds for a tenant (finds rows the registry lost)."""
+        prefix = thread_prefix(tenant)
+        ids = self._ops.thread_ids(prefix)
+        if ids is not None:
+            return sorted({i[len(prefix):] for i in ids if i.startswith(prefix)})
         seen: set[str] = set()
         if self._async_only:
             async def collect() -> builtins.list[Any]:
@@ -1479,6 +1532,15 @@ def _str_list(values: Sequence[str], name: str) -> list[str]:
 def _check_strategy(strategy: str) -> None:
     if strategy not in PRUNE_STRATEGIES:
         raise ValueError(f"unknown prune strategy {strategy!r}; use one of {PRUNE_STRATEGIES}")
+
+
+def _newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]
+                  ) -> Iterator[CheckpointTuple]:
+    """Merge per-thread listings (each newest first) into one, newest first, like an inner
+    ``list(None)`` orders them."""
+    import heapq
+    return heapq.merge(*per_thread, key=lambda t: str(t.config["configurable"]["checkpoint_id"]),
+                       reverse=True)
 
 
 async def _aiter(rows: Any) -> AsyncIterator[Any]:
