@@ -530,7 +530,11 @@ def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool
         registry.record_event(JOB_FINISHED, job=job.job, master_version=job.master_version,
                               **done)
     if retire_old:
-        retired, busy = retire_unused_masters(saver)
+        try:
+            retired, busy = retire_unused_masters(saver)
+        except ConfigurationError as exc:   # the keyring serves another database
+            retired, busy = [], []
+            report.problems.append(str(exc))
         report.retired = retired
         if busy:
             report.problems.append(f"master version(s) {', '.join(busy)} still wrap key rows; "

@@ -1,0 +1,44 @@
+"""An application process that keeps writing turns while the keys are rotated under it.
+
+    python -m tests.scripts.rotation_writer URL KEYRING TENANT THREADS OUT STOPFILE
+
+It loads the keyring file ONCE at start (as an app does), then runs turns round-robin over
+THREADS threads of TENANT until STOPFILE exists. Every committed turn is appended to OUT as
+``ok <thread> <text>``; every failed one as ``fail <thread> <ExceptionType>: <message>``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from langchain_core.messages import HumanMessage
+
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.demo import build_chat_graph
+
+
+def main() -> None:
+    url, keyring, tenant, threads, out, stopfile = sys.argv[1:7]
+    ring = Keyring.from_file(keyring)
+    n = 0
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver, \
+            open(out, "a", buffering=1, encoding="utf-8") as log:
+        graph = build_chat_graph(saver)
+        log.write("started\n")
+        while not Path(stopfile).exists():
+            thread = f"t{n % int(threads)}"
+            text = f"{tenant} live {n}"
+            config = {"configurable": {"thread_id": thread, "tenant_id": tenant}}
+            try:
+                graph.invoke({"messages": [HumanMessage(text)]}, config)
+                log.write(f"ok {thread} {text}\n")
+            except Exception as exc:  # recorded, not hidden: the test asserts there are none
+                log.write(f"fail {thread} {type(exc).__name__}: {exc}\n")
+                time.sleep(0.01)
+            n += 1
+
+
+if __name__ == "__main__":
+    main()
