@@ -285,7 +285,7 @@ class KeyManager:
             self._provider_reloaded = now
             try:
                 changed = reload()
-            except Exception as exc:  # a broken source must not hide the original error
+            except Exception as exc:  # noqa: BLE001 - a broken source must not hide the error
                 logger.warning("key provider reload failed: %s", type(exc).__name__)
                 return False
             if changed is False:

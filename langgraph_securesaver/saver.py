@@ -440,7 +440,7 @@ class SecureSaver(BaseCheckpointSaver):
                     actor=denial.actor, operation=denial.operation)
                 failure = None
                 break
-            except Exception as exc:  # retried; the caller is refused in every case
+            except Exception as exc:  # noqa: BLE001 - retried; the caller is refused anyway
                 failure = exc
                 time.sleep(0.05 * (attempt + 1))
         message = (f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
@@ -964,9 +964,12 @@ class SecureSaver(BaseCheckpointSaver):
         ids = await self._ops.athread_ids(thread_prefix(tenant))
         if ids is None:
             return self.inner.alist(None, filter=filter, before=before)
-        return _newest_first([[t async for t in self.inner.alist(
-            {"configurable": {"thread_id": tid}}, filter=filter, before=before, limit=limit)]
-            for tid in ids])
+        per_thread: builtins.list[builtins.list[CheckpointTuple]] = []
+        for tid in ids:
+            per_thread.append([t async for t in self.inner.alist(
+                {"configurable": {"thread_id": tid}}, filter=filter, before=before,
+                limit=limit)])
+        return _newest_first(per_thread)
 
     def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple
                      ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None] | None] | None:
@@ -1363,7 +1366,7 @@ class SecureSaver(BaseCheckpointSaver):
     def _database_label(self) -> str:
         try:
             return self.registry.engine.url.render_as_string(hide_password=True)
-        except Exception:  # pragma: no cover - any engine has a URL
+        except Exception:  # noqa: BLE001  # pragma: no cover - any engine has a URL
             return "(unknown)"
 
     def _bind_keyring(self) -> None:

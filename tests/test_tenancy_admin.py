@@ -87,9 +87,6 @@ class Api:
                 pool = concurrent.futures.ThreadPoolExecutor(1)
 
                 def call(name: str, *args: Any, **kwargs: Any) -> Any:
-                    import contextvars
-                    ctx = contextvars.copy_context()
-
                     async def one() -> Any:
                         if name == "invoke":
                             return await graph.ainvoke(*args, **kwargs)
@@ -622,3 +619,79 @@ def test_every_public_method_is_in_the_readme_table() -> None:
     missing = sorted(n for n in own if f"`{n}" not in table and not (
         n.startswith("a") and n[1:] in own and f"`{n[1:]}" in table))
     assert missing == [], missing
+
+
+# --- finding 7 (and the rest of the CLI): one line, exit 2, nothing changed --------------------
+def _fingerprint(url: str, keyring: Path) -> tuple:
+    if url.startswith("sqlite"):
+        return (Path(url[len("sqlite:///"):]).read_bytes(), keyring.read_bytes())
+    import psycopg
+    with psycopg.connect(url) as conn:
+        rows = tuple(tuple(conn.execute(f"SELECT count(*) FROM {t}").fetchone()) for t in (
+            "checkpoints", "checkpoint_writes", "securesaver_events", "securesaver_threads",
+            "securesaver_tenant_keys", "securesaver_receipts"))
+    return rows, keyring.read_bytes()
+
+
+BAD_ARGUMENTS: list[list[str]] = [
+    ["prune", "--every", "5x"], ["prune", "--every", "0s"], ["prune", "--active-grace", "-1m"],
+    ["prune", "--tenant", ""], ["prune", "--tenant", "x" * 300], ["prune", "--tenant", " a"],
+    ["audit", "--tenant", "x" * 300], ["events", "--tenant", "a\x00b"],
+    ["events", "--thread", "x" * 600], ["events", "--thread", "a\x00b"],
+    ["events", "--since", "nan"], ["events", "--until", "inf"], ["events", "--since", "soon"],
+    ["events", "--since", "2025-13-01"], ["events", "--since", "2025-11-01T10:00:00"],
+    ["shred-tenant", "x" * 300, "--yes"], ["shred-tenant", "acme", "--yes",
+                                           "--requested-by", "y" * 300],
+    ["recover", "--graph", "x:y", "--older-than", "zz"], ["recover", "--graph", "x:y",
+                                                         "--tenant", "x" * 300],
+]
+BAD_URLS = ["foo://x", "sqlite:/x", "", "sqlite:///nonexistent/dir/x.db",
+            "postgresql://127.0.0.1:1/x", "postgresql://[bad"]
+
+
+def _needs_keyring(command: list[str]) -> bool:
+    return command[0] in ("shred-tenant", "rotate-keys", "recover", "scan")
+
+
+@pytest.mark.parametrize("command", BAD_ARGUMENTS, ids=lambda c: " ".join(c)[:40])
+def test_cli_refuses_malformed_arguments_in_one_line(url: str, tmp_path: Path,
+                                                     command: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from langgraph_securesaver import cli_ops  # noqa: F401
+    from langgraph_securesaver.cli import app
+    ring = Keyring.generate()
+    path = ring.save(tmp_path / "keyring.json")
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(path), redaction=None) as s:
+        build_chat_graph(s).invoke({"messages": [HumanMessage("hi")]}, _cfg("t", "acme"))
+    before = _fingerprint(url, path)
+    args = [*command, "--url", url] + (["--keyring", str(path)] if _needs_keyring(command)
+                                       else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    assert _fingerprint(url, path) == before
+
+
+@pytest.mark.parametrize("bad_url", BAD_URLS)
+@pytest.mark.parametrize("command", [["scan"], ["audit"], ["events"], ["prune"],
+                                     ["rotate-keys"], ["shred-tenant", "acme", "--yes"]],
+                         ids=lambda c: c[0])
+def test_cli_refuses_malformed_urls_in_one_line(tmp_path: Path, command: list[str],
+                                                bad_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from langgraph_securesaver import cli_ops  # noqa: F401
+    from langgraph_securesaver.cli import app
+    path = Keyring.generate().save(tmp_path / "keyring.json")
+    before = path.read_bytes()
+    args = [*command, "--url", bad_url] + (["--keyring", str(path)]
+                                           if _needs_keyring(command) else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    assert path.read_bytes() == before and not Path("nonexistent").exists()
