@@ -61,6 +61,11 @@ class KeyProvider(Protocol):
     ``context`` is associated data the provider must bind into the wrap (tenant, key purpose and
     version), so a wrapped key copied to another tenant fails to unwrap. ``unwrap`` raises
     :class:`TamperedDataError` for every failure, including an unknown master version.
+
+    Optional: ``reload() -> bool`` re-reads the provider's source; SecureSaver calls it (at
+    most every ``KeyManager.reload_interval`` seconds) when a key row names a master version
+    the provider does not hold, so processes follow a rotation done elsewhere. Optional too:
+    ``record_database(id, label)`` / ``other_databases(id)`` (see :class:`Keyring`).
     """
 
     @property

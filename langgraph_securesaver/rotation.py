@@ -480,6 +480,9 @@ def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool
     """
     saver._admin_tenant("rotate_keys", operator_only=True)
     ring = _file_keyring(saver)
+    reload = getattr(ring, "reload", None)
+    if callable(reload):   # start from the keyring file as it is now, not as it was loaded
+        reload()
     registry = saver.registry
     job = unfinished_job(saver) if reencrypt else None
     resumed = job is not None and job.master_version == ring.current_version

@@ -1183,6 +1183,9 @@ class SecureSaver(BaseCheckpointSaver):
                 "shredding rewrites the keyring: load it with Keyring.from_file(path) (an "
                 "environment keyring cannot be changed from here)")
         self.require_sole_database("shred_tenant")
+        reload = getattr(ring, "reload", None)
+        if callable(reload):       # start from the file as it is now (another process may
+            reload()               # have rotated since this one loaded it)
         others = [t for t in self.registry.tenants_with_keys() if t != tenant]
         ring.add_version()
         ring.persist()                         # 1. a fresh master version for everyone else

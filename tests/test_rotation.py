@@ -392,13 +392,16 @@ def _ok_turns(logs: list[Path]) -> int:
 
 def check_rotation_under_running_writers(url: str, tmp_path: Path, versions,
                                          threads: int) -> None:
-    """Two app processes (one per tenant) load the keyring at start and write turns while
-    `rotate-keys --reencrypt` runs, is SIGKILLed half-way, and is rerun with --retire-old:
-    they must meet the new master and data-key versions and keep serving."""
+    """Two app processes (one per tenant, one sync, one async) load the keyring at start and
+    write turns while `rotate-keys --reencrypt` runs, is SIGKILLed half-way, and is rerun
+    with --retire-old: they must meet the new master and data-key versions and keep serving."""
     ring_path = build(url, threads=threads, turns=5).save(tmp_path / "keyring.json")
     stop = tmp_path / "stop"
     logs = {tenant: tmp_path / f"writer-{tenant}.log" for tenant in TENANTS}
-    writers = [subprocess.Popen([*WRITER, url, str(ring_path), tenant, "6", str(log), str(stop)],
+    # acme's process uses the sync API (SqliteSaver/PostgresSaver), globex's the async one
+    # (AsyncSqliteSaver/AsyncPostgresSaver)
+    writers = [subprocess.Popen([*WRITER, url, str(ring_path), tenant, "6", str(log), str(stop),
+                                 "async" if tenant == "globex" else "sync"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for tenant, log in logs.items()]
     try:

@@ -243,9 +243,9 @@ def test_ids_are_bounded_on_every_backend_and_nothing_is_half_done(url: str, mod
     Api(url, mode, Keyring.generate(), redaction=None).run(body)
 
 
-def test_a_failed_registry_touch_is_retried_and_never_skipped(url: str) -> None:
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
-        graph = build_chat_graph(saver)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_failed_registry_touch_is_retried_and_never_skipped(url: str, mode: str) -> None:
+    def body(call: Any, saver: SecureSaver, graph: Any) -> None:
         real = saver.registry.touch_thread
         calls = {"n": 0}
 
@@ -257,16 +257,19 @@ def test_a_failed_registry_touch_is_retried_and_never_skipped(url: str) -> None:
 
         saver.registry.touch_thread = flaky  # type: ignore[method-assign]
         with pytest.raises(RuntimeError):
-            graph.invoke({"messages": [HumanMessage("one")]}, _cfg("t", "acme"))
+            call("invoke", {"messages": [HumanMessage("one")]}, _cfg("t", "acme"))
         assert saver.registry.get_thread("acme", "t") is None
-        assert saver.get_tuple(_cfg("t", "acme")) is None       # nothing stored unregistered
-        graph.invoke({"messages": [HumanMessage("two")]}, _cfg("t", "acme"))
+        assert call("get_tuple", _cfg("t", "acme")) is None    # nothing stored unregistered
+        call("invoke", {"messages": [HumanMessage("two")]}, _cfg("t", "acme"))
         assert saver.registry.get_thread("acme", "t") is not None   # the touch was redone
 
+    Api(url, mode, Keyring.generate(), redaction=None).run(body)
 
-def test_denial_events_are_retried_and_a_lost_one_is_said(url: str) -> None:
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
-        build_chat_graph(saver).invoke({"messages": [HumanMessage("hi")]}, _cfg("t", "acme"))
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_denial_events_are_retried_and_a_lost_one_is_said(url: str, mode: str) -> None:
+    def body(call: Any, saver: SecureSaver, graph: Any) -> None:
+        call("invoke", {"messages": [HumanMessage("hi")]}, _cfg("t", "acme"))
         real = saver.registry.record_event
         failures = {"left": 2}
 
@@ -277,12 +280,16 @@ def test_denial_events_are_retried_and_a_lost_one_is_said(url: str) -> None:
             real(kind, **kwargs)
 
         saver.registry.record_event = flaky  # type: ignore[method-assign]
-        with tenant_scope("globex"), pytest.raises(AccessDenied, match="was recorded"):
-            saver.get_tuple(_cfg("t", "acme"))
+        with pytest.raises(AccessDenied, match="was recorded"):
+            _scoped("globex", call, "get_tuple", _cfg("t", "acme"))
         assert len(saver.registry.list_events(kind="access_denied")) == 1
         failures["left"] = 100
-        with tenant_scope("globex"), pytest.raises(AccessDenied, match="could NOT be recorded"):
-            saver.get_tuple(_cfg("t", "acme"))
+        with pytest.raises(AccessDenied, match="could NOT be recorded"):
+            _scoped("globex", call, "get_tuple", _cfg("t", "acme"))
+        with pytest.raises(AccessDenied, match="could NOT be recorded"):
+            _scoped("globex", call, "pii_inventory", "acme")
+
+    Api(url, mode, Keyring.generate(), redaction=None).run(body)
 
 
 # --- finding 3: a scoped list(None) reads only that tenant's rows ------------------------------
@@ -465,11 +472,10 @@ def _key_forms(raw: bytes) -> list[str]:
             base64.urlsafe_b64encode(raw).decode().rstrip("="), repr(raw)[2:-1]]
 
 
-def test_no_key_material_in_repr_str_logs_or_tracebacks(tmp_path: Path,
+def test_no_key_material_in_repr_str_logs_or_tracebacks(url: str,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     ring = Keyring.generate()
-    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
-                              redaction=None) as saver:
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         graph = build_chat_graph(saver)
         graph.invoke({"messages": [HumanMessage("hi")]}, _cfg("t", "acme"))
         keys = saver.keys.require("acme")
@@ -535,6 +541,8 @@ def test_a_keyring_serving_two_databases_cannot_break_the_other(tmp_path: Path,
     with SecureSaver.from_url(first, keyring=Keyring.from_file(path), redaction=None) as saver:
         with pytest.raises(ConfigurationError, match="also serves 1 other database"):
             saver.shred_tenant("acme")
+        with pytest.raises(ConfigurationError, match="also serves 1 other database"):
+            asyncio.run(saver.ashred_tenant("acme"))
         report = saver.rotate_keys(retire_old=True)
         assert not report.ok and report.retired == []
         assert any("also serves" in p for p in report.problems)
