@@ -433,10 +433,16 @@ class SecureSaver(BaseCheckpointSaver):
         logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
                        denial.actor, denial.operation, denial.target, denial.thread_id)
         failure: Exception | None = None
+        thread_id = denial.thread_id
+        if thread_id is not None:
+            try:   # an id no column could hold is left out, never the event
+                thread_id = validate_thread_id(thread_id)
+            except ConfigurationError:
+                thread_id = None
         for attempt in range(self._DENIAL_ATTEMPTS):
             try:
                 self.registry.record_event(
-                    "access_denied", tenant=denial.target, thread_id=denial.thread_id,
+                    "access_denied", tenant=denial.target, thread_id=thread_id,
                     actor=denial.actor, operation=denial.operation)
                 failure = None
                 break
@@ -466,6 +472,11 @@ class SecureSaver(BaseCheckpointSaver):
         except _DeniedError as denied:
             raise await asyncio.to_thread(self._record_denial, denied.denial) from None
 
+    def _acting_scope(self) -> str | None:
+        """Who the caller is for the scope rule of admin methods (the active tenant_scope;
+        subclasses that know the caller otherwise, e.g. the LangGraph Server saver, say so)."""
+        return current_tenant_scope()
+
     def _admin_tenant(self, operation: str, tenant: Any = None, *,
                       operator_only: bool = False) -> str | None:
         """The one scope rule of every method that names a tenant (README: "Who a method acts
@@ -473,7 +484,7 @@ class SecureSaver(BaseCheckpointSaver):
         tenant). Inside ``tenant_scope(t)`` they act for ``t`` only: ``tenant=None`` means
         ``t``, naming another tenant -- or calling an operator-only method, which acts for
         every tenant -- raises :class:`AccessDenied` and records the attempt."""
-        scoped = current_tenant_scope()
+        scoped = self._acting_scope()
         named = None if tenant is None else validate_tenant(tenant)
         if scoped is None:
             return named
