@@ -703,3 +703,35 @@ def test_cli_refuses_malformed_urls_in_one_line(tmp_path: Path, command: list[st
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "Traceback" not in result.output
     assert path.read_bytes() == before and not Path("nonexistent").exists()
+
+
+def test_the_server_saver_applies_the_rule_to_the_authenticated_user(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under LangGraph Server the caller is the authenticated user, not a tenant_scope."""
+    import sys
+    import types
+
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langgraph_securesaver.server import AuthTenantSaver
+    saver = AuthTenantSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
+    graph = build_chat_graph(saver)
+    for user in ("acme", "globex"):
+        graph.invoke({"messages": [HumanMessage("hi")]},
+                     {"configurable": {"thread_id": "t", "langgraph_auth_user":
+                                       {"identity": user}}})
+    saver.set_tenant_retention("acme", RetentionPolicy(idle_ttl="1d"))     # no user: operator
+    request = types.SimpleNamespace(user={"identity": "globex"})
+    fake = types.ModuleType("langgraph_api.utils")
+    fake.get_auth_ctx = lambda: request  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "langgraph_api.utils", fake)
+    for name, args, kwargs in (("events", (), {"tenant": "acme"}),
+                               ("set_tenant_retention", ("acme", None), {}),
+                               ("rotate_data_key", ("acme",), {}), ("rewrap_keys", (), {})):
+        with pytest.raises(AccessDenied):
+            getattr(saver, name)(*args, **kwargs)
+    assert saver.rotate_data_key("globex") == 2                      # its own tenant: fine
+    assert {e.tenant for e in saver.events()} == {"globex"}
+    assert saver.registry.get_policy("acme") is not None
+    monkeypatch.delitem(sys.modules, "langgraph_api.utils")
+    assert [e.actor for e in saver.events(kind="access_denied")] == ["globex"] * 4
