@@ -1349,7 +1349,7 @@ class SecureSaver(BaseCheckpointSaver):
         """The tenants a re-encryption may touch under the scope rule (None: every one)."""
         if isinstance(tenants, (str, bytes)):
             raise ConfigurationError("reencrypt(tenants=...) takes a list of tenant ids")
-        if current_tenant_scope() is not None:
+        if self._acting_scope() is not None:
             named = [self._admin_tenant("reencrypt", t) for t in (tenants or [None])]
             return sorted({t for t in named if t is not None})
         return None if tenants is None else [validate_tenant(t) for t in tenants]
