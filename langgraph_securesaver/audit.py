@@ -830,7 +830,9 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
     by one grouped statement and streamed with a server-side cursor: memory stays flat however
     many threads there are. Otherwise the rows are walked in Python (see :func:`audit`)."""
     from .pruner import shares_database
-    now = time.time() if now is None else float(now)
+    from .timeargs import to_epoch
+    tenant = saver._admin_tenant("audit", tenant)
+    now = time.time() if now is None else float(to_epoch(now, "now") or 0.0)
     registry = saver.registry
     all_tenants = registry.tenants()
     if tenant is not None and tenant not in all_tenants:
@@ -858,6 +860,7 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
 def audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = None,
           progress: Callable[[int, int], None] | None = None) -> AuditReport:
     """Inventory of the database behind ``saver`` (optionally one tenant). Reads only.
+    Inside a tenant scope it covers that tenant only (see SecureSaver._admin_tenant).
 
     Builds the whole report in memory; :func:`audit_stream` writes it out as it is read."""
     stream, finish = iter_audit(saver, tenant=tenant, now=now, progress=progress)
@@ -1007,7 +1010,9 @@ def events(saver: SecureSaver, *, tenant: str | None = None, thread_id: str | No
            kind: str | None = None, since: float | None = None, until: float | None = None,
            limit: int | None = None) -> list[TrailEntry]:
     """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind
-    (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action)."""
+    (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action).
+    Inside a tenant scope: that tenant's entries only."""
+    tenant = saver._admin_tenant("events", tenant)
     registry = saver.registry
     out: list[TrailEntry] = []
     if kind is None or not kind.startswith("receipt"):
