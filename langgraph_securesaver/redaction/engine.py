@@ -24,7 +24,6 @@ from presidio_analyzer.predefined_recognizers import (
     CryptoRecognizer,
     IbanRecognizer,
     PhoneRecognizer,
-    UsSsnRecognizer,
 )
 
 from .errors import RedactionError
@@ -34,7 +33,9 @@ from .recognizers import (
     CnResidentIdRecognizer,
     LabelAwareIpRecognizer,
     OfflineEmailRecognizer,
+    PhoneShapeRecognizer,
     StrictCreditCardRecognizer,
+    UsSsnRecognizer,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,12 +65,15 @@ def default_recognizers(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
 
     Deliberately absent from presidio's generic set: DATE_TIME, UUID, MAC and URL (they flag
     timestamps, ids and links that are not personal data) and the country-specific ID
-    recognizers (they misfire on order numbers outside their country).
+    recognizers (they misfire on order numbers outside their country). presidio's own
+    e-mail, card, IP and SSN recognizers are replaced by linear-time ones (see
+    ``recognizers``); its phone (``phonenumbers``), IBAN and crypto-wallet recognizers stay.
     """
     regions = tuple(r.upper() for r in phone_regions)
     return [
         OfflineEmailRecognizer(supported_language=language),
         PhoneRecognizer(supported_language=language, supported_regions=regions),
+        PhoneShapeRecognizer(supported_language=language),
         StrictCreditCardRecognizer(supported_language=language),
         IbanRecognizer(supported_language=language),
         LabelAwareIpRecognizer(supported_language=language),
