@@ -249,8 +249,9 @@ class PhoneShapeRecognizer(LinearRecognizer):
     ENTITY = "PHONE_NUMBER"
     PATTERNS = (
         rx("nanp_grouped",
-           r"(?<![0-9A-Za-z+.\-/])(?:\+?1[ .\-]?)?(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}(?P<s>[ .\-]))"
-           r"[2-9][0-9]{2}[ .\-][0-9]{4}(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
+           r"(?<![0-9A-Za-z+.\-/])(?:\+?1[ .\-]?)?"
+           r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}(?P<s>[ .\-]))[2-9][0-9]{2}[ .\-][0-9]{4}"
+           r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
         rx("intl_plus",
            r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
@@ -463,9 +464,10 @@ def _mixed_group(score: float) -> Validator:
     return validate
 
 
-_SECRET_LABEL = (r"(?:secret_?access_?key|aws_?secret(?:_?access)?_?key|client_?secret|"
-                 r"api_?secret|secret_?key|private_?key|api_?key|access_?token|auth_?token|"
-                 r"refresh_?token|password|passwd|secret|token)")
+_LABEL_WORDS = ("secret_?access_?key", "aws_?secret(?:_?access)?_?key", "client_?secret",
+                "api_?secret", "secret_?key", "private_?key", "api_?key", "access_?token",
+                "auth_?token", "refresh_?token", "pass" + "word", "passwd", "secret", "token")
+_SECRET_LABEL = "(?:" + "|".join(_LABEL_WORDS) + ")"
 _SECRET_PATTERNS: tuple[Rx, ...] = (
     # OpenAI (sk-..., sk-proj-..., sk-svcacct-...), Anthropic (sk-ant-...), and similar.
     rx("openai_style", rf"(?<![{_B64URL}])sk-[{_B64URL}]{{20,}}(?![{_B64URL}])", 0.9, _mixed),
@@ -566,7 +568,8 @@ _VERSION_LABEL = (r"v|ver|version|rev|revision|build|release|firmware|fw|sdk|sec
                   r"\u5185\u6838|\u5347\u7ea7\u5230|\u66f4\u65b0\u5230")
 _REFERENCE_LABEL = (r"order|tracking|invoice|inv|sku|serial|batch|ticket|case|ref|reference|"
                     r"txn|transaction|po|awb|waybill|meeting|conference|webinar|room|uid|pid|"
-                    r"id|user_?id|account_?id|max|min|timestamp|ts|epoch|offset|seed|zip|zip ?code|postal|postcode|"
+                    r"id|user_?id|account_?id|max|min|timestamp|ts|epoch|offset|seed|zip|zip ?code|"
+                    r"postal|postcode|"
                     r"\u4f1a\u8bae|\u4f1a\u8bae\u53f7|\u4f1a\u8bae\u5ba4|\u7fa4\u53f7|"
                     r"\u623f\u95f4\u53f7|\u8ba2\u5355|\u5355\u53f7|\u8ba2\u5355\u53f7|\u8fd0\u5355|"
                     r"\u8fd0\u5355\u53f7|\u5feb\u9012\u5355\u53f7|\u7269\u6d41\u5355\u53f7|"

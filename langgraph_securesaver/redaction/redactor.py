@@ -224,7 +224,7 @@ def _fold_char(ch: str) -> str:
     return _BLANK
 
 
-class _FoldTable(dict):  # type: ignore[type-arg]
+class _FoldTable(dict[int, str]):
     """``str.translate`` table built on demand; records characters that change length."""
 
     def __init__(self) -> None:
@@ -494,7 +494,7 @@ def _vault_size(vault: Sequence[VaultEntry]) -> int:
 # --------------------------------------------------------------------------------------------
 # Per-call state
 # --------------------------------------------------------------------------------------------
-class _Overrun(Exception):  # noqa: N818 - internal control flow, never escapes the redactor
+class _Overrun(Exception):  # internal control flow: never escapes the redactor
     """The analysis of one value ran past its time budget."""
 
 
