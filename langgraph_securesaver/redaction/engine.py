@@ -23,7 +23,6 @@ from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngine, NoOpNlpEngine
 from presidio_analyzer.predefined_recognizers import (
     CryptoRecognizer,
     IbanRecognizer,
-    PhoneRecognizer,
 )
 
 from .errors import RedactionError
@@ -33,6 +32,7 @@ from .recognizers import (
     CnResidentIdRecognizer,
     LabelAwareIpRecognizer,
     OfflineEmailRecognizer,
+    PhoneRecognizer,
     PhoneShapeRecognizer,
     StrictCreditCardRecognizer,
     UsSsnRecognizer,
@@ -66,8 +66,9 @@ def default_recognizers(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
     Deliberately absent from presidio's generic set: DATE_TIME, UUID, MAC and URL (they flag
     timestamps, ids and links that are not personal data) and the country-specific ID
     recognizers (they misfire on order numbers outside their country). presidio's own
-    e-mail, card, IP and SSN recognizers are replaced by linear-time ones (see
-    ``recognizers``); its phone (``phonenumbers``), IBAN and crypto-wallet recognizers stay.
+    e-mail, card, IP, SSN and phone recognizers are replaced by linear-time ones (see
+    ``recognizers``; phones are still validated by ``phonenumbers``); its IBAN and
+    crypto-wallet recognizers stay.
     """
     regions = tuple(r.upper() for r in phone_regions)
     return [
