@@ -32,10 +32,10 @@ from .recognizers import (
     CnResidentIdRecognizer,
     LabelAwareIpRecognizer,
     OfflineEmailRecognizer,
-    PhoneRecognizer,
+    LinearPhoneRecognizer,
     PhoneShapeRecognizer,
     StrictCreditCardRecognizer,
-    UsSsnRecognizer,
+    LinearUsSsnRecognizer,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,13 +73,13 @@ def default_recognizers(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
     regions = tuple(r.upper() for r in phone_regions)
     return [
         OfflineEmailRecognizer(supported_language=language),
-        PhoneRecognizer(supported_language=language, supported_regions=regions),
+        LinearPhoneRecognizer(supported_language=language, supported_regions=regions),
         PhoneShapeRecognizer(supported_language=language),
         StrictCreditCardRecognizer(supported_language=language),
         IbanRecognizer(supported_language=language),
         LabelAwareIpRecognizer(supported_language=language),
         CryptoRecognizer(supported_language=language),
-        UsSsnRecognizer(supported_language=language),
+        LinearUsSsnRecognizer(supported_language=language),
         CnResidentIdRecognizer(supported_language=language),
         CnMobileRecognizer(supported_language=language),
         ApiSecretRecognizer(supported_language=language),

@@ -213,14 +213,15 @@ class CnMobileRecognizer(LinearRecognizer):
 # Phone numbers validated by phonenumbers, one parse per candidate and region
 # --------------------------------------------------------------------------------------------
 _PHONE_CANDIDATE = re.compile(
-    r"(?<![0-9A-Za-z+])(?:\+|00)?(?:\([0-9]{1,4}\)[ .\-]?)?[0-9](?:[ .\-/]{0,2}[0-9]|"
+    r"(?<![0-9A-Za-z+])(?:\+|00)?(?:\([0-9]{1,4}\)[ .\-]?)?[0-9](?:[ .\-]{0,2}[0-9]|"
     r"[ .\-]?\([0-9]{1,4}\)[ .\-]?[0-9]){5,17}(?![0-9A-Za-z]|[.\-][0-9])", re.ASCII)
 
 
 _NON_DIGITS = re.compile(r"[^0-9]+")
+_DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
 
 
-class PhoneRecognizer(LinearRecognizer):
+class LinearPhoneRecognizer(LinearRecognizer):
     """Phone numbers: digit groups (7-15 digits, optional ``+``/``00`` and one parenthesised
     group) that ``phonenumbers`` accepts as a valid number of one of ``supported_regions`` (or,
     with ``+``, of any region). Unlike presidio's ``PhoneNumberMatcher`` (which re-parses
@@ -249,6 +250,8 @@ class PhoneRecognizer(LinearRecognizer):
                 continue
             if sum(len(g) == 1 for g in _NON_DIGITS.split(value)) >= 2:
                 continue  # "1.3.6.1.4.1.2021" (an OID), "3 1 4 1 5 9 2 6": not phone groups
+            if _DATE_START.match(value):
+                continue  # "2024-03-08 1422", "2024.03.08 14"
             intl = value.startswith(("+", "00"))
             for region in (None,) if intl else self.regions:
                 try:
@@ -284,6 +287,16 @@ def _validate_nanp(m: re.Match[str], view: str) -> float | None:
     return 0.45 if _phone_label_near(view, m.start()) else 0.4
 
 
+def _validate_gb(m: re.Match[str], view: str) -> float | None:
+    value = m.group(0)
+    digits = [c for c in value if c.isdigit()]
+    if len(digits) not in (10, 11) or len(set(digits)) < 3:
+        return None
+    if " " not in value and "(" not in value and "-" not in value:
+        return _validate_plain10(m, view)
+    return 0.45 if _phone_label_near(view, m.start()) else 0.4
+
+
 def _validate_plain10(m: re.Match[str], view: str) -> float | None:
     return 0.45 if _phone_label_near(view, m.start()) else None
 
@@ -303,12 +316,15 @@ class PhoneShapeRecognizer(LinearRecognizer):
     ENTITY = "PHONE_NUMBER"
     PATTERNS = (
         rx("nanp_grouped",
-           r"(?<![0-9A-Za-z+.\-/])(?:\+?1[ .\-]?)?"
+           r"(?<![0-9A-Za-z+.\-/])(?:(?:\+|00)?1[ .\-]?)?"
            r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}(?P<s>[ .\-]))[2-9][0-9]{2}[ .\-][0-9]{4}"
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
         rx("intl_plus",
            r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
+        rx("gb_grouped",
+           r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{2,4}) ?[0-9]{3}[ \-]?"
+           r"[0-9]{3,4}(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("plain10_labelled", r"(?<![0-9A-Za-z+.\-])[2-9][0-9]{9}(?![0-9A-Za-z]|[.\-][0-9])",
            0.6, _validate_plain10),
     )
@@ -340,7 +356,7 @@ def _ssn_validator(base: float, labelled: float, need_label: bool) -> Validator:
     return validate
 
 
-class UsSsnRecognizer(LinearRecognizer):
+class LinearUsSsnRecognizer(LinearRecognizer):
     """US SSN: 3-2-4 digits with one consistent separator; 3-6, 5-4 and nine plain digits only
     after an SSN label (``SSN``, ``social security``)."""
 
@@ -377,6 +393,8 @@ def _in(prefix: str, lo: int, hi: int) -> bool:
 
 
 _ALL_LENGTHS = frozenset(range(12, 20))
+_MAESTRO_IINS = frozenset({"5018", "5020", "5038", "5893", "6304", "6390", "6759", "6761",
+                           "6762", "6763", "6220"})
 # (predicate on the digit string, allowed lengths)
 _ISSUERS: list[tuple[Callable[[str], bool], frozenset[int]]] = [
     (lambda d: d[0] == "4", frozenset({13, 16, 19})),                                 # Visa
@@ -385,13 +403,16 @@ _ISSUERS: list[tuple[Callable[[str], bool], frozenset[int]]] = [
     (lambda d: d[:4] == "6011" or d[:2] == "65" or _in(d[:3], 644, 649),
      frozenset({16, 17, 18, 19})),                                                     # Discover
     (lambda d: d[:2] == "62" or d[:2] == "81", frozenset({16, 17, 18, 19})),           # UnionPay
-    (lambda d: _in(d[:4], 3528, 3589), frozenset({15, 16, 17, 18, 19})),               # JCB
+    (lambda d: d[:2] == "35", frozenset({16, 17, 18, 19})),                            # JCB
     (lambda d: d[:4] in ("1800", "2131"), frozenset({15})),                            # JCB (old)
     (lambda d: _in(d[:4], 3088, 3102) or _in(d[:4], 3112, 3120) or _in(d[:4], 3158, 3159)
      or _in(d[:4], 3337, 3349), frozenset({16})),                                      # JCB 3xxx
     (lambda d: _in(d[:3], 300, 305) or d[:2] in ("36", "38", "39") or d[:4] == "3095",
      frozenset({14, 16, 17, 18, 19})),                                                 # Diners
-    (lambda d: d[:2] in ("50", "56", "57", "58") or d[0] == "6", _ALL_LENGTHS),        # Maestro
+    (lambda d: d[:4] in _MAESTRO_IINS, _ALL_LENGTHS),                                  # Maestro
+    (lambda d: d[:2] in ("50", "56", "57", "58"),
+     frozenset({12, 14, 15, 16, 17, 18, 19})),                # Maestro (13: EAN-13 barcodes)
+    (lambda d: d[0] == "6", frozenset({16, 17, 18, 19})),                              # Maestro
     (lambda d: _in(d[:4], 2200, 2204), frozenset({16, 17, 18, 19})),                   # Mir
     (lambda d: d[0] == "1", frozenset({15})),                                          # UATP
     (lambda d: d[:4] in ("5019", "4571"), frozenset({16})),                            # Dankort
@@ -429,7 +450,7 @@ class StrictCreditCardRecognizer(LinearRecognizer):
     that pass Luhn and match a known issuer prefix for their length."""
 
     ENTITY = "CREDIT_CARD"
-    _START = r"(?<![0-9A-Za-z.,\-])"
+    _START = r"(?<![0-9A-Za-z.\-])(?<![0-9],)"
     _END = r"(?![0-9A-Za-z]|[.,\-][0-9])"
     PATTERNS = (
         rx("card_grouped",
@@ -460,12 +481,12 @@ _IP_LABEL = re.compile(r"(?:ip|ipv4|ipv6|addr|address|host|client|server|from|sr
 def _validate_ip(m: re.Match[str], view: str) -> float | None:
     value = m.group(0)
     try:
-        ipaddress.ip_interface(value)
+        ipaddress.ip_interface(value.split("%")[0])
     except ValueError:
         return None
     if ":" not in value:
         octets = value.split("/")[0].split(".")
-        if all(len(o) == 1 for o in octets) and not _IP_LABEL.search(
+        if all(len(o) == 1 for o in octets) and len(set(octets)) > 1 and not _IP_LABEL.search(
                 view, max(0, m.start() - 12), m.start()):
             return None  # "section 3.2.1.4", "升级到 3.1.2.5": a dotted version, not a host
     return 0.6
@@ -477,12 +498,16 @@ class LabelAwareIpRecognizer(LinearRecognizer):
 
     ENTITY = "IP_ADDRESS"
     PATTERNS = (
-        rx("ipv4", _IP_START + _IPV4 + r"(?:/(?:3[0-2]|[12]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])",
+        rx("ipv4", r"(?:(?<=[Ii][Pp])|(?<![0-9A-Za-z_.]))" + _IPV4 + r"(?:/(?:3[0-2]|[12]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])",
            0.6, _validate_ip),
         rx("ipv4_mapped", _IP_START + rf"::(?:ffff(?::0{{1,4}})?:)?{_IPV4}"
            r"(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])", 0.6,
            _validate_ip),
-        rx("ipv6", _IP_START + _IPV6 + r"(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
+        rx("ipv4_embedded", _IP_START + rf"(?:(?:{_H16}:){{1,5}}:(?:{_H16}:){{0,4}}|"
+           rf"(?:{_H16}:){{6}}){_IPV4}(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
+           r"(?![0-9A-Za-z_]|\.[0-9])", 0.6, _validate_ip),
+        rx("ipv6", _IP_START + _IPV6 + r"(?:%[0-9A-Za-z]{1,16})?"
+           r"(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
            r"(?![0-9A-Za-z_:]|\.[0-9])", 0.6, _validate_ip),
     )
 
@@ -518,7 +543,7 @@ def _mixed_group(score: float) -> Validator:
     return validate
 
 
-_LABEL_WORDS = ("secret_?access_?key", "aws_?secret(?:_?access)?_?key", "client_?secret",
+_LABEL_WORDS = ("secret_?access_?key", "aws_?access_?key", "aws[a-z_]{0,12}_?key", "aws_?secret(?:_?access)?_?key", "client_?secret",
                 "api_?secret", "secret_?key", "private_?key", "api_?key", "access_?token",
                 "auth_?token", "refresh_?token", "pass" + "word", "passwd", "secret", "token")
 _SECRET_LABEL = "(?:" + "|".join(_LABEL_WORDS) + ")"
@@ -529,7 +554,8 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
     rx("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}(?![A-Za-z0-9_])",
        0.95),
     # AWS access key ids (long-term AKIA, temporary ASIA).
-    rx("aws_access_key_id", r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z2-7]{16}(?![A-Za-z0-9])", 0.95),
+    rx("aws_access_key_id", r"(?<![A-Za-z0-9])(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|"
+       r"AIPA|ANPA|ANVA)[A-Z0-9]{16}(?![A-Za-z0-9])", 0.95),
     # A 40-character AWS secret access key (or any labelled secret) after its label:
     # "aws_secret_access_key = …", "SecretAccessKey": "…", "aws configure set
     # aws_secret_access_key …", "password: …". The label and separator are bounded.
@@ -544,8 +570,17 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
     rx("github_token", r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{36,251}(?![A-Za-z0-9_])", 0.95),
     rx("github_pat", r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_])", 0.95),
     # GitLab personal/project/group tokens and friends.
-    rx("gitlab_token", r"(?<![A-Za-z0-9_\-])gl(?:pat|dt|ptt|rt|cbt|oas|ft|imt|agent)-"
+    rx("gitlab_token", r"(?<![A-Za-z0-9_\-])gl(?:pat|dt|ptt|rt|cbt|oas|soat|ft|imt|agent)-"
        r"[A-Za-z0-9_\-]{20,64}(?![A-Za-z0-9_\-])", 0.95),
+    rx("gitlab_runner", r"(?<![A-Za-z0-9_\-])GR1348941[A-Za-z0-9_\-]{20,64}(?![A-Za-z0-9_\-])",
+       0.95),
+    # npm: the token in an .npmrc "_authToken=" line (whatever its shape)
+    rx("npmrc_token", r":_authToken=[ \t]{0,2}(?P<v>[^\s\"'$][^\s\"']{6,200})", 0.9, None, "v"),
+    # Discord bot tokens: base64(user id).timestamp.hmac
+    rx("discord_bot", r"(?<![A-Za-z0-9_\-])[A-Za-z0-9_\-]{23,28}\.[A-Za-z0-9_\-]{6,7}\."
+       r"[A-Za-z0-9_\-]{27,40}(?![A-Za-z0-9_\-])", 0.85, _mixed),
+    # PyPI upload tokens (macaroons)
+    rx("pypi_token", r"(?<![A-Za-z0-9_\-])pypi-AgE[A-Za-z0-9_\-]{50,}", 0.95),
     # Hugging Face access tokens.
     rx("huggingface", r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,40}(?![A-Za-z0-9_])", 0.9),
     # npm access tokens.
@@ -620,7 +655,9 @@ class ApiSecretRecognizer(LinearRecognizer):
 _VERSION_LABEL = (r"v|ver|version|rev|revision|build|release|firmware|fw|sdk|section|sec|"
                   r"chapter|clause|step|\u00a7|\u7248\u672c|\u7248\u672c\u53f7|\u56fa\u4ef6|"
                   r"\u5185\u6838|\u5347\u7ea7\u5230|\u66f4\u65b0\u5230")
-_REFERENCE_LABEL = (r"order|tracking|invoice|inv|sku|serial|batch|ticket|case|ref|reference|"
+_REFERENCE_LABEL = (r"created_?at|updated_?at|expires?_?at|exp|iat|nbf|time|date|since|until|"
+                    r"imei|ean|upc|gtin|isbn|barcode|\u6761\u5f62\u7801|\u65f6\u95f4\u6233|"
+                    r"order|tracking|invoice|inv|sku|serial|batch|ticket|case|ref|reference|"
                     r"txn|transaction|po|awb|waybill|meeting|conference|webinar|room|uid|pid|"
                     r"id|user_?id|account_?id|max|min|timestamp|ts|epoch|offset|seed|zip|zip ?code|"
                     r"postal|postcode|"
@@ -644,7 +681,8 @@ LABEL_VETOES: dict[str, re.Pattern[str]] = {
     "PHONE_NUMBER": _REFERENCE_VETO,
     "CN_MOBILE": _REFERENCE_VETO,
     "US_SSN": _REFERENCE_VETO,
-    "CREDIT_CARD": re.compile(r"(?<![A-Za-z])(?:order|tracking|invoice|inv|awb|waybill|"
+    "CREDIT_CARD": re.compile(r"(?<![A-Za-z])(?:order|tracking|invoice|inv|awb|waybill|imei|ean|"
+                              r"upc|gtin|isbn|barcode|\u6761\u5f62\u7801|\u5546\u54c1\u6761\u5f62\u7801|"
                               r"\u8ba2\u5355\u53f7|\u8fd0\u5355\u53f7|\u5feb\u9012\u5355\u53f7)"
                               + _LABEL_TAIL, re.IGNORECASE),
 }
@@ -662,6 +700,11 @@ def label_veto(kind: str, text: str, start: int, end: int | None = None) -> bool
     lo = max(0, start - _VETO_WINDOW)
     if pattern.search(text, lo, start) is not None:
         return True
+    if end is not None and kind in _GLUED_KINDS:
+        if "".join(c for c in text[start:end] if c.isdigit()) in _NOT_CARDS:
+            return True  # 2147483647 and friends
+        if _IBAN_HEAD.search(text, max(0, start - 40), start):
+            return True  # digits inside an IBAN
     if kind in _GLUED_KINDS and _GLUED_ID.search(text, lo, start) is not None:
         return _PHONE_KEY.search(text, lo, start) is None
     if kind == "IP_ADDRESS" and end is not None and _AFTER_VETO.match(text, end):
@@ -680,10 +723,10 @@ __all__ = [
     "LabelAwareIpRecognizer",
     "LinearRecognizer",
     "OfflineEmailRecognizer",
-    "PhoneRecognizer",
+    "LinearPhoneRecognizer",
     "PhoneShapeRecognizer",
     "StrictCreditCardRecognizer",
-    "UsSsnRecognizer",
+    "LinearUsSsnRecognizer",
     "cn_id_check_char",
     "is_plausible_card",
     "is_valid_cn_resident_id",
