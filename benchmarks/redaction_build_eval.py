@@ -28,6 +28,7 @@ was generated afterwards and not tuned on.
 Usage: python benchmarks/redaction_build_eval.py PRESIDIO_REPO DETECT_SECRETS_REPO
 """
 
+# ruff: noqa: RUF001 - the Chinese sentence templates use full-width punctuation on purpose
 from __future__ import annotations
 
 import ast
@@ -297,7 +298,7 @@ def faker_rows(seed: int = 20261201) -> list[dict[str, Any]]:
     rows = []
     for kind, value, source in _faker_values(seed):
         label, key, zlabel = LABELS[kind]
-        styles = ZH_STYLES if (kind in ("CN_MOBILE", "CN_RESIDENT_ID") and rnd.random() < 0.7
+        styles = ZH_STYLES if ((kind in ("CN_MOBILE", "CN_RESIDENT_ID") and rnd.random() < 0.7)
                                or rnd.random() < 0.2) else EN_STYLES
         text = rnd.choice(styles).format(v=value, label=label, key=key, zlabel=zlabel)
         rows.append({"text": text, "entities": [{"kind": kind, "value": value}],

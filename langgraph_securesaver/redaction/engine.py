@@ -31,11 +31,11 @@ from .recognizers import (
     CnMobileRecognizer,
     CnResidentIdRecognizer,
     LabelAwareIpRecognizer,
-    OfflineEmailRecognizer,
     LinearPhoneRecognizer,
+    LinearUsSsnRecognizer,
+    OfflineEmailRecognizer,
     PhoneShapeRecognizer,
     StrictCreditCardRecognizer,
-    LinearUsSsnRecognizer,
 )
 
 logger = logging.getLogger(__name__)

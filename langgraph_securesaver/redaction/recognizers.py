@@ -498,7 +498,8 @@ class LabelAwareIpRecognizer(LinearRecognizer):
 
     ENTITY = "IP_ADDRESS"
     PATTERNS = (
-        rx("ipv4", r"(?:(?<=[Ii][Pp])|(?<![0-9A-Za-z_.]))" + _IPV4 + r"(?:/(?:3[0-2]|[12]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])",
+        rx("ipv4", r"(?:(?<=[Ii][Pp])|(?<![0-9A-Za-z_.]))" + _IPV4
+           + r"(?:/(?:3[0-2]|[12]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])",
            0.6, _validate_ip),
         rx("ipv4_mapped", _IP_START + rf"::(?:ffff(?::0{{1,4}})?:)?{_IPV4}"
            r"(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])", 0.6,
@@ -543,7 +544,8 @@ def _mixed_group(score: float) -> Validator:
     return validate
 
 
-_LABEL_WORDS = ("secret_?access_?key", "aws_?access_?key", "aws[a-z_]{0,12}_?key", "aws_?secret(?:_?access)?_?key", "client_?secret",
+_LABEL_WORDS = ("secret_?access_?key", "aws_?access_?key", "aws[a-z_]{0,12}_?key",
+                "aws_?secret(?:_?access)?_?key", "client_?secret",
                 "api_?secret", "secret_?key", "private_?key", "api_?key", "access_?token",
                 "auth_?token", "refresh_?token", "pass" + "word", "passwd", "secret", "token")
 _SECRET_LABEL = "(?:" + "|".join(_LABEL_WORDS) + ")"
@@ -721,12 +723,12 @@ __all__ = [
     "CnResidentIdRecognizer",
     "EntityRecognizer",
     "LabelAwareIpRecognizer",
-    "LinearRecognizer",
-    "OfflineEmailRecognizer",
     "LinearPhoneRecognizer",
+    "LinearRecognizer",
+    "LinearUsSsnRecognizer",
+    "OfflineEmailRecognizer",
     "PhoneShapeRecognizer",
     "StrictCreditCardRecognizer",
-    "LinearUsSsnRecognizer",
     "cn_id_check_char",
     "is_plausible_card",
     "is_valid_cn_resident_id",
