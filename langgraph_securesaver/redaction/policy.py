@@ -44,6 +44,7 @@ DEFAULT_MAX_CHARS = 20_000
 DEFAULT_HARD_MAX_CHARS = 2_000_000
 DEFAULT_MAX_DEPTH = 100
 DEFAULT_TIME_BUDGET = 2.0
+DEFAULT_MAX_DETECTIONS = 5_000
 ON_TIMEOUT = ("mask", "raise")
 
 
@@ -75,6 +76,9 @@ class RedactionPolicy:
             stored in clear: see ``on_timeout``.
         on_timeout: ``"mask"`` (default) replaces the whole string by ``<WITHHELD:masked>``;
             ``"raise"`` refuses the write with ``RedactionError``.
+        max_detections: a single string with more raw detections than this (a hostile
+            input: e.g. tens of thousands of key headers) is withheld the same way, which
+            bounds the work and the garbage one value can cause.
     """
 
     actions: Mapping[str, Action] = field(default_factory=_default_actions)
@@ -87,6 +91,7 @@ class RedactionPolicy:
     max_depth: int = DEFAULT_MAX_DEPTH
     time_budget: float = DEFAULT_TIME_BUDGET
     on_timeout: str = "mask"
+    max_detections: int = DEFAULT_MAX_DETECTIONS
 
     def __post_init__(self) -> None:
         try:
@@ -117,6 +122,9 @@ class RedactionPolicy:
         if self.on_timeout not in ON_TIMEOUT:
             raise ConfigurationError(f"on_timeout must be one of {ON_TIMEOUT}")
         object.__setattr__(self, "time_budget", float(self.time_budget))
+        if int(self.max_detections) < 100:
+            raise ConfigurationError("max_detections must be at least 100")
+        object.__setattr__(self, "max_detections", int(self.max_detections))
         object.__setattr__(self, "actions", MappingProxyType(actions))
         object.__setattr__(self, "default_action", default_action)
         object.__setattr__(self, "channels", MappingProxyType(channels))
@@ -179,6 +187,7 @@ class RedactionPolicy:
             "max_depth": self.max_depth,
             "time_budget": repr(self.time_budget),
             "on_timeout": self.on_timeout,
+            "max_detections": self.max_detections,
         }
         raw = json.dumps(doc, sort_keys=True, ensure_ascii=True).encode("ascii")
         return hashlib.sha256(raw).hexdigest()[:32]

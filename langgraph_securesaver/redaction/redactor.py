@@ -35,7 +35,7 @@ from .engine import (
 )
 from .errors import RedactionError
 from .policy import Action, RedactionPolicy
-from .recognizers import API_SECRET, CANDIDATE_RE, label_veto
+from .recognizers import API_SECRET, CANDIDATE_RE, label_veto, private_key_spans
 from .walker import Walker
 
 logger = logging.getLogger(__name__)
@@ -240,6 +240,7 @@ class _FoldTable(dict[int, str]):
 
 
 _FOLD = _FoldTable()
+_SLICE = 65_536
 
 
 def fold_text(text: str) -> tuple[str, list[int] | None]:
@@ -248,11 +249,16 @@ def fold_text(text: str) -> tuple[str, list[int] | None]:
     character folded to exactly one (offsets are then the identity)."""
     if text.isascii():
         return text, None
-    view = text.translate(_FOLD)
+    if len(text) <= _SLICE:
+        view = text.translate(_FOLD)
+    else:  # slices: no single C call holds the GIL for long (async callers' event loop)
+        view = "".join(text[i:i + _SLICE].translate(_FOLD) for i in range(0, len(text), _SLICE))
     if _IDEO_STOP in view:
         view = _IDEO_DOT.sub(".", view).replace(_IDEO_STOP, _BLANK)
     non_unit = _FOLD.non_unit
-    if len(view) == len(text) and (not non_unit or non_unit.isdisjoint(map(ord, set(text)))):
+    if len(view) == len(text) and (not non_unit or not any(
+            not non_unit.isdisjoint(map(ord, set(text[i:i + _SLICE])))
+            for i in range(0, len(text), _SLICE))):
         return view, None
     offsets: list[int] = []
     table = _FOLD
@@ -332,10 +338,13 @@ def _decode_payload(payload: str) -> str | None:
 def _may_have_pii(s: str) -> bool:
     """False only for text in which no built-in recognizer can match (cheap, conservative):
     non-ASCII text always goes to the analysis view and its own pre-filter."""
+    if len(s) > _SLICE:
+        return True  # long text is pre-filtered chunk by chunk in _raw_detect
     return not s.isascii() or CANDIDATE_RE.search(s) is not None
 
 
-CHUNK_OVERLAP = 512
+CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP
+SECRET_OVERLAP = 4096
 # Joins the strings of one JSON document for a single analyzer call: NUL is blank to every
 # recognizer (not a word character, not whitespace, not phone punctuation).
 _BATCH_SEP = "\x00\x00\n\x00\x00"
@@ -1010,10 +1019,10 @@ class Redactor:
         if call.policy.on_timeout == "raise":
             raise RedactionError(
                 f"redaction of a {len(s)}-character string ran past the time budget "
-                f"({call.policy.time_budget} s per {call.policy.max_chars} characters); it was "
-                "not stored")
-        logger.warning("redaction of a %d-character string ran past the time budget; the "
-                       "whole value was withheld (masked)", len(s))
+                f"({call.policy.time_budget} s per {call.policy.max_chars} characters) or found "
+                f"more than max_detections={call.policy.max_detections}; it was not stored")
+        logger.warning("redaction of a %d-character string ran past the time budget or the "
+                       "detection cap; the whole value was withheld (masked)", len(s))
         marker = mask_marker(WITHHELD)
         entity = Entity(WITHHELD, 0, len(s), 1.0, "")
         call.found.append(entity)
@@ -1061,7 +1070,7 @@ class Redactor:
             deadline = clock() + policy.time_budget * units
 
         def check() -> None:
-            if clock() > deadline:
+            if clock() > deadline or len(found) > policy.max_detections:
                 raise _Overrun
 
         pattern_entities = self._pattern_entities or ()
@@ -1084,20 +1093,24 @@ class Redactor:
                 collect(self._analyze(view, pattern_entities, threshold))
                 check()
         else:
+            # Chunks overlap by SECRET_OVERLAP characters, so that any value shorter than that
+            # is whole in some chunk; private-key blocks (longer) get one pass of their own.
+            # Every regex call then scans at most max_chars characters: the GIL is released
+            # often enough for the event loop of an async caller to keep running.
             logger.debug("analyzing a %d-character string in chunks of %d", len(text),
                          policy.max_chars)
-            long_span = [e for e in pattern_entities if e == API_SECRET]
-            short_span = [e for e in pattern_entities if e != API_SECRET]
-            collect(self._analyze(view, long_span, threshold))
-            check()
-            step = policy.max_chars - CHUNK_OVERLAP
+            step = policy.max_chars - min(SECRET_OVERLAP, policy.max_chars // 2)
             for start in range(0, len(view), step):
                 chunk = view[start:start + policy.max_chars]
                 if not (self._prefilter and CANDIDATE_RE.search(chunk) is None):
-                    collect(self._analyze(chunk, short_span, threshold), start)
+                    collect(self._analyze(chunk, pattern_entities, threshold), start)
                     check()
                 if start + policy.max_chars >= len(view):
                     break
+            if API_SECRET in pattern_entities:
+                collect([RecognizerResult(API_SECRET, s, e, score)
+                         for s, e, score in private_key_spans(view)])
+                check()
         if self._ner_entities and not nested:
             ner_text = _MARKER_RE.sub(lambda m: " " * len(m.group(0)), text)
             for r in self.analyzer.analyze(text=ner_text, language=LANGUAGE,
