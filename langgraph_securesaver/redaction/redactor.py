@@ -1008,11 +1008,11 @@ class Redactor:
             return _Cached(s, (), ())
         try:
             entities = self._detect(s, call.policy)
-        except _Overrun:
-            return self._withheld(s, call)
+        except _Overrun as exc:
+            return self._withheld(s, call, str(exc))
         return self._store_plain(s, entities, call)
 
-    def _withheld(self, s: str, call: _Call) -> _Cached:
+    def _withheld(self, s: str, call: _Call, reason: str) -> _Cached:
         """The analysis of ``s`` ran past the policy's time budget: never return it in clear."""
         call.analyzed += 1
         call.chars += len(s)
@@ -1021,10 +1021,10 @@ class Redactor:
                 f"redaction of a {len(s)}-character string ran past the time budget "
                 f"({call.policy.time_budget} s per {call.policy.max_chars} characters) or found "
                 f"more than max_detections={call.policy.max_detections}; it was not stored")
-        logger.warning("redaction of a %d-character string ran past the time budget or the "
-                       "detection cap; the whole value was withheld (masked)", len(s))
+        logger.warning("redaction of a %d-character string hit the %s; the whole value was "
+                       "withheld (masked)", len(s), reason)
         marker = mask_marker(WITHHELD)
-        entity = Entity(WITHHELD, 0, len(s), 1.0, "")
+        entity = Entity(WITHHELD, 0, len(s), 1.0, reason)  # text: why, never the value
         call.found.append(entity)
         return _Cached(marker, (), (entity,))  # not cached: a later call may finish in time
 
@@ -1070,8 +1070,10 @@ class Redactor:
             deadline = clock() + policy.time_budget * units
 
         def check() -> None:
-            if clock() > deadline or len(found) > policy.max_detections:
-                raise _Overrun
+            if clock() > deadline:
+                raise _Overrun("time budget")
+            if len(found) > policy.max_detections:
+                raise _Overrun("detection cap")
 
         pattern_entities = self._pattern_entities or ()
         folded, offsets = fold_text(text)
@@ -1105,6 +1107,7 @@ class Redactor:
                 if not (self._prefilter and CANDIDATE_RE.search(chunk) is None):
                     collect(self._analyze(chunk, pattern_entities, threshold), start)
                     check()
+                time.sleep(0)  # hand the GIL over between chunks (an event loop may wait)
                 if start + policy.max_chars >= len(view):
                     break
             if API_SECRET in pattern_entities:
