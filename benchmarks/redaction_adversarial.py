@@ -54,7 +54,7 @@ def shapes(n: int) -> dict[str, str]:
         "PEM headers": "-----BEGIN PRIVATE KEY-----" * (n // 27),
         "password=": "password=" * (n // 9),
         "a://a:": "a://a:" * (n // 6),
-        "full-width digits": "１２３．" * (n // 4),
+        "full-width digits": "\uff11\uff12\uff13\uff0e" * (n // 4),
         "CJK + digit": "中1" * (n // 2),
         "zero-width joins": "a\u200b" * (n // 2) + "@x.com",
         "+1 ": "+1 " * (n // 3),
@@ -162,7 +162,7 @@ def main() -> int:
         print(f"{name:<26}" + "".join(cells) + f"   {'yes' if gone_all else 'NO'}", flush=True)
     stalls = asyncio.run(run_stalls(stall_texts)) if stall_texts else {}
     if stalls:
-        print(f"\nworst event-loop stall during aput, per size (ms): " + ", ".join(
+        print("\nworst event-loop stall during aput, per size (ms): " + ", ".join(
             f"{n // 1000}k: {max(v for (s, k), v in stalls.items() if k == n):.1f}"
             for n in stall_sizes))
         (wname, wsize), wstall = max(stalls.items(), key=lambda kv: kv[1])

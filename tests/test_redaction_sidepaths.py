@@ -394,3 +394,56 @@ def test_erasure_in_one_saver_is_seen_by_another_on_the_same_database(tmp_path: 
         time.sleep(0)  # no waiting needed: the epoch is read on every lookup
         content = b.get_tuple(_config("t")).checkpoint["channel_values"]["messages"][0].content
         assert value not in content and "<EMAIL_ADDRESS:" in content
+
+
+# ------------------------------------------------------------------------- bypasses, end to end
+TOKENIZED_BYPASSES = {  # form as typed -> (kind, the plain spelling forget_pii is given)
+    "ｌｉ．ｎａ＠ｅｘａｍｐｌｅ．ｃｏｍ": ("EMAIL_ADDRESS", "li.na@example.com"),
+    "wang。fang@example。cn": ("EMAIL_ADDRESS", "wang.fang@example.cn"),
+    "139－1234－5678": ("CN_MOBILE", "13912345678"),
+    "137\u30001234\u30005678": ("CN_MOBILE", "13712345678"),
+    "110105\u300019491231\u3000002X": ("CN_RESIDENT_ID", "11010519491231002X"),
+    "440305 1990 0307 1236": ("CN_RESIDENT_ID", "440305199003071236"),
+    "１０．２０．３０．４０": ("IP_ADDRESS", "10.20.30.40"),
+    "212\u2013555\u20130148": ("PHONE_NUMBER", "212-555-0148"),
+}
+MASKED_BYPASSES = [
+    "4111\u00a01111\u00a01111\u00a01111", "5555\u202f5555\u202f5555\u202f4444",
+    "4012.8888.8888.1881", "٤٢٤٢٤٢٤٢٤٢٤٢٤٢٤٢",
+    "<AKIAIOSFODNN7EXAMPLE:masked>",
+]
+DATA_URL_EMAIL = "hidden.person@example.com"
+
+
+def _valid_cn_id(body17: str) -> str:
+    weights = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+    return body17 + "10X98765432"[sum(int(d) * w for d, w in zip(body17, weights,
+                                                               strict=True)) % 11]
+
+
+def test_unicode_and_format_bypasses_end_to_end(tmp_path: Path, ring: Path) -> None:
+    import base64
+
+    assert _valid_cn_id("44030519900307123") == "440305199003071236"
+    payload = base64.b64encode(f"mail {DATA_URL_EMAIL}".encode()).decode()
+    text = ("；".join([*TOKENIZED_BYPASSES, *MASKED_BYPASSES])
+            + f" data:text/plain;base64,{payload} end")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with SecureSaver.from_url(url, keyring=Keyring.load(ring)) as saver:
+        build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _config("t"))
+        raw = _raw_sqlite(tmp_path)
+        for form, (_kind, plain) in TOKENIZED_BYPASSES.items():
+            assert form.encode() not in raw and plain.encode() not in raw, form
+        for form in [*MASKED_BYPASSES, payload, DATA_URL_EMAIL]:
+            assert form.encode() not in raw, form
+        assert b"AKIAIOSFODNN7EXAMPLE" not in raw and b"4242424242424242" not in raw
+        kinds = saver.pii_inventory(TENANT)[(TENANT, "t")]
+        for kind, _plain in TOKENIZED_BYPASSES.values():
+            assert kinds.get(kind, 0) >= 1, kind
+        restored = saver.get_tuple(_config("t")).checkpoint["channel_values"]["messages"][0]
+        assert all(form in restored.content for form in TOKENIZED_BYPASSES)
+        # erasure by the plain spelling reaches the value stored in its typed form
+        for _kind, plain in TOKENIZED_BYPASSES.values():
+            assert saver.forget_pii(TENANT, plain) >= 1, plain
+        restored = saver.get_tuple(_config("t")).checkpoint["channel_values"]["messages"][0]
+        assert not any(form in restored.content for form in TOKENIZED_BYPASSES)
