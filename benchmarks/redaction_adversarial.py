@@ -68,6 +68,8 @@ def shapes(n: int) -> dict[str, str]:
         "(212) ": "(212) " * (n // 6),
         "marker-shaped": "<EMAIL_ADDRESS:masked>" * (n // 22),
         "NBSP digits": "4111\u00a0" * (n // 5),
+        "IBAN groups": "DE89 3704 " * (n // 10),
+        "bc1q / base58": "bc1q13" * (n // 6),
     }
 
 

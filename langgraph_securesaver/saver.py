@@ -617,7 +617,7 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _restore(self, keys: TenantKeys, tup: CheckpointTuple,
                  known: Mapping[str, builtins.set[str] | None] | None = None,
-                 verified: bool = False) -> CheckpointTuple:
+                 prefetched: Mapping[str, str] | None = None) -> CheckpointTuple:
         """Put the originals back for the owning tenant (so a resumed tool gets real values).
 
         ``known``: the tokens of each channel found in its plaintext bytes (see open_tuple): a
@@ -625,11 +625,13 @@ class SecureSaver(BaseCheckpointSaver):
         if self.redactor is None:
             return tup
         known = known or {}
-        # the vault's erasure epoch is checked once per read (first lookup), unless the async
-        # path already did so off the event loop
-        checked = [verified]
+        # the vault's erasure epoch is checked once per read (first lookup); the async path
+        # looked every token up off the event loop already (``prefetched``)
+        checked = [False]
 
         def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
+            if prefetched is not None:
+                return {t: prefetched[t] for t in wanted if t in prefetched}
             found = self.vault.lookup(keys, wanted, verify=not checked[0])
             checked[0] = checked[0] or bool(wanted)
             return found
@@ -661,9 +663,9 @@ class SecureSaver(BaseCheckpointSaver):
         if self.redactor is None:
             return tup
         tokens = self._tokens_in(tup, known)
-        if tokens:  # warm the vault cache off the event loop; restoring is then CPU only
-            await asyncio.to_thread(self.vault.lookup, keys, tokens)
-        return self._restore(keys, tup, known, verified=bool(tokens))
+        # every token's original looked up off the event loop; restoring is then CPU only
+        found = await asyncio.to_thread(self.vault.lookup, keys, tokens) if tokens else {}
+        return self._restore(keys, tup, known, prefetched=found)
 
     # --------------------------------------------------------------------------------------
     # sync API
