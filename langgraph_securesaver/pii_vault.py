@@ -73,6 +73,7 @@ class PiiVault:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._epochs: dict[str, int] = {}  # tenant -> erasure epoch its cached values are from
+        self._epoch_sql: str | None = None
 
     # writing ----------------------------------------------------------------------------------
     def unknown(self, tenant: str, thread_id: str, entries: Iterable[Any]) -> list[Any]:
@@ -129,6 +130,10 @@ class PiiVault:
                     found[token] = value
         if not verify and not missing and known_epoch is not None:
             return found
+        if not missing:  # the common case: every original cached, only the epoch to check
+            epoch = self._read_epoch(tenant)
+            if epoch == known_epoch:
+                return found
         with self.registry.begin() as conn:
             epoch = self._epoch(conn, tenant)
             if epoch != known_epoch:
@@ -148,6 +153,19 @@ class PiiVault:
                 self._values[(tenant, token)] = value
             self._trim()
         return found
+
+    def _read_epoch(self, tenant: str) -> int:
+        """The tenant's erasure epoch, read with the least overhead (one indexed SELECT on a
+        pooled connection, no explicit transaction)."""
+        sql = self._epoch_sql
+        if sql is None:
+            mark = "?" if self.registry.engine.dialect.name == "sqlite" else "%s"
+            sql = self._epoch_sql = f"SELECT epoch FROM {pii_epoch.name} WHERE tenant = {mark}"
+        if not self.registry._is_setup:
+            self.registry.setup()
+        with self.registry.engine.connect() as conn:
+            value = conn.exec_driver_sql(sql, (tenant,)).scalar()
+        return int(value or 0)
 
     @staticmethod
     def _epoch(conn: Any, tenant: str) -> int:
