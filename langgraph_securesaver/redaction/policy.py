@@ -68,7 +68,8 @@ class RedactionPolicy:
         score_threshold: detections scoring lower are ignored (phone numbers score 0.4,
             validated/checksummed kinds 1.0).
         max_chars: text longer than this is analyzed in chunks of this size that overlap by
-            ``CHUNK_OVERLAP`` characters (secrets are matched over the whole text).
+            ``SECRET_OVERLAP`` (4096) characters, or half a chunk if smaller; private-key
+            blocks are matched over the whole text.
         hard_max_chars: text longer than this is refused with ``RedactionError``.
         max_depth: nesting deeper than this is refused with ``RedactionError``.
         time_budget: seconds of analysis allowed per ``max_chars`` characters of one string
