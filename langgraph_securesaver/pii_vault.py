@@ -59,6 +59,10 @@ pii_epoch = sa.Table(
 )
 
 
+_EPOCH_SQL_SQLITE = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = ?"
+_EPOCH_SQL_PG = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
+
+
 def _aad(tenant: str, token: str) -> bytes:
     return associated_data("pii", tenant, token)
 
@@ -159,8 +163,9 @@ class PiiVault:
         pooled connection, no explicit transaction)."""
         sql = self._epoch_sql
         if sql is None:
-            mark = "?" if self.registry.engine.dialect.name == "sqlite" else "%s"
-            sql = self._epoch_sql = f"SELECT epoch FROM {pii_epoch.name} WHERE tenant = {mark}"
+            # constant SQL (no user input in it); the tenant is a bound parameter
+            sql = self._epoch_sql = (_EPOCH_SQL_SQLITE if self.registry.engine.dialect.name
+                                     == "sqlite" else _EPOCH_SQL_PG)
         if not self.registry._is_setup:
             self.registry.setup()
         with self.registry.engine.connect() as conn:
