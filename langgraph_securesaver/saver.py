@@ -657,7 +657,7 @@ class SecureSaver(BaseCheckpointSaver):
         out: dict[str, Any] = self._redact_metadata(keys, filter, [])
         return out
 
-    def redact_for_store(self, keys: TenantKeys, thread_id: str, value: Any,
+    def _redact_for_store(self, keys: TenantKeys, thread_id: str, value: Any,
                          channel: str) -> Any:
         """``value`` redacted for a companion store of this saver (idempotency results,
         recovery records); the originals of its tokens go to the vault under ``thread_id``."""
@@ -670,8 +670,8 @@ class SecureSaver(BaseCheckpointSaver):
             self.vault.store(keys, thread_id, new)
         return redacted
 
-    def restore_for_store(self, keys: TenantKeys, value: Any) -> Any:
-        """The counterpart of :meth:`redact_for_store` for the owning tenant."""
+    def _restore_for_store(self, keys: TenantKeys, value: Any) -> Any:
+        """The counterpart of :meth:`_redact_for_store` for the owning tenant."""
         if self.redactor is None:
             return value
         return self.redactor.restore_value(value, lambda wanted: self.vault.lookup(keys, wanted))

@@ -130,7 +130,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     ref = sv._scoped(lambda: sv._ref(config, "mark_recoverable"))
     store = IdempotencyStore.for_saver(sv)
     keys = store.tenant_keys(ref.tenant)
-    extras = sv.redact_for_store(keys, ref.thread_id,
+    extras = sv._redact_for_store(keys, ref.thread_id,
                                  _scalar_configurable(config.get("configurable") or {}),
                                  RECOVERY_CHANNEL)
     import json
@@ -301,7 +301,7 @@ def _resume_config(store: IdempotencyStore, claimed: _Lease) -> RunnableConfig:
         keys = store.tenant_keys(ten)
         extras = json.loads(keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
         if store.saver is not None:  # tokenized PII back for the owning tenant
-            extras = store.saver.restore_for_store(keys, extras)
+            extras = store.saver._restore_for_store(keys, extras)
     return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten}}
 
 
@@ -355,7 +355,7 @@ def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, at
     keys = store.tenant_keys(claimed.tenant)
     text = f"{type(exc).__name__}: {exc}"
     if store.saver is not None:  # the error text through the saver's redactor
-        text = store.saver.redact_for_store(keys, claimed.thread_id, text, RECOVERY_CHANNEL)
+        text = store.saver._redact_for_store(keys, claimed.thread_id, text, RECOVERY_CHANNEL)
     sealed = keys.seal(text.encode("utf-8", "replace"),
                        _error_aad(claimed.tenant, claimed.thread_id, "last"))
     if attempts >= max_attempts:

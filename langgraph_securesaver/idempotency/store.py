@@ -346,7 +346,7 @@ class IdempotencyStore:
     def _seal_value(self, scope: KeyScope, value: Any) -> bytes:
         keys = self.tenant_keys(scope.tenant)
         if self.saver is not None:  # results go through the saver's redactor (PII vault)
-            value = self.saver.redact_for_store(keys, scope.thread_id, value, RESULT_CHANNEL)
+            value = self.saver._redact_for_store(keys, scope.thread_id, value, RESULT_CHANNEL)
         type_, data = self.serde.dumps_typed(value)
         return keys.seal(type_.encode("utf-8") + b"\x00" + data, scope.result_aad())
 
@@ -358,14 +358,14 @@ class IdempotencyStore:
             raise TamperedDataError("idempotency result has no type header")
         value = self.serde.loads_typed((type_.decode("utf-8"), data))
         if self.saver is not None:
-            value = self.saver.restore_for_store(keys, value)
+            value = self.saver._restore_for_store(keys, value)
         return value
 
     def _seal_error(self, scope: KeyScope, error: BaseException | str) -> bytes:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         keys = self.tenant_keys(scope.tenant)
         if self.saver is not None:
-            text = self.saver.redact_for_store(keys, scope.thread_id, text, RESULT_CHANNEL)
+            text = self.saver._redact_for_store(keys, scope.thread_id, text, RESULT_CHANNEL)
         return keys.seal(text.encode("utf-8", "replace"), scope.error_aad())
 
     # statements (built once, parameterized: building SQLAlchemy expressions per call costs
