@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
@@ -274,7 +275,15 @@ def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: 
         with tenant_scope("acme"):
             saver.set_retention("keep", idle_ttl="30d")
         assert shares_database(saver) is (layout == "shared database")
+        from langgraph_securesaver.pii_vault import pii_epoch
+
+        def epoch() -> int:
+            with saver.registry.begin() as c:
+                return int(c.execute(sa.select(pii_epoch.c.epoch).where(
+                    pii_epoch.c.tenant == "acme")).scalar() or 0)
+        before = epoch()
         report = saver.prune_expired(now=time.time() + 2 * HOUR)
+        assert epoch() > before   # the erasure is announced to other processes' caches
         assert sorted(report.deleted) == [("acme", "a"), ("acme", "b"), ("acme", "c")]
         got = {r.thread_id: r.detail for r in saver.receipts()}
         assert {t: (d["pii_values"], d["idempotency_records"]) for t, d in got.items()} == {
