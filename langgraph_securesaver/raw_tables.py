@@ -27,7 +27,8 @@ import sqlalchemy as sa
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, TamperedDataError
+from .strict_serde import StrictSerializer, inspect_msgpack
 from .tenancy import tenant_tag
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,9 @@ class CheckpointRow:
     raw_metadata: Any = None
     type: str | None = None
     error: str | None = None
+    # set when the document holds what SecureSaver never writes (e.g. a msgpack extension /
+    # constructor payload): it was parsed for inspection with placeholders, never evaluated
+    foreign: str | None = None
 
     @property
     def channel_values(self) -> dict[str, Any]:
@@ -248,7 +252,8 @@ class SqliteRawTables(RawTables):
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.serde = inner.serde
+        # never the inner saver's own serde: a raw row is decoded as plain containers only
+        self.serde = StrictSerializer()
         self._cur: Any = None
         inner.setup()
 
@@ -268,13 +273,20 @@ class SqliteRawTables(RawTables):
         checkpoint: dict[str, Any] | None = None
         metadata: dict[str, Any] | None = None
         error = None
+        foreign = None
         try:
-            loaded = self.serde.loads_typed((type_, raw_ckpt))
+            try:
+                loaded = self.serde.loads_typed((type_, raw_ckpt))
+            except TamperedDataError as exc:
+                if type_ != "msgpack" or not isinstance(raw_ckpt, bytes):
+                    raise
+                loaded, foreign = inspect_msgpack(raw_ckpt), str(exc)
             checkpoint = loaded if isinstance(loaded, dict) else None
             if checkpoint is None:
                 error = "checkpoint is not a mapping"
         except Exception as exc:  # noqa: BLE001 - an undecodable row is reported, never fatal
-            error = f"checkpoint undecodable ({type(exc).__name__})"
+            error = (f"checkpoint undecodable: {exc}" if isinstance(exc, TamperedDataError)
+                     else f"checkpoint undecodable ({type(exc).__name__})")
         try:
             loaded_md = json.loads(raw_md) if raw_md is not None else {}
             metadata = loaded_md if isinstance(loaded_md, dict) else None
@@ -283,7 +295,7 @@ class SqliteRawTables(RawTables):
         except (TypeError, ValueError, UnicodeDecodeError):
             error = error or "metadata is not JSON"
         return CheckpointRow(thread_id, ns, cid, parent, checkpoint, metadata, size,
-                             raw_ckpt, raw_md, type_, error)
+                             raw_ckpt, raw_md, type_, error, foreign)
 
     def checkpoints(self, page: int = DEFAULT_PAGE) -> Iterator[list[CheckpointRow]]:
         after: tuple[Any, ...] = _SQLITE_START
@@ -334,7 +346,7 @@ class SqliteRawTables(RawTables):
                           channel_values: Mapping[str, Any] | None = None,
                           metadata_key: str | None = None,
                           metadata_value: str | None = None) -> bool:
-        if row.checkpoint is None or row.metadata is None:
+        if row.checkpoint is None or row.metadata is None or row.foreign is not None:
             raise ValueError("cannot rewrite an undecodable checkpoint row")
         checkpoint = dict(row.checkpoint)
         if channel_values:

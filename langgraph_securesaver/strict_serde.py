@@ -25,6 +25,7 @@ the stored bytes.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import ormsgpack
@@ -32,7 +33,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .errors import TamperedDataError
 
-__all__ = ["StrictSerializer", "install_strict_serde", "safe_tag"]
+__all__ = ["StrictSerializer", "Unevaluated", "inspect_msgpack", "install_strict_serde",
+           "safe_tag"]
 
 _MSGPACK_OPTIONS = ormsgpack.OPT_NON_STR_KEYS
 _TAG_RE = re.compile(r"^[A-Za-z0-9_+.\-]{1,32}$")
@@ -95,6 +97,28 @@ class StrictSerializer(SerializerProtocol):
         raise TamperedDataError(
             f"a stored row has type tag {safe_tag(type_)}, which SecureSaver never writes "
             "(only sealed bytes and plain msgpack containers): refused without decoding it")
+
+
+@dataclass(frozen=True)
+class Unevaluated:
+    """A msgpack extension found by an inspection (scan, audit): kept as bytes, never run."""
+
+    code: int
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"<unevaluated msgpack extension {self.code}, {len(self.data)} bytes>"
+
+
+def inspect_msgpack(raw: bytes) -> Any:
+    """Parse a msgpack document for inspection only: extension types become
+    :class:`Unevaluated` placeholders (nothing is imported or called). Raises
+    TamperedDataError if the bytes do not parse."""
+    try:
+        return ormsgpack.unpackb(raw, ext_hook=lambda code, data: Unevaluated(code, bytes(data)),
+                                 option=_MSGPACK_OPTIONS)
+    except (ValueError, TypeError, ormsgpack.MsgpackDecodeError):
+        raise TamperedDataError("a stored msgpack row does not parse (altered bytes)") from None
 
 
 def install_strict_serde(inner: Any) -> None:
