@@ -133,3 +133,73 @@ def latest_checkpoint_id(backend: str, where: Any, thread: str) -> str:
             return str(conn.execute(sql, (inner_id(thread),)).fetchone()[0])
     with pg_conn(where) as conn:
         return str(conn.execute(sql, (inner_id(thread),)).fetchone()[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# editing rows in place (SQLite: msgpack document + JSON text; PostgreSQL: JSONB)
+# ---------------------------------------------------------------------------------------------
+class Raw:
+    """Raw SQL on one database, with the parameter style and table names of its backend."""
+
+    def __init__(self, backend: str, where: Any) -> None:
+        self.backend = backend
+        self.where = where
+        self.writes = "writes" if backend == "sqlite" else "checkpoint_writes"
+        self.value_col = "value" if backend == "sqlite" else "blob"
+
+    def q(self, sql: str) -> str:
+        return sql if self.backend == "sqlite" else sql.replace("?", "%s")
+
+    def rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        if self.backend == "sqlite":
+            with sqlite_conn(self.where) as conn:
+                return list(conn.execute(sql, args).fetchall())
+        with pg_conn(self.where) as conn:
+            return list(conn.execute(self.q(sql), args).fetchall())
+
+    def run(self, sql: str, *args: Any) -> int:
+        if self.backend == "sqlite":
+            with sqlite_conn(self.where) as conn:
+                return int(conn.execute(sql, args).rowcount)
+        with pg_conn(self.where) as conn:
+            return int(conn.execute(self.q(sql), args).rowcount)
+
+    def latest(self, thread: str) -> str:
+        return latest_checkpoint_id(self.backend, self.where, thread)
+
+    def body(self, thread: str, cid: str) -> dict[str, Any]:
+        (raw,) = self.rows("SELECT checkpoint FROM checkpoints WHERE thread_id = ? AND "
+                           "checkpoint_id = ?", inner_id(thread), cid)[0]
+        return ormsgpack.unpackb(raw) if self.backend == "sqlite" else dict(raw)
+
+    def set_body(self, thread: str, cid: str, body: dict[str, Any]) -> None:
+        import json
+        value: Any = (ormsgpack.packb(body) if self.backend == "sqlite" else json.dumps(body))
+        cast = "" if self.backend == "sqlite" else "::jsonb"
+        assert self.run(f"UPDATE checkpoints SET checkpoint = ?{cast} WHERE thread_id = ? AND "
+                        "checkpoint_id = ?", value, inner_id(thread), cid) == 1
+
+    def metadata(self, thread: str, cid: str) -> dict[str, Any]:
+        import json
+        (raw,) = self.rows("SELECT metadata FROM checkpoints WHERE thread_id = ? AND "
+                           "checkpoint_id = ?", inner_id(thread), cid)[0]
+        return json.loads(raw) if self.backend == "sqlite" else dict(raw)
+
+    def set_metadata(self, thread: str, cid: str, md: dict[str, Any]) -> None:
+        import json
+        cast = "" if self.backend == "sqlite" else "::jsonb"
+        assert self.run(f"UPDATE checkpoints SET metadata = ?{cast} WHERE thread_id = ? AND "
+                        "checkpoint_id = ?", json.dumps(md), inner_id(thread), cid) == 1
+
+    def write_rows(self, thread: str, cid: str) -> list[tuple[Any, ...]]:
+        """(task_id, task_path, idx, channel, type, value) of a checkpoint's writes."""
+        return self.rows(f"SELECT task_id, task_path, idx, channel, type, {self.value_col} FROM "
+                         f"{self.writes} WHERE thread_id = ? AND checkpoint_id = ? "
+                         "ORDER BY task_id, idx", inner_id(thread), cid)
+
+    def insert_write(self, thread: str, cid: str, row: tuple[Any, ...]) -> None:
+        task_id, task_path, idx, channel, type_, value = row
+        assert self.run(f"INSERT INTO {self.writes} (thread_id, checkpoint_ns, checkpoint_id, "
+                        f"task_id, task_path, idx, channel, type, {self.value_col}) VALUES "
+                        "(?, '', ?, ?, ?, ?, ?, ?, ?)", inner_id(thread), cid, task_id,
+                        task_path, idx, channel, type_, value) == 1
