@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import json
 import logging
 import re
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -42,6 +43,7 @@ from .errors import (
     AsyncOnlySaverError,
     ConfigurationError,
     KeyringRequired,
+    SecureSaverError,
     TamperedDataError,
     TenantRequired,
     UnsupportedFilterError,
@@ -266,8 +268,8 @@ class _SealedCodec:
                           if not versioned_blobs or ch in versions)
         manifest: dict[str, Any] = {
             "v": MANIFEST_VERSION, "body": _body(sealed if sealed is not None else checkpoint),
-            "parent": parent or None, "channels": channels, "clear": sorted(stored),
-            "blind": blind}
+            "parent": parent or None, "channels": channels, "exact": not versioned_blobs,
+            "clear": sorted(stored), "blind": blind}
         if checkpoint.get("pending_sends"):
             manifest["pending_sends"] = checkpoint.get("pending_sends")
         payload = self.dump({"metadata": dict(full), "manifest": manifest})
@@ -348,7 +350,12 @@ class _SealedCodec:
                     raise _DetachedParent(manifest["parent"])
             else:
                 raise TamperedDataError("the checkpoint's parent link was altered")
-        if sorted(checkpoint["channel_values"]) != manifest["channels"]:
+        # savers that keep one blob per (channel, version) may also return an authenticated
+        # value LangGraph left out of this checkpoint (a DeltaChannel snapshot at an unchanged
+        # version): only a missing value is tampering there
+        held = checkpoint["channel_values"]
+        if (sorted(held) != manifest["channels"] if manifest["exact"]
+                else not all(ch in held for ch in manifest["channels"])):
             raise TamperedDataError(
                 "the set of channels holding values differs from the sealed manifest (a value "
                 "was deleted or added)")
@@ -802,8 +809,9 @@ class SecureSaver(BaseCheckpointSaver):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ref = self._scoped(lambda: self._ref(config, "get_tuple"))
         inner_config = self._inner_config(ref, config)
+        inner = self._sync_inner("get_tuple")
         with _decoding(ref, inner_config):
-            tup = self._sync_inner("get_tuple").get_tuple(inner_config)
+            tup = inner.get_tuple(inner_config)
         if tup is None:
             return None
         keys = self.keys.require(ref.tenant)
@@ -829,9 +837,10 @@ class SecureSaver(BaseCheckpointSaver):
         inner_filter = self.codec.translate_filter(keys, filter)
         inner = self._sync_inner("list")
         yielded = 0
-        for tup in _guarded(inner.list(inner_config, filter=inner_filter, before=inner_before,
-                                       limit=limit if one_thread else None), tenant):
-            listed = self._open_listed(keys, tenant, tup)
+        rows = _Rows(inner.list(inner_config, filter=inner_filter, before=inner_before,
+                                limit=limit if one_thread else None), tenant)
+        for tup in rows:
+            listed = self._open_listed(keys, tenant, tup, rows.drain)
             if listed is None:
                 continue
             yield self._restore(keys, *listed)
@@ -946,15 +955,16 @@ class SecureSaver(BaseCheckpointSaver):
         inner_filter = self.codec.translate_filter(keys, filter)
         inner_limit = limit if one_thread else None
         if self._sync_only:
-            rows: Any = await asyncio.to_thread(lambda: list(_guarded(self.inner.list(
+            rows: Any = await asyncio.to_thread(lambda: list(_Rows(self.inner.list(
                 inner_config, filter=inner_filter, before=inner_before, limit=inner_limit),
                 tenant)))
         else:
             rows = self.inner.alist(inner_config, filter=inner_filter, before=inner_before,
                                     limit=inner_limit)
         yielded = 0
-        async for tup in _aguarded(_aiter(rows), tenant):
-            listed = await self._aopen_listed(keys, tenant, tup)
+        arows = _ARows(_aiter(rows), tenant)
+        async for tup in arows:
+            listed = await self._aopen_listed(keys, tenant, tup, arows.drain)
             if listed is None:
                 continue
             yield await self._arestore(keys, *listed)
@@ -1061,16 +1071,18 @@ class SecureSaver(BaseCheckpointSaver):
                 inner_before = before
         return tenant, inner_config, inner_before, config is not None
 
-    def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple
+    def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple,
+                     release: Callable[[], None] | None = None
                      ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None] | None] | None:
         ref = self._ref_of(tenant, tup)
         if ref is None:
             return None  # another tenant's row in an unscoped inner listing
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
-        return self._open_checked(keys, ref, tup, known), known
+        return self._open_checked(keys, ref, tup, known, release), known
 
-    async def _aopen_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple
+    async def _aopen_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple,
+                            release: Callable[[], Awaitable[None]] | None = None
                             ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None]
                                        | None] | None:
         ref = self._ref_of(tenant, tup)
@@ -1078,32 +1090,40 @@ class SecureSaver(BaseCheckpointSaver):
             return None
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
-        return await self._aopen_checked(keys, ref, tup, known), known
+        return await self._aopen_checked(keys, ref, tup, known, release), known
 
     # opening stored tuples (shared by reads) ------------------------------------------------
     def _open_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
-                      known: dict[str, builtins.set[str] | None] | None) -> CheckpointTuple:
+                      known: dict[str, builtins.set[str] | None] | None,
+                      release: Callable[[], None] | None = None) -> CheckpointTuple:
         """open_tuple, plus the one check it cannot make alone: a checkpoint whose parent link
-        is gone is accepted only if that parent no longer exists (pruned with keep_latest)."""
+        is gone is accepted only if that parent no longer exists (pruned with keep_latest).
+        ``release`` frees an inner listing in progress before that lookup."""
         at = _row_ref(ref, tup)
         try:
             return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known)
         except _DetachedParent as detached:
+            if release is not None:
+                release()
             parent_cfg = _parent_config(at, tup, detached.parent)
+            inner = self._sync_inner("get_tuple")
             with _decoding(at, parent_cfg):
-                exists = self._sync_inner("get_tuple").get_tuple(parent_cfg) is not None
+                exists = inner.get_tuple(parent_cfg) is not None
             if exists:
                 raise TamperedDataError(str(detached)) from None
             return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known,
                                          detached_ok=True)
 
     async def _aopen_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
-                             known: dict[str, builtins.set[str] | None] | None
+                             known: dict[str, builtins.set[str] | None] | None,
+                             release: Callable[[], Awaitable[None]] | None = None
                              ) -> CheckpointTuple:
         at = _row_ref(ref, tup)
         try:
             return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known)
         except _DetachedParent as detached:
+            if release is not None:
+                await release()
             parent_cfg = _parent_config(at, tup, detached.parent)
             with _decoding(at, parent_cfg):
                 exists = await self._ainner("get_tuple", parent_cfg) is not None
@@ -1528,7 +1548,9 @@ _PARSE_ERRORS = (TamperedDataError, json.JSONDecodeError, UnicodeDecodeError, Ty
                  AttributeError)
 
 
-def _parse_failure(where: str, exc: BaseException) -> TamperedDataError:
+def _parse_failure(where: str, exc: BaseException) -> BaseException:
+    if isinstance(exc, SecureSaverError) and not isinstance(exc, TamperedDataError):
+        return exc  # our own typed errors (e.g. AsyncOnlySaverError) pass through unchanged
     if isinstance(exc, TamperedDataError):
         reason = str(exc)
     elif isinstance(exc, json.JSONDecodeError):
@@ -1554,42 +1576,98 @@ def _decoding(ref: ThreadRef, inner_config: RunnableConfig) -> Iterator[None]:
         raise _parse_failure(where, exc) from None
 
 
-def _guarded(rows: Iterator[CheckpointTuple], tenant: str) -> Iterator[CheckpointTuple]:
-    """An inner listing whose parse failures surface as TamperedDataError."""
-    it = iter(rows)
-    last = "(first row)"
-    try:
-        while True:
+class _Rows:
+    """An inner listing whose parse failures surface as TamperedDataError. ``drain()`` reads
+    the rest into memory and releases the inner cursor (and its lock), so a row's parent can
+    be looked up while the listing is still being consumed."""
+
+    def __init__(self, rows: Any, tenant: str) -> None:
+        self._it = iter(rows)
+        self._buf: collections.deque[CheckpointTuple] | None = None
+        self._tenant = tenant
+        self._last = "(first row)"
+
+    def __iter__(self) -> _Rows:
+        return self
+
+    def _pull(self) -> CheckpointTuple:
+        try:
+            tup = next(self._it)
+        except StopIteration:
+            raise
+        except _PARSE_ERRORS as exc:
+            raise _parse_failure(f"tenant {self._tenant!r}, listed after {self._last}",
+                                 exc) from None
+        self._last = _row_name(tup)
+        return tup
+
+    def __next__(self) -> CheckpointTuple:
+        if self._buf is None:
+            return self._pull()
+        if not self._buf:
+            raise StopIteration
+        return self._buf.popleft()
+
+    def drain(self) -> None:
+        if self._buf is None:
+            buf: collections.deque[CheckpointTuple] = collections.deque()
             try:
-                tup = next(it)
+                while True:
+                    buf.append(self._pull())
             except StopIteration:
-                return
-            except _PARSE_ERRORS as exc:
-                raise _parse_failure(f"tenant {tenant!r}, listed after {last}", exc) from None
-            last = _row_name(tup)
-            yield tup
-    finally:
-        close = getattr(it, "close", None)
+                pass
+            self._buf = buf
+            self.close()
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
         if close is not None:
             close()
 
 
-async def _aguarded(rows: AsyncIterator[CheckpointTuple], tenant: str
-                    ) -> AsyncIterator[CheckpointTuple]:
-    it = rows.__aiter__()
-    last = "(first row)"
-    try:
-        while True:
+class _ARows:
+    """The async twin of :class:`_Rows`."""
+
+    def __init__(self, rows: AsyncIterator[CheckpointTuple], tenant: str) -> None:
+        self._it = rows.__aiter__()
+        self._buf: collections.deque[CheckpointTuple] | None = None
+        self._tenant = tenant
+        self._last = "(first row)"
+
+    def __aiter__(self) -> _ARows:
+        return self
+
+    async def _pull(self) -> CheckpointTuple:
+        try:
+            tup = await self._it.__anext__()
+        except StopAsyncIteration:
+            raise
+        except _PARSE_ERRORS as exc:
+            raise _parse_failure(f"tenant {self._tenant!r}, listed after {self._last}",
+                                 exc) from None
+        self._last = _row_name(tup)
+        return tup
+
+    async def __anext__(self) -> CheckpointTuple:
+        if self._buf is None:
+            return await self._pull()
+        if not self._buf:
+            raise StopAsyncIteration
+        return self._buf.popleft()
+
+    async def drain(self) -> None:
+        if self._buf is None:
+            buf: collections.deque[CheckpointTuple] = collections.deque()
             try:
-                tup = await it.__anext__()
+                while True:
+                    buf.append(await self._pull())
             except StopAsyncIteration:
-                return
-            except _PARSE_ERRORS as exc:
-                raise _parse_failure(f"tenant {tenant!r}, listed after {last}", exc) from None
-            last = _row_name(tup)
-            yield tup
-    finally:
-        aclose = getattr(it, "aclose", None)
+                pass
+            self._buf = buf
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._it, "aclose", None)
         if aclose is not None:
             await aclose()
 

@@ -216,6 +216,8 @@ def _reads_refuse(url: str, ring: Keyring, edit: str) -> None:
     with SecureSaver.from_url(url, keyring=ring, default_tenant="acme") as saver:
         with pytest.raises(TamperedDataError):
             read(saver)
+        with pytest.raises(TamperedDataError):   # the tenant-wide listing meets it too
+            list(saver.list(None))
         assert saver.get_tuple(cfg("t3")) is not None   # other threads keep working
 
     async def aread() -> None:
@@ -225,6 +227,8 @@ def _reads_refuse(url: str, ring: Keyring, edit: str) -> None:
                     [t async for t in asaver.alist(None, filter={"user_id": "u1"})]
                 else:
                     await asaver.aget_tuple(cfg("t1"))
+            with pytest.raises(TamperedDataError):
+                [t async for t in asaver.alist(None)]
             assert await asaver.aget_tuple(cfg("t3")) is not None
     asyncio.run(aread())
 
@@ -262,3 +266,26 @@ def test_moved_write_is_reported_by_scan_and_harmless_to_reads(database, edit: s
         assert saver.get_tuple(cfg("t1")).pending_writes == before
     code, report = _scan(url, ring_path)
     assert code == 1 and {v["kind"] for v in report["violations"]} == {"write_moved"}
+
+
+@pytest.mark.parametrize("strategy_async", [False, True])
+def test_keep_latest_detaches_the_head_and_it_still_reads(database, strategy_async: bool
+                                                          ) -> None:
+    """keep_latest leaves the kept checkpoint without its (deleted) parent: that is not
+    tampering, for get_tuple and for listings (which must not deadlock on the lookup)."""
+    _backend, url, raw = database
+    ring = Keyring.generate()
+    _populate(url, ring)
+    with SecureSaver.from_url(url, keyring=ring, default_tenant="acme") as saver:
+        saver.prune(["t1"], strategy="keep_latest")
+        (parent,) = raw.rows("SELECT parent_checkpoint_id FROM checkpoints WHERE thread_id = ?",
+                             inner_id("t1"))[0]
+        assert parent is None
+        assert saver.get_tuple(cfg("t1")).parent_config is None
+        assert len(list(saver.list(None))) > 1
+    if strategy_async:
+        async def aread() -> None:
+            async with SecureSaver.afrom_url(url, keyring=ring, default_tenant="acme") as asaver:
+                assert (await asaver.aget_tuple(cfg("t1"))).parent_config is None
+                assert len([t async for t in asaver.alist(None)]) > 1
+        asyncio.run(aread())
