@@ -324,7 +324,7 @@ class _SealedCodec:
         cid = checkpoint["id"]
         if tup.config["configurable"].get("checkpoint_id") not in (None, cid):
             raise TamperedDataError("checkpoint row and checkpoint body disagree on the id")
-        stored_md = tup.metadata if tup.metadata is not None else {}
+        stored_md: Mapping[str, Any] = tup.metadata if tup.metadata is not None else {}
         if not isinstance(stored_md, Mapping):
             raise TamperedDataError("the stored metadata is not a mapping")
         payload = self.load(keys.open(from_text(stored_md.get(SEALED_METADATA_KEY)),
@@ -421,7 +421,7 @@ class _SealedCodec:
         return CheckpointTuple(
             config=outer(tup.config) or tup.config,
             checkpoint=opened,
-            metadata=metadata,
+            metadata=cast(CheckpointMetadata, metadata),
             parent_config=outer(tup.parent_config),
             pending_writes=[(task_id, ch, self.load(body)) for task_id, ch, body in writes],
         )

@@ -416,8 +416,9 @@ class Scanner:
         if keys is None:
             return
         inner = self.saver.inner
-        config = {"configurable": {"thread_id": row.thread_id, "checkpoint_ns": row.checkpoint_ns,
-                                   "checkpoint_id": row.checkpoint_id}}
+        config: Any = {"configurable": {"thread_id": row.thread_id,
+                                        "checkpoint_ns": row.checkpoint_ns,
+                                        "checkpoint_id": row.checkpoint_id}}
         try:
             tup = inner.get_tuple(config)
             if tup is None:  # deleted since the page was read
@@ -425,8 +426,8 @@ class Scanner:
             try:
                 self.saver.codec.verify_tuple(keys, ref, tup)
             except _DetachedParent as detached:
-                parent = {"configurable": {**config["configurable"],
-                                           "checkpoint_id": detached.parent}}
+                parent: Any = {"configurable": {**config["configurable"],
+                                                "checkpoint_id": detached.parent}}
                 if inner.get_tuple(parent) is not None:
                     raise TamperedDataError(str(detached)) from None
                 self.saver.codec.verify_tuple(keys, ref, tup, detached_ok=True)
