@@ -810,7 +810,7 @@ class SecureSaver(BaseCheckpointSaver):
         ref = self._scoped(lambda: self._ref(config, "get_tuple"))
         inner_config = self._inner_config(ref, config)
         inner = self._sync_inner("get_tuple")
-        with _decoding(ref, inner_config):
+        with _decoding(ref, inner_config, inner if self._sync_only else None):
             tup = inner.get_tuple(inner_config)
         if tup is None:
             return None
@@ -1096,6 +1096,27 @@ class SecureSaver(BaseCheckpointSaver):
     def _open_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
                       known: dict[str, builtins.set[str] | None] | None,
                       release: Callable[[], None] | None = None) -> CheckpointTuple:
+        try:
+            return self._open_checked_inner(keys, ref, tup, known, release)
+        except _DetachedParent:
+            raise
+        except TamperedDataError as exc:
+            raise _named(ref, tup, exc) from None
+
+    async def _aopen_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                             known: dict[str, builtins.set[str] | None] | None,
+                             release: Callable[[], Awaitable[None]] | None = None
+                             ) -> CheckpointTuple:
+        try:
+            return await self._aopen_checked_inner(keys, ref, tup, known, release)
+        except _DetachedParent:
+            raise
+        except TamperedDataError as exc:
+            raise _named(ref, tup, exc) from None
+
+    def _open_checked_inner(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                            known: dict[str, builtins.set[str] | None] | None,
+                            release: Callable[[], None] | None = None) -> CheckpointTuple:
         """open_tuple, plus the one check it cannot make alone: a checkpoint whose parent link
         is gone is accepted only if that parent no longer exists (pruned with keep_latest).
         ``release`` frees an inner listing in progress before that lookup."""
@@ -1114,10 +1135,11 @@ class SecureSaver(BaseCheckpointSaver):
             return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known,
                                          detached_ok=True)
 
-    async def _aopen_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
-                             known: dict[str, builtins.set[str] | None] | None,
-                             release: Callable[[], Awaitable[None]] | None = None
-                             ) -> CheckpointTuple:
+    async def _aopen_checked_inner(self, keys: TenantKeys, ref: ThreadRef,
+                                   tup: CheckpointTuple,
+                                   known: dict[str, builtins.set[str] | None] | None,
+                                   release: Callable[[], Awaitable[None]] | None = None
+                                   ) -> CheckpointTuple:
         at = _row_ref(ref, tup)
         try:
             return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known)
@@ -1530,6 +1552,15 @@ class SecureSaver(BaseCheckpointSaver):
                 await asyncio.to_thread(saver.registry.dispose)
 
 
+def _named(ref: ThreadRef, tup: CheckpointTuple, exc: TamperedDataError) -> TamperedDataError:
+    """The refusal, naming the stored checkpoint it concerns (never a value)."""
+    conf = tup.config.get("configurable") or {}
+    return TamperedDataError(
+        f"checkpoint {str(conf.get('checkpoint_id'))!r} of tenant {ref.tenant!r} thread "
+        f"{ref.thread_id!r} namespace {str(conf.get('checkpoint_ns', '') or '')!r} (the "
+        f"checkpoints row and its writes/blobs) was refused: {exc}")
+
+
 def _row_ref(ref: ThreadRef, tup: CheckpointTuple) -> ThreadRef:
     """The ref of the row as stored (its own namespace: get_tuple may not name one)."""
     ns = str((tup.config.get("configurable") or {}).get("checkpoint_ns", "") or "")
@@ -1561,19 +1592,35 @@ def _parse_failure(where: str, exc: BaseException) -> BaseException:
 
 
 @contextmanager
-def _decoding(ref: ThreadRef, inner_config: RunnableConfig) -> Iterator[None]:
+def _decoding(ref: ThreadRef, inner_config: RunnableConfig,
+              locate_in: BaseCheckpointSaver | None = None) -> Iterator[None]:
     """Inner-saver reads: every parse failure a stored row causes is a TamperedDataError
-    naming the row (never its bytes)."""
+    naming the row (never its bytes). With ``locate_in`` (a sync SQLite/Postgres saver, on
+    sync paths only), the table and row key are looked up too."""
     try:
         yield
     except _PARSE_ERRORS as exc:
         conf = inner_config.get("configurable") or {}
         cid = conf.get("checkpoint_id")
-        where = (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace "
-                 f"{str(conf.get('checkpoint_ns', ref.checkpoint_ns))!r} "
+        ns = str(conf.get("checkpoint_ns", ref.checkpoint_ns) or "")
+        row = _locate_refused(locate_in, str(conf.get("thread_id", ref.inner_id)), ns, cid)
+        where = (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace {ns!r} "
                  + (f"checkpoint {cid!r}" if cid else "(latest checkpoint)")
-                 + " (inner tables: checkpoints, checkpoint_blobs, writes)")
+                 + (f": {row}" if row else " (inner tables: checkpoints, checkpoint_blobs, "
+                    "writes)"))
         raise _parse_failure(where, exc) from None
+
+
+def _locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
+                    checkpoint_id: str | None) -> str | None:
+    if inner is None:
+        return None
+    try:
+        from .raw_tables import raw_tables_for
+        return raw_tables_for(inner).locate_refused(thread_id, ns, checkpoint_id)
+    except Exception:  # noqa: BLE001 - naming the row is best effort; the refusal stands
+        logger.debug("could not locate the refused row", exc_info=True)
+        return None
 
 
 class _Rows:

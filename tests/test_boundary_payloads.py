@@ -53,6 +53,10 @@ CASES = [
     ("postgres", "inline_value"),
 ]
 
+NAMED = {"checkpoint_body": "checkpoints row", "write_msgpack": "writes row",
+         "write_pickle": "writes row", "metadata_json": "(the checkpoints row",
+         "blob": "checkpoint_blobs row", "inline_value": "(the checkpoints row"}
+
 
 def _inject(backend: str, where: Any, column: str, marker: Path) -> None:
     thread = inner_id("t1")
@@ -128,6 +132,7 @@ def test_payload_in_every_decoded_column_executes_nothing(database, column: str,
         with pytest.raises(TamperedDataError) as refused:
             saver.get_tuple(cfg("t1"))
         assert str(marker) not in str(refused.value)
+        assert NAMED[column] in str(refused.value)   # the table and row, never the value
         untouched()
         with pytest.raises(TamperedDataError):
             list(saver.list(cfg("t1")))

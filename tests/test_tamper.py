@@ -207,3 +207,33 @@ def test_legacy_pending_sends_are_sealed_and_restored(saver: SecureSaver) -> Non
     _rewrite(saver, raw._replace(checkpoint=injected))
     with pytest.raises(TamperedDataError, match=r"pending sends|extension type"):
         saver.get_tuple(saved)
+
+
+def test_flipped_byte_in_clear_metadata_json_is_tampered_data(saver: SecureSaver,
+                                                              tmp_path: Path) -> None:
+    """The inner saver parses SQLite's clear metadata itself (json.loads): a byte that breaks
+    it is the one documented error, naming the row, and nothing is rewritten."""
+    tup = _raw(saver, "t1")
+    cid = tup.checkpoint["id"]
+    conn = sqlite3.connect(tmp_path / "db.sqlite")
+    (metadata,) = conn.execute("SELECT metadata FROM checkpoints WHERE checkpoint_id = ?",
+                               (cid,)).fetchone()
+    broken = bytes(metadata)
+    broken = broken[:1] + b"\xff" + broken[2:]
+    conn.execute("UPDATE checkpoints SET metadata = ? WHERE checkpoint_id = ?", (broken, cid))
+    conn.commit()
+    with pytest.raises(TamperedDataError) as refused:
+        saver.get_tuple(_cfg("t1"))
+    message = str(refused.value)
+    assert "checkpoints row" in message and "metadata" in message and cid in message
+    assert "acme/t1" not in message
+    with pytest.raises(TamperedDataError):
+        list(saver.list(_cfg("t1")))
+    assert saver.get_tuple(_cfg("t2")) is not None      # other threads keep working
+    (after,) = conn.execute("SELECT metadata FROM checkpoints WHERE checkpoint_id = ?",
+                            (cid,)).fetchone()
+    conn.close()
+    assert after == broken                                # nothing rewritten
+    from langgraph_securesaver.scan import scan
+    report = scan(saver, keyring=saver.keyring, verify=True)
+    assert "undecodable_row" in report.by_kind()
