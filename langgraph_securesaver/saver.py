@@ -1618,7 +1618,7 @@ def _locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
     try:
         from .raw_tables import raw_tables_for
         return raw_tables_for(inner).locate_refused(thread_id, ns, checkpoint_id)
-    except Exception:  # noqa: BLE001 - naming the row is best effort; the refusal stands
+    except Exception:  # naming the row is best effort; the refusal stands
         logger.debug("could not locate the refused row", exc_info=True)
         return None
 
