@@ -289,3 +289,46 @@ def test_keep_latest_detaches_the_head_and_it_still_reads(database, strategy_asy
                 assert (await asaver.aget_tuple(cfg("t1"))).parent_config is None
                 assert len([t async for t in asaver.alist(None)]) > 1
         asyncio.run(aread())
+
+
+@pytest.mark.parametrize("inner", ["memory", "sqlite", "postgres"])
+def test_legitimate_write_patterns_still_read(inner: str, tmp_path: Path,
+                                             request: pytest.FixtureRequest) -> None:
+    """What LangGraph really does with put_writes is accepted: the null task's writes saved
+    again with more appended (the saver ignores the rows it has), special channels replaced by
+    a later call, a mixed call with a special channel named twice."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    ERROR, INTERRUPT = "__error__", "__interrupt__"  # LangGraph's special channels
+
+    from langgraph_securesaver.tenancy import tenant_scope
+    null_task = "00000000-0000-0000-0000-000000000000"
+
+    def run(saver: SecureSaver) -> None:
+        with tenant_scope("acme"):
+            saved = saver.put(cfg("w"), {"v": 4, "id": "1f000000-0000-6000-8000-000000000001",
+                                         "ts": "2026-01-01T00:00:00+00:00",
+                                         "channel_values": {"x": 1},
+                                         "channel_versions": {"x": 1}, "versions_seen": {},
+                                         "updated_channels": ["x"]},
+                              {"source": "loop", "step": 1, "parents": {}}, {"x": 1})
+            saver.put_writes(saved, [("a", 1)], null_task)
+            saver.put_writes(saved, [("a", 1), ("b", 2)], null_task)
+            saver.put_writes(saved, [("c", 3), (INTERRUPT, "first"), (INTERRUPT, "again")],
+                             "task-1", "~path-1")
+            saver.put_writes(saved, [(INTERRUPT, "replaced")], "task-1", "~path-1")
+            saver.put_writes(saved, [(ERROR, "boom")], "task-2", "~path-0")
+            writes = saver.get_tuple(saved).pending_writes
+            listed = next(iter(saver.list(cfg("w")))).pending_writes
+        assert writes == listed
+        assert sorted(writes) == sorted([
+            (null_task, "a", 1), (null_task, "b", 2), ("task-1", "c", 3),
+            ("task-1", INTERRUPT, "replaced"), ("task-2", ERROR, "boom")])
+
+    if inner == "memory":
+        run(SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None))
+        return
+    url = (f"sqlite:///{tmp_path / 'w.db'}" if inner == "sqlite"
+           else request.getfixturevalue("pg_url"))
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        run(saver)
+
