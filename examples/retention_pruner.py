@@ -1,0 +1,70 @@
+"""Retention policies and a pruner on a schedule.
+
+Shows: a default policy, a stricter tenant policy, a per-thread legal hold, and a pruner loop
+that sweeps every few seconds in the background of an asyncio service (``aprune_expired``),
+with deletion receipts afterwards. In production run the same sweep from cron or a
+Kubernetes CronJob instead — it needs no keys and several may run at once:
+
+    securesaver prune --url sqlite:///retention.db --every 10m        # or one sweep from cron
+
+The example pretends 40 days have passed (``clock``) so the sweep has something to do.
+
+Run:  python examples/retention_pruner.py [DB_PATH]      (default: ./retention.db)
+"""
+
+import asyncio
+import sys
+import time
+
+from langchain_core.messages import HumanMessage
+
+from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_scope
+from langgraph_securesaver.demo import build_chat_graph
+
+DAY = 86400.0
+
+
+async def pruner(saver: SecureSaver, every: float, stop: asyncio.Event, clock=time.time) -> None:
+    """Sweep every `every` seconds until `stop` is set (what `securesaver prune --every` does)."""
+    while not stop.is_set():
+        report = await saver.aprune_expired(now=clock())
+        print(f"sweep: deleted {len(report.deleted)}, pruned to latest "
+              f"{len(report.pruned_to_latest)}, held {len(report.held)}, "
+              f"errors {len(report.errors)}")
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def main(db: str = "retention.db") -> None:
+    default = RetentionPolicy(idle_ttl="90d", max_age="1y")
+    async with SecureSaver.afrom_url(f"sqlite:///{db}", keyring=Keyring.generate(),
+                                     retention=default) as saver:
+        await saver.aset_tenant_retention("globex", RetentionPolicy(idle_ttl="30d"))
+        graph = build_chat_graph(saver)
+        for tenant, thread in (("acme", "a-1"), ("globex", "g-1"), ("globex", "g-2")):
+            await graph.ainvoke({"messages": [HumanMessage(f"hello from {thread}")]},
+                                {"configurable": {"thread_id": thread, "tenant_id": tenant}})
+        with tenant_scope("globex"):
+            await saver.aset_retention("g-2", legal_hold=True)    # never pruned
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(pruner(saver, every=0.2, stop=stop,
+                                          clock=lambda: time.time() + 40 * DAY))
+        await asyncio.sleep(0.5)          # the service does its work; the pruner sweeps
+        stop.set()
+        await task
+
+        for receipt in await saver.areceipts():
+            print(f"receipt: {receipt.tenant}/{receipt.thread_id} {receipt.action} "
+                  f"({receipt.reason})")
+        for tenant in ("acme", "globex"):
+            with tenant_scope(tenant):
+                left = sorted({t.config["configurable"]["thread_id"]
+                               async for t in saver.alist(None)})
+            print(f"{tenant} keeps: {left}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))

@@ -1,0 +1,354 @@
+"""SecureSaver behind LangGraph Server (``langgraph dev`` / ``langgraph up`` / the platform).
+
+In ``langgraph.json``::
+
+    "checkpointer": {"backend": "custom", "path": "./checkpointer.py:checkpointer"}
+
+with ``checkpointer.py``::
+
+    from langgraph_securesaver.server import make_checkpointer
+
+    checkpointer = make_checkpointer()            # tenant = the authenticated user's identity
+    # or: make_checkpointer(tenant_of=lambda user: user["org_id"])   # one tenant per org
+
+(``"path": "langgraph_securesaver.server.checkpointer"`` — dots, no colon — uses the defaults
+without a file.) The server calls ``checkpointer()``, enters the async context manager it
+returns once per event-loop thread, and uses the :class:`AuthTenantSaver` it yields.
+
+Configuration comes from the environment (``.env`` / ``"env"`` in langgraph.json):
+
+==================================  ==========================================================
+``SECURESAVER_URL``                 ``sqlite:///path.db`` or ``postgresql://...`` (required)
+``SECURESAVER_MASTER_KEY``          the keyring (``securesaver keygen`` prints it), or
+``SECURESAVER_KEYRING_FILE``        a keyring file (``securesaver keygen --out ...``)
+``SECURESAVER_REDACTION``           ``on`` (default) or ``off``
+``SECURESAVER_RETENTION_IDLE_TTL``  default retention, e.g. ``30d`` (unset: keep)
+``SECURESAVER_RETENTION_MAX_AGE``   e.g. ``1y``
+``SECURESAVER_RETENTION_STRATEGY``  ``delete`` (default) or ``keep_latest``
+``SECURESAVER_TENANT_FIELD``        the user field that names the tenant (default ``identity``)
+``SECURESAVER_DEFAULT_TENANT``      tenant for calls with no user (unset: they are refused)
+==================================  ==========================================================
+
+Who a call acts for. LangGraph custom auth (``"auth": {"path": ...}``) authenticates every
+request; the server keeps the user in its request context and, for runs, also in
+``config["configurable"]["langgraph_auth_user"]`` (reserved: clients cannot set it). For every
+checkpointer call :class:`AuthTenantSaver` takes the user from the request context, else from
+the config, and maps it to a tenant with ``tenant_of`` (default: the user's ``identity``, or
+the field named by ``SECURESAVER_TENANT_FIELD``). Then:
+
+* if the two sources (or an explicit :func:`tenant_scope`) name different tenants, the call is
+  refused with :class:`AccessDenied` and recorded;
+* a ``tenant_id`` in ``configurable`` — which clients *can* send with a run — must equal the
+  user's tenant, otherwise :class:`AccessDenied`, recorded (it is never a way in);
+* the server's worker rolls runs back (``multitask_strategy="rollback"``, cancel with
+  ``action="rollback"``) by calling ``adelete_for_runs([run_id])`` with no user: that call
+  acts for the tenant this process saw writing the run (remembered from its authenticated
+  ``put`` calls, the latest 65,536 runs), and only there;
+* any other call with no user (TTL sweeps, a run this process did not see, Studio's own user,
+  an unauthenticated request) acts for ``SECURESAVER_DEFAULT_TENANT`` if you set one, and
+  otherwise raises :class:`TenantRequired`: it touches no tenant's data. Run retention with
+  SecureSaver's own pruner (``securesaver prune --url ... --every 10m``), not the server's
+  ``checkpointer.ttl``.
+
+What the server stores itself, outside the checkpointer (SecureSaver does not protect it): its
+thread records (metadata, status, and a copy of the latest state ``values`` — the
+conversation), run records (inputs, config, kwargs), assistants, crons and the long-term
+``store``. ``langgraph dev`` keeps them in memory and pickles them under ``.langgraph_api/``
+in the project directory; the platform keeps them in its own PostgreSQL. Protect that storage
+separately.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+
+from .errors import ConfigurationError, TenantRequired
+from .keyring import Keyring
+from .retention import RetentionPolicy
+from .saver import SecureSaver, ThreadRef, _Denial, _DeniedError
+from .tenancy import current_tenant_scope, tenant_scope, validate_tenant
+
+logger = logging.getLogger(__name__)
+
+TenantOf = Callable[[Any], "str | None"]
+
+_AUTH_KEYS = ("langgraph_auth_user", "langgraph_auth_user_id")
+
+
+def user_field(user: Any, field: str) -> Any:
+    """``user[field]`` for mapping-like users (the server's ProxyUser, dicts), else the
+    attribute; ``None`` when the user has no such field."""
+    if user is None:
+        return None
+    try:
+        return user[field]
+    except (KeyError, TypeError, IndexError, AttributeError):
+        pass
+    try:
+        return getattr(user, field, None)
+    except (NotImplementedError, AttributeError, KeyError):  # a raising property: no tenant
+        return None
+
+
+def _is_studio_user(user: Any) -> bool:
+    return type(user).__name__ == "StudioUser" or user_field(user, "kind") == "StudioUser"
+
+
+def tenant_from_field(field: str = "identity") -> TenantOf:
+    """The default ``tenant_of``: the user's ``field`` (a non-empty string) is the tenant.
+
+    Unauthenticated users (identity ``""``) and Studio's built-in user name no tenant. Write
+    your own ``tenant_of(user) -> str | None`` to map users differently (e.g. to an org id
+    your auth handler put in the user dict); returning ``None`` refuses the call.
+    """
+    def tenant_of(user: Any) -> str | None:
+        if user is None or _is_studio_user(user):
+            return None
+        if user_field(user, "is_authenticated") is False:
+            return None
+        value = user_field(user, field)
+        if not isinstance(value, str) or not value:
+            return None
+        return value
+    tenant_of.__name__ = f"tenant_from_field({field!r})"
+    return tenant_of
+
+
+def server_auth_user() -> Any:
+    """The user of the current server request or run (None outside LangGraph Server).
+
+    Read from the server's own request context (``langgraph_api.utils.get_auth_ctx``) only
+    when the server has loaded it: this never imports the server into another process.
+    """
+    utils = sys.modules.get("langgraph_api.utils")
+    get_auth_ctx = getattr(utils, "get_auth_ctx", None)
+    if get_auth_ctx is None:
+        return None
+    ctx = get_auth_ctx()
+    return None if ctx is None else getattr(ctx, "user", None)
+
+
+class AuthTenantSaver(SecureSaver):
+    """A :class:`SecureSaver` whose tenant is the LangGraph Server's authenticated user.
+
+    Args:
+        tenant_of: maps the server's user object to a tenant id (``None`` = no tenant).
+        (every other argument is SecureSaver's)
+    """
+
+    def __init__(self, *args: Any, tenant_of: TenantOf | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant_of: TenantOf = tenant_of or tenant_from_field()
+
+    def _user_tenant(self, user: Any) -> str | None:
+        if user is None:
+            return None
+        tenant = self.tenant_of(user)
+        return None if tenant is None else validate_tenant(tenant)
+
+    def _sources(self, configurable: Mapping[str, Any] | None) -> list[str]:
+        """The tenants named by the scope, the server's auth context and the config's user."""
+        sources: list[str] = []
+        scoped = current_tenant_scope()
+        if scoped is not None:
+            sources.append(scoped)
+        from_ctx = self._user_tenant(server_auth_user())
+        if from_ctx is not None:
+            sources.append(from_ctx)
+        if configurable is not None and any(k in configurable for k in _AUTH_KEYS):
+            user = configurable.get("langgraph_auth_user")
+            if user is None and configurable.get("langgraph_auth_user_id"):
+                user = {"identity": configurable["langgraph_auth_user_id"]}
+            from_config = self._user_tenant(user)
+            if from_config is not None:
+                sources.append(from_config)
+        return sources
+
+    def _caller_tenant(self, configurable: Mapping[str, Any] | None, operation: str,
+                       thread_id: str | None) -> str:
+        """The tenant this call acts for; raises when it has none or its sources disagree."""
+        sources = self._sources(configurable)
+        for other in sources[1:]:
+            if other != sources[0]:
+                raise _DeniedError(_Denial(sources[0], other, operation, thread_id))
+        if sources:
+            return sources[0]
+        if self.default_tenant is not None:
+            return self.default_tenant
+        raise TenantRequired(operation + " (no authenticated LangGraph Server user)")
+
+    def _ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+        conf = config.get("configurable") or {}
+        thread = conf.get("thread_id")
+        tenant = self._caller_tenant(conf, operation, None if thread is None else str(thread))
+        with _scope_as(tenant):
+            ref = super()._ref(config, operation)
+        run_id = conf.get("run_id")
+        if isinstance(run_id, str) and run_id and operation in ("put", "put_writes"):
+            _RUNS.remember(run_id, ref.tenant)
+        return ref
+
+    def _tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
+        tenant = self._caller_tenant(None, operation, thread_id)
+        with _scope_as(tenant):
+            return super()._tenant(operation, explicit, thread_id)
+
+    # The server rolls a run back (multitask_strategy="rollback", cancel action="rollback")
+    # from its worker *without* a user: adelete_for_runs([run_id]) then acts for the tenant
+    # this process saw writing that run (learned from authenticated calls), nothing else.
+    def _run_groups(self, run_ids: Sequence[str]) -> dict[str, list[str]] | None:
+        if self._sources(None):
+            return None          # a caller with an identity: the ordinary path
+        groups: dict[str, list[str]] = {}
+        for run_id in run_ids:
+            tenant = _RUNS.tenant_of(str(run_id))
+            if tenant is None:
+                return None      # unknown or ambiguous run: default tenant or TenantRequired
+            groups.setdefault(tenant, []).append(str(run_id))
+        return groups
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        groups = self._run_groups(list(run_ids))
+        if not groups:
+            return super().delete_for_runs(run_ids)
+        for tenant, ids in groups.items():
+            with tenant_scope(tenant):
+                super().delete_for_runs(ids)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        groups = self._run_groups(list(run_ids))
+        if not groups:
+            return await super().adelete_for_runs(run_ids)
+        for tenant, ids in groups.items():
+            with tenant_scope(tenant):
+                await super().adelete_for_runs(ids)
+
+
+class _RunTenants:
+    """run id -> the tenant that wrote it, for the most recent runs of this process (a run id
+    seen under two tenants is forgotten: such a run is never cleaned up without a user)."""
+
+    def __init__(self, size: int = 65536) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._map: OrderedDict[str, str | None] = OrderedDict()
+
+    def remember(self, run_id: str, tenant: str) -> None:
+        with self._lock:
+            if run_id in self._map:
+                if self._map[run_id] != tenant:
+                    self._map[run_id] = None
+                self._map.move_to_end(run_id)
+                return
+            self._map[run_id] = tenant
+            while len(self._map) > self.size:
+                self._map.popitem(last=False)
+
+    def tenant_of(self, run_id: str) -> str | None:
+        with self._lock:
+            return self._map.get(run_id)
+
+
+_RUNS = _RunTenants()
+
+
+@contextmanager
+def _scope_as(tenant: str) -> Iterator[None]:
+    """``tenant_scope(tenant)`` unless that tenant already is the scope."""
+    if current_tenant_scope() == tenant:
+        yield
+        return
+    with tenant_scope(tenant):
+        yield
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What :func:`make_checkpointer` reads from the environment."""
+
+    url: str
+    keyring: Keyring
+    redaction: bool = True
+    retention: RetentionPolicy | None = None
+    tenant_field: str = "identity"
+    default_tenant: str | None = None
+
+    @classmethod
+    def from_env(cls) -> ServerSettings:
+        env = os.environ
+        url = env.get("SECURESAVER_URL", "").strip()
+        if not url:
+            raise ConfigurationError(
+                "set SECURESAVER_URL (sqlite:///path.db or postgresql://...) for the "
+                "LangGraph Server checkpointer")
+        key_file = env.get("SECURESAVER_KEYRING_FILE", "").strip()
+        if key_file:
+            keyring = Keyring.from_file(key_file)
+        else:
+            keyring = Keyring.from_env()
+        redaction_text = env.get("SECURESAVER_REDACTION", "on").strip().lower()
+        if redaction_text not in ("on", "off", "true", "false", "1", "0"):
+            raise ConfigurationError(
+                f"SECURESAVER_REDACTION must be on or off, got {redaction_text!r}")
+        idle = env.get("SECURESAVER_RETENTION_IDLE_TTL") or None
+        max_age = env.get("SECURESAVER_RETENTION_MAX_AGE") or None
+        strategy = env.get("SECURESAVER_RETENTION_STRATEGY") or "delete"
+        retention = (RetentionPolicy(idle_ttl=idle, max_age=max_age, strategy=strategy)
+                     if idle or max_age else None)
+        default_tenant = env.get("SECURESAVER_DEFAULT_TENANT") or None
+        return cls(url=url, keyring=keyring,
+                   redaction=redaction_text in ("on", "true", "1"), retention=retention,
+                   tenant_field=env.get("SECURESAVER_TENANT_FIELD") or "identity",
+                   default_tenant=default_tenant)
+
+
+def make_checkpointer(*, tenant_of: TenantOf | None = None,
+                      settings: ServerSettings | None = None,
+                      **saver_options: Any) -> Callable[[], Any]:
+    """A ``checkpointer`` for langgraph.json: a callable returning an async context manager
+    that opens an :class:`AuthTenantSaver` on ``SECURESAVER_URL`` (set up, ready) and closes
+    it when the server stops.
+
+    Args:
+        tenant_of: user -> tenant id (default: :func:`tenant_from_field` with
+            ``SECURESAVER_TENANT_FIELD``, i.e. the user's ``identity``).
+        settings: use these instead of reading the environment when the server starts.
+        saver_options: passed to SecureSaver (e.g. ``redaction=Redactor(...)``).
+    """
+    @asynccontextmanager
+    async def checkpointer() -> AsyncIterator[AuthTenantSaver]:
+        cfg = settings or ServerSettings.from_env()
+        options: dict[str, Any] = {"retention": cfg.retention,
+                                   "default_tenant": cfg.default_tenant}
+        if not cfg.redaction:
+            options["redaction"] = None
+        options.update(saver_options)
+        resolve = tenant_of or tenant_from_field(cfg.tenant_field)
+        async with AuthTenantSaver.afrom_url(cfg.url, keyring=cfg.keyring, tenant_of=resolve,
+                                             **options) as opened:
+            saver = cast(AuthTenantSaver, opened)
+            logger.info("SecureSaver for LangGraph Server on %s (tenant from %s)",
+                        _redact_url(cfg.url), getattr(resolve, "__name__", "tenant_of"))
+            yield saver
+    return checkpointer
+
+
+def _redact_url(url: str) -> str:
+    head, sep, tail = url.partition("://")
+    if "@" in tail:
+        tail = "***@" + tail.rsplit("@", 1)[1]
+    return head + sep + tail
+
+
+checkpointer = make_checkpointer()
+"""The defaults: ``"path": "langgraph_securesaver.server.checkpointer"`` in langgraph.json."""
