@@ -151,6 +151,8 @@ def test_payload_in_every_decoded_column_executes_nothing(database, column: str,
                 await asaver.aget_tuple(cfg("t1"))
             with pytest.raises(TamperedDataError):
                 [t async for t in asaver.alist(cfg("t1"))]
+            with pytest.raises(TamperedDataError):
+                await build_graph(asaver).ainvoke(Command(resume="yes"), cfg("t1"))
             assert await asaver.aget_tuple(cfg("t2")) is not None
     asyncio.run(async_read())
     untouched()
