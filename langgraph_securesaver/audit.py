@@ -288,8 +288,11 @@ def _vault_kinds(saver: SecureSaver, tenant: str | None) -> dict[str, dict[str, 
 
 def audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = None,
           progress: Callable[[int, int], None] | None = None) -> AuditReport:
-    """Inventory of the database behind ``saver`` (optionally one tenant). Reads only."""
-    now = time.time() if now is None else float(now)
+    """Inventory of the database behind ``saver`` (optionally one tenant). Reads only.
+    Inside a tenant scope it covers that tenant only (see SecureSaver._admin_tenant)."""
+    from .timeargs import to_epoch
+    tenant = saver._admin_tenant("audit", tenant)
+    now = time.time() if now is None else float(to_epoch(now, "now") or 0.0)
     registry = saver.registry
     all_tenants = registry.tenants()
     if tenant is not None and tenant not in all_tenants:
@@ -406,7 +409,9 @@ def events(saver: SecureSaver, *, tenant: str | None = None, thread_id: str | No
            kind: str | None = None, since: float | None = None, until: float | None = None,
            limit: int | None = None) -> list[TrailEntry]:
     """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind
-    (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action)."""
+    (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action).
+    Inside a tenant scope: that tenant's entries only."""
+    tenant = saver._admin_tenant("events", tenant)
     registry = saver.registry
     out: list[TrailEntry] = []
     if kind is None or not kind.startswith("receipt"):

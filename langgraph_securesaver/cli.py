@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,13 +33,67 @@ EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
 
 KeyringOption = Annotated[
     Path | None,
-    typer.Option("--keyring", help=f"Keyring file; defaults to ${ENV_VAR}.", dir_okay=False),
+    typer.Option("--keyring", help=f"Keyring file; defaults to ${ENV_VAR}."),
 ]
 
 
 def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
+    """Print ONE line on stderr (never wrapped, never markup) and return the exit to raise."""
+    from rich.markup import escape
+    line = " ".join(str(message).split())
+    err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True, highlight=False)
     return typer.Exit(code)
+
+
+def db_error(exc: BaseException) -> typer.Exit:
+    """An unusable database, in one line (the driver's message, without SQLAlchemy's
+    background-link paragraph)."""
+    inner = getattr(exc, "orig", None) or exc
+    first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+    return fail(f"cannot use the database: {type(inner).__name__}: {first}")
+
+
+def tenant_arg(value: str | None, what: str = "--tenant") -> str | None:
+    """A tenant id given on the command line, validated before anything is opened."""
+    if value is None:
+        return None
+    from .tenancy import validate_tenant
+    try:
+        return validate_tenant(value)
+    except SecureSaverError as exc:
+        raise fail(f"{what}: {exc}") from None
+
+
+def thread_arg(value: str | None, what: str = "--thread") -> str | None:
+    if value is None:
+        return None
+    from .tenancy import validate_thread_id
+    try:
+        return validate_thread_id(value, what)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+
+
+def check_url(url: str) -> str | None:
+    """Refuse a URL that names no usable database before anything is opened or created.
+    Returns the SQLite file path (None for PostgreSQL)."""
+    from .backends import sqlite_path
+    if not isinstance(url, str) or not url.strip():
+        raise fail("--url is empty: use sqlite:///path.db or postgresql://user@host/db")
+    try:
+        path = sqlite_path(url)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    if path is None and not url.startswith(("postgresql://", "postgres://",
+                                            "postgresql+psycopg://")):
+        raise fail(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+    if path is not None and path != ":memory:":
+        p = Path(path)
+        if not p.exists():
+            raise fail(f"no database at {path}")
+        if not p.is_file():
+            raise fail(f"{path} is not a database file")
+    return path
 
 
 def load_keyring(path: Path | None) -> Keyring:
@@ -47,10 +103,13 @@ def load_keyring(path: Path | None) -> Keyring:
         raise fail(str(exc)) from None
 
 
+
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:  # the pool logs each failed connection attempt with a traceback
+        logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 
 @app.command()
@@ -83,23 +142,36 @@ def demo(
 ) -> None:
     """Run a two-tenant support agent on SQLite and show what reaches the disk."""
     from .demo_run import run_demo
+    if db.exists() and not db.is_file():
+        raise fail(f"--db {db} is not a file")
     try:
         ok = run_demo(db, keyring_path=keyring, keep=keep, console=console)
     except (SecureSaverError, ConfigurationError) as exc:
         raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{type(exc).__name__}: {exc}") from None
     raise typer.Exit(EXIT_OK if ok else EXIT_FOUND)
 
 
 UrlOption = Annotated[str, typer.Option("--url", help="sqlite:///path.db or postgresql://...")]
 
 
-def open_saver(url: str, keyring: Any) -> Any:
-    """Open a SecureSaver for an operations command; exit 2 with the reason if it cannot."""
+@contextmanager
+def open_saver(url: str, keyring: Any) -> Iterator[Any]:
+    """A SecureSaver on an existing database for an operations command; exit 2 with one line
+    if the URL or the database is unusable (also when that surfaces half-way)."""
+    from .keyring import NoKeys
     from .saver import SecureSaver
+    check_url(url)
     try:
-        return SecureSaver.from_url(url, keyring=keyring, redaction=None)
+        with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as saver:
+            yield saver
+    except typer.Exit:
+        raise
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
 
 
 @app.command()
@@ -133,11 +205,14 @@ def prune(
     from .keyring import NoKeys
     from .retention import parse_duration
 
+    tenant = tenant_arg(tenant)
     try:
         interval = parse_duration(every, what="--every") if every else None
         grace = parse_duration(active_grace, what="--active-grace") or 0.0
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
+    if interval is not None and interval <= 0:
+        raise fail("--every must be a positive duration (e.g. 10m)")
     ring: Any = load_keyring(keyring) if keyring else _env_keyring_or_none() or NoKeys()
     stop = threading.Event()
 
@@ -176,7 +251,7 @@ def prune(
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
     except database_errors() as exc:  # an unreachable database or a broken registry
-        raise fail(f"cannot reach the database: {type(exc).__name__}: {exc}") from None
+        raise db_error(exc) from None
     raise typer.Exit(EXIT_FOUND if failed else EXIT_OK)
 
 
@@ -223,12 +298,18 @@ def _print_report(report: Any) -> None:
 def shred_tenant(
     tenant: Annotated[str, typer.Argument(help="The tenant to crypto-shred.")],
     url: UrlOption,
-    keyring: Annotated[Path, typer.Option("--keyring", help="Keyring file (it is rewritten).",
-                                          dir_okay=False)],
+    keyring: Annotated[Path, typer.Option("--keyring", help="Keyring file (it is rewritten).")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     requested_by: Annotated[str | None, typer.Option("--requested-by")] = None,
 ) -> None:
     """Destroy a tenant's keys (backups included) and delete its data. Irreversible."""
+    tenant = tenant_arg(tenant, "tenant") or tenant
+    from .tenancy import validate_actor
+    try:
+        validate_actor(requested_by, "--requested-by")
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    check_url(url)
     ring = load_keyring(keyring)
     with open_saver(url, ring) as saver:
         if tenant not in saver.registry.tenants():
@@ -253,9 +334,16 @@ def recover(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1)] = 3,
     worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    use_async: Annotated[bool, typer.Option("--async", help="Open an async saver and sweep "
+                                            "with arecover_stalled (implied by "
+                                            "sqlite+aiosqlite:// and "
+                                            "postgresql+psycopg_async:// URLs).")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Resume stalled threads that opted in (mark_recoverable), each by exactly one worker.
+
+    An async URL (or --async) resumes through the async saver API (aget_state / ainvoke), for
+    graphs whose nodes or checkpointer are async-only.
 
     Exit codes: 0 done, 1 some threads failed or were dead-lettered, 2 could not run.
     """
@@ -263,17 +351,20 @@ def recover(
 
     from .idempotency.recovery import recover_main
     from .retention import parse_duration
+    tenant = tenant_arg(tenant)
+    check_url(url)
     try:
         idle = parse_duration(older_than, what="--older-than") or 0.0
         report = recover_main(url, graph, keyring=str(keyring) if keyring else None,
                               older_than=idle, tenant=tenant, max_attempts=max_attempts,
-                              worker_id=worker_id, redaction=None)
+                              worker_id=worker_id, use_async=use_async or None,
+                              redaction=None)
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
     except (ImportError, AttributeError) as exc:
         raise fail(f"cannot load graph {graph!r}: {exc}") from None
     except database_errors() as exc:
-        raise fail(f"cannot reach the database: {type(exc).__name__}: {exc}") from None
+        raise db_error(exc) from None
     summary = {"worker": report.worker_id, "examined": report.examined,
                "resumed": len(report.resumed), "failed": len(report.failed),
                "dead_lettered": len(report.dead_lettered)}

@@ -11,6 +11,7 @@ keyring, unreachable or missing database).
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 import time
@@ -33,10 +34,12 @@ from .cli import (
     UrlOption,
     app,
     console,
-    database_errors,
     err_console,
     fail,
     load_keyring,
+    open_saver,
+    tenant_arg,
+    thread_arg,
 )
 from .errors import SecureSaverError
 
@@ -76,24 +79,8 @@ def _keyring_or_none(path: Path | None) -> Any:
 def opened(url: str, ring: Any) -> Iterator[Any]:
     """A SecureSaver on ``url`` for an operations command; exit 2 with the reason if the
     database is missing or unusable (also when that surfaces half-way)."""
-    from .backends import sqlite_path
-    from .keyring import NoKeys
-    from .saver import SecureSaver
-    try:
-        path = sqlite_path(url)
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-    if path is not None and path != ":memory:" and not Path(path).exists():
-        raise fail(f"no database at {path}")
-    try:
-        with SecureSaver.from_url(url, keyring=ring or NoKeys(), redaction=None) as saver:
-            yield saver
-    except typer.Exit:
-        raise
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-    except database_errors() as exc:
-        raise fail(f"cannot use the database: {type(exc).__name__}: {exc}") from None
+    with open_saver(url, ring) as saver:
+        yield saver
 
 
 @contextmanager
@@ -139,16 +126,22 @@ def parse_when(value: str | None, *, what: str, now: float | None = None) -> flo
     now = time.time() if now is None else now
     text = value.strip()
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(number):
+            raise fail(f"{what} {value!r} is not a finite epoch")
+        return number
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         parsed = None
     if parsed is not None:
         if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=timezone.utc)
+            if len(text) > 10:   # a time of day without a zone names no instant
+                raise fail(f"{what} {value!r} has a time but no timezone: add Z or +hh:mm")
+            parsed = parsed.replace(tzinfo=timezone.utc)   # a bare date: midnight UTC
         return parsed.timestamp()
     try:
         ago = parse_duration(text, what=what)
@@ -181,6 +174,7 @@ def audit(
     the registry, 2 could not run.
     """
     from .audit import audit as run_audit
+    tenant = tenant_arg(tenant)
     ring = _keyring_or_none(keyring)
     with opened(url, ring) as saver:
         try:
@@ -399,8 +393,7 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
 def rotate_keys(
     url: UrlOption,
     keyring: Annotated[Path, typer.Option(
-        "--keyring", help="Keyring file (a master version is added; the file is rewritten).",
-        dir_okay=False)],
+        "--keyring", help="Keyring file (a master version is added; the file is rewritten).")],
     reencrypt: Annotated[bool, typer.Option(
         "--reencrypt", help="Also rotate every tenant's data key and re-encrypt the stored "
         "data (online, resumable).")] = False,
@@ -509,6 +502,10 @@ def events(
     Exit codes: 0 entries found, 1 nothing matched, 2 could not run.
     """
     from .audit import events as list_entries
+    tenant = tenant_arg(tenant)
+    thread = thread_arg(thread)
+    if kind is not None and (not kind or len(kind) > 64):
+        raise fail("--kind must be an event kind of at most 64 characters")
     start = parse_when(since, what="--since")
     end = parse_when(until, what="--until")
     with opened(url, _keyring_or_none(keyring)) as saver:

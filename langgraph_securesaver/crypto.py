@@ -85,13 +85,21 @@ class TenantKeys:
 
     tenant: str
     current_version: int
-    data: dict[int, AESGCM]
-    index_key: bytes
+    data: dict[int, AESGCM] = field(repr=False)
+    index_key: bytes = field(repr=False)
     _hmac_cache: dict[str, str] = field(default_factory=dict, repr=False)
     # asks the key store again when a token names a version this process has not seen yet
     # (another process rotated the tenant's data key)
     reload: Callable[[], TenantKeys | None] | None = field(default=None, repr=False)
     loaded_at: float = field(default_factory=time.monotonic, repr=False)
+    _reload_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
+                                         compare=False)
+
+    def __repr__(self) -> str:  # never key material, in repr, str, logs or tracebacks
+        return (f"TenantKeys(tenant={self.tenant!r}, current_version={self.current_version}, "
+                f"data_versions={sorted(self.data)})")
+
+    __str__ = __repr__
 
     def seal(self, plaintext: bytes, aad: bytes) -> bytes:
         nonce = secrets.token_bytes(_NONCE)
@@ -107,11 +115,15 @@ class TenantKeys:
         version = int(_HEADER.unpack_from(token)[1])
         aes = self.data.get(version)
         if aes is None and self.reload is not None:
-            fresh = self.reload()
-            if fresh is not None:
-                self.data.update(fresh.data)
-                self.current_version = max(self.current_version, fresh.current_version)
+            with self._reload_lock:        # one reload for every thread that meets it
                 aes = self.data.get(version)
+                if aes is None:
+                    fresh = self.reload()
+                    if fresh is not None:
+                        self.data.update(fresh.data)
+                        self.current_version = max(self.current_version,
+                                                   fresh.current_version)
+                        aes = self.data.get(version)
         if aes is None:
             raise TamperedDataError(
                 f"ciphertext names data key v{version} of tenant {self.tenant!r}, which is unknown "
@@ -147,7 +159,7 @@ class KeyRow:
     purpose: str
     version: int
     master_version: str
-    wrapped: bytes
+    wrapped: bytes = field(repr=False)
     created_at: float
 
 
@@ -169,12 +181,24 @@ class KeyManager:
     Thread-safe. The cache holds unwrapped keys in process memory only.
     """
 
-    def __init__(self, provider: KeyProvider, store: KeyStore, *, ttl: float = 300.0) -> None:
+    def __init__(self, provider: KeyProvider, store: KeyStore, *, ttl: float = 300.0,
+                 reload_interval: float = 0.5) -> None:
         self.provider = provider
         self.store = store
         self.ttl = ttl  # how long a process trusts its cached keys before re-reading them
+        # at most one reload of the key source (and one re-read of a tenant's key rows) per
+        # this many seconds when a version is unknown: rotation by another process is picked
+        # up at once, forged versions cannot turn every read into a reload
+        self.reload_interval = reload_interval
         self._cache: dict[str, TenantKeys] = {}
         self._lock = threading.Lock()
+        self._provider_lock = threading.Lock()
+        self._provider_generation = 0
+        self._provider_reloaded = -float("inf")
+        self._rows_reloaded: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"KeyManager(provider={self.provider!r}, tenants_cached={len(self._cache)})"
 
     def cached(self, tenant: str) -> TenantKeys | None:
         hit = self._cache.get(tenant)
@@ -236,6 +260,40 @@ class KeyManager:
         return rows
 
     def _unwrap(self, tenant: str, rows: Sequence[KeyRow]) -> TenantKeys:
+        """Unwrap a tenant's key rows; a row under a master version the provider does not
+        hold (rotated by another process) makes the provider reload its source once."""
+        generation = self._provider_generation
+        try:
+            return self._unwrap_once(tenant, rows)
+        except TamperedDataError:
+            if not self._reload_provider(generation):
+                raise
+            return self._unwrap_once(tenant, rows)
+
+    def _reload_provider(self, seen: int) -> bool:
+        """Reload the provider's key source (coalesced across threads, rate-bounded); True
+        when the failed unwrap is worth retrying."""
+        reload = getattr(self.provider, "reload", None)
+        if not callable(reload):
+            return False
+        with self._provider_lock:
+            if self._provider_generation != seen:
+                return True            # another thread reloaded since this one failed
+            now = time.monotonic()
+            if now - self._provider_reloaded < self.reload_interval:
+                return False
+            self._provider_reloaded = now
+            try:
+                changed = reload()
+            except Exception as exc:  # noqa: BLE001 - a broken source must not hide the error
+                logger.warning("key provider reload failed: %s", type(exc).__name__)
+                return False
+            if changed is False:
+                return False
+            self._provider_generation += 1
+            return True
+
+    def _unwrap_once(self, tenant: str, rows: Sequence[KeyRow]) -> TenantKeys:
         data: dict[int, AESGCM] = {}
         index_key: bytes | None = None
         for row in rows:
@@ -253,6 +311,12 @@ class KeyManager:
                           reload=lambda: self._reload(tenant))
 
     def _reload(self, tenant: str) -> TenantKeys | None:
+        now = time.monotonic()
+        if now - self._rows_reloaded.get(tenant, -float("inf")) < self.reload_interval:
+            return None  # re-read a moment ago: the version is not in the registry
+        if len(self._rows_reloaded) > 100_000:
+            self._rows_reloaded.clear()
+        self._rows_reloaded[tenant] = now
         rows = self.store.load_key_rows(tenant)
         if not rows:
             return None

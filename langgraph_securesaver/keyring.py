@@ -19,11 +19,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import os
 import secrets
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +36,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import ConfigurationError, KeyringRequired, TamperedDataError
+
+logger = logging.getLogger(__name__)
 
 ENV_VAR = "SECURESAVER_MASTER_KEY"
 FILE_FORMAT = "securesaver-keyring/1"
@@ -46,7 +51,7 @@ class WrappedKey:
     """A data key sealed by the provider: which master version sealed it, and the bytes."""
 
     master_version: str
-    blob: bytes
+    blob: bytes = field(repr=False)
 
 
 @runtime_checkable
@@ -56,6 +61,11 @@ class KeyProvider(Protocol):
     ``context`` is associated data the provider must bind into the wrap (tenant, key purpose and
     version), so a wrapped key copied to another tenant fails to unwrap. ``unwrap`` raises
     :class:`TamperedDataError` for every failure, including an unknown master version.
+
+    Optional: ``reload() -> bool`` re-reads the provider's source; SecureSaver calls it (at
+    most every ``KeyManager.reload_interval`` seconds) when a key row names a master version
+    the provider does not hold, so processes follow a rotation done elsewhere. Optional too:
+    ``record_database(id, label)`` / ``other_databases(id)`` (see :class:`Keyring`).
     """
 
     @property
@@ -104,7 +114,12 @@ class Keyring:
         self._keks: dict[tuple[str, str], AESGCM] = {}
         # master versions destroyed by a tenant shred: the per-tenant KEKs that survive it
         self._punctured: dict[str, dict[str, bytes]] = {}
+        # the databases this keyring serves (database id -> label, password hidden)
+        self._databases: dict[str, str] = {}
         self.path: Path | None = None
+        self._env_var: str | None = None
+        self._source_stamp: object = None
+        self._lock = threading.RLock()
 
     # construction -------------------------------------------------------------------------
     @classmethod
@@ -118,24 +133,40 @@ class Keyring:
         if not value:
             raise KeyringRequired(f"{var} is not set")
         if value.startswith("{"):
-            return cls._from_json(value, source=var)
-        masters: dict[str, bytes] = {}
-        for i, part in enumerate(p.strip() for p in value.split(",") if p.strip()):
-            version, sep, key = part.partition(":")
-            if not sep:
-                version, key = str(i + 1), part
-            masters[version] = _unb64(key, f"{var} (version {version})")
-        return cls(masters)
+            ring = cls._from_json(value, source=var)
+        else:
+            masters: dict[str, bytes] = {}
+            for i, part in enumerate(p.strip() for p in value.split(",") if p.strip()):
+                version, sep, key = part.partition(":")
+                if not sep:
+                    version, key = str(i + 1), part
+                version = version.strip()
+                if not version or len(version) > 64:
+                    raise ConfigurationError(f"{var}: a master version is empty or too long")
+                if version in masters:
+                    raise ConfigurationError(f"{var}: master version {version} appears twice")
+                masters[version] = _unb64(key.strip(), f"{var} (version {version})")
+            ring = cls(masters)
+        ring._env_var = var
+        ring._source_stamp = _digest(value)
+        return ring
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
         p = Path(path)
         try:
+            stamp = _file_stamp(p)
             text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise KeyringRequired(f"keyring file {p} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigurationError(f"keyring {p} is a directory, not a keyring file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(
+                f"keyring file {p} cannot be read: {type(exc).__name__}") from None
         ring = cls._from_json(text, source=str(p))
         ring.path = p
+        ring._source_stamp = stamp
         return ring
 
     @classmethod
@@ -146,14 +177,39 @@ class Keyring:
             raise ConfigurationError(f"keyring {source} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
             raise ConfigurationError(f"keyring {source} is not a {FILE_FORMAT} document")
-        masters = {
-            str(v): _unb64(k, f"{source} master key {v}") for v, k in dict(data["masters"]).items()
-        }
+        masters_doc = data.get("masters")
+        if not isinstance(masters_doc, dict) or not masters_doc:
+            raise ConfigurationError(
+                f"keyring {source} has no \"masters\" object of version -> base64 key")
+        masters = {}
+        for v, k in masters_doc.items():
+            if not isinstance(k, str) or not v or len(v) > 64:
+                raise ConfigurationError(
+                    f"keyring {source}: master key {v!r} must be a base64 string under a "
+                    "version of at most 64 characters")
+            masters[v] = _unb64(k, f"{source} master key {v}")
         current = data.get("current")
+        if current is not None and not isinstance(current, (str, int)):
+            raise ConfigurationError(f"keyring {source}: \"current\" must be a version string")
         ring = cls(masters, str(current) if current is not None else None)
-        for version, keks in dict(data.get("punctured", {})).items():
+        punctured = data.get("punctured", {})
+        if not isinstance(punctured, dict) or not all(
+                isinstance(keks, dict) for keks in punctured.values()):
+            raise ConfigurationError(
+                f"keyring {source}: \"punctured\" must map versions to {{tenant: base64 key}}")
+        for version, keks in punctured.items():
+            if any(not isinstance(t, str) or not isinstance(k, str) for t, k in keks.items()):
+                raise ConfigurationError(
+                    f"keyring {source}: punctured keys of version {version!r} must be "
+                    "tenant -> base64 strings")
             ring._punctured[str(version)] = {
                 t: _unb64(k, f"{source} punctured key {version}/{t}") for t, k in keks.items()}
+        databases = data.get("databases", {})
+        if not isinstance(databases, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in databases.items()):
+            raise ConfigurationError(
+                f"keyring {source}: \"databases\" must map database ids to labels")
+        ring._databases = dict(databases)
         return ring
 
     @classmethod
@@ -171,6 +227,7 @@ class Keyring:
                 "masters": {v: _b64(k) for v, k in sorted(self._masters.items())},
                 "punctured": {v: {t: _b64(k) for t, k in sorted(keks.items())}
                               for v, keks in sorted(self._punctured.items())},
+                "databases": dict(sorted(self._databases.items())),
             },
             indent=2,
         )
@@ -179,6 +236,32 @@ class Keyring:
         """Write atomically with mode 0600 (the file is as sensitive as every conversation)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(target):
+            self._merge_databases_from(target)
+            self._write(target)
+        self.path = target
+        return target
+
+    def _merge_databases_from(self, target: Path) -> None:
+        """Databases recorded in the file by other processes are kept (the list only grows,
+        except through :meth:`forget_database`)."""
+        if self.path is None or Path(self.path) != target:
+            return
+        try:
+            data = json.loads(target.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        found = data.get("databases") if isinstance(data, dict) else None
+        if isinstance(found, dict):
+            for db, label in found.items():
+                if isinstance(db, str) and isinstance(label, str) and db not in self._forgotten:
+                    self._databases.setdefault(db, label)
+
+    @property
+    def _forgotten(self) -> set[str]:
+        return self.__dict__.setdefault("_forgotten_dbs", set())
+
+    def _write(self, target: Path) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".keyring-", dir=target.parent)
         try:
             os.fchmod(fd, 0o600)
@@ -190,11 +273,85 @@ class Keyring:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self.path = target
-        return target
+        self._source_stamp = _file_stamp(target)
+
+    # following the key source (rotation by another process) ---------------------------------
+    def reload(self) -> bool:
+        """Re-read the source this keyring came from (its file, or its environment variable)
+        and adopt it: a process started before a rotation learns the new master version, and
+        forgets retired ones. Cheap when nothing changed (a ``stat``). Returns whether the
+        keys changed. A source that became unreadable or invalid is ignored (logged)."""
+        with self._lock:
+            try:
+                if self.path is not None:
+                    if _file_stamp(self.path) == self._source_stamp:
+                        return False
+                    fresh = Keyring.from_file(self.path)
+                elif self._env_var is not None:
+                    if _digest(os.environ.get(self._env_var, "").strip()) == self._source_stamp:
+                        return False
+                    fresh = Keyring.from_env(self._env_var)
+                else:
+                    return False
+            except (ConfigurationError, OSError) as exc:
+                logger.warning("keyring source could not be reloaded: %s", exc)
+                return False
+            changed = (fresh._masters != self._masters or fresh._current != self._current
+                       or fresh._punctured != self._punctured)
+            if changed:
+                self._masters, self._current = fresh._masters, fresh._current
+                self._punctured = fresh._punctured
+                self._keks = {}
+                logger.info("keyring reloaded: master versions %s, current %s",
+                            self.versions(), self._current)
+            self._databases.update(fresh._databases)
+            self._source_stamp = fresh._source_stamp
+            return changed
+
+    # the databases this keyring serves --------------------------------------------------------
+    def databases(self) -> dict[str, str]:
+        """Database id -> label of every database this keyring was used with (recorded when a
+        SecureSaver opens a database with it; saved in the keyring file)."""
+        return dict(self._databases)
+
+    def record_database(self, database_id: str, label: str) -> None:
+        """Note that this keyring serves ``database_id`` (persisted when it has a file; a file
+        that cannot be written, e.g. a read-only secret mount, is left alone and logged)."""
+        with self._lock:
+            if database_id in self._databases:
+                return
+            self._databases[database_id] = label
+            if self.path is None:
+                return
+            try:
+                with _file_lock(self.path):
+                    on_disk = Keyring.from_file(self.path)
+                    if database_id in on_disk._databases:
+                        return
+                    on_disk._databases[database_id] = label
+                    on_disk._write(self.path)   # only the database list changes on disk
+                    self._databases.update(on_disk._databases)
+            except (OSError, ConfigurationError) as exc:
+                logger.warning("could not record database %s in keyring file %s: %s",
+                               database_id, self.path, exc)
+
+    def other_databases(self, database_id: str) -> dict[str, str]:
+        """The databases other than ``database_id`` this keyring serves (re-read from its
+        file, so a database recorded by another process counts)."""
+        with self._lock:
+            if self.path is not None:
+                self._merge_databases_from(Path(self.path))
+            return {d: label for d, label in self._databases.items() if d != database_id}
+
+    def forget_database(self, database_id: str) -> None:
+        """Stop counting ``database_id`` as served (it was decommissioned); persist after."""
+        with self._lock:
+            self._databases.pop(database_id, None)
+            self._forgotten.add(database_id)
 
     def persist(self) -> None:
-        """Save back to the file this keyring came from (shredding and rotation need it)."""
+        """Save back to the file this keyring came from (shredding and rotation need it).
+        Databases other processes recorded in the file meanwhile are kept."""
         if self.path is None:
             raise ConfigurationError(
                 "this keyring has no file to save to (it came from the environment); load it "
@@ -292,6 +449,8 @@ class Keyring:
     def __repr__(self) -> str:  # never print key material
         return f"Keyring(versions={self.versions()}, current={self._current!r})"
 
+    __str__ = __repr__
+
 
 class NoKeys:
     """A provider with no keys, for jobs that never decrypt (the retention pruner).
@@ -309,6 +468,35 @@ class NoKeys:
 
     def unwrap(self, tenant: str, wrapped: WrappedKey, context: bytes) -> bytes:
         raise KeyringRequired("this job runs without keys and cannot decrypt")
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _digest(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@contextmanager
+def _file_lock(target: Path) -> Iterator[None]:
+    """An exclusive advisory lock beside the keyring file, so processes that update it
+    (rotation, shredding, recording a database) do not lose each other's changes."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    lock_path = target.with_name(target.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _version_key(version: str) -> tuple[int, str]:

@@ -417,9 +417,9 @@ def reencrypt(saver: SecureSaver, *, tenants: Iterable[str] | None = None,
     ``batch_size`` rows are read and rewritten per transaction; ``max_rate`` caps rewritten rows
     per second (load on a live database); ``should_stop()`` is polled between batches.
     """
-    return Reencryption(saver, tenants=tenants, batch_size=batch_size, max_rate=max_rate,
-                        max_passes=max_passes, progress=progress,
-                        should_stop=should_stop).run()
+    return Reencryption(saver, tenants=saver._reencrypt_tenants(tenants),
+                        batch_size=batch_size, max_rate=max_rate, max_passes=max_passes,
+                        progress=progress, should_stop=should_stop).run()
 
 
 @dataclass(frozen=True)
@@ -468,6 +468,8 @@ def retire_unused_masters(saver: SecureSaver) -> tuple[list[str], list[str]]:
     busy = [v for v in old if in_use.get(v)]
     if busy:
         return [], busy
+    if old:   # another database's key rows may still be wrapped under them
+        saver.require_sole_database("retiring master versions")
     for version in old:
         ring.retire_version(version)
     if old:
@@ -489,7 +491,11 @@ def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool
     version, no second data-key rotation, rows already re-encrypted are skipped.
     ``progress(stage, done, total)`` reports "rewrap" and "reencrypt".
     """
+    saver._admin_tenant("rotate_keys", operator_only=True)
     ring = _file_keyring(saver)
+    reload = getattr(ring, "reload", None)
+    if callable(reload):   # start from the keyring file as it is now, not as it was loaded
+        reload()
     registry = saver.registry
     job = unfinished_job(saver) if reencrypt else None
     resumed = job is not None and job.master_version == ring.current_version
@@ -540,7 +546,11 @@ def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool
         registry.record_event(JOB_FINISHED, job=job.job, master_version=job.master_version,
                               **done)
     if retire_old:
-        retired, busy = retire_unused_masters(saver)
+        try:
+            retired, busy = retire_unused_masters(saver)
+        except ConfigurationError as exc:   # the keyring serves another database
+            retired, busy = [], []
+            report.problems.append(str(exc))
         report.retired = retired
         if busy:
             report.problems.append(f"master version(s) {', '.join(busy)} still wrap key rows; "

@@ -59,7 +59,10 @@ from .tenancy import (
     current_tenant_scope,
     outer_thread_id,
     thread_prefix,
+    validate_actor,
+    validate_namespace,
     validate_tenant,
+    validate_thread_id,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,6 +97,25 @@ class _Denial:
 # the byte form of redaction.TOKEN_RE (not imported here: importing presidio costs seconds);
 # serialized strings hold tokens verbatim, so one C-speed scan of the plaintext finds them all
 _TOKEN_BYTES = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")
+
+
+def _clear_ok(key: str, value: Any, checkpoint: Checkpoint) -> bool:
+    """Whether an allowlisted metadata value may be stored in clear. The DeltaChannel keys
+    are always allowlisted (the inner savers' prune reads them), so they are kept in clear
+    only in the shape LangGraph writes -- ``counters_since_delta_snapshot``:
+    ``{channel of this checkpoint: (updates, supersteps)}`` -- and sealed otherwise: a value
+    copied from run metadata (always a scalar) never lands in clear, and cannot make
+    ``keep_latest`` refuse the thread. ``delta_writes_versioned`` is written by LangGraph.js
+    only and is never kept in clear."""
+    if key not in DELTA_METADATA_KEYS:
+        return True
+    if key != "counters_since_delta_snapshot" or not isinstance(value, dict):
+        return False
+    channels = checkpoint.get("channel_versions") or {}
+    return 0 < len(value) <= 10_000 and all(
+        isinstance(ch, str) and ch in channels and isinstance(pair, (list, tuple))
+        and len(pair) == 2 and all(type(n) is int and 0 <= n < 2 ** 53 for n in pair)
+        for ch, pair in value.items())
 
 
 def _tokens_in_plaintext(raw: bytes) -> builtins.set[str] | None:
@@ -257,7 +279,8 @@ class _SealedCodec:
         """The stored metadata: allowlisted keys in clear, blind-index entries, and the sealed
         metadata + manifest. ``sealed`` is the checkpoint document as it will be stored and
         ``parent`` the parent checkpoint id the inner saver records."""
-        stored: dict[str, Any] = {k: full[k] for k in self.allowlist if k in full}
+        stored: dict[str, Any] = {k: full[k] for k in self.allowlist
+                                  if k in full and _clear_ok(k, full[k], checkpoint)}
         blind: dict[str, str] = {}
         if self.blind_index:
             for key, value in full.items():
@@ -547,6 +570,7 @@ class SecureSaver(BaseCheckpointSaver):
         """Create and migrate SecureSaver's tables (and the inner saver's, when it has setup)."""
         self.registry.setup()
         self._save_default_policy()
+        self._bind_keyring()
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup) and not asyncio.iscoroutinefunction(inner_setup):
             inner_setup()
@@ -554,6 +578,7 @@ class SecureSaver(BaseCheckpointSaver):
     async def asetup(self) -> None:
         await asyncio.to_thread(self.registry.setup)
         await asyncio.to_thread(self._save_default_policy)
+        await asyncio.to_thread(self._bind_keyring)
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup):
             if asyncio.iscoroutinefunction(inner_setup):
@@ -577,22 +602,51 @@ class SecureSaver(BaseCheckpointSaver):
         conf = config.get("configurable") or {}
         if conf.get("thread_id") in (None, ""):
             raise ConfigurationError(f"{operation} needs config['configurable']['thread_id']")
-        thread_id = _thread_id(conf["thread_id"])
+        try:
+            thread_id: str | None = _thread_id(conf["thread_id"])
+        except ConfigurationError:
+            thread_id = None
+        # the tenant check comes first: a cross-tenant attempt with a malformed id is still a
+        # cross-tenant attempt, and is recorded (without the id, which no column could hold)
         tenant = self._tenant(operation, conf.get("tenant_id"), thread_id)
-        return ThreadRef(tenant, thread_id, str(conf.get("checkpoint_ns", "") or ""))
+        if thread_id is None:
+            thread_id = _thread_id(conf["thread_id"])  # raises the ConfigurationError
+        return ThreadRef(tenant, thread_id, validate_namespace(conf.get("checkpoint_ns", "")))
+
+    _DENIAL_ATTEMPTS = 3
 
     def _record_denial(self, denial: _Denial) -> AccessDenied:
+        """Record an access-denied event (retried) and return the error to raise. The call is
+        refused either way; if the event cannot be written the error says so."""
         logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
                        denial.actor, denial.operation, denial.target, denial.thread_id)
-        try:
-            self.registry.record_event(
-                "access_denied", tenant=denial.target, thread_id=denial.thread_id,
-                actor=denial.actor, operation=denial.operation)
-        except Exception:  # the denial itself must still reach the caller
-            logger.exception("could not record an access-denied event")
-        return AccessDenied(
-            f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
-            f"{denial.target!r}; the attempt was recorded")
+        failure: Exception | None = None
+        thread_id = denial.thread_id
+        if thread_id is not None:
+            try:   # an id no column could hold is left out, never the event
+                thread_id = validate_thread_id(thread_id)
+            except ConfigurationError:
+                thread_id = None
+        for attempt in range(self._DENIAL_ATTEMPTS):
+            try:
+                self.registry.record_event(
+                    "access_denied", tenant=denial.target, thread_id=thread_id,
+                    actor=denial.actor, operation=denial.operation)
+                failure = None
+                break
+            except Exception as exc:  # noqa: BLE001 - retried; the caller is refused anyway
+                failure = exc
+                time.sleep(0.05 * (attempt + 1))
+        message = (f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
+                   f"{denial.target!r}")
+        if failure is None:
+            return AccessDenied(message + "; the attempt was recorded")
+        logger.error("could not record an access-denied event (%s); the call is refused",
+                     type(failure).__name__)
+        error = AccessDenied(message + f"; the attempt could NOT be recorded "
+                             f"({type(failure).__name__}): check the registry database")
+        error.__cause__ = failure
+        return error
 
     def _scoped(self, fn: Callable[[], T]) -> T:
         try:
@@ -605,6 +659,26 @@ class SecureSaver(BaseCheckpointSaver):
             return fn()
         except _DeniedError as denied:
             raise await asyncio.to_thread(self._record_denial, denied.denial) from None
+
+    def _acting_scope(self) -> str | None:
+        """Who the caller is for the scope rule of admin methods (the active tenant_scope;
+        subclasses that know the caller otherwise, e.g. the LangGraph Server saver, say so)."""
+        return current_tenant_scope()
+
+    def _admin_tenant(self, operation: str, tenant: Any = None, *,
+                      operator_only: bool = False) -> str | None:
+        """The one scope rule of every method that names a tenant (README: "Who a method acts
+        for"). Unscoped calls are the operator's: they act for ``tenant`` (None: every
+        tenant). Inside ``tenant_scope(t)`` they act for ``t`` only: ``tenant=None`` means
+        ``t``, naming another tenant -- or calling an operator-only method, which acts for
+        every tenant -- raises :class:`AccessDenied` and records the attempt."""
+        scoped = self._acting_scope()
+        named = None if tenant is None else validate_tenant(tenant)
+        if scoped is None:
+            return named
+        if operator_only or (named is not None and named != scoped):
+            raise self._record_denial(_Denial(scoped, named or "*", operation, None))
+        return scoped
 
     # inner-saver plumbing -----------------------------------------------------------------
     def _sync_inner(self, operation: str) -> BaseCheckpointSaver:
@@ -657,15 +731,15 @@ class SecureSaver(BaseCheckpointSaver):
         return ThreadRef(tenant, thread, str(conf.get("checkpoint_ns", "") or ""))
 
     def _touch_due(self, ref: ThreadRef) -> bool:
-        key = (ref.tenant, ref.thread_id)
-        now = time.monotonic()
-        last = self._touched.get(key)
-        if last is not None and now - last < self.activity_resolution:
-            return False
+        """Whether the thread's registry row is due an update (only :meth:`_touched_now`,
+        called after the update succeeded, marks it done: a failed touch is retried)."""
+        last = self._touched.get((ref.tenant, ref.thread_id))
+        return last is None or time.monotonic() - last >= self.activity_resolution
+
+    def _touched_now(self, ref: ThreadRef) -> None:
         if len(self._touched) > 100_000:
             self._touched.clear()
-        self._touched[key] = now
-        return True
+        self._touched[(ref.tenant, ref.thread_id)] = time.monotonic()
 
     def _forget_touch(self, tenant: str, thread_id: str) -> None:
         self._touched.pop((tenant, thread_id), None)
@@ -673,6 +747,8 @@ class SecureSaver(BaseCheckpointSaver):
 
     # keys ---------------------------------------------------------------------------------
     def _keys(self, tenant: str) -> TenantKeys:
+        if not self.__dict__.get("_keyring_bound"):
+            self._bind_keyring()
         keys = self.keys.keys_for(tenant, create=True)
         if keys is None:  # create=True always returns keys; kept for the type checker
             raise TamperedDataError(f"no keys for tenant {tenant!r}")
@@ -835,10 +911,9 @@ class SecureSaver(BaseCheckpointSaver):
         if keys is None:
             return
         inner_filter = self.codec.translate_filter(keys, filter)
-        inner = self._sync_inner("list")
         yielded = 0
-        rows = _Rows(inner.list(inner_config, filter=inner_filter, before=inner_before,
-                                limit=limit if one_thread else None), tenant)
+        rows = _listing(tenant, lambda: self._inner_rows(
+            tenant, inner_config, inner_filter, inner_before, limit, one_thread))
         for tup in rows:
             listed = self._open_listed(keys, tenant, tup, rows.drain)
             if listed is None:
@@ -953,14 +1028,11 @@ class SecureSaver(BaseCheckpointSaver):
         if keys is None:
             return
         inner_filter = self.codec.translate_filter(keys, filter)
-        inner_limit = limit if one_thread else None
-        if self._sync_only:
-            rows: Any = await asyncio.to_thread(lambda: list(_Rows(self.inner.list(
-                inner_config, filter=inner_filter, before=inner_before, limit=inner_limit),
-                tenant)))
-        else:
-            rows = self.inner.alist(inner_config, filter=inner_filter, before=inner_before,
-                                    limit=inner_limit)
+        try:
+            rows = await self._ainner_rows(tenant, inner_config, inner_filter, inner_before,
+                                           limit, one_thread)
+        except _PARSE_ERRORS as exc:
+            raise _parse_failure(f"tenant {tenant!r} (listing)", exc) from None
         yielded = 0
         arows = _ARows(_aiter(rows), tenant)
         async for tup in arows:
@@ -1070,6 +1142,44 @@ class SecureSaver(BaseCheckpointSaver):
             else:
                 inner_before = before
         return tenant, inner_config, inner_before, config is not None
+
+    # the inner listing behind list/alist: one thread, or one tenant's threads ---------------
+    def _inner_rows(self, tenant: str, config: RunnableConfig | None, filter: Any,
+                    before: RunnableConfig | None, limit: int | None, one_thread: bool
+                    ) -> Iterator[CheckpointTuple]:
+        """What the inner saver lists for ``list``: a config's thread as is; for
+        ``list(None)`` only the tenant's threads (found by a prefix range on the inner
+        table, then listed one by one and merged newest first), so the cost is O(this
+        tenant's rows) whatever other tenants store. Savers without a prefix query fall back
+        to listing everything (other tenants' rows are skipped, unopened)."""
+        inner = self._sync_inner("list")
+        if one_thread:
+            return iter(inner.list(config, filter=filter, before=before, limit=limit))
+        ids = self._ops.thread_ids(thread_prefix(tenant))
+        if ids is None:
+            return iter(inner.list(None, filter=filter, before=before))
+        return _newest_first([builtins.list(inner.list(
+            {"configurable": {"thread_id": tid}}, filter=filter, before=before, limit=limit))
+            for tid in ids])
+
+    async def _ainner_rows(self, tenant: str, config: RunnableConfig | None, filter: Any,
+                           before: RunnableConfig | None, limit: int | None, one_thread: bool
+                           ) -> Any:
+        """Async twin of :meth:`_inner_rows` (an async or a sync iterable)."""
+        if self._sync_only:
+            return await asyncio.to_thread(lambda: builtins.list(self._inner_rows(
+                tenant, config, filter, before, limit, one_thread)))
+        if one_thread:
+            return self.inner.alist(config, filter=filter, before=before, limit=limit)
+        ids = await self._ops.athread_ids(thread_prefix(tenant))
+        if ids is None:
+            return self.inner.alist(None, filter=filter, before=before)
+        per_thread: builtins.list[builtins.list[CheckpointTuple]] = []
+        for tid in ids:
+            per_thread.append([t async for t in self.inner.alist(
+                {"configurable": {"thread_id": tid}}, filter=filter, before=before,
+                limit=limit)])
+        return _newest_first(per_thread)
 
     def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple,
                      release: Callable[[], None] | None = None
@@ -1233,16 +1343,20 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _touch(self, ref: ThreadRef) -> None:
         self.registry.touch_thread(ref.tenant, ref.thread_id, policy=self._policy_for(ref.tenant))
+        self._touched_now(ref)
 
     def set_default_retention(self, policy: RetentionPolicy | None) -> None:
-        """The policy for tenants without their own (stored in the registry for the pruner)."""
+        """The policy for tenants without their own (stored in the registry for the pruner).
+        Operator only (refused inside a tenant scope)."""
+        self._admin_tenant("set_default_retention", operator_only=True)
         self.registry.set_policy(DEFAULT_POLICY_KEY, policy)
         self.retention, self._default_policy_saved = policy, True
         self._policies.clear()
 
     def set_tenant_retention(self, tenant: str, policy: RetentionPolicy | None) -> None:
         """A tenant's own policy (``legal_hold=True`` holds the whole tenant); None removes it."""
-        self.registry.set_policy(validate_tenant(tenant), policy)
+        tenant = self._admin_tenant("set_tenant_retention", validate_tenant(tenant)) or tenant
+        self.registry.set_policy(tenant, policy)
         self._policies.pop(tenant, None)
         self.registry.record_event("retention_changed", tenant=tenant,
                                    policy=None if policy is None else policy.as_row())
@@ -1287,18 +1401,20 @@ class SecureSaver(BaseCheckpointSaver):
                 return self.set_retention(thread_id, **changes)
         return await asyncio.to_thread(run)
 
-    def prune_expired(self, now: float | None = None, *, limit: int | None = None,
+    def prune_expired(self, now: Any = None, *, limit: int | None = None,
                       dry_run: bool = False, tenant: str | None = None, **options: Any
                       ) -> PruneReport:
         """Execute retention: delete (or prune to latest) every expired, unheld thread.
 
-        Safe to run on several machines at once. ``now`` is for tests and backfills.
-        ``options``: ``batch``, ``lease``, ``active_grace``, ``owner``, ``progress``,
-        ``should_stop`` (see :class:`~langgraph_securesaver.pruner.Sweep`).
+        Safe to run on several machines at once. ``now`` (epoch seconds or an aware
+        datetime) is for tests and backfills. Inside a tenant scope only that tenant's threads
+        are swept. ``options``: ``batch``, ``lease``, ``active_grace``, ``owner``,
+        ``progress``, ``should_stop`` (see :class:`~langgraph_securesaver.pruner.Sweep`).
         """
         from .pruner import Sweep
-        if tenant is not None:
-            validate_tenant(tenant)
+        from .timeargs import to_epoch
+        tenant = self._admin_tenant("prune_expired", tenant)
+        now = to_epoch(now, "now")
         self._save_default_policy()
         report = Sweep(self, now=now, limit=limit, dry_run=dry_run, tenant=tenant,
                        **options).run()
@@ -1309,17 +1425,23 @@ class SecureSaver(BaseCheckpointSaver):
                                        errors=len(report.errors))
         return report
 
-    async def aprune_expired(self, now: float | None = None, *, limit: int | None = None,
+    async def aprune_expired(self, now: Any = None, *, limit: int | None = None,
                              dry_run: bool = False, tenant: str | None = None, **options: Any
                              ) -> PruneReport:
         return await asyncio.to_thread(self.prune_expired, now, limit=limit, dry_run=dry_run,
                                        tenant=tenant, **options)
 
     def receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
-                 since: float | None = None, until: float | None = None) -> builtins.list[Receipt]:
-        """Deletion receipts (content-free: who, what, when, why, how many)."""
-        return self.registry.list_receipts(tenant=tenant, thread_id=thread_id, since=since,
-                                           until=until)
+                 since: Any = None, until: Any = None) -> builtins.list[Receipt]:
+        """Deletion receipts (content-free: who, what, when, why, how many); ``since`` and
+        ``until`` are epoch seconds or aware datetimes. Inside a scope: that tenant's only."""
+        from .timeargs import to_epoch
+        tenant = self._admin_tenant("receipts", tenant)
+        if thread_id is not None:
+            thread_id = _thread_id(thread_id)
+        return self.registry.list_receipts(tenant=tenant, thread_id=thread_id,
+                                           since=to_epoch(since, "since"),
+                                           until=to_epoch(until, "until"))
 
     async def areceipts(self, **filters: Any) -> builtins.list[Receipt]:
         return await asyncio.to_thread(lambda: self.receipts(**filters))
@@ -1329,9 +1451,12 @@ class SecureSaver(BaseCheckpointSaver):
         copy of its data (database backups included) is unreadable, then delete its rows.
 
         Needs a keyring loaded from a file (it is rewritten) or a provider with
-        ``destroy_tenant``. Returns the number of threads deleted.
+        ``destroy_tenant``, and refuses when the keyring also serves another database (see
+        :meth:`Keyring.databases`): puncturing keeps per-tenant material only for the tenants
+        of this registry. Returns the number of threads deleted.
         """
-        tenant = validate_tenant(tenant)
+        tenant = self._admin_tenant("shred_tenant", validate_tenant(tenant)) or tenant
+        requested_by = validate_actor(requested_by)
         ring: Any = self.keyring
         if not hasattr(ring, "destroy_tenant") or not hasattr(ring, "add_version"):
             raise ConfigurationError(
@@ -1341,6 +1466,10 @@ class SecureSaver(BaseCheckpointSaver):
             raise ConfigurationError(
                 "shredding rewrites the keyring: load it with Keyring.from_file(path) (an "
                 "environment keyring cannot be changed from here)")
+        self.require_sole_database("shred_tenant")
+        reload = getattr(ring, "reload", None)
+        if callable(reload):       # start from the file as it is now (another process may
+            reload()               # have rotated since this one loaded it)
         others = [t for t in self.registry.tenants_with_keys() if t != tenant]
         ring.add_version()
         ring.persist()                         # 1. a fresh master version for everyone else
@@ -1376,6 +1505,10 @@ class SecureSaver(BaseCheckpointSaver):
 
     def _inner_thread_ids(self, tenant: str) -> builtins.list[str]:
         """Thread ids the inner saver holds for a tenant (finds rows the registry lost)."""
+        prefix = thread_prefix(tenant)
+        ids = self._ops.thread_ids(prefix)
+        if ids is not None:
+            return sorted({i[len(prefix):] for i in ids if i.startswith(prefix)})
         seen: set[str] = set()
         if self._async_only:
             async def collect() -> builtins.list[Any]:
@@ -1392,12 +1525,16 @@ class SecureSaver(BaseCheckpointSaver):
     # PII inventory and erasure --------------------------------------------------------------
     def pii_inventory(self, tenant: str | None = None, thread_id: str | None = None
                       ) -> dict[tuple[str, str], dict[str, int]]:
-        """{(tenant, thread): {PII kind: distinct values}} for threads holding tokenized PII."""
+        """{(tenant, thread): {PII kind: distinct values}} for threads holding tokenized PII
+        (inside a scope: that tenant's threads only)."""
+        tenant = self._admin_tenant("pii_inventory", tenant)
+        if thread_id is not None:
+            thread_id = _thread_id(thread_id)
         return self.vault.inventory(tenant, thread_id)
 
     async def apii_inventory(self, tenant: str | None = None, thread_id: str | None = None
                              ) -> dict[tuple[str, str], dict[str, int]]:
-        return await asyncio.to_thread(self.vault.inventory, tenant, thread_id)
+        return await asyncio.to_thread(self.pii_inventory, tenant, thread_id)
 
     def forget_pii(self, tenant: str, value: str | None = None, *, kind: str | None = None,
                    requested_by: str | None = None) -> int:
@@ -1407,7 +1544,8 @@ class SecureSaver(BaseCheckpointSaver):
         ``"EMAIL_ADDRESS"``) erases every value of that kind. Returns the values erased.
         """
         from .redaction import make_token
-        tenant = validate_tenant(tenant)
+        tenant = self._admin_tenant("forget_pii", validate_tenant(tenant)) or tenant
+        requested_by = validate_actor(requested_by)
         if value is None and kind is None:
             raise ConfigurationError("forget_pii needs a value or a kind")
         keys = self.keys.keys_for(tenant, create=False)
@@ -1431,24 +1569,34 @@ class SecureSaver(BaseCheckpointSaver):
             tenant, value, kind=kind, requested_by=requested_by))
 
     # audit and operations (implemented in audit.py, scan.py, rotation.py) -----------------
-    def audit(self, *, tenant: str | None = None, now: float | None = None) -> Any:
-        """Inventory: tenants, threads, ages, expiry, sizes, key versions, PII kinds."""
+    def audit(self, *, tenant: str | None = None, now: Any = None) -> Any:
+        """Inventory: tenants, threads, ages, expiry, sizes, key versions, PII kinds (inside a
+        scope: that tenant only). ``now``: epoch seconds or an aware datetime."""
         from .audit import audit
-        return audit(self, tenant=tenant, now=now)
+        from .timeargs import to_epoch
+        return audit(self, tenant=tenant, now=to_epoch(now, "now"))
 
-    async def aaudit(self, *, tenant: str | None = None, now: float | None = None) -> Any:
+    async def aaudit(self, *, tenant: str | None = None, now: Any = None) -> Any:
         return await asyncio.to_thread(lambda: self.audit(tenant=tenant, now=now))
 
     def events(self, **filters: Any) -> Any:
-        """Audit events and deletion receipts (tenant, thread_id, kind, since, until, limit)."""
+        """Audit events and deletion receipts (tenant, thread_id, kind, since, until, limit;
+        times are epoch seconds or aware datetimes). Inside a scope: that tenant's only."""
         from .audit import events
+        from .timeargs import to_epoch
+        for name in ("since", "until"):
+            if name in filters:
+                filters[name] = to_epoch(filters[name], name)
+        if filters.get("thread_id") is not None:
+            filters["thread_id"] = _thread_id(filters["thread_id"])
         return events(self, **filters)
 
     async def aevents(self, **filters: Any) -> Any:
         return await asyncio.to_thread(lambda: self.events(**filters))
 
     def scan(self, **options: Any) -> Any:
-        """Check the at-rest guarantees on the raw tables (see scan.scan for options)."""
+        """Check the at-rest guarantees on the raw tables (see scan.scan for options).
+        Operator only: it reads every tenant's rows."""
         from .scan import scan
         return scan(self, **options)
 
@@ -1456,7 +1604,8 @@ class SecureSaver(BaseCheckpointSaver):
         return await asyncio.to_thread(lambda: self.scan(**options))
 
     def rotate_keys(self, **options: Any) -> Any:
-        """New master version + rewrap; ``reencrypt=True`` also re-encrypts stored data."""
+        """New master version + rewrap; ``reencrypt=True`` also re-encrypts stored data.
+        Operator only."""
         from .rotation import rotate_keys
         return rotate_keys(self, **options)
 
@@ -1464,12 +1613,75 @@ class SecureSaver(BaseCheckpointSaver):
         return await asyncio.to_thread(lambda: self.rotate_keys(**options))
 
     def reencrypt(self, **options: Any) -> Any:
-        """Rewrite every ciphertext not under its tenant's newest data key (resumable)."""
+        """Rewrite every ciphertext not under its tenant's newest data key (resumable).
+        ``tenants=`` narrows it; inside a scope it covers that tenant only."""
         from .rotation import reencrypt
         return reencrypt(self, **options)
 
+    def _reencrypt_tenants(self, tenants: Any) -> builtins.list[str] | None:
+        """The tenants a re-encryption may touch under the scope rule (None: every one)."""
+        if isinstance(tenants, (str, bytes)):
+            raise ConfigurationError("reencrypt(tenants=...) takes a list of tenant ids")
+        if self._acting_scope() is not None:
+            named = [self._admin_tenant("reencrypt", t) for t in (tenants or [None])]
+            return sorted({t for t in named if t is not None})
+        return None if tenants is None else [validate_tenant(t) for t in tenants]
+
     async def areencrypt(self, **options: Any) -> Any:
         return await asyncio.to_thread(lambda: self.reencrypt(**options))
+
+    # which databases a keyring serves ---------------------------------------------------------
+    def database_id(self) -> str:
+        """A random id for the database behind this saver's registry, created on first use and
+        kept in ``securesaver_meta``; keyrings record the ids of the databases they serve."""
+        cached: str | None = self.__dict__.get("_database_id")
+        if cached is not None:
+            return cached
+        import uuid
+
+        import sqlalchemy as sa
+
+        from .registry import meta_table
+        with self.registry.begin() as conn:
+            self.registry._insert_ignore(conn, meta_table, [
+                {"key": "database_id", "value": uuid.uuid4().hex}])
+            found = str(conn.execute(sa.select(meta_table.c.value).where(
+                meta_table.c.key == "database_id")).scalar_one())
+        self.__dict__["_database_id"] = found
+        return found
+
+    def _database_label(self) -> str:
+        try:
+            return self.registry.engine.url.render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001  # pragma: no cover - any engine has a URL
+            return "(unknown)"
+
+    def _bind_keyring(self) -> None:
+        """Record in the keyring (once per process) that it serves this database."""
+        if self.__dict__.get("_keyring_bound"):
+            return
+        self.__dict__["_keyring_bound"] = True
+        record = getattr(self.keyring, "record_database", None)
+        if callable(record):
+            record(self.database_id(), self._database_label())
+
+    def require_sole_database(self, operation: str) -> None:
+        """Refuse ``operation`` (shredding, retiring master versions) when the keyring also
+        serves another database: its tenants' key rows may still be wrapped under the master
+        versions this would destroy, and this registry cannot know those tenants."""
+        self._bind_keyring()
+        others_of = getattr(self.keyring, "other_databases", None)
+        if not callable(others_of):
+            return
+        others = others_of(self.database_id())
+        if others:
+            raise ConfigurationError(
+                f"{operation} refused: keyring {getattr(self.keyring, 'path', '')} also serves "
+                f"{len(others)} other database(s) ({', '.join(sorted(others.values()))}); "
+                "destroying master versions here would make their tenants unreadable. Use a "
+                "keyring that serves only this database, or, if those databases are gone, "
+                "remove them with Keyring.forget_database(id) "
+                f"(ids: {', '.join(sorted(others))})")
 
     # key operations -----------------------------------------------------------------------
     def rewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:
@@ -1477,7 +1689,9 @@ class SecureSaver(BaseCheckpointSaver):
 
         Fast (no checkpoint is rewritten) and online. Afterwards older master versions are only
         needed for database backups taken before. Returns the number of key rows rewrapped.
+        Operator only.
         """
+        self._admin_tenant("rewrap_keys", operator_only=True)
         current = self.keyring.current_version
         tenants = self.registry.tenants_with_keys()
         done = 0
@@ -1501,7 +1715,8 @@ class SecureSaver(BaseCheckpointSaver):
 
     def rotate_data_key(self, tenant: str) -> int:
         """Start a new data-key version for ``tenant``; new writes use it, old data still reads."""
-        version = self.keys.new_data_key(validate_tenant(tenant))
+        tenant = self._admin_tenant("rotate_data_key", validate_tenant(tenant)) or tenant
+        version = self.keys.new_data_key(tenant)
         self.registry.record_event("data_key_rotated", tenant=tenant, version=version)
         return version
 
@@ -1512,7 +1727,9 @@ class SecureSaver(BaseCheckpointSaver):
         return await asyncio.to_thread(self.master_versions_in_use)
 
     def master_versions_in_use(self) -> dict[str, int]:
-        """How many key rows each master version still wraps (retire a version at zero)."""
+        """How many key rows each master version still wraps (retire a version at zero).
+        Operator only."""
+        self._admin_tenant("master_versions_in_use", operator_only=True)
         counts: dict[str, int] = {}
         for tenant in self.registry.tenants_with_keys():
             for row in self.registry.load_key_rows(tenant):
@@ -1621,6 +1838,15 @@ def _locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
     except Exception:  # naming the row is best effort; the refusal stands
         logger.debug("could not locate the refused row", exc_info=True)
         return None
+
+
+def _listing(tenant: str, make: Callable[[], Any]) -> _Rows:
+    """The inner listing for list(), its parse failures (eager ones included) as
+    TamperedDataError."""
+    try:
+        return _Rows(make(), tenant)
+    except _PARSE_ERRORS as exc:
+        raise _parse_failure(f"tenant {tenant!r} (listing)", exc) from None
 
 
 class _Rows:
@@ -1759,12 +1985,8 @@ def _copy_plan(tup: CheckpointTuple, dst: RunnableConfig) -> Iterator[
 
 
 def _thread_id(value: Any, what: str = "a thread id") -> str:
-    """Ids are non-empty strings without NUL (ints and UUIDs are accepted and stringified)."""
-    import uuid
-    text = str(value) if isinstance(value, (str, int, uuid.UUID)) else ""
-    if isinstance(value, bool) or not text or "\x00" in text:
-        raise ConfigurationError(f"{what} must be a non-empty string, got {value!r}")
-    return text
+    """Ids are non-empty, bounded strings without NUL (ints and UUIDs are stringified)."""
+    return validate_thread_id(value, what)
 
 
 def _copy_ids(source: Any, target: Any) -> tuple[str, str]:
@@ -1783,6 +2005,15 @@ def _str_list(values: Sequence[str], name: str) -> list[str]:
 def _check_strategy(strategy: str) -> None:
     if strategy not in PRUNE_STRATEGIES:
         raise ValueError(f"unknown prune strategy {strategy!r}; use one of {PRUNE_STRATEGIES}")
+
+
+def _newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]
+                  ) -> Iterator[CheckpointTuple]:
+    """Merge per-thread listings (each newest first) into one, newest first, like an inner
+    ``list(None)`` orders them."""
+    import heapq
+    return heapq.merge(*per_thread, key=lambda t: str(t.config["configurable"]["checkpoint_id"]),
+                       reverse=True)
 
 
 async def _aiter(rows: Any) -> AsyncIterator[Any]:

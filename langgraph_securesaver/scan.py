@@ -578,6 +578,8 @@ def scan(saver: SecureSaver, *, keyring: Any = None, verify: bool = False,
     not assumed: pass the keyring you mean to keep). ``verify``: authenticate every ciphertext
     (needs ``keyring`` to be the saver's keyring). ``allowlist``: clear metadata keys that are
     fine (default: the saver's). ``progress(done, total)`` is called after every page.
+    Operator only: refused inside a tenant scope (it reads every tenant's rows).
     """
+    saver._admin_tenant("scan", operator_only=True)
     return Scanner(saver, keyring=keyring, verify=verify, allowlist=allowlist,
                    redactor=redactor, page=page, progress=progress).run()

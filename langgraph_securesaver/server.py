@@ -174,6 +174,12 @@ class AuthTenantSaver(SecureSaver):
                 sources.append(from_config)
         return sources
 
+    def _acting_scope(self) -> str | None:
+        """Admin methods (pii_inventory, events, ...) act for the authenticated user's tenant
+        (unscoped, i.e. the operator's, only when there is no user)."""
+        sources = self._sources(None)
+        return sources[0] if sources else None
+
     def _caller_tenant(self, configurable: Mapping[str, Any] | None, operation: str,
                        thread_id: str | None) -> str:
         """The tenant this call acts for; raises when it has none or its sources disagree."""

@@ -51,12 +51,48 @@ SQLITE_DELETE_CHECKPOINT = """
 DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
 """
 SQLITE_COUNT = "SELECT count(*) FROM checkpoints WHERE thread_id = ?"
+# one tenant's threads by a range on the primary key (SQLite compares TEXT bytewise)
+SQLITE_THREADS_IN_RANGE = """
+SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id >= ? AND thread_id < ?
+"""
 SQLITE_DELETE_CHECKPOINT_WRITES = """
 DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
 """
 
 # --- PostgreSQL (langgraph-checkpoint-postgres schema) ---------------------------------------
 PG_COUNT = "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s"
+# a range on the primary key when the column sorts bytewise (C/POSIX/C.UTF-8 collations);
+# otherwise the same range under COLLATE "C" (correct, but not an index range)
+PG_THREADS_IN_RANGE = """
+SELECT DISTINCT thread_id AS thread_id FROM checkpoints
+WHERE thread_id >= %(lo)s AND thread_id < %(hi)s
+"""
+PG_THREADS_IN_RANGE_C = """
+SELECT DISTINCT thread_id AS thread_id FROM checkpoints
+WHERE thread_id COLLATE "C" >= %(lo)s AND thread_id COLLATE "C" < %(hi)s
+"""
+PG_BYTEWISE_COLLATION = """
+SELECT coalesce(c.collname, d.datcollate) AS coll
+FROM pg_attribute a
+JOIN pg_class t ON t.oid = a.attrelid
+LEFT JOIN pg_collation c ON c.oid = a.attcollation AND c.collname <> 'default'
+CROSS JOIN (SELECT datcollate FROM pg_database WHERE datname = current_database()) d
+WHERE t.oid = to_regclass('checkpoints') AND a.attname = 'thread_id'
+"""
+_BYTEWISE = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic"}
+
+
+def prefix_range(prefix: str) -> tuple[str, str]:
+    """[lo, hi) holding exactly the strings that start with ``prefix`` in code-point order
+    (tenant prefixes end with ':', so hi ends with ';')."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def _pg_threads_sql(cur: Any) -> str:
+    cur.execute(PG_BYTEWISE_COLLATION)
+    row = cur.fetchone()
+    coll = None if row is None else (row["coll"] if isinstance(row, dict) else row[0])
+    return PG_THREADS_IN_RANGE if coll in _BYTEWISE else PG_THREADS_IN_RANGE_C
 PG_DELETE_RUNS = """
 WITH gone AS (
     DELETE FROM checkpoints
@@ -125,6 +161,15 @@ class StorageOps:
         """How many checkpoints a thread holds (for deletion receipts)."""
         return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
 
+    def thread_ids(self, prefix: str) -> list[str] | None:
+        """The inner thread ids that start with ``prefix`` (one tenant's threads), read
+        without touching other tenants' rows where the backend allows; None when this saver
+        offers no such query (the caller then lists everything and filters)."""
+        return None
+
+    async def athread_ids(self, prefix: str) -> list[str] | None:
+        return self.thread_ids(prefix)
+
     def _bridge(self, coro: Any) -> Any:
         """Run an async-only saver's coroutine from a worker thread on the saver's own loop."""
         import asyncio
@@ -181,6 +226,10 @@ class MemoryOps(StorageOps):
 
     def count_checkpoints(self, inner_id: str) -> int:
         return sum(len(by_id) for by_id in self.inner.storage.get(inner_id, {}).values())
+
+    def thread_ids(self, prefix: str) -> list[str] | None:
+        # the dict's keys only: other tenants' checkpoints are never decoded
+        return sorted(t for t in list(self.inner.storage) if t.startswith(prefix))
 
     def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         wanted = set(run_ids)
@@ -250,6 +299,13 @@ class SqliteOps(StorageOps):
         with inner.lock:
             return int(inner.conn.execute(SQLITE_COUNT, (inner_id,)).fetchone()[0])
 
+    def thread_ids(self, prefix: str) -> list[str] | None:
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            rows = inner.conn.execute(SQLITE_THREADS_IN_RANGE, prefix_range(prefix)).fetchall()
+        return [r[0] for r in rows]
+
 
 class _AsyncOnlyOps(StorageOps):
     """For async-only savers: the sync operations run the async ones on the saver's loop
@@ -311,6 +367,17 @@ class AsyncSqliteOps(_AsyncOnlyOps):
             row = await cur.fetchone()
         return int(row[0])
 
+    async def athread_ids(self, prefix: str) -> list[str] | None:
+        inner: Any = self.inner
+        await inner.setup()
+        async with inner.lock, inner.conn.execute(SQLITE_THREADS_IN_RANGE,
+                                                  prefix_range(prefix)) as cur:
+            rows = await cur.fetchall()
+        return [r[0] for r in rows]
+
+    def thread_ids(self, prefix: str) -> list[str] | None:
+        return list(self._bridge(self.athread_ids(prefix)))
+
 
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
         if not run_ids:
@@ -347,6 +414,15 @@ class PostgresOps(StorageOps):
             cur.execute(PG_COUNT, (inner_id,))
             return int(cur.fetchone()["n"])
 
+    def thread_ids(self, prefix: str) -> list[str] | None:
+        inner: Any = self.inner
+        lo, hi = prefix_range(prefix)
+        with inner._cursor() as cur:
+            sql = self.__dict__.get("_range_sql") or _pg_threads_sql(cur)
+            self.__dict__["_range_sql"] = sql
+            cur.execute(sql, {"lo": lo, "hi": hi})
+            return [r["thread_id"] for r in cur.fetchall()]
+
 
 class AsyncPostgresOps(_AsyncOnlyOps):
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
@@ -365,6 +441,23 @@ class AsyncPostgresOps(_AsyncOnlyOps):
         async with inner._cursor() as cur:
             await cur.execute(PG_COUNT, (inner_id,))
             return int((await cur.fetchone())["n"])
+
+    async def athread_ids(self, prefix: str) -> list[str] | None:
+        inner: Any = self.inner
+        lo, hi = prefix_range(prefix)
+        async with inner._cursor() as cur:
+            sql = self.__dict__.get("_range_sql")
+            if sql is None:
+                await cur.execute(PG_BYTEWISE_COLLATION)
+                row = await cur.fetchone()
+                sql = (PG_THREADS_IN_RANGE if row is not None and row["coll"] in _BYTEWISE
+                       else PG_THREADS_IN_RANGE_C)
+                self.__dict__["_range_sql"] = sql
+            await cur.execute(sql, {"lo": lo, "hi": hi})
+            return [r["thread_id"] for r in await cur.fetchall()]
+
+    def thread_ids(self, prefix: str) -> list[str] | None:
+        return list(self._bridge(self.athread_ids(prefix)))
 
 
 

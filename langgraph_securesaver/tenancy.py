@@ -23,17 +23,65 @@ from .errors import ConfigurationError
 
 _scope: ContextVar[str | None] = ContextVar("securesaver_tenant_scope", default=None)
 MAX_TENANT_LENGTH = 255
+# every registry/vault/idempotency column that holds a thread id is VARCHAR(512); the bound is
+# checked up front so every backend refuses the same ids (SQLite would accept longer ones)
+MAX_THREAD_ID_LENGTH = 512
+MAX_NAMESPACE_LENGTH = 2048
 
 
 def validate_tenant(tenant: object) -> str:
     if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LENGTH:
         raise ConfigurationError(
             f"tenant ids are non-empty strings of at most {MAX_TENANT_LENGTH} characters, "
-            f"got {tenant!r}"
+            f"got {_short(tenant)}"
         )
     if "\x00" in tenant or tenant != tenant.strip():
-        raise ConfigurationError(f"tenant id {tenant!r} has NUL or surrounding whitespace")
+        raise ConfigurationError(f"tenant id {_short(tenant)} has NUL or surrounding whitespace")
     return tenant
+
+
+def validate_thread_id(value: object, what: str = "a thread id") -> str:
+    """Thread ids are non-empty strings (ints and UUIDs are accepted and stringified) of at
+    most ``MAX_THREAD_ID_LENGTH`` characters, without NUL."""
+    import uuid
+    text = str(value) if isinstance(value, (str, int, uuid.UUID)) else ""
+    if isinstance(value, bool) or not text or "\x00" in text:
+        raise ConfigurationError(f"{what} must be a non-empty string without NUL, "
+                                 f"got {_short(value)}")
+    if len(text) > MAX_THREAD_ID_LENGTH:
+        raise ConfigurationError(
+            f"{what} is {len(text)} characters long; thread ids are at most "
+            f"{MAX_THREAD_ID_LENGTH} characters")
+    return text
+
+
+def validate_namespace(value: object) -> str:
+    """A checkpoint namespace: a string (``""`` for the root graph) without NUL, bounded."""
+    text = "" if value is None else value
+    if not isinstance(text, str):
+        raise ConfigurationError(f"checkpoint_ns must be a string, got {_short(value)}")
+    if "\x00" in text or len(text) > MAX_NAMESPACE_LENGTH:
+        raise ConfigurationError(
+            f"checkpoint_ns must be at most {MAX_NAMESPACE_LENGTH} characters without NUL "
+            f"(got {len(text)} characters)")
+    return text
+
+
+def validate_actor(value: object, what: str = "requested_by") -> str | None:
+    """Who asked for an operation (recorded in events and receipts): bounded like a tenant."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_TENANT_LENGTH \
+            or "\x00" in value:
+        raise ConfigurationError(
+            f"{what} must be a non-empty string of at most {MAX_TENANT_LENGTH} characters "
+            f"without NUL, got {_short(value)}")
+    return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 @contextmanager

@@ -132,3 +132,157 @@ def test_a_rotation_by_another_process_is_picked_up(tmp_path: Path) -> None:
         raw = b.inner.get_tuple({"configurable": {"thread_id": inner_thread_id("acme", "t"),
                                                   "checkpoint_ns": ""}})
         assert token_key_version(raw.checkpoint["channel_values"]["messages"]) == 2
+
+
+# --- issue 11: structurally invalid keyrings, reloading the key source -----------------------
+_MASTER = "A" * 43 + "="
+_WITH_MASTER = '{"format": "securesaver-keyring/1", "masters": {"1": "' + _MASTER + '"}'
+
+
+@pytest.mark.parametrize("document", [
+    '{"format": "securesaver-keyring/1"}',                                   # no masters
+    '{"format": "securesaver-keyring/1", "masters": {}}',
+    '{"format": "securesaver-keyring/1", "masters": []}',
+    '{"format": "securesaver-keyring/1", "masters": {"1": 7}}',
+    '{"format": "securesaver-keyring/1", "masters": {"1": "not base64!"}}',
+    _WITH_MASTER + ', "current": "9"}',
+    _WITH_MASTER + ', "current": [1]}',
+    _WITH_MASTER + ', "punctured": [1]}',
+    _WITH_MASTER + ', "punctured": {"1": 5}}',
+    _WITH_MASTER + ', "punctured": {"1": {"a": 5}}}',
+    _WITH_MASTER + ', "databases": ["x"]}',
+    '{"format": "other"}', "[]", "not json", "",
+])
+def test_a_malformed_keyring_file_is_a_clear_configuration_error(tmp_path: Path,
+                                                                 document: str) -> None:
+    from typer.testing import CliRunner
+
+    from langgraph_securesaver import cli_ops  # noqa: F401
+    from langgraph_securesaver.cli import app
+    path = tmp_path / "keyring.json"
+    path.write_text(document)
+    with pytest.raises(ConfigurationError):
+        Keyring.from_file(path)
+    db = tmp_path / "db.sqlite"
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(), redaction=None) as s:
+        _say(s, "acme", "t", "hi")
+    before = db.read_bytes()
+    for command in (["scan", "--verify"], ["rotate-keys"], ["shred-tenant", "acme", "--yes"],
+                    ["audit"], ["prune"]):
+        result = CliRunner().invoke(app, [*command, "--url", f"sqlite:///{db}", "--keyring",
+                                          str(path)])
+        assert result.exit_code == 2, (command, result.output)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "Traceback" not in result.output and "keyring" in result.stderr
+        assert not isinstance(result.exception, Exception) or isinstance(result.exception,
+                                                                          SystemExit)
+    assert db.read_bytes() == before and path.read_text() == document
+
+
+def test_keyring_reload_follows_its_file_and_env(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = Keyring.generate().save(tmp_path / "keyring.json")
+    running = Keyring.from_file(path)
+    assert running.reload() is False                      # unchanged: nothing to do
+    operator = Keyring.from_file(path)
+    operator.add_version()
+    operator.persist()
+    assert running.reload() is True and running.versions() == ["1", "2"]
+    assert running.current_version == "2"
+    operator.retire_version("1")
+    operator.persist()
+    assert running.reload() is True and running.versions() == ["2"]
+    path.write_text("garbage")                            # a broken source is ignored
+    assert running.reload() is False and running.versions() == ["2"]
+    one = Keyring.generate()
+    import base64
+    first = base64.urlsafe_b64encode(one._masters["1"]).decode()
+    monkeypatch.setenv("SECURESAVER_MASTER_KEY", first)
+    from_env = Keyring.from_env()
+    assert from_env.reload() is False
+    second = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    monkeypatch.setenv("SECURESAVER_MASTER_KEY", f"1:{first},2:{second}")
+    assert from_env.reload() is True and from_env.versions() == ["1", "2"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_process_with_an_old_keyring_follows_a_master_rotation(tmp_path: Path,
+                                                                 mode: str) -> None:
+    """Two savers with their own Keyring objects (two processes): one rotates the master key,
+    re-encrypts and retires the old version; the other keeps reading and writing."""
+    import asyncio
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    path = Keyring.generate().save(tmp_path / "keyring.json")
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(path), redaction=None) as app, \
+            SecureSaver.from_url(url, keyring=Keyring.from_file(path), redaction=None) as ops:
+        _say(app, "acme", "t", "before")
+        report = ops.rotate_keys(reencrypt=True, retire_old=True)
+        assert report.ok and report.retired == ["1"], report.problems
+        assert app.keyring.versions() == ["1"]            # the app has not looked yet
+        app.keys.ttl = 0                                  # its cached keys are re-read ...
+        if mode == "sync":
+            assert "before" in _texts(app, "acme", "t")   # ... under master 2 and data key 2
+            _say(app, "acme", "t", "after")
+        else:
+            async def run() -> None:
+                graph = build_chat_graph(app)
+                await graph.ainvoke({"messages": [HumanMessage("after")]}, _cfg("t", "acme"))
+                tup = await app.aget_tuple(_cfg("t", "acme"))
+                assert "before" in [m.content for m in tup.checkpoint["channel_values"][
+                    "messages"]]
+            asyncio.run(run())
+        assert app.keyring.versions() == ["2"]            # it reloaded its keyring file
+        assert "after" in _texts(ops, "acme", "t")
+
+
+def test_reloads_are_rate_bounded_and_shared(tmp_path: Path) -> None:
+    """A forged version cannot turn every read into a reload of the key source."""
+    from langgraph_securesaver.crypto import KeyManager
+    path = Keyring.generate().save(tmp_path / "keyring.json")
+    ring = Keyring.from_file(path)
+    calls = {"n": 0}
+    real = ring.reload
+
+    def counting() -> bool:
+        calls["n"] += 1
+        return real()
+
+    ring.reload = counting  # type: ignore[method-assign]
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
+                              redaction=None) as saver:
+        _say(saver, "acme", "t", "hi")
+        saver.keys = KeyManager(ring, saver.registry, reload_interval=3600.0)
+        rows = saver.registry.load_key_rows("acme")
+        forged = [type(r)(r.tenant, r.purpose, r.version, "99", r.wrapped, r.created_at)
+                  for r in rows]
+        for _ in range(50):
+            with pytest.raises(TamperedDataError):
+                saver.keys._unwrap("acme", forged)
+        assert calls["n"] == 1
+        keys = saver.keys.require("acme")
+        reloads = {"n": 0}
+        real_rows = saver.registry.load_key_rows
+
+        def counting_rows(tenant: str) -> list:
+            reloads["n"] += 1
+            return real_rows(tenant)
+        saver.registry.load_key_rows = counting_rows  # type: ignore[method-assign]
+        saver.keys.store = saver.registry
+        forged_token = b"SS\x01" + (77).to_bytes(4, "big") + os.urandom(40)
+        for _ in range(50):
+            with pytest.raises(TamperedDataError):
+                keys.open(forged_token, b"aad")
+        assert reloads["n"] == 1
+
+
+def test_persisting_keeps_databases_other_processes_recorded(tmp_path: Path) -> None:
+    path = Keyring.generate().save(tmp_path / "keyring.json")
+    operator = Keyring.from_file(path)                 # loaded before the app records its db
+    app = Keyring.from_file(path)
+    app.record_database("db-app", "sqlite:///app.db")
+    assert Keyring.from_file(path).databases() == {"db-app": "sqlite:///app.db"}
+    operator.add_version()
+    operator.persist()                                 # must not drop the app's record
+    assert Keyring.from_file(path).databases() == {"db-app": "sqlite:///app.db"}
+    assert Keyring.from_file(path).versions() == ["1", "2"]
+    assert operator.other_databases("db-ops") == {"db-app": "sqlite:///app.db"}

@@ -24,12 +24,16 @@ class IdempotencyPolicy:
         wait_timeout: longest wait (seconds) under ``on_conflict="wait"``.
         poll_interval: first poll delay while waiting (grows x1.5 up to 0.5 s).
         lease: seconds a claim is valid without a heartbeat, on the database clock; after it a
-            duplicate may take the key over (fencing token + 1).
+            duplicate may take the key over (fencing token + 1). Before it, a duplicate takes
+            over only a holder it finds dead: a process on the same host that no longer exists
+            (or whose pid now belongs to another process), or on PostgreSQL a holder whose
+            database session is gone. Holders on other hosts without such a signal are waited
+            for until the lease runs out (so keep it short; heartbeats keep live ones).
         heartbeat: renew the lease every ``lease / 3`` seconds while the effect runs (so long
             effects keep their claim); off, the lease is a hard execution deadline.
-        on_expired: an expired in-progress claim (its worker died mid-effect) is taken over
-            and re-executed with the SAME key (``"retry"``, the downstream API deduplicates by
-            the key), or marked ``unknown`` for an operator (``"unknown"``).
+        on_expired: an in-progress claim whose holder died (found dead, or lease expired) is
+            taken over and re-executed with the SAME key (``"retry"``, the downstream API
+            deduplicates by the key), or marked ``unknown`` for an operator (``"unknown"``).
         max_attempts: attempts (first try, retries after failures, takeovers) before the key
             is refused with :class:`IdempotencyAttemptsExhausted`.
         on_fork: after time travel / ``update_state`` forks, a tool call with the same
@@ -51,7 +55,7 @@ class IdempotencyPolicy:
     on_conflict: OnConflict = "wait"
     wait_timeout: float = 30.0
     poll_interval: float = 0.02
-    lease: float = 60.0
+    lease: float = 10.0
     heartbeat: bool = True
     on_expired: OnExpired = "retry"
     max_attempts: int = 5

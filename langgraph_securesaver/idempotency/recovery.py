@@ -251,11 +251,28 @@ def recover_stalled(graph: Any, saver: SecureSaver | None = None, *, older_than:
         limit: examine at most this many threads.
         durability: durability of the resumed run.
     """
-    import json
     sv = _saver_of(saver if saver is not None else getattr(graph, "checkpointer", None), None)
     store = IdempotencyStore.for_saver(sv)
     owner = worker_id or f"{default_owner()}:{uuid.uuid4().hex[:6]}"
     report = RecoveryReport(owner)
+    for ten, thread_id in _candidates(store, tenant, limit):
+        report.examined += 1
+        claimed = _claim(store, ten, thread_id, owner, lease)
+        if claimed is None:
+            report.skipped_busy += 1
+            continue
+        try:
+            config = _resume_config(store, claimed)
+            _recover_one(graph, store, claimed, config, report, older_than=older_than,
+                         max_attempts=max_attempts, durability=durability)
+        except Exception:
+            logger.exception("recovery of %s/%s failed outside the run", ten, thread_id)
+            claimed.release()
+    return report
+
+
+def _candidates(store: IdempotencyStore, tenant: str | None,
+                limit: int | None) -> list[tuple[str, str]]:
     q = sa.select(_R.c.tenant, _R.c.thread_id).where(
         _R.c.state == ARMED, sa.or_(_R.c.lease_expires_at.is_(None),
                                     _R.c.lease_expires_at < store._now))
@@ -267,78 +284,158 @@ def recover_stalled(graph: Any, saver: SecureSaver | None = None, *, older_than:
     with store._begin("listing recoverable threads") as conn:
         candidates = [(r.tenant, r.thread_id) for r in conn.execute(q)]
     secrets.SystemRandom().shuffle(candidates)  # spread concurrent workers over the list
-    for ten, thread_id in candidates:
-        report.examined += 1
-        claimed = _claim(store, ten, thread_id, owner, lease)
-        if claimed is None:
-            report.skipped_busy += 1
-            continue
+    return candidates
+
+
+def _resume_config(store: IdempotencyStore, claimed: _Lease) -> RunnableConfig:
+    """The run config of the resumed thread: its sealed configurable extras, opened."""
+    import json
+    ten, thread_id = claimed.tenant, claimed.thread_id
+    extras: dict[str, Any] = {}
+    if claimed.sealed_conf is not None:
         keys = store.tenant_keys(ten)
-        extras: dict[str, Any] = {}
-        if claimed.sealed_conf is not None:
-            extras = json.loads(keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
-        config: RunnableConfig = {"configurable": {**extras, "thread_id": thread_id,
-                                                   "tenant_id": ten}}
-        try:
-            _recover_one(graph, store, claimed, config, report, older_than=older_than,
-                         max_attempts=max_attempts, durability=durability)
-        except Exception:
-            logger.exception("recovery of %s/%s failed outside the run", ten, thread_id)
-            claimed.release()
-    return report
+        extras = json.loads(keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
+    return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten}}
+
+
+def _precheck(store: IdempotencyStore, claimed: _Lease, snap: Any, report: RecoveryReport,
+              older_than: float) -> int | None:
+    """Decide from the thread's state whether to resume it; the attempt number, or None."""
+    ident = (claimed.tenant, claimed.thread_id)
+    if not snap.next:
+        claimed.release(DONE)
+        report.finished.append(ident)
+        return None
+    if snap.interrupts:
+        claimed.release()
+        report.skipped_waiting += 1
+        return None
+    if _checkpoint_age(snap.created_at, store.db_time()) < older_than:
+        claimed.release()
+        report.skipped_recent += 1
+        return None
+    row = claimed.update("counting a resume attempt", attempts=_R.c.attempts + 1)
+    if row is None:  # lost the lease meanwhile
+        report.skipped_busy += 1
+        return None
+    attempts = int(row.attempts)
+    logger.info("resuming stalled thread %s/%s (attempt %s)", *ident, attempts)
+    return attempts
 
 
 def _recover_one(graph: Any, store: IdempotencyStore, claimed: _Lease, config: RunnableConfig,
                  report: RecoveryReport, *, older_than: float, max_attempts: int,
                  durability: str) -> None:
     ident = (claimed.tenant, claimed.thread_id)
-    snap = graph.get_state(config)
-    if not snap.next:
-        claimed.release(DONE)
-        report.finished.append(ident)
+    attempts = _precheck(store, claimed, graph.get_state(config), report, older_than)
+    if attempts is None:
         return
-    if snap.interrupts:
-        claimed.release()
-        report.skipped_waiting += 1
-        return
-    if _checkpoint_age(snap.created_at, store.db_time()) < older_than:
-        claimed.release()
-        report.skipped_recent += 1
-        return
-    row = claimed.update("counting a resume attempt", attempts=_R.c.attempts + 1)
-    if row is None:  # lost the lease meanwhile
-        report.skipped_busy += 1
-        return
-    attempts = int(row.attempts)
-    logger.info("resuming stalled thread %s/%s (attempt %s)", *ident, attempts)
     try:
         with claimed.heartbeat():
             graph.invoke(None, config, durability=durability)
-    except Exception as exc:
-        logger.exception("resuming %s/%s failed (attempt %s)", *ident, attempts)
-        keys = store.tenant_keys(claimed.tenant)
-        text = f"{type(exc).__name__}: {exc}"
-        sealed = keys.seal(text.encode("utf-8", "replace"),
-                           _error_aad(claimed.tenant, claimed.thread_id, "last"))
-        if attempts >= max_attempts:
-            letter = uuid.uuid4().hex
-            with store._begin("recording a dead letter") as conn:
-                conn.execute(_D.insert().values(
-                    letter_id=letter, tenant=claimed.tenant, thread_id=claimed.thread_id,
-                    at=store._now, attempts=attempts, worker=claimed.owner,
-                    error_type=type(exc).__name__[:255],
-                    error=keys.seal(text.encode("utf-8", "replace"),
-                                    _error_aad(claimed.tenant, claimed.thread_id, letter))))
-            claimed.release(DEAD, last_error=sealed)
-            report.dead_lettered.append(ident)
-            logger.error("thread %s/%s dead-lettered after %s attempts: %s", *ident, attempts,
-                         type(exc).__name__)
-        else:
-            claimed.release(last_error=sealed)
-            report.failed.append(ident)
+    except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
+        _record_failure(store, claimed, exc, attempts, max_attempts, report)
         return
     after = graph.get_state(config)
     claimed.release(DONE if not after.next else ARMED, last_error=None)
+    report.resumed.append(ident)
+
+
+def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, attempts: int,
+                    max_attempts: int, report: RecoveryReport) -> None:
+    ident = (claimed.tenant, claimed.thread_id)
+    logger.error("resuming %s/%s failed (attempt %s)", *ident, attempts, exc_info=exc)
+    keys = store.tenant_keys(claimed.tenant)
+    text = f"{type(exc).__name__}: {exc}"
+    sealed = keys.seal(text.encode("utf-8", "replace"),
+                       _error_aad(claimed.tenant, claimed.thread_id, "last"))
+    if attempts >= max_attempts:
+        letter = uuid.uuid4().hex
+        with store._begin("recording a dead letter") as conn:
+            conn.execute(_D.insert().values(
+                letter_id=letter, tenant=claimed.tenant, thread_id=claimed.thread_id,
+                at=store._now, attempts=attempts, worker=claimed.owner,
+                error_type=type(exc).__name__[:255],
+                error=keys.seal(text.encode("utf-8", "replace"),
+                                _error_aad(claimed.tenant, claimed.thread_id, letter))))
+        claimed.release(DEAD, last_error=sealed)
+        report.dead_lettered.append(ident)
+        logger.error("thread %s/%s dead-lettered after %s attempts: %s", *ident, attempts,
+                     type(exc).__name__)
+    else:
+        claimed.release(last_error=sealed)
+        report.failed.append(ident)
+
+
+async def arecover_stalled(graph: Any, saver: SecureSaver | None = None, *,
+                           older_than: float, tenant: str | None = None, max_attempts: int = 3,
+                           worker_id: str | None = None, lease: float = 300.0,
+                           limit: int | None = None, durability: str = "sync") -> RecoveryReport:
+    """Async :func:`recover_stalled`, for graphs on async savers (``AsyncPostgresSaver``,
+    ``AsyncSqliteSaver``, LangGraph Server): reads state with ``aget_state``, resumes with
+    ``ainvoke``; the database work of the leases runs in worker threads, never on the loop."""
+    import asyncio
+    sv = _saver_of(saver if saver is not None else getattr(graph, "checkpointer", None), None)
+    store = IdempotencyStore.for_saver(sv)
+    owner = worker_id or f"{default_owner()}:{uuid.uuid4().hex[:6]}"
+    report = RecoveryReport(owner)
+    for ten, thread_id in await asyncio.to_thread(_candidates, store, tenant, limit):
+        report.examined += 1
+        claimed = await asyncio.to_thread(_claim, store, ten, thread_id, owner, lease)
+        if claimed is None:
+            report.skipped_busy += 1
+            continue
+        try:
+            config = await asyncio.to_thread(_resume_config, store, claimed)
+            await _arecover_one(graph, store, claimed, config, report, older_than=older_than,
+                                max_attempts=max_attempts, durability=durability)
+        except Exception:
+            logger.exception("recovery of %s/%s failed outside the run", ten, thread_id)
+            await asyncio.to_thread(claimed.release)
+    return report
+
+
+async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: _Lease,
+                        config: RunnableConfig, report: RecoveryReport, *, older_than: float,
+                        max_attempts: int, durability: str) -> None:
+    import asyncio
+    ident = (claimed.tenant, claimed.thread_id)
+    snap = await graph.aget_state(config)
+    attempts = await asyncio.to_thread(_precheck, store, claimed, snap, report, older_than)
+    if attempts is None:
+        return
+    stop = asyncio.Event()
+
+    async def beat() -> None:
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=claimed.lease / 3)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                if not await asyncio.to_thread(claimed.renew):
+                    logger.warning("recovery lease of %s/%s lost", *ident)
+                    return
+            except Exception:
+                logger.exception("could not renew a recovery lease")
+
+    beating = asyncio.create_task(beat())
+    try:
+        await graph.ainvoke(None, config, durability=durability)
+    except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
+        stop.set()
+        await beating
+        await asyncio.to_thread(_record_failure, store, claimed, exc, attempts, max_attempts,
+                                report)
+        return
+    finally:
+        stop.set()
+        if not beating.done():
+            await beating
+    after = await graph.aget_state(config)
+    await asyncio.to_thread(claimed.release, DONE if not after.next else ARMED,
+                            last_error=None)
     report.resumed.append(ident)
 
 
@@ -394,24 +491,72 @@ def load_graph(graph_ref: str, saver: SecureSaver) -> Any:
     raise ConfigurationError(f"{graph_ref!r} is not a graph, a StateGraph or a factory")
 
 
+_ASYNC_SCHEMES = {"sqlite+aiosqlite:": "sqlite:",
+                  "postgresql+psycopg_async:": "postgresql:",
+                  "postgres+psycopg_async:": "postgresql:"}
+
+
+def async_url(url: str) -> str | None:
+    """``sqlite+aiosqlite:///x.db`` / ``postgresql+psycopg_async://...`` (the SQLAlchemy names
+    of the async drivers) -> the plain URL to open with ``SecureSaver.afrom_url``; None for a
+    sync URL."""
+    for prefix, plain in _ASYNC_SCHEMES.items():
+        if url.startswith(prefix):
+            return plain + url[len(prefix):]
+    return None
+
+
 def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
                  older_than: float = 300.0, tenant: str | None = None, max_attempts: int = 3,
                  worker_id: str | None = None, lease: float = 300.0, limit: int | None = None,
-                 durability: str = "sync", **saver_options: Any) -> RecoveryReport:
+                 durability: str = "sync", use_async: bool | None = None,
+                 **saver_options: Any) -> RecoveryReport:
     """Entry point for ``securesaver recover``: one sweep over the database at ``url``.
 
     ``keyring`` is a keyring file path (default: ``SECURESAVER_MASTER_KEY``);
-    ``saver_options`` go to ``SecureSaver.from_url`` (e.g. ``redaction=None``).
+    ``saver_options`` go to ``SecureSaver.from_url`` (e.g. ``redaction=None``). An async URL
+    (``sqlite+aiosqlite:///...``, ``postgresql+psycopg_async://...``) or ``use_async=True``
+    opens the saver with ``SecureSaver.afrom_url`` (an async inner saver, as LangGraph Server
+    uses) and sweeps with :func:`arecover_stalled`.
     """
     from ..keyring import Keyring
     from ..saver import SecureSaver
+    plain = async_url(url)
+    if plain is not None or use_async:
+        import asyncio
+        return asyncio.run(_arecover_main(
+            plain or url, graph_ref, keyring=keyring, older_than=older_than, tenant=tenant,
+            max_attempts=max_attempts, worker_id=worker_id, lease=lease, limit=limit,
+            durability=durability, **saver_options))
     ring = Keyring.load(keyring)
     with SecureSaver.from_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = recover_stalled(graph, saver, older_than=older_than, tenant=tenant,
                                  max_attempts=max_attempts, worker_id=worker_id, lease=lease,
                                  limit=limit, durability=durability)
+    _log_sweep(report)
+    return report
+
+
+async def _arecover_main(url: str, graph_ref: str, *, keyring: str | None, older_than: float,
+                         tenant: str | None, max_attempts: int, worker_id: str | None,
+                         lease: float, limit: int | None, durability: str,
+                         **saver_options: Any) -> RecoveryReport:
+    import asyncio
+
+    from ..keyring import Keyring
+    from ..saver import SecureSaver
+    ring = await asyncio.to_thread(Keyring.load, keyring)
+    async with SecureSaver.afrom_url(url, keyring=ring, **saver_options) as saver:
+        graph = load_graph(graph_ref, saver)
+        report = await arecover_stalled(graph, saver, older_than=older_than, tenant=tenant,
+                                        max_attempts=max_attempts, worker_id=worker_id,
+                                        lease=lease, limit=limit, durability=durability)
+    _log_sweep(report)
+    return report
+
+
+def _log_sweep(report: RecoveryReport) -> None:
     logger.info("recovery sweep by %s: examined %s, resumed %s, failed %s, dead-lettered %s",
                 report.worker_id, report.examined, len(report.resumed), len(report.failed),
                 len(report.dead_lettered))
-    return report

@@ -38,7 +38,18 @@ idempotency_records = sa.Table(
     sa.Column("result", sa.LargeBinary, nullable=True),      # sealed, bound to tenant/thread/key
     sa.Column("error", sa.LargeBinary, nullable=True),       # sealed error text of the last try
     sa.Index("ix_securesaver_idempotency_state", "tenant", "state"),
+    # the holder of the current claim (see liveness.py); NULL on rows of older versions
+    *(sa.Column(name, type_, nullable=True) for name, type_ in (
+        ("holder_host", sa.String(64)),    # boot id + pid namespace digest, or NULL
+        ("holder_pid", sa.Integer),
+        ("holder_start", sa.BigInteger),   # process start, clock ticks since boot
+        ("holder_nonce", sa.String(32)),   # random per process
+        ("holder_lock", sa.BigInteger),    # PostgreSQL session advisory lock key
+    )),
 )
+
+#: columns added after the first release (added by IdempotencyStore.setup to older tables)
+HOLDER_COLUMNS = ("holder_host", "holder_pid", "holder_start", "holder_nonce", "holder_lock")
 
 recoverable_threads = sa.Table(
     "securesaver_recoverable", metadata,

@@ -44,6 +44,15 @@ from .errors import (
     IdempotencyStoreUnavailable,
 )
 from .keys import KeyScope
+from .liveness import (
+    Holder,
+    Liveness,
+    PgSessionLock,
+    current_holder,
+    local_liveness,
+    register_running,
+    unregister_running,
+)
 from .policy import DEFAULT_POLICY, IdempotencyPolicy
 from .schema import COMPLETED, FAILED, IN_PROGRESS, UNKNOWN, db_now, idempotency_records
 
@@ -71,6 +80,8 @@ class Claim:
     lease: float
     lost: bool = False
     claim_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # registered as running in this process (see liveness.register_running)
+    registered: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,11 @@ class _Row:
     lease_expires_at: float | None
     now: float
     result: bytes | None
+    holder_host: Any = None
+    holder_pid: Any = None
+    holder_start: Any = None
+    holder_nonce: Any = None
+    holder_lock: Any = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +187,8 @@ class _Heartbeat:
                 now = time.monotonic()
                 due = [c for c, at in self._claims.values() if at <= now]
                 wait = min(at for _c, at in self._claims.values()) - now
+            if due and self._store._session is not None:
+                self._store._session.ping()
             for claim in due:
                 try:
                     ok = self._store.renew(claim)
@@ -198,12 +216,21 @@ class IdempotencyStore:
         serde: serializer for results (LangGraph's JsonPlusSerializer by default).
         policy: default :class:`IdempotencyPolicy` of calls that give none.
         saver: the SecureSaver this store belongs to (tenant resolution, fences).
-        owner: worker identity written on claims (default ``host:pid``).
+        owner: worker identity written on claims for operators (default ``host:pid``).
+        host_id: override the host id written on claims and compared on conflicts (default:
+            derived from the kernel boot id and the pid namespace, see ``liveness.py``). Two
+            workers with the same host id check each other's pids: never give the same value
+            to processes that cannot see each other's pids. Meant for tests.
+        session_lock: on PostgreSQL, tie claims to a session advisory lock held by a dedicated
+            connection of this store, so a crashed worker's claims are taken over as soon as
+            its connection drops (default True). Turn off behind a transaction-mode pooler
+            (pgbouncer), where session locks do not follow the client.
     """
 
     def __init__(self, engine: Engine, keys: KeyManager, serde: SerializerProtocol | None = None,
                  *, policy: IdempotencyPolicy | None = None, saver: SecureSaver | None = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None, host_id: str | None = None,
+                 session_lock: bool = True) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
@@ -221,6 +248,11 @@ class IdempotencyStore:
         self._is_setup = False
         self._heartbeat = _Heartbeat(self)
         self._fenced: dict[tuple[str, str, str, str], None] = {}
+        self._host_id = host_id
+        self._session: PgSessionLock | None = None
+        if self.dialect == "postgresql" and session_lock:
+            session = self._session = PgSessionLock(engine)
+            sa.event.listen(engine, "engine_disposed", lambda _engine: session.close())
 
     # construction -------------------------------------------------------------------------
     @classmethod
@@ -248,7 +280,29 @@ class IdempotencyStore:
                 except sa.exc.SQLAlchemyError:
                     # another process created them between the check and the CREATE
                     schema.metadata.create_all(self.engine, checkfirst=True)
+                self._add_holder_columns()
             self._is_setup = True
+
+    def _add_holder_columns(self) -> None:
+        """Tables created by an older version lack the holder columns: add them (NULL on old
+        rows, whose claims then rely on their lease)."""
+        for _ in range(3):
+            present = {c["name"] for c in sa.inspect(self.engine).get_columns(_T.name)}
+            missing = [c for c in schema.HOLDER_COLUMNS if c not in present]
+            if not missing:
+                return
+            try:
+                with self.engine.begin() as conn:
+                    for name in missing:
+                        col = _T.c[name]
+                        type_sql = col.type.compile(dialect=self.engine.dialect)
+                        conn.execute(sa.text(
+                            f"ALTER TABLE {_T.name} ADD COLUMN {name} {type_sql}"))
+                logger.info("added holder columns %s to %s", missing, _T.name)
+                return
+            except sa.exc.SQLAlchemyError as exc:  # another process added them meanwhile
+                if "duplicate" not in str(exc).lower() and "exists" not in str(exc).lower():
+                    raise
 
     async def asetup(self) -> None:
         await asyncio.to_thread(self.setup)
@@ -324,12 +378,47 @@ class IdempotencyStore:
     def _lease_param(self) -> sa.ColumnElement[float]:
         return self._now + sa.bindparam("p_lease", type_=sa.Float)
 
+    # holder identity ------------------------------------------------------------------------
+    def holder(self) -> Holder:
+        """The identity this store writes on its claims (see ``liveness.py``)."""
+        me = current_holder()
+        if self._host_id is not None:
+            return Holder(self._host_id, me.pid, me.start, me.nonce)
+        return me
+
+    @staticmethod
+    def _holder_values() -> dict[str, Any]:
+        return {name: sa.bindparam(f"v_{name}") for name in schema.HOLDER_COLUMNS}
+
+    def _holder_params(self) -> dict[str, Any]:
+        me = self.holder()
+        lock = self._session.key() if self._session is not None else None
+        return {"v_holder_host": me.host_id, "v_holder_pid": me.pid,
+                "v_holder_start": me.start, "v_holder_nonce": me.nonce, "v_holder_lock": lock}
+
+    def _liveness(self, scope: KeyScope, row: _Row) -> Liveness:
+        """Is the holder of the in-progress claim ``row`` alive, dead, or unknown?"""
+        ident = (scope.tenant, scope.thread_id, scope.key, row.fencing_token)
+        verdict = local_liveness(self.holder(), ident, row.holder_host, row.holder_pid,
+                                 row.holder_start, row.holder_nonce)
+        if verdict != "unknown":
+            return verdict
+        lock = row.holder_lock
+        if (self._session is not None and isinstance(lock, int)
+                and not isinstance(lock, bool) and 0 < lock < (1 << 63)):
+            with self._begin("checking the holder's session") as conn:
+                if self._session.holder_gone(conn, lock):
+                    return "dead"
+            return "alive"
+        return "unknown"
+
     def _build_insert(self) -> Any:
         now = self._now
         values: dict[str, Any] = {c: sa.bindparam(f"v_{c}") for c in (
             "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner")}
         values.update(state=IN_PROGRESS, fencing_token=1, attempts=1,
-                      lease_expires_at=self._lease_param(), created_at=now, updated_at=now)
+                      lease_expires_at=self._lease_param(), created_at=now, updated_at=now,
+                      **self._holder_values())
         ins: Any
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -340,20 +429,27 @@ class IdempotencyStore:
         # RETURNING rather than rowcount: drivers disagree on rowcount of ON CONFLICT inserts
         return ins.values(**values).on_conflict_do_nothing().returning(_T.c.fencing_token)
 
-    def _build_takeover(self, retry_expired: bool, check_fp: bool) -> Any:
+    def _build_takeover(self, retry_expired: bool, check_fp: bool, dead: bool = False) -> Any:
+        """Claim a failed key, an expired claim (``retry_expired``), or (``dead``) exactly the
+        in-progress claim with fencing token ``p_token`` whose holder was found dead."""
         now = self._now
         claimable: sa.ColumnElement[bool] = _T.c.state == FAILED
-        if retry_expired:
+        if dead:
+            claimable = _T.c.state == IN_PROGRESS
+        elif retry_expired:
             claimable = sa.or_(claimable, sa.and_(_T.c.state == IN_PROGRESS,
                                                   _T.c.lease_expires_at < now))
-        conds = [self._pk(), claimable, _T.c.attempts < sa.bindparam("p_max_attempts")]
+        # the token this worker saw is pinned, so it knows the token it gets (token + 1) and
+        # registers it as running before the row changes hands
+        conds = [self._pk(), claimable, _T.c.attempts < sa.bindparam("p_max_attempts"),
+                 _T.c.fencing_token == sa.bindparam("p_token")]
         if check_fp:
             conds.append(sa.or_(_T.c.fingerprint.is_(None),
                                 _T.c.fingerprint == sa.bindparam("p_fp")))
         return (_T.update().where(*conds).values(
             state=IN_PROGRESS, owner=sa.bindparam("p_owner"),
             fencing_token=_T.c.fencing_token + 1, attempts=_T.c.attempts + 1,
-            lease_expires_at=self._lease_param(), updated_at=now)
+            lease_expires_at=self._lease_param(), updated_at=now, **self._holder_values())
             .returning(_T.c.fencing_token, _T.c.attempts))
 
     def _build_cas(self, kind: str) -> Any:
@@ -380,48 +476,70 @@ class IdempotencyStore:
     def _select_row(self, scope: KeyScope) -> _Row | None:
         q = self._stmt("select", lambda: sa.select(
             _T.c.state, _T.c.fingerprint, _T.c.fencing_token, _T.c.attempts,
-            _T.c.lease_expires_at, self._now.label("now"), _T.c.result).where(self._pk()))
+            _T.c.lease_expires_at, self._now.label("now"), _T.c.result,
+            *(_T.c[name] for name in schema.HOLDER_COLUMNS)).where(self._pk()))
         with self._begin("reading a key") as conn:
             r = conn.execute(q, self._pk_params(scope)).first()
         if r is None:
             return None
         return _Row(r.state, r.fingerprint, int(r.fencing_token), int(r.attempts),
                     r.lease_expires_at, float(r.now),
-                    bytes(r.result) if r.result is not None else None)
+                    bytes(r.result) if r.result is not None else None,
+                    r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock)
 
     def _try_insert(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
                     ) -> Claim | None:
         stmt = self._stmt("insert", self._build_insert)
         params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
                   "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
-                  "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease}
-        with self._begin("claiming a key") as conn:
-            inserted = conn.execute(stmt, params).first() is not None
-        return Claim(scope, 1, 1, self.owner, policy.lease) if inserted else None
+                  "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
+                  **self._holder_params()}
+        claim = Claim(scope, 1, 1, self.owner, policy.lease, registered=True)
+        register_running(_ident(claim))
+        try:
+            with self._begin("claiming a key") as conn:
+                inserted = conn.execute(stmt, params).first() is not None
+        except BaseException:
+            _end(claim)
+            raise
+        if not inserted:
+            _end(claim)
+            return None
+        return claim
 
-    def _try_takeover(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
-                      ) -> Claim | None:
+    def _try_takeover(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy,
+                      seen_token: int, dead: bool = False) -> Claim | None:
         retry, check = policy.on_expired == "retry", fp is not None
-        stmt = self._stmt(f"takeover-{retry}-{check}",
-                          lambda: self._build_takeover(retry, check))
+        stmt = self._stmt(f"takeover-{retry}-{check}-{dead}",
+                          lambda: self._build_takeover(retry, check, dead))
         params = {**self._pk_params(scope), "p_max_attempts": policy.max_attempts,
-                  "p_owner": self.owner, "p_lease": policy.lease}
+                  "p_owner": self.owner, "p_lease": policy.lease, "p_token": seen_token,
+                  **self._holder_params()}
         if check:
             params["p_fp"] = fp
-        with self._begin("taking over a key") as conn:
-            r = conn.execute(stmt, params).first()
+        pending = Claim(scope, seen_token + 1, 0, self.owner, policy.lease, registered=True)
+        register_running(_ident(pending))
+        try:
+            with self._begin("taking over a key") as conn:
+                r = conn.execute(stmt, params).first()
+        except BaseException:
+            _end(pending)
+            raise
         if r is None:
+            _end(pending)
             return None
-        logger.info("idempotency key %s (%s) taken over: fencing token %s, attempt %s",
-                    scope.key, scope.name, r.fencing_token, r.attempts)
-        return Claim(scope, int(r.fencing_token), int(r.attempts), self.owner, policy.lease)
+        logger.info("idempotency key %s (%s) taken over%s: fencing token %s, attempt %s",
+                    scope.key, scope.name, " from a dead holder" if dead else "",
+                    r.fencing_token, r.attempts)
+        pending.attempts = int(r.attempts)
+        return pending
 
-    def _expire_to_unknown(self, scope: KeyScope, token: int) -> None:
+    def _expire_to_unknown(self, scope: KeyScope, token: int, dead: bool = False) -> None:
         now = self._now
-        stmt = self._stmt("expire-unknown", lambda: _T.update().where(
+        stmt = self._stmt(f"expire-unknown-{dead}", lambda: _T.update().where(
             self._pk(), _T.c.state == IN_PROGRESS, _T.c.fencing_token == sa.bindparam("p_token"),
-            _T.c.lease_expires_at < now).values(state=UNKNOWN, updated_at=now,
-                                                lease_expires_at=None))
+            *(() if dead else (_T.c.lease_expires_at < now,))).values(
+                state=UNKNOWN, updated_at=now, lease_expires_at=None))
         with self._begin("marking a key unknown") as conn:
             conn.execute(stmt, {**self._pk_params(scope), "p_token": token})
 
@@ -452,21 +570,25 @@ class IdempotencyStore:
                 "IdempotencyStore.resolve(...).")
         expired = (row.state == IN_PROGRESS and row.lease_expires_at is not None
                    and row.lease_expires_at < row.now)
-        claimable = row.state == FAILED or (expired and policy.on_expired == "retry")
+        # a live lease: is its holder still there? (a dead one's claim is taken over at once)
+        dead = (row.state == IN_PROGRESS and not expired
+                and self._liveness(scope, row) == "dead")
+        claimable = row.state == FAILED or ((expired or dead) and policy.on_expired == "retry")
         if claimable and row.attempts >= policy.max_attempts:
             raise IdempotencyAttemptsExhausted(
                 f"idempotency key {scope.key} ({scope.name}) failed {row.attempts} time(s) "
                 f"(max_attempts={policy.max_attempts}); it is not executed again")
         if claimable:
-            claim = self._try_takeover(scope, fp, policy)
+            claim = self._try_takeover(scope, fp, policy, row.fencing_token, dead=dead)
             if claim is not None:
                 return claim
             return _Wait("lost a takeover race")
-        if expired and policy.on_expired == "unknown":
-            self._expire_to_unknown(scope, row.fencing_token)
+        if (expired or dead) and policy.on_expired == "unknown":
+            self._expire_to_unknown(scope, row.fencing_token, dead=dead)
             raise IdempotencyOutcomeUnknown(
-                f"the lease of idempotency key {scope.key} ({scope.name}) expired while in "
-                "progress; recorded as 'unknown' (on_expired='unknown')")
+                f"idempotency key {scope.key} ({scope.name}) was in progress when its holder "
+                f"{'died' if dead else 'let its lease expire'}; recorded as 'unknown' "
+                "(on_expired='unknown')")
         return _Wait("in progress elsewhere")
 
     def _conflict(self, scope: KeyScope, waited: float | None) -> IdempotencyConflict:
@@ -513,11 +635,16 @@ class IdempotencyStore:
             delay = min(delay * 1.5, _MAX_POLL)
 
     # transitions of a claim -------------------------------------------------------------------
-    def _cas(self, claim: Claim, kind: str, what: str, **params: Any) -> bool:
+    def _cas(self, claim: Claim, kind: str, what: str, *, ends: bool = True,
+             **params: Any) -> bool:
         stmt = self._stmt(f"cas-{kind}", lambda: self._build_cas(kind))
-        with self._begin(what) as conn:
-            n = conn.execute(stmt, {**self._pk_params(claim.scope), "p_token": claim.token,
-                                    **params}).rowcount
+        try:
+            with self._begin(what) as conn:
+                n = conn.execute(stmt, {**self._pk_params(claim.scope), "p_token": claim.token,
+                                        **params}).rowcount
+        finally:
+            if ends and kind != "renew":  # the claim ends here (or is lost)
+                _end(claim)
         return bool(n == 1)
 
     def renew(self, claim: Claim) -> bool:
@@ -537,10 +664,17 @@ class IdempotencyStore:
                 f"the effect of {claim.scope.name} ran but its result ({type(value).__name__}) "
                 "cannot be serialized, so it cannot be replayed; the key was marked 'unknown'. "
                 "Return JSON-like values, messages or pydantic models.") from exc
+        try:
+            self._complete_sealed(claim, sealed)
+        finally:
+            _end(claim)
+
+    def _complete_sealed(self, claim: Claim, sealed: bytes) -> None:
         last: IdempotencyStoreUnavailable | None = None
         for pause in (*_COMPLETE_RETRIES, None):
             try:
-                ok = self._cas(claim, "complete", "completing a key", v_blob=sealed)
+                ok = self._cas(claim, "complete", "completing a key", ends=False,
+                               v_blob=sealed)
             except IdempotencyStoreUnavailable as exc:
                 last = exc
                 if pause is None:
@@ -558,7 +692,8 @@ class IdempotencyStore:
             raise IdempotencyStoreUnavailable("completing a key failed")
         raise IdempotencyStoreUnavailable(
             f"the effect of {claim.scope.name} ran but its result could not be recorded; the "
-            "key stays in progress until its lease expires") from last
+            "key stays in progress until a retry takes it over (same key) or its lease "
+            "expires") from last
 
     def fail(self, claim: Claim, error: BaseException | str) -> bool:
         """Record a failed attempt (retryable until ``max_attempts``)."""
@@ -569,6 +704,8 @@ class IdempotencyStore:
             logger.exception("could not record the failure of idempotency key %s",
                              claim.scope.key)
             return False
+        finally:
+            _end(claim)
 
     def release(self, claim: Claim) -> bool:
         """Give the claim back without counting the attempt (e.g. the call was interrupted)."""
@@ -585,6 +722,8 @@ class IdempotencyStore:
         except IdempotencyStoreUnavailable:
             logger.exception("could not mark idempotency key %s unknown", claim.scope.key)
             return False
+        finally:
+            _end(claim)
 
     # one call -------------------------------------------------------------------------------
     def execute(self, scope: KeyScope, fn: Callable[[Claim], T], *,
@@ -729,6 +868,17 @@ class IdempotencyStore:
         if len(self._fenced) > 10_000:
             self._fenced.clear()
         self._fenced[(tenant, thread_id, ns, checkpoint_id)] = None
+
+
+def _ident(claim: Claim) -> tuple[str, str, str, int]:
+    return (claim.scope.tenant, claim.scope.thread_id, claim.scope.key, claim.token)
+
+
+def _end(claim: Claim) -> None:
+    """This process no longer works on ``claim`` (once per claim)."""
+    if claim.registered:
+        claim.registered = False
+        unregister_running(_ident(claim))
 
 
 def _failure_text(value: Any) -> str:

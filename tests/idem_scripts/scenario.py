@@ -44,7 +44,8 @@ class Downstream:
                 """
                 CREATE TABLE IF NOT EXISTS requests (
                     id INTEGER PRIMARY KEY AUTOINCREMENT, service TEXT, key TEXT, args TEXT,
-                    pid INTEGER);
+                    pid INTEGER,
+                    at REAL DEFAULT ((julianday('now') - 2440587.5) * 86400.0));
                 CREATE TABLE IF NOT EXISTS emails (id INTEGER PRIMARY KEY AUTOINCREMENT,
                     key TEXT, recipient TEXT);
                 CREATE TABLE IF NOT EXISTS charges (key TEXT PRIMARY KEY, amount INTEGER);
@@ -125,9 +126,12 @@ def wait_for(predicate: Any, timeout: float = 20.0) -> None:
 
 
 def build_graph(saver: Any, downstream: Downstream, *, mode: str = "decorator",
-                crash_during_charge: bool = False, lease: float = 60.0) -> Any:
+                crash_during_charge: bool = False, **policy_options: Any) -> Any:
     """The compiled agent graph; ``crash_during_charge`` kills the process inside the charge
-    after the payment API received it (and after the email's result was recorded)."""
+    after the payment API received it (and after the email's result was recorded).
+
+    ``policy_options`` go to ``@idempotent`` / ``IdempotentToolCalls``; none by default (the
+    headline scenario runs on the default policy)."""
     store = IdempotencyStore.for_saver(saver)
 
     def current_key() -> str:
@@ -151,13 +155,13 @@ def build_graph(saver: Any, downstream: Downstream, *, mode: str = "decorator",
 
     if mode == "decorator":
         @tool
-        @idempotent(lease=lease, heartbeat=False)
+        @idempotent(**policy_options)
         def send_email(to: str) -> str:
             """Send an email."""
             return email_impl(to)
 
         @tool
-        @idempotent(lease=lease, heartbeat=False)
+        @idempotent(**policy_options)
         def charge_card(amount: int) -> str:
             """Charge the card."""
             return charge_impl(amount)
@@ -175,7 +179,7 @@ def build_graph(saver: Any, downstream: Downstream, *, mode: str = "decorator",
             return charge_impl(amount)
 
         if mode == "wrapper":
-            wrapper = IdempotentToolCalls(lease=lease, heartbeat=False)
+            wrapper = IdempotentToolCalls(**policy_options)
             tool_node = ToolNode([send_email, charge_card], wrap_tool_call=wrapper.wrap,
                                  awrap_tool_call=wrapper.awrap)
         else:  # "plain": no idempotency at all (the control)
