@@ -1,15 +1,28 @@
-"""Evaluate the default Redactor on benchmarks/data/pii_eval.jsonl.
+"""Evaluate the default Redactor, beside plain presidio, on two labelled sets.
 
-Prints per-kind precision / recall and the false-positive rate on hard negatives, and exits
-non-zero when a target is missed:
+* ``template`` — ``benchmarks/data/pii_eval.jsonl``: sentences the project generated from its
+  own templates (Chinese/English, hard negatives included). Good for regressions, flattering
+  as a measure.
+* ``independent`` — ``benchmarks/data/independent_eval.jsonl``: built by
+  ``redaction_build_eval.py`` from presidio's and detect-secrets' own test cases, Faker values
+  of six locales in sentences of many styles, and hand-written hard negatives. The recognizers
+  were not written from it, but were tuned once after looking at its misses.
+* ``holdout`` — ``benchmarks/data/independent_holdout.jsonl``: new Faker values and new
+  random hard negatives (other seeds), generated after that tuning and never tuned on.
 
-* recall >= 0.98 for CN_RESIDENT_ID, API_SECRET, EMAIL_ADDRESS and CREDIT_CARD
-* at most 2% of hard-negative sentences get any detection
+Per set and per kind: recall (a detection of the same kind — phone and Chinese mobile count
+as one family — covers the whole gold value), covered (a detection of any kind covers it: the
+value is hidden all the same), precision, and the share of hard-negative rows with any
+detection. ``plain presidio`` is presidio's ``AnalyzerEngine`` with its predefined
+recognizers (NoOp NLP engine, offline, the same phone regions), restricted to the kinds the
+README claims, on the same rows. Rows marked ``out_of_scope`` (phone formats of regions the
+default engine does not claim) and ``weak_upstream`` (matches presidio's own tests expect
+below a 0.4 score: ``::``, a bare ``078051121``) are reported apart and not counted.
 
-A gold entity counts as found when a detection of the same kind covers its whole value.
-"Covered (any kind)" also accepts a detection of another kind (the value is still hidden).
+Targets on the independent and held-out sets (exit 1 when missed): recall >= 0.99 over the claimed kinds, no
+kind below 0.97, hard-negative false positives <= 1 %.
 
-Usage: python benchmarks/redaction_eval.py [--errors] [--data PATH]
+Usage: python benchmarks/redaction_eval.py [--errors] [--set template|independent|holdout|all]
 """
 
 from __future__ import annotations
@@ -19,104 +32,202 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from langgraph_securesaver.redaction import Redactor
+from langgraph_securesaver.redaction import DEFAULT_PHONE_REGIONS, Redactor
 
-DATA = Path(__file__).parent / "data" / "pii_eval.jsonl"
-RECALL_TARGETS = {"CN_RESIDENT_ID": 0.98, "API_SECRET": 0.98, "EMAIL_ADDRESS": 0.98,
-                  "CREDIT_CARD": 0.98}
-HARD_NEGATIVE_FP_TARGET = 0.02
+DATA = Path(__file__).parent / "data"
+SETS = {"template": DATA / "pii_eval.jsonl", "independent": DATA / "independent_eval.jsonl",
+        "holdout": DATA / "independent_holdout.jsonl"}
+CLAIMED = ("API_SECRET", "CN_MOBILE", "CN_RESIDENT_ID", "CREDIT_CARD", "CRYPTO",
+           "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS", "PHONE_NUMBER", "US_SSN")
+FAMILY = {"CN_MOBILE": "PHONE", "PHONE_NUMBER": "PHONE"}
+RECALL_TARGET, KIND_FLOOR, FP_TARGET = 0.99, 0.97, 0.01
+
+Detector = Callable[[str], list[tuple[str, int, int]]]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", type=Path, default=DATA)
-    ap.add_argument("--errors", action="store_true", help="print every miss and false positive")
-    args = ap.parse_args()
-
-    rows = [json.loads(line) for line in args.data.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+def ours() -> Detector:
     redactor = Redactor()
     key = b"k" * 32
     redactor.redact("warm up 13812345678", token_key=key)
 
-    gold_n: Counter[str] = Counter()
-    found: Counter[str] = Counter()
-    covered_any: Counter[str] = Counter()
-    pred_n: Counter[str] = Counter()
-    pred_ok: Counter[str] = Counter()
-    neg_total = 0
-    neg_flagged = 0
-    errors: list[str] = []
+    def detect(text: str) -> list[tuple[str, int, int]]:
+        return [(e.kind, e.start, e.end) for e in redactor.redact(text, token_key=key).entities]
+    return detect
+
+
+def plain_presidio() -> Detector:
+    from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+    from presidio_analyzer.nlp_engine import NoOpNlpEngine
+    from presidio_analyzer.predefined_recognizers import (
+        CreditCardRecognizer,
+        CryptoRecognizer,
+        EmailRecognizer,
+        IbanRecognizer,
+        IpRecognizer,
+        PhoneRecognizer,
+        UsSsnRecognizer,
+    )
+
+    engine = NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}])
+    engine.load()
+    # presidio's own recognizers for the claimed kinds presidio has (the others it lacks)
+    registry = RecognizerRegistry(recognizers=[
+        EmailRecognizer(), PhoneRecognizer(supported_regions=list(DEFAULT_PHONE_REGIONS)),
+        CreditCardRecognizer(), IbanRecognizer(), IpRecognizer(), CryptoRecognizer(),
+        UsSsnRecognizer()], supported_languages=["en"])
+    analyzer = AnalyzerEngine(registry=registry, nlp_engine=engine, supported_languages=["en"])
+    wanted = [k for k in CLAIMED if k in analyzer.get_supported_entities("en")]
+
+    def detect(text: str) -> list[tuple[str, int, int]]:
+        return [(r.entity_type, r.start, r.end) for r in analyzer.analyze(
+            text=text, language="en", entities=wanted, score_threshold=0.4)]
+    return detect
+
+
+@dataclass
+class Tally:
+    gold: Counter[str] = field(default_factory=Counter)
+    found: Counter[str] = field(default_factory=Counter)
+    covered: Counter[str] = field(default_factory=Counter)
+    preds: Counter[str] = field(default_factory=Counter)
+    pred_ok: Counter[str] = field(default_factory=Counter)
+    neg_rows: int = 0
+    neg_flagged: int = 0
+    out_of_scope: int = 0
+    out_of_scope_found: int = 0
+    weak: int = 0
+    weak_found: int = 0
+    errors: list[str] = field(default_factory=list)
+    ms_per_row: float = 0.0
+
+
+def _fam(kind: str) -> str:
+    return FAMILY.get(kind, kind)
+
+
+def evaluate(rows: list[dict[str, Any]], detect: Detector) -> Tally:
+    t = Tally()
     t0 = time.perf_counter()
     for row in rows:
         text = row["text"]
-        result = redactor.redact(text, token_key=key)
-        preds = result.entities
+        preds = detect(text)
         gold = []
-        for g in row["entities"]:
-            start = text.find(g["value"])
-            if start < 0:
-                raise SystemExit(f"gold value not in text: {g}")
+        taken: dict[str, int] = {}
+        for g in row["entities"]:  # the same value twice: successive occurrences
+            start = text.find(g["value"], taken.get(g["value"], 0))
+            taken[g["value"]] = start + 1
             gold.append((g["kind"], start, start + len(g["value"])))
-        is_negative = row.get("category", "").startswith("hard_negative")
-        if is_negative:
-            neg_total += 1
+        category = row.get("category", "")
+        if category.startswith("weak_upstream"):
+            t.weak += 1
+            if all(any(ps <= gs and pe >= ge for _k, ps, pe in preds) for _g, gs, ge in gold):
+                t.weak_found += 1
+            continue
+        if category.startswith("out_of_scope"):
+            t.out_of_scope += 1
+            if all(any(ps <= gs and pe >= ge for _k, ps, pe in preds) for _g, gs, ge in gold):
+                t.out_of_scope_found += 1
+            continue
+        if category.startswith("hard_negative"):
+            t.neg_rows += 1
             if preds:
-                neg_flagged += 1
+                t.neg_flagged += 1
+                t.errors.append(f"FP (hard negative) {preds} in {text!r}")
         for kind, gs, ge in gold:
-            gold_n[kind] += 1
-            if any(p.kind == kind and p.start <= gs and p.end >= ge for p in preds):
-                found[kind] += 1
-                covered_any[kind] += 1
-            elif any(p.start <= gs and p.end >= ge for p in preds):
-                covered_any[kind] += 1
-                errors.append(f"WRONG KIND {kind}: {text!r} -> "
-                              f"{[(p.kind, p.text) for p in preds]}")
+            t.gold[kind] += 1
+            if any(_fam(k) == _fam(kind) and ps <= gs and pe >= ge for k, ps, pe in preds):
+                t.found[kind] += 1
+                t.covered[kind] += 1
+            elif any(ps <= gs and pe >= ge for _k, ps, pe in preds):
+                t.covered[kind] += 1
+                t.errors.append(f"WRONG KIND {kind}: {text!r} -> {preds}")
             else:
-                errors.append(f"MISS {kind}: {text!r} -> {[(p.kind, p.text) for p in preds]}")
-        for p in preds:
-            pred_n[p.kind] += 1
-            if any(kind == p.kind and p.start < ge and p.end > gs for kind, gs, ge in gold):
-                pred_ok[p.kind] += 1
-            else:
-                tag = "FP (hard negative)" if is_negative else "FP"
-                errors.append(f"{tag} {p.kind} {p.text!r} in {text!r}")
-    elapsed = time.perf_counter() - t0
+                t.errors.append(f"MISS {kind}: {text!r} -> "
+                                f"{[(k, text[s:e]) for k, s, e in preds]}")
+        for k, ps, pe in preds:
+            t.preds[k] += 1
+            if any(_fam(kind) == _fam(k) and ps < ge and pe > gs for kind, gs, ge in gold):
+                t.pred_ok[k] += 1
+            elif not category.startswith("hard_negative"):
+                t.errors.append(f"FP {k} {text[ps:pe]!r} in {text!r}")
+    t.ms_per_row = (time.perf_counter() - t0) * 1000 / max(len(rows), 1)
+    return t
 
-    kinds = sorted(set(gold_n) | set(pred_n))
-    print(f"{len(rows)} sentences ({neg_total} hard negatives), "
-          f"{sum(gold_n.values())} gold entities, {elapsed * 1000 / len(rows):.2f} ms/sentence")
-    print(f"{'kind':<16}{'gold':>6}{'recall':>9}{'covered':>9}{'preds':>7}{'precision':>11}")
-    for kind in kinds:
-        g = gold_n[kind]
-        recall = found[kind] / g if g else float("nan")
-        cov = covered_any[kind] / g if g else float("nan")
-        precision = pred_ok[kind] / pred_n[kind] if pred_n[kind] else float("nan")
-        print(f"{kind:<16}{g:>6}{recall:>9.3f}{cov:>9.3f}{pred_n[kind]:>7}{precision:>11.3f}")
-    total_gold = sum(gold_n.values())
-    total_pred = sum(pred_n.values())
-    print(f"{'ALL':<16}{total_gold:>6}{sum(found.values()) / total_gold:>9.3f}"
-          f"{sum(covered_any.values()) / total_gold:>9.3f}{total_pred:>7}"
-          f"{sum(pred_ok.values()) / max(total_pred, 1):>11.3f}")
-    fp_rate = neg_flagged / neg_total if neg_total else 0.0
-    print(f"hard negatives with any detection: {neg_flagged}/{neg_total} = {fp_rate:.1%}")
 
-    if args.errors:
-        print("\n".join(errors) if errors else "no errors")
+def _r(num: int, den: int) -> str:
+    return f"{num / den:.3f}" if den else "  -  "
 
-    failed = []
-    for kind, target in RECALL_TARGETS.items():
-        recall = found[kind] / gold_n[kind] if gold_n[kind] else 0.0
-        if recall < target:
-            failed.append(f"{kind} recall {recall:.3f} < {target}")
-    if fp_rate > HARD_NEGATIVE_FP_TARGET:
-        failed.append(f"hard-negative FP rate {fp_rate:.1%} > {HARD_NEGATIVE_FP_TARGET:.0%}")
-    if failed:
-        print("TARGETS MISSED: " + "; ".join(failed))
+
+def report(name: str, rows: list[dict[str, Any]], mine: Tally, base: Tally) -> list[str]:
+    print(f"\n== {name} set: {len(rows)} rows, {mine.neg_rows} hard negatives, "
+          f"{sum(mine.gold.values())} gold entities "
+          f"({mine.ms_per_row:.2f} ms/row ours, {base.ms_per_row:.2f} ms/row presidio)")
+    print(f"{'kind':<16}{'gold':>6}{'recall':>8}{'covered':>9}{'prec':>7}"
+          f"{'| presidio recall':>18}{'covered':>9}{'prec':>7}")
+    for kind in sorted(mine.gold):
+        g = mine.gold[kind]
+        print(f"{kind:<16}{g:>6}{_r(mine.found[kind], g):>8}{_r(mine.covered[kind], g):>9}"
+              f"{_r(mine.pred_ok[kind], mine.preds[kind]):>7}"
+              f"{'| ' + _r(base.found[kind], g):>18}{_r(base.covered[kind], g):>9}"
+              f"{_r(base.pred_ok[kind], base.preds[kind]):>7}")
+    claimed_gold = sum(mine.gold[k] for k in CLAIMED)
+    claimed_found = sum(mine.found[k] for k in CLAIMED)
+    base_found = sum(base.found[k] for k in CLAIMED)
+    print(f"{'ALL claimed':<16}{claimed_gold:>6}{_r(claimed_found, claimed_gold):>8}"
+          f"{_r(sum(mine.covered[k] for k in CLAIMED), claimed_gold):>9}{'':>7}"
+          f"{'| ' + _r(base_found, claimed_gold):>18}"
+          f"{_r(sum(base.covered[k] for k in CLAIMED), claimed_gold):>9}")
+    fp = mine.neg_flagged / mine.neg_rows if mine.neg_rows else 0.0
+    bfp = base.neg_flagged / base.neg_rows if base.neg_rows else 0.0
+    print(f"hard negatives with any detection: ours {mine.neg_flagged}/{mine.neg_rows} = "
+          f"{fp:.1%}; presidio {base.neg_flagged}/{base.neg_rows} = {bfp:.1%}")
+    if mine.out_of_scope:
+        print(f"out of scope (not counted): ours {mine.out_of_scope_found}/{mine.out_of_scope}, "
+              f"presidio {base.out_of_scope_found}/{base.out_of_scope}")
+    if mine.weak:
+        print(f"upstream-weak rows (presidio's own tests score them < 0.4; not counted): ours "
+              f"{mine.weak_found}/{mine.weak}, presidio {base.weak_found}/{base.weak}")
+    missed = []
+    if name in ("independent", "holdout"):
+        recall = claimed_found / claimed_gold if claimed_gold else 0.0
+        if recall < RECALL_TARGET:
+            missed.append(f"recall {recall:.3f} < {RECALL_TARGET}")
+        for kind in CLAIMED:
+            if mine.gold[kind] and mine.found[kind] / mine.gold[kind] < KIND_FLOOR:
+                missed.append(f"{kind} recall {mine.found[kind] / mine.gold[kind]:.3f} "
+                              f"< {KIND_FLOOR}")
+        if fp > FP_TARGET:
+            missed.append(f"hard-negative FP {fp:.1%} > {FP_TARGET:.0%}")
+    return missed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--set", choices=[*SETS, "all"], default="all")
+    ap.add_argument("--errors", action="store_true", help="print misses and false positives")
+    ap.add_argument("--no-presidio", action="store_true", help="skip the presidio baseline")
+    args = ap.parse_args()
+    names = list(SETS) if args.set == "all" else [args.set]
+    mine_detect = ours()
+    base_detect: Detector = (lambda text: []) if args.no_presidio else plain_presidio()
+    missed: list[str] = []
+    for name in names:
+        rows = [json.loads(line) for line in SETS[name].read_text(encoding="utf-8").splitlines()
+                if line.strip()]
+        mine = evaluate(rows, mine_detect)
+        base = evaluate(rows, base_detect)
+        missed += report(name, rows, mine, base)
+        if args.errors:
+            print("\n".join(mine.errors) if mine.errors else "no errors")
+    if missed:
+        print("\nTARGETS MISSED: " + "; ".join(missed))
         return 1
-    print("all targets met")
+    print("\nall targets met")
     return 0
 
 

@@ -352,7 +352,8 @@ def recover(
     from .idempotency.recovery import recover_main
     from .retention import parse_duration
     tenant = tenant_arg(tenant)
-    check_url(url)
+    from .idempotency.recovery import async_url
+    check_url(async_url(url) or url)  # the async drivers' names open the same database
     try:
         idle = parse_duration(older_than, what="--older-than") or 0.0
         report = recover_main(url, graph, keyring=str(keyring) if keyring else None,

@@ -7,6 +7,14 @@ resumed by the owning tenant gets the real value back, while an erasure request
 
 ``securesaver_pii_refs`` records which thread holds which token (and its kind): the PII
 inventory per tenant and thread, and what deleting a thread must erase.
+
+Erasure is seen by every process: ``securesaver_pii_epoch`` holds a counter per tenant that
+every erasure (:meth:`PiiVault.forget_tokens`, :meth:`~PiiVault.delete_thread`,
+:meth:`~PiiVault.delete_tenant`) increments in the same transaction as the delete. Every
+:meth:`PiiVault.lookup` reads the counter (one primary-key read, in the same transaction as
+the vault rows it needs); when it moved since this process cached values of that tenant, the
+tenant's cached originals are dropped and read again, so an erased value is never restored
+from another process's memory.
 """
 
 from __future__ import annotations
@@ -44,6 +52,17 @@ pii_refs = sa.Table(
 )
 
 
+pii_epoch = sa.Table(
+    "securesaver_pii_epoch", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+)
+
+
+_EPOCH_SQL_SQLITE = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = ?"
+_EPOCH_SQL_PG = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
+
+
 def _aad(tenant: str, token: str) -> bytes:
     return associated_data("pii", tenant, token)
 
@@ -57,6 +76,8 @@ class PiiVault:
         self._values: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self._epochs: dict[str, int] = {}  # tenant -> erasure epoch its cached values are from
+        self._epoch_sql: str | None = None
 
     # writing ----------------------------------------------------------------------------------
     def unknown(self, tenant: str, thread_id: str, entries: Iterable[Any]) -> list[Any]:
@@ -92,30 +113,82 @@ class PiiVault:
             self._values.popitem(last=False)
 
     # reading ----------------------------------------------------------------------------------
-    def lookup(self, keys: TenantKeys, tokens: Sequence[str]) -> Mapping[str, str]:
+    def lookup(self, keys: TenantKeys, tokens: Sequence[str], *,
+               verify: bool = True) -> Mapping[str, str]:
+        """The originals still stored for ``tokens`` (erased ones are absent). Reads the
+        tenant's erasure epoch (``verify``, the default): cached originals of an epoch that
+        has moved on (an erasure in any process) are dropped first. ``verify=False`` is for a
+        caller that verified the epoch a moment ago in the same operation."""
         tenant = keys.tenant
+        if not tokens:
+            return {}
         found: dict[str, str] = {}
         missing: list[str] = []
         with self._lock:
+            known_epoch = self._epochs.get(tenant)
             for token in tokens:
                 value = self._values.get((tenant, token))
                 if value is None:
                     missing.append(token)
                 else:
                     found[token] = value
-        if missing:
-            with self.registry.begin() as conn:
-                rows = conn.execute(sa.select(pii_vault.c.token, pii_vault.c.sealed).where(
-                    pii_vault.c.tenant == tenant, pii_vault.c.token.in_(missing))).all()
-            for token, sealed in rows:
-                value = keys.open(bytes(sealed), _aad(tenant, token)).decode(
-                    "utf-8", "surrogatepass")
-                found[token] = value
-            with self._lock:
-                for token, value in found.items():
-                    self._values[(tenant, token)] = value
-                self._trim()
+        if not verify and not missing and known_epoch is not None:
+            return found
+        if not missing:  # the common case: every original cached, only the epoch to check
+            epoch = self._read_epoch(tenant)
+            if epoch == known_epoch:
+                return found
+        with self.registry.begin() as conn:
+            epoch = self._epoch(conn, tenant)
+            if epoch != known_epoch:
+                self._drop_tenant_cache(tenant)
+                missing, found = list(dict.fromkeys(tokens)), {}
+            rows = conn.execute(sa.select(pii_vault.c.token, pii_vault.c.sealed).where(
+                pii_vault.c.tenant == tenant, pii_vault.c.token.in_(missing))).all() \
+                if missing else []
+        fresh: dict[str, str] = {}
+        for token, sealed in rows:
+            fresh[token] = keys.open(bytes(sealed), _aad(tenant, token)).decode(
+                "utf-8", "surrogatepass")
+        found.update(fresh)
+        with self._lock:  # a stale epoch here only costs a re-read: every lookup checks it
+            self._epochs[tenant] = epoch
+            for token, value in fresh.items():
+                self._values[(tenant, token)] = value
+            self._trim()
         return found
+
+    def _read_epoch(self, tenant: str) -> int:
+        """The tenant's erasure epoch, read with the least overhead (one indexed SELECT on a
+        pooled connection, no explicit transaction)."""
+        sql = self._epoch_sql
+        if sql is None:
+            # constant SQL (no user input in it); the tenant is a bound parameter
+            sql = self._epoch_sql = (_EPOCH_SQL_SQLITE if self.registry.engine.dialect.name
+                                     == "sqlite" else _EPOCH_SQL_PG)
+        if not self.registry._is_setup:
+            self.registry.setup()
+        with self.registry.engine.connect() as conn:
+            value = conn.exec_driver_sql(sql, (tenant,)).scalar()
+        return int(value or 0)
+
+    @staticmethod
+    def _epoch(conn: Any, tenant: str) -> int:
+        value = conn.execute(sa.select(pii_epoch.c.epoch).where(
+            pii_epoch.c.tenant == tenant)).scalar()
+        return int(value or 0)
+
+    def _bump_epoch(self, conn: Any, tenant: str) -> None:
+        """Move the tenant's erasure epoch on (inside the erasing transaction)."""
+        self.registry._insert_ignore(conn, pii_epoch, [{"tenant": tenant, "epoch": 0}])
+        conn.execute(pii_epoch.update().where(pii_epoch.c.tenant == tenant).values(
+            epoch=pii_epoch.c.epoch + 1))
+
+    def _drop_tenant_cache(self, tenant: str) -> None:
+        with self._lock:
+            self._values = OrderedDict((k, v) for k, v in self._values.items() if k[0] != tenant)
+            self._known = OrderedDict((k, None) for k in self._known if k[0] != tenant)
+            self._epochs.pop(tenant, None)
 
     # inventory and erasure ------------------------------------------------------------------
     def inventory(self, tenant: str | None = None, thread_id: str | None = None
@@ -144,9 +217,8 @@ class PiiVault:
         with self.registry.begin() as conn:
             erased = conn.execute(pii_vault.delete().where(
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(list(tokens)))).rowcount
-        with self._lock:
-            for token in tokens:
-                self._values.pop((tenant, token), None)
+            self._bump_epoch(conn, tenant)
+        self._drop_tenant_cache(tenant)
         return int(erased or 0)
 
     def tokens_of_kind(self, tenant: str, kind: str) -> list[str]:
@@ -170,6 +242,8 @@ class PiiVault:
             erased = conn.execute(pii_vault.delete().where(
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(tokens),
                 pii_vault.c.token.not_in(still_used))).rowcount if tokens else 0
+            if erased:
+                self._bump_epoch(conn, tenant)
         with self._lock:
             for key in [k for k in self._known if k[0] == tenant and k[1] == thread_id]:
                 del self._known[key]
@@ -181,8 +255,7 @@ class PiiVault:
         with self.registry.begin() as conn:
             conn.execute(pii_refs.delete().where(pii_refs.c.tenant == tenant))
             erased = conn.execute(pii_vault.delete().where(pii_vault.c.tenant == tenant)).rowcount
-        with self._lock:
-            self._known = OrderedDict((k, None) for k in self._known if k[0] != tenant)
-            self._values = OrderedDict((k, v) for k, v in self._values.items() if k[0] != tenant)
+            self._bump_epoch(conn, tenant)
+        self._drop_tenant_cache(tenant)
         return int(erased or 0)
 

@@ -75,6 +75,11 @@ DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
     {"source", "step", "parents", "run_id", *DELTA_METADATA_KEYS}
 )
 _SCALARS = (str, int, float, bool, type(None))
+# metadata keys LangGraph itself writes (ids, counters, delta-channel bookkeeping): not redacted
+_METADATA_KEPT: frozenset[str] = frozenset(
+    {"source", "step", "parents", "run_id", "thread_id", "checkpoint_ns", "checkpoint_id",
+     *DELTA_METADATA_KEYS})
+METADATA_CHANNEL = "__metadata__"  # the channel name metadata is redacted under (policies)
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 
 
@@ -785,7 +790,7 @@ class SecureSaver(BaseCheckpointSaver):
         sealed = self.codec.seal_checkpoint(keys, ref, checkpoint, values, reused)
         for ch in values:
             self._tokens.put(ref, ch, versions.get(ch), sealed["channel_values"][ch])
-        full = get_checkpoint_metadata(config, metadata)
+        full = self._redact_metadata(keys, get_checkpoint_metadata(config, metadata), entries)
         parent = (config.get("configurable") or {}).get("checkpoint_id") or None
         md = self.codec.seal_metadata(keys, ref, checkpoint, full, sealed, parent,
                                       self._versioned_blobs)
@@ -823,6 +828,43 @@ class SecureSaver(BaseCheckpointSaver):
         entries.extend(found)
         return redacted
 
+    def _redact_metadata(self, keys: TenantKeys, full: Mapping[str, Any],
+                         entries: builtins.list[Any]) -> Any:
+        """Checkpoint metadata (including what LangGraph copied from ``configurable`` and
+        ``config["metadata"]``) through the redactor; LangGraph's own bookkeeping keys stay."""
+        if self.redactor is None or not full:
+            return full
+        rest = {k: v for k, v in full.items() if k not in _METADATA_KEPT}
+        redacted = self._redact_one(keys, METADATA_CHANNEL, rest, entries)
+        return full if redacted is rest else {**full, **redacted}
+
+    def _redact_filter(self, keys: TenantKeys | None,
+                       filter: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A list() filter redacted like stored metadata (tokens are deterministic)."""
+        if self.redactor is None or not filter or keys is None:
+            return filter
+        out: dict[str, Any] = self._redact_metadata(keys, filter, [])
+        return out
+
+    def _redact_for_store(self, keys: TenantKeys, thread_id: str, value: Any,
+                         channel: str) -> Any:
+        """``value`` redacted for a companion store of this saver (idempotency results,
+        recovery records); the originals of its tokens go to the vault under ``thread_id``."""
+        if self.redactor is None:
+            return value
+        entries: builtins.list[Any] = []
+        redacted = self._redact_one(keys, channel, value, entries)
+        new = self.vault.unknown(keys.tenant, thread_id, entries)
+        if new:
+            self.vault.store(keys, thread_id, new)
+        return redacted
+
+    def _restore_for_store(self, keys: TenantKeys, value: Any) -> Any:
+        """The counterpart of :meth:`_redact_for_store` for the owning tenant."""
+        if self.redactor is None:
+            return value
+        return self.redactor.restore_value(value, lambda wanted: self.vault.lookup(keys, wanted))
+
     # restoring tokenized PII on read (shared) ---------------------------------------------
     def _tokens_in(self, tup: CheckpointTuple,
                    known: Mapping[str, builtins.set[str] | None] | None = None
@@ -834,11 +876,13 @@ class SecureSaver(BaseCheckpointSaver):
                 in_bytes if in_bytes is not None else self.redactor.find_tokens(value)))
         for _task, _ch, value in tup.pending_writes or []:
             found.update(dict.fromkeys(self.redactor.find_tokens(value)))
+        if tup.metadata:
+            found.update(dict.fromkeys(self.redactor.find_tokens(tup.metadata)))
         return builtins.list(found)
 
     def _restore(self, keys: TenantKeys, tup: CheckpointTuple,
-                 known: Mapping[str, builtins.set[str] | None] | None = None
-                 ) -> CheckpointTuple:
+                 known: Mapping[str, builtins.set[str] | None] | None = None,
+                 prefetched: Mapping[str, str] | None = None) -> CheckpointTuple:
         """Put the originals back for the owning tenant (so a resumed tool gets real values).
 
         ``known``: the tokens of each channel found in its plaintext bytes (see open_tuple): a
@@ -846,12 +890,19 @@ class SecureSaver(BaseCheckpointSaver):
         if self.redactor is None:
             return tup
         known = known or {}
-        # one query for the tokens already found in the bytes; other channels look up their own
-        originals = self.vault.lookup(keys, [t for found in known.values() if found
-                                             for t in found])
+        # the vault's erasure epoch is checked once per read (first lookup); the async path
+        # looked every token up off the event loop already (``prefetched``)
+        checked = [False]
 
         def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
-            return self.vault.lookup(keys, wanted)
+            if prefetched is not None:
+                return {t: prefetched[t] for t in wanted if t in prefetched}
+            found = self.vault.lookup(keys, wanted, verify=not checked[0])
+            checked[0] = checked[0] or bool(wanted)
+            return found
+
+        # one query for the tokens already found in the bytes; other channels look up their own
+        originals = lookup([t for found in known.values() if found for t in found])
 
         def restore_channel(ch: str, value: Any) -> Any:
             in_bytes = known.get(ch)
@@ -867,7 +918,9 @@ class SecureSaver(BaseCheckpointSaver):
             ch: restore_channel(ch, v) for ch, v in tup.checkpoint["channel_values"].items()}
         writes = [(t, ch, self.redactor.restore_value(v, lookup))
                   for t, ch, v in tup.pending_writes or []]
-        return tup._replace(checkpoint=checkpoint, pending_writes=writes)
+        metadata = self.redactor.restore_value(tup.metadata, lookup) if tup.metadata else \
+            tup.metadata
+        return tup._replace(checkpoint=checkpoint, pending_writes=writes, metadata=metadata)
 
     async def _arestore(self, keys: TenantKeys, tup: CheckpointTuple,
                         known: Mapping[str, builtins.set[str] | None] | None = None
@@ -875,9 +928,9 @@ class SecureSaver(BaseCheckpointSaver):
         if self.redactor is None:
             return tup
         tokens = self._tokens_in(tup, known)
-        if tokens:  # warm the vault cache off the event loop; restoring is then CPU only
-            await asyncio.to_thread(self.vault.lookup, keys, tokens)
-        return self._restore(keys, tup, known)
+        # every token's original looked up off the event loop; restoring is then CPU only
+        found = await asyncio.to_thread(self.vault.lookup, keys, tokens) if tokens else {}
+        return self._restore(keys, tup, known, prefetched=found)
 
     # --------------------------------------------------------------------------------------
     # sync API
@@ -910,7 +963,7 @@ class SecureSaver(BaseCheckpointSaver):
         keys = self.keys.keys_for(tenant, create=False)
         if keys is None:
             return
-        inner_filter = self.codec.translate_filter(keys, filter)
+        inner_filter = self.codec.translate_filter(keys, self._redact_filter(keys, filter))
         yielded = 0
         rows = _listing(tenant, lambda: self._inner_rows(
             tenant, inner_config, inner_filter, inner_before, limit, one_thread))
@@ -1027,6 +1080,8 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys_existing(tenant)
         if keys is None:
             return
+        if filter and self.redactor is not None:
+            filter = await asyncio.to_thread(self._redact_filter, keys, filter)
         inner_filter = self.codec.translate_filter(keys, filter)
         try:
             rows = await self._ainner_rows(tenant, inner_config, inner_filter, inner_before,
@@ -1048,8 +1103,12 @@ class SecureSaver(BaseCheckpointSaver):
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         ref = await self._ascoped(lambda: self._ref(config, "put"))
         keys = await self._akeys(ref.tenant)
-        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
-                                                new_versions)
+        if self.redactor is not None:  # redaction is CPU work: never on the event loop
+            sealed, md, new_pii = await asyncio.to_thread(
+                self._prepare_put, keys, ref, config, checkpoint, metadata, new_versions)
+        else:
+            sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
+                                                    new_versions)
         if self._touch_due(ref):
             await asyncio.to_thread(self._touch, ref)
         if new_pii:
@@ -1062,7 +1121,12 @@ class SecureSaver(BaseCheckpointSaver):
                           task_id: str, task_path: str = "") -> None:
         ref = await self._ascoped(lambda: self._ref(config, "put_writes"))
         keys = await self._akeys(ref.tenant)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, task_path)
+        if self.redactor is not None:  # redaction is CPU work: never on the event loop
+            sealed, new_pii = await asyncio.to_thread(
+                self._prepare_writes, keys, ref, config, writes, task_id, task_path)
+        else:
+            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
+                                                   task_path)
         if new_pii:
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,

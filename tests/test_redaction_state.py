@@ -178,14 +178,17 @@ def test_containers_dataclasses_pydantic_and_send(redactor: Redactor) -> None:
     snapshot = copy.deepcopy(value)
     out, _ = redactor.redact_value(value, channel="c", token_key=KEY)
     assert isinstance(out["ticket"], Ticket) and EMAIL not in out["ticket"].subject
-    assert out["ticket"].attachments == (blob,)  # bytes are left alone (documented)
+    # bytes that decode as UTF-8 text are redacted like text (and stay bytes)
+    assert isinstance(out["ticket"].attachments[0], bytes)
+    assert EMAIL.encode() not in out["ticket"].attachments[0]
     assert isinstance(out["profile"], Profile) and MOBILE not in out["profile"].contact["mobile"]
     assert type(out["pair"]) is Pair and EMAIL not in out["pair"].left and out["pair"].right == 3
     assert isinstance(out["tags"], set) and "plain" in out["tags"] and EMAIL not in out["tags"]
     assert isinstance(out["frozen"], frozenset) and MOBILE not in out["frozen"]
     assert isinstance(out["send"], Send) and out["send"].node == "node"
     assert EMAIL not in out["send"].arg["email"]
-    assert out["bytes"] is blob and out["opaque"] is opaque  # passed through unchanged
+    assert isinstance(out["bytes"], bytes) and EMAIL.encode() not in out["bytes"]
+    assert out["opaque"] is opaque  # passed through unchanged
     assert out["numbers"] is value["numbers"]
     assert EMAIL not in out and "dict keys are redacted too" in out.values()
     assert value["ticket"] == snapshot["ticket"] and value["send"].arg == {"email": EMAIL}  # type: ignore[attr-defined]

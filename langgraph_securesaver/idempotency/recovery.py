@@ -86,6 +86,9 @@ def _scalar_configurable(conf: Mapping[str, Any]) -> dict[str, Any]:
             and isinstance(v, (str, int, float, bool, type(None)))}
 
 
+RECOVERY_CHANNEL = "__recovery__"  # the channel name recovery records are redacted under
+
+
 def _conf_aad(tenant: str, thread_id: str) -> bytes:
     return associated_data("recover-conf", tenant, thread_id)
 
@@ -127,7 +130,9 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     ref = sv._scoped(lambda: sv._ref(config, "mark_recoverable"))
     store = IdempotencyStore.for_saver(sv)
     keys = store.tenant_keys(ref.tenant)
-    extras = _scalar_configurable(config.get("configurable") or {})
+    extras = sv._redact_for_store(keys, ref.thread_id,
+                                 _scalar_configurable(config.get("configurable") or {}),
+                                 RECOVERY_CHANNEL)
     import json
     sealed = keys.seal(json.dumps(extras, sort_keys=True).encode("utf-8"),
                        _conf_aad(ref.tenant, ref.thread_id))
@@ -295,6 +300,8 @@ def _resume_config(store: IdempotencyStore, claimed: _Lease) -> RunnableConfig:
     if claimed.sealed_conf is not None:
         keys = store.tenant_keys(ten)
         extras = json.loads(keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
+        if store.saver is not None:  # tokenized PII back for the owning tenant
+            extras = store.saver._restore_for_store(keys, extras)
     return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten}}
 
 
@@ -347,6 +354,8 @@ def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, at
     logger.error("resuming %s/%s failed (attempt %s)", *ident, attempts, exc_info=exc)
     keys = store.tenant_keys(claimed.tenant)
     text = f"{type(exc).__name__}: {exc}"
+    if store.saver is not None:  # the error text through the saver's redactor
+        text = store.saver._redact_for_store(keys, claimed.thread_id, text, RECOVERY_CHANNEL)
     sealed = keys.seal(text.encode("utf-8", "replace"),
                        _error_aad(claimed.tenant, claimed.thread_id, "last"))
     if attempts >= max_attempts:

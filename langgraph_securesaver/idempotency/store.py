@@ -206,6 +206,9 @@ class _Heartbeat:
             self._wake.clear()
 
 
+RESULT_CHANNEL = "__idempotency__"  # the channel name results are redacted under (policies)
+
+
 class IdempotencyStore:
     """Claims, leases and sealed results of idempotent effects, per tenant and thread.
 
@@ -341,21 +344,29 @@ class IdempotencyStore:
 
     # serialization --------------------------------------------------------------------------
     def _seal_value(self, scope: KeyScope, value: Any) -> bytes:
-        type_, data = self.serde.dumps_typed(value)
         keys = self.tenant_keys(scope.tenant)
+        if self.saver is not None:  # results go through the saver's redactor (PII vault)
+            value = self.saver._redact_for_store(keys, scope.thread_id, value, RESULT_CHANNEL)
+        type_, data = self.serde.dumps_typed(value)
         return keys.seal(type_.encode("utf-8") + b"\x00" + data, scope.result_aad())
 
     def _open_value(self, scope: KeyScope, token: bytes) -> Any:
-        raw = self.tenant_keys(scope.tenant).open(token, scope.result_aad())
+        keys = self.tenant_keys(scope.tenant)
+        raw = keys.open(token, scope.result_aad())
         type_, sep, data = raw.partition(b"\x00")
         if not sep:
             raise TamperedDataError("idempotency result has no type header")
-        return self.serde.loads_typed((type_.decode("utf-8"), data))
+        value = self.serde.loads_typed((type_.decode("utf-8"), data))
+        if self.saver is not None:
+            value = self.saver._restore_for_store(keys, value)
+        return value
 
     def _seal_error(self, scope: KeyScope, error: BaseException | str) -> bytes:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        return self.tenant_keys(scope.tenant).seal(text.encode("utf-8", "replace"),
-                                                   scope.error_aad())
+        keys = self.tenant_keys(scope.tenant)
+        if self.saver is not None:
+            text = self.saver._redact_for_store(keys, scope.thread_id, text, RESULT_CHANNEL)
+        return keys.seal(text.encode("utf-8", "replace"), scope.error_aad())
 
     # statements (built once, parameterized: building SQLAlchemy expressions per call costs
     # more than the round trip) -------------------------------------------------------------------

@@ -23,8 +23,6 @@ from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngine, NoOpNlpEngine
 from presidio_analyzer.predefined_recognizers import (
     CryptoRecognizer,
     IbanRecognizer,
-    PhoneRecognizer,
-    UsSsnRecognizer,
 )
 
 from .errors import RedactionError
@@ -33,7 +31,10 @@ from .recognizers import (
     CnMobileRecognizer,
     CnResidentIdRecognizer,
     LabelAwareIpRecognizer,
+    LinearPhoneRecognizer,
+    LinearUsSsnRecognizer,
     OfflineEmailRecognizer,
+    PhoneShapeRecognizer,
     StrictCreditCardRecognizer,
 )
 
@@ -64,17 +65,21 @@ def default_recognizers(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
 
     Deliberately absent from presidio's generic set: DATE_TIME, UUID, MAC and URL (they flag
     timestamps, ids and links that are not personal data) and the country-specific ID
-    recognizers (they misfire on order numbers outside their country).
+    recognizers (they misfire on order numbers outside their country). presidio's own
+    e-mail, card, IP, SSN and phone recognizers are replaced by linear-time ones (see
+    ``recognizers``; phones are still validated by ``phonenumbers``); its IBAN and
+    crypto-wallet recognizers stay.
     """
     regions = tuple(r.upper() for r in phone_regions)
     return [
         OfflineEmailRecognizer(supported_language=language),
-        PhoneRecognizer(supported_language=language, supported_regions=regions),
+        LinearPhoneRecognizer(supported_language=language, supported_regions=regions),
+        PhoneShapeRecognizer(supported_language=language),
         StrictCreditCardRecognizer(supported_language=language),
         IbanRecognizer(supported_language=language),
         LabelAwareIpRecognizer(supported_language=language),
         CryptoRecognizer(supported_language=language),
-        UsSsnRecognizer(supported_language=language),
+        LinearUsSsnRecognizer(supported_language=language),
         CnResidentIdRecognizer(supported_language=language),
         CnMobileRecognizer(supported_language=language),
         ApiSecretRecognizer(supported_language=language),

@@ -10,5 +10,7 @@ class RedactionError(SecureSaverError):
 
     Raised (fail-closed) for structures nested deeper than the policy's ``max_depth``, cyclic
     structures, text longer than the policy's ``hard_max_chars``, dictionary keys that collide
-    once redacted, and NLP engines that would have to download a model.
+    once redacted, NLP engines that would have to download a model, and (with
+    ``on_timeout="raise"``) a string whose analysis ran past the time budget or the detection
+    cap.
     """

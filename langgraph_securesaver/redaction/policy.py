@@ -37,12 +37,15 @@ DEFAULT_TOKENIZED: tuple[str, ...] = (
 )
 # Kinds masked by default: secrets and card numbers are never written anywhere, not even to the
 # encrypted vault (a stored card number puts the database in PCI-DSS scope).
-DEFAULT_MASKED: tuple[str, ...] = ("API_SECRET", "CREDIT_CARD")
+DEFAULT_MASKED: tuple[str, ...] = ("API_SECRET", "CREDIT_CARD", "EMBEDDED_PII")
 
 DEFAULT_SCORE_THRESHOLD = 0.4
 DEFAULT_MAX_CHARS = 20_000
 DEFAULT_HARD_MAX_CHARS = 2_000_000
 DEFAULT_MAX_DEPTH = 100
+DEFAULT_TIME_BUDGET = 2.0
+DEFAULT_MAX_DETECTIONS = 5_000
+ON_TIMEOUT = ("mask", "raise")
 
 
 def _default_actions() -> dict[str, Action]:
@@ -65,9 +68,18 @@ class RedactionPolicy:
         score_threshold: detections scoring lower are ignored (phone numbers score 0.4,
             validated/checksummed kinds 1.0).
         max_chars: text longer than this is analyzed in chunks of this size that overlap by
-            ``CHUNK_OVERLAP`` characters (secrets are matched over the whole text).
+            ``SECRET_OVERLAP`` (4096) characters, or half a chunk if smaller; private-key
+            blocks are matched over the whole text.
         hard_max_chars: text longer than this is refused with ``RedactionError``.
         max_depth: nesting deeper than this is refused with ``RedactionError``.
+        time_budget: seconds of analysis allowed per ``max_chars`` characters of one string
+            (at least one unit). A string whose analysis runs longer is withheld, never
+            stored in clear: see ``on_timeout``.
+        on_timeout: ``"mask"`` (default) replaces the whole string by ``<WITHHELD:masked>``;
+            ``"raise"`` refuses the write with ``RedactionError``.
+        max_detections: a single string with more raw detections than this (a hostile
+            input: e.g. tens of thousands of key headers) is withheld the same way, which
+            bounds the work and the garbage one value can cause.
     """
 
     actions: Mapping[str, Action] = field(default_factory=_default_actions)
@@ -78,6 +90,9 @@ class RedactionPolicy:
     max_chars: int = DEFAULT_MAX_CHARS
     hard_max_chars: int = DEFAULT_HARD_MAX_CHARS
     max_depth: int = DEFAULT_MAX_DEPTH
+    time_budget: float = DEFAULT_TIME_BUDGET
+    on_timeout: str = "mask"
+    max_detections: int = DEFAULT_MAX_DETECTIONS
 
     def __post_init__(self) -> None:
         try:
@@ -103,6 +118,14 @@ class RedactionPolicy:
             raise ConfigurationError("hard_max_chars must be >= max_chars")
         if not 1 <= int(self.max_depth) <= 400:
             raise ConfigurationError("max_depth must be between 1 and 400")
+        if not 0.0 < float(self.time_budget) <= 3600.0:
+            raise ConfigurationError("time_budget must be > 0 and at most 3600 seconds")
+        if self.on_timeout not in ON_TIMEOUT:
+            raise ConfigurationError(f"on_timeout must be one of {ON_TIMEOUT}")
+        object.__setattr__(self, "time_budget", float(self.time_budget))
+        if int(self.max_detections) < 100:
+            raise ConfigurationError("max_detections must be at least 100")
+        object.__setattr__(self, "max_detections", int(self.max_detections))
         object.__setattr__(self, "actions", MappingProxyType(actions))
         object.__setattr__(self, "default_action", default_action)
         object.__setattr__(self, "channels", MappingProxyType(channels))
@@ -163,6 +186,9 @@ class RedactionPolicy:
             "max_chars": self.max_chars,
             "hard_max_chars": self.hard_max_chars,
             "max_depth": self.max_depth,
+            "time_budget": repr(self.time_budget),
+            "on_timeout": self.on_timeout,
+            "max_detections": self.max_detections,
         }
         raw = json.dumps(doc, sort_keys=True, ensure_ascii=True).encode("ascii")
         return hashlib.sha256(raw).hexdigest()[:32]
@@ -181,4 +207,5 @@ class RedactionPolicy:
         return (f"RedactionPolicy(actions={{{acts}}}, default_action={self.default_action.value},"
                 f" channels={chans}, allowlist={sorted(self.allowlist)}, "
                 f"score_threshold={self.score_threshold}, max_chars={self.max_chars}, "
-                f"hard_max_chars={self.hard_max_chars}, max_depth={self.max_depth})")
+                f"hard_max_chars={self.hard_max_chars}, max_depth={self.max_depth}, "
+                f"time_budget={self.time_budget}, on_timeout={self.on_timeout})")

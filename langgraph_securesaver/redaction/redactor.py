@@ -14,6 +14,7 @@ import operator
 import re
 import secrets
 import threading
+import time
 import unicodedata
 import weakref
 from collections import Counter, OrderedDict
@@ -34,7 +35,7 @@ from .engine import (
 )
 from .errors import RedactionError
 from .policy import Action, RedactionPolicy
-from .recognizers import API_SECRET, CANDIDATE_RE, label_veto
+from .recognizers import API_SECRET, CANDIDATE_RE, label_veto, private_key_spans
 from .walker import Walker
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,6 @@ class RedactionStats:
 # --------------------------------------------------------------------------------------------
 TOKEN_HEX_CHARS = 32
 TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):([0-9a-f]{32})>")
-_MARKER_RE = re.compile(r"<[A-Z][A-Z0-9_]{0,63}:(?:[0-9a-f]{32}|masked)>")
 _KIND_SAFE = re.compile(r"[^A-Z0-9_]")
 _TOKEN_DOMAIN = b"langgraph-securesaver/redaction/token/v1\x00"
 
@@ -133,7 +133,12 @@ def _kind_label(kind: str) -> str:
 
 def normalize_value(kind: str, value: str) -> str:
     """The form of ``value`` that is tokenized: equal normalized values share a token."""
-    v = unicodedata.normalize("NFKC", value).strip()
+    v = unicodedata.normalize("NFKC", value)
+    if not v.isascii():  # the same value in other digits/dots gets the same token
+        v = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else
+                    "." if c in "\u3002\uff61" else c for c in v
+                    if unicodedata.category(c) != "Cf")
+    v = v.strip()
     if kind == "EMAIL_ADDRESS":
         return v.casefold()
     if kind in ("PHONE_NUMBER", "CN_MOBILE"):
@@ -165,16 +170,17 @@ def mask_marker(kind: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Analysis view: same length as the text, CJK blanked, full-width ASCII folded, markers blanked
+# Analysis view: compatibility forms folded to ASCII, CJK blanked, known markers blanked, with
+# an exact map from view offsets back to the original text
 # --------------------------------------------------------------------------------------------
-_BLANK_RE = re.compile(
+_CJK_RE = re.compile(
     "["
     "\u0e00-\u0eff"  # Thai, Lao
     "\u1000-\u109f"  # Myanmar
     "\u1100-\u11ff"  # Hangul Jamo
     "\u1780-\u17ff"  # Khmer
     "\u2e80-\u2fdf"  # CJK radicals, Kangxi
-    "\u2ff0-\u303f"  # ideographic description, CJK symbols and punctuation (incl. U+3000)
+    "\u2ff0-\u2fff\u3001\u3003-\u303f"  # ideographic description, CJK symbols (not U+3000/3002)
     "\u3040-\u31ff"  # kana, bopomofo, Hangul compatibility, CJK strokes
     "\u3200-\u4dbf"  # enclosed CJK, CJK compatibility, extension A
     "\u4e00-\u9fff"  # CJK unified ideographs
@@ -182,42 +188,163 @@ _BLANK_RE = re.compile(
     "\uac00-\ud7af"  # Hangul syllables
     "\uf900-\ufaff"  # CJK compatibility ideographs
     "\ufe30-\ufe4f"  # CJK compatibility forms
-    "\uff01-\uff0f\uff1a-\uff1f\uff3b-\uff40\uff5b-\uffef"  # full-width punctuation etc.
     "\U00020000-\U0003134f"  # CJK extensions B-G
     "]"
 )
-# Full-width digits, letters and "@" fold to ASCII; other full-width punctuation is blanked.
-_FULLWIDTH = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)
-              if chr(cp - 0xFEE0).isalnum() or cp == 0xFF20}
 # The blank is NUL: not a word character (so \b works), not whitespace and not phone-number
 # punctuation (so "2023年11月15日" does not turn into the digit groups "2023 11 15").
 _BLANK = "\x00"
+_IDEO_STOP = "\u3002"  # 。 (and ｡): a dot between ASCII letters/digits (e-mail, domain), else blank
+_IDEO_DOT = re.compile(r"(?<=[A-Za-z0-9])\u3002(?=[A-Za-z0-9])")
+_EXTRA_DASHES = frozenset("\u2212\u2043\ufe63\uff0d\u02d7\u2796")
 
 
-def analysis_view(text: str) -> str:
-    """A copy of ``text`` with the same length in which regex word boundaries work.
+def _fold_char(ch: str) -> str:
+    """The analysis form of one non-ASCII character: '' (dropped), one or more ASCII
+    characters, or the blank."""
+    if ch in "\u3002\uff61":
+        return _IDEO_STOP
+    if _CJK_RE.match(ch):
+        return _BLANK
+    cat = unicodedata.category(ch)
+    if cat == "Nd":
+        return str(unicodedata.decimal(ch, 0))
+    if cat == "Zs" or ch in "\u2028\u2029\x85":
+        return " "
+    if cat == "Pd" or ch in _EXTRA_DASHES:
+        return "-"
+    if cat in ("Cf", "Mn", "Me"):
+        return ""  # zero-width and bidi controls, soft hyphen, combining marks
+    folded = unicodedata.normalize("NFKC", ch)
+    if folded.isascii() and folded:
+        return folded
+    base = unicodedata.normalize("NFKD", ch)[:1]
+    if base.isascii() and base.isalpha():
+        return base  # é -> e
+    return _BLANK
 
-    CJK, Thai and similar characters are "word" characters to Unicode regexes, so
-    ``邮箱a.b@example.com请`` has no boundary around the address. They become NUL
-    characters; full-width digits, letters and at-signs become ASCII (other full-width
-    punctuation is blanked too); existing tokens and masks are blanked so they are never
-    analyzed again. Offsets into the view are
-    offsets into ``text``.
-    """
-    view = text
-    if not text.isascii():
-        view = _BLANK_RE.sub(_BLANK, view).translate(_FULLWIDTH)
-    if "<" in view:
-        view = _MARKER_RE.sub(lambda m: _BLANK * len(m.group(0)), view)
-    return view
+
+class _FoldTable(dict[int, str]):
+    """``str.translate`` table built on demand; records characters that change length."""
+
+    def __init__(self) -> None:
+        super().__init__((i, chr(i)) for i in range(128))
+        self.non_unit: set[int] = set()
+
+    def __missing__(self, cp: int) -> str:
+        folded = _fold_char(chr(cp))
+        if len(folded) != 1:
+            self.non_unit.add(cp)
+        self[cp] = folded
+        return folded
 
 
-# Every default recognizer needs one of these to fire; strings without any are clean.
-_MAY_HAVE_PII = re.compile(
-    r"[0-9@\uff10-\uff19\uff20]|:[0-9A-Fa-f]*:|-----BEGIN|AKIA|ASIA|gh[pousr]_|github_pat_|"
-    r"AIza|xox[abposr]-|eyJ")
-_DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+;base64,")
-CHUNK_OVERLAP = 512
+_FOLD = _FoldTable()
+_SLICE = 65_536
+
+
+def fold_text(text: str) -> tuple[str, list[int] | None]:
+    """(folded text, offsets): ``offsets[i]`` is the index in ``text`` of the character that
+    produced folded character ``i`` (plus a final ``len(text)``), or None when every
+    character folded to exactly one (offsets are then the identity)."""
+    if text.isascii():
+        return text, None
+    if len(text) <= _SLICE:
+        view = text.translate(_FOLD)
+    else:  # slices: no single C call holds the GIL for long (async callers' event loop)
+        view = "".join(text[i:i + _SLICE].translate(_FOLD) for i in range(0, len(text), _SLICE))
+    if _IDEO_STOP in view:
+        view = _IDEO_DOT.sub(".", view).replace(_IDEO_STOP, _BLANK)
+    non_unit = _FOLD.non_unit
+    if len(view) == len(text) and (not non_unit or not any(
+            not non_unit.isdisjoint(map(ord, set(text[i:i + _SLICE])))
+            for i in range(0, len(text), _SLICE))):
+        return view, None
+    offsets: list[int] = []
+    table = _FOLD
+    for i, ch in enumerate(text):
+        n = len(table[ord(ch)])
+        if n == 1:
+            offsets.append(i)
+        elif n:
+            offsets.extend([i] * n)
+    offsets.append(len(text))
+    return view, offsets
+
+
+def _map_span(offsets: list[int] | None, start: int, end: int) -> tuple[int, int]:
+    if offsets is None:
+        return start, end
+    if end <= start:
+        return offsets[start], offsets[start]
+    return offsets[start], offsets[end - 1] + 1
+
+
+_MARKER_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):(?:[0-9a-f]{32}|masked)>")
+# Labels of markers the redactor itself writes besides entity kinds.
+WITHHELD = "WITHHELD"
+EMBEDDED_PII = "EMBEDDED_PII"
+_OWN_LABELS = frozenset({WITHHELD, EMBEDDED_PII, "PII"})
+
+
+def _blank_markers(view: str, labels: frozenset[str] | None) -> str:
+    """Blank the tokens and masks of known kinds (never analyzed again). A marker-shaped
+    string with any other label is analyzed like any text (``<AKIA…:masked>`` is a key)."""
+    if "<" not in view:
+        return view
+
+    def blank(m: re.Match[str]) -> str:
+        if labels is None or m.group(1) in labels:
+            return _BLANK * len(m.group(0))
+        return m.group(0)
+
+    return _MARKER_RE.sub(blank, view)
+
+
+def analysis_view(text: str, labels: frozenset[str] | None = None) -> str:
+    """The text the recognizers see (see :func:`fold_text`), markers of ``labels`` blanked
+    (every marker when ``labels`` is None)."""
+    return _blank_markers(fold_text(text)[0], labels)
+
+
+# A data URL's base64 payload: decoded and analyzed as text (when it is text), never as
+# base64 gibberish; what follows it is analyzed as usual.
+_DATA_URL = re.compile(
+    r"data:[A-Za-z0-9.+\-]{1,64}/[A-Za-z0-9.+\-]{1,64}(?:;[A-Za-z0-9.+\-=]{1,64}){0,4};base64,"
+    r"(?P<p>[A-Za-z0-9+/_\-]{16,}={0,2})(?=[\s\"'`)>\],;}\x00]|$)", re.ASCII)
+_DATA_URL_DECODE_MAX = 4_000_000
+
+
+def _decode_payload(payload: str) -> str | None:
+    """The payload as text, or None if it is not base64 of UTF-8 text."""
+    import base64
+    import binascii
+
+    if len(payload) > _DATA_URL_DECODE_MAX:
+        return None
+    raw = payload.replace("-", "+").replace("_", "/")
+    raw += "=" * (-len(raw) % 4)
+    try:
+        data = base64.b64decode(raw, validate=True)
+        text = data.decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    if not text or sum(1 for c in text[:4096] if c.isprintable() or c in "\t\r\n") < 0.9 * min(
+            len(text), 4096):
+        return None
+    return text
+
+
+def _may_have_pii(s: str) -> bool:
+    """False only for text in which no built-in recognizer can match (cheap, conservative):
+    non-ASCII text always goes to the analysis view and its own pre-filter."""
+    if len(s) > _SLICE:
+        return True  # long text is pre-filtered chunk by chunk in _raw_detect
+    return not s.isascii() or CANDIDATE_RE.search(s) is not None
+
+
+CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP
+SECRET_OVERLAP = 4096
 # Joins the strings of one JSON document for a single analyzer call: NUL is blank to every
 # recognizer (not a word character, not whitespace, not phone punctuation).
 _BATCH_SEP = "\x00\x00\n\x00\x00"
@@ -376,6 +503,10 @@ def _vault_size(vault: Sequence[VaultEntry]) -> int:
 # --------------------------------------------------------------------------------------------
 # Per-call state
 # --------------------------------------------------------------------------------------------
+class _Overrun(Exception):  # internal control flow: never escapes the redactor
+    """The analysis of one value ran past its time budget."""
+
+
 class _Call:
     """State of one call: context, policy, key, collected vault entries and counters."""
 
@@ -456,6 +587,9 @@ class Redactor:
                                   cache_max_chars)
         self._stats = RedactionStats()
         self._process_key = secrets.token_bytes(32)
+        self._known_labels: frozenset[str] | None = None
+        # the clock the time budget is measured with (tests replace it)
+        self._clock: Callable[[], float] = time.monotonic
 
     # -- engine ------------------------------------------------------------------------------
     @property
@@ -478,6 +612,11 @@ class Redactor:
             self._ner_entities = tuple(sorted(ner))
             self._analyzer = analyzer
             self._pattern_entities = tuple(sorted(supported - ner))
+            kinds = set(supported) | set(self.policy.actions) | _OWN_LABELS
+            for sub in self.policy.channels.values():
+                if sub is not None:
+                    kinds |= set(sub.actions)
+            self._known_labels = frozenset(_kind_label(k) for k in kinds)
             # the pre-filter knows the built-in recognizers only
             self._prefilter = set(self._pattern_entities) <= set(PATTERN_ENTITIES)
             logger.debug("redactor ready: %d pattern entities, NER entities %s",
@@ -813,8 +952,7 @@ class Redactor:
             if (s and (is_key or not _looks_like_json(s))
                     and len(s) <= call.policy.max_chars // 4
                     and self._text_cache.get((call.ctx, s)) is None
-                    and not _DATA_URL.match(s)
-                    and (self._custom_analyzer or _MAY_HAVE_PII.search(s))):
+                    and (self._custom_analyzer or _may_have_pii(s))):
                 pending[s] = None
             return s
 
@@ -835,7 +973,10 @@ class Redactor:
     def _redact_batch(self, texts: list[str], call: _Call) -> None:
         """Analyze ``texts`` joined by a separator no recognizer matches across; cache each."""
         joined = _BATCH_SEP.join(texts)
-        found = self._raw_detect(joined, call.policy)
+        try:
+            found = self._raw_detect(joined, call.policy)
+        except _Overrun:
+            return  # nothing cached: each string is then analyzed on its own, with its budget
         starts: list[int] = []
         pos = 0
         for text in texts:
@@ -863,9 +1004,29 @@ class Redactor:
         if hit is not None:
             call.hits += 1
             return hit
-        if _DATA_URL.match(s) or (not self._custom_analyzer and not _MAY_HAVE_PII.search(s)):
+        if not self._custom_analyzer and not _may_have_pii(s):
             return _Cached(s, (), ())
-        return self._store_plain(s, self._detect(s, call.policy), call)
+        try:
+            entities = self._detect(s, call.policy)
+        except _Overrun as exc:
+            return self._withheld(s, call, str(exc))
+        return self._store_plain(s, entities, call)
+
+    def _withheld(self, s: str, call: _Call, reason: str) -> _Cached:
+        """The analysis of ``s`` ran past the policy's time budget: never return it in clear."""
+        call.analyzed += 1
+        call.chars += len(s)
+        if call.policy.on_timeout == "raise":
+            raise RedactionError(
+                f"redaction of a {len(s)}-character string ran past the time budget "
+                f"({call.policy.time_budget} s per {call.policy.max_chars} characters) or found "
+                f"more than max_detections={call.policy.max_detections}; it was not stored")
+        logger.warning("redaction of a %d-character string hit the %s; the whole value was "
+                       "withheld (masked)", len(s), reason)
+        marker = mask_marker(WITHHELD)
+        entity = Entity(WITHHELD, 0, len(s), 1.0, reason)  # text: why, never the value
+        call.found.append(entity)
+        return _Cached(marker, (), (entity,))  # not cached: a later call may finish in time
 
     def _store_plain(self, s: str, entities: list[Entity], call: _Call) -> _Cached:
         out, vault = self._apply(s, entities, call.policy, call.key)
@@ -890,48 +1051,99 @@ class Redactor:
     def _detect(self, text: str, policy: RedactionPolicy) -> list[Entity]:
         return self._finish(text, self._raw_detect(text, policy), policy)
 
-    def _raw_detect(self, text: str,
-                    policy: RedactionPolicy) -> dict[tuple[str, int, int], float]:
-        """{(kind, start, end): score} for every detection in ``text``, before filtering."""
+    def _raw_detect(self, text: str, policy: RedactionPolicy,
+                    deadline: float | None = None,
+                    nested: bool = False) -> dict[tuple[str, int, int], float]:
+        """{(kind, start, end): score} for every detection in ``text``, before filtering.
+
+        Raises ``_Overrun`` once the analysis has taken longer than the policy's budget
+        (``time_budget`` seconds per ``max_chars`` characters, at least one unit)."""
         if len(text) > policy.hard_max_chars:
             raise RedactionError(
                 f"a {len(text)}-character string exceeds hard_max_chars="
                 f"{policy.hard_max_chars}; it was not stored. Raise the limit in the policy or "
                 "keep such payloads out of the graph state")
         self._ensure_engine()
+        clock = self._clock
+        if deadline is None:
+            units = max(1, -(-len(text) // policy.max_chars))
+            deadline = clock() + policy.time_budget * units
+
+        def check() -> None:
+            if clock() > deadline:
+                raise _Overrun("time budget")
+            if len(found) > policy.max_detections:
+                raise _Overrun("detection cap")
+
         pattern_entities = self._pattern_entities or ()
-        view = analysis_view(text)
+        folded, offsets = fold_text(text)
+        view = _blank_markers(folded, self._known_labels)
         threshold = policy.score_threshold
         found: dict[tuple[str, int, int], float] = {}
 
         def collect(results: Sequence[RecognizerResult], offset: int = 0) -> None:
             for r in results:
-                k = (r.entity_type, r.start + offset, r.end + offset)
+                start, end = _map_span(offsets, r.start + offset, r.end + offset)
+                k = (r.entity_type, start, end)
                 if found.get(k, -1.0) < r.score:
                     found[k] = r.score
 
-        if len(text) <= policy.max_chars:
+        if "base64," in view:
+            view = self._data_urls(view, policy, deadline, nested, collect)
+        if len(view) <= policy.max_chars:
             if not (self._prefilter and CANDIDATE_RE.search(view) is None):
                 collect(self._analyze(view, pattern_entities, threshold))
+                check()
         else:
+            # Chunks overlap by SECRET_OVERLAP characters, so that any value shorter than that
+            # is whole in some chunk; private-key blocks (longer) get one pass of their own.
+            # Every regex call then scans at most max_chars characters: the GIL is released
+            # often enough for the event loop of an async caller to keep running.
             logger.debug("analyzing a %d-character string in chunks of %d", len(text),
                          policy.max_chars)
-            long_span = [e for e in pattern_entities if e == API_SECRET]
-            short_span = [e for e in pattern_entities if e != API_SECRET]
-            collect(self._analyze(view, long_span, threshold))
-            step = policy.max_chars - CHUNK_OVERLAP
+            step = policy.max_chars - min(SECRET_OVERLAP, policy.max_chars // 2)
             for start in range(0, len(view), step):
-                collect(self._analyze(view[start:start + policy.max_chars], short_span,
-                                      threshold), start)
+                chunk = view[start:start + policy.max_chars]
+                if not (self._prefilter and CANDIDATE_RE.search(chunk) is None):
+                    collect(self._analyze(chunk, pattern_entities, threshold), start)
+                    check()
+                time.sleep(0)  # hand the GIL over between chunks (an event loop may wait)
                 if start + policy.max_chars >= len(view):
                     break
-        if self._ner_entities:
+            if API_SECRET in pattern_entities:
+                collect([RecognizerResult(API_SECRET, s, e, score)
+                         for s, e, score in private_key_spans(view)])
+                check()
+        if self._ner_entities and not nested:
             ner_text = _MARKER_RE.sub(lambda m: " " * len(m.group(0)), text)
             for r in self.analyzer.analyze(text=ner_text, language=LANGUAGE,
                                            entities=list(self._ner_entities),
                                            score_threshold=threshold):
-                collect([r])
+                k = (r.entity_type, r.start, r.end)
+                if found.get(k, -1.0) < r.score:
+                    found[k] = r.score
+            check()
         return found
+
+    def _data_urls(self, view: str, policy: RedactionPolicy, deadline: float, nested: bool,
+                   collect: Callable[[Sequence[RecognizerResult]], None]) -> str:
+        """Decode each data URL's base64 payload: a payload whose text holds anything
+        detectable is reported whole as ``EMBEDDED_PII``; the payload is then blanked in the
+        view (base64 is not text), and what follows it is analyzed as usual."""
+        parts: list[str] = []
+        pos = 0
+        for m in _DATA_URL.finditer(view):
+            start, end = m.span("p")
+            decoded = None if nested else _decode_payload(m.group("p"))
+            if decoded is not None and self._raw_detect(decoded, policy, deadline, True):
+                collect([RecognizerResult(EMBEDDED_PII, start, end, 1.0)])
+            parts.append(view[pos:start])
+            parts.append(_BLANK * (end - start))
+            pos = end
+        if not parts:
+            return view
+        parts.append(view[pos:])
+        return "".join(parts)
 
     @staticmethod
     def _finish(text: str, found: Mapping[tuple[str, int, int], float],
@@ -940,7 +1152,8 @@ class Redactor:
         candidates = []
         for (kind, start, end), score in found.items():
             value = text[start:end]
-            if not value.strip() or policy.is_allowed(value) or label_veto(kind, text, start):
+            if (not value.strip() or policy.is_allowed(value)
+                    or label_veto(kind, text, start, end)):
                 continue
             candidates.append(Entity(kind, start, end, score, value))
         return _resolve_overlaps(candidates)

@@ -5,10 +5,14 @@ callback. Nothing reachable from the input is mutated: a container is rebuilt on
 something inside it changed, and unchanged sub-objects are shared with the input (treat the
 result as read-only).
 
-Handled: ``str`` (and string dictionary keys), ``dict`` (and subclasses), ``list``, ``tuple``
-(and named tuples), ``set``/``frozenset``, dataclass instances, pydantic v2 models, LangChain
-messages, and LangGraph ``Send``. Left alone (returned as the same object): ``bytes``,
-``bytearray``, numbers, ``None`` and any other type.
+Handled: ``str`` (and string dictionary keys), ``str`` subclasses (rebuilt as the same class
+when it accepts a string, else returned as a plain ``str`` once changed), ``bytes`` and
+``bytearray`` that decode as UTF-8 (walked as text, re-encoded when changed), exceptions
+(an exception whose ``repr`` changes is replaced by that redacted ``repr``: the string
+LangGraph's serializer stores for it anyway), ``dict`` (and subclasses), ``list``,
+``tuple`` (and named tuples), ``set``/``frozenset``, dataclass instances, pydantic v2 models,
+LangChain messages, and LangGraph ``Send``. Left alone (returned as the same object): numbers,
+``None``, ``memoryview`` and any other type.
 
 LangChain messages: ``content`` (string or content blocks), ``tool_calls[*]["args"]``,
 ``invalid_tool_calls[*]["args"/"error"]``, ``tool_call_chunks[*]["args"]``,
@@ -51,10 +55,12 @@ except ImportError:  # pragma: no cover
 # on_str(text, depth, is_key) -> new text
 StrCallback = Callable[[str, int, bool], str]
 
-_LEAF, _DICT, _LIST, _TUPLE, _SET, _MESSAGE, _PYDANTIC, _DATACLASS, _SEND = range(9)
-_KINDS: dict[type, int] = {t: _LEAF for t in (int, float, bool, type(None), bytes, bytearray,
-                                              complex, memoryview)}
-_KINDS.update({dict: _DICT, list: _LIST, tuple: _TUPLE, set: _SET, frozenset: _SET})
+(_LEAF, _DICT, _LIST, _TUPLE, _SET, _MESSAGE, _PYDANTIC, _DATACLASS, _SEND, _STRSUB, _BYTES,
+ _EXC) = range(12)
+_KINDS: dict[type, int] = {t: _LEAF for t in (int, float, bool, type(None), complex,
+                                              memoryview)}
+_KINDS.update({dict: _DICT, list: _LIST, tuple: _TUPLE, set: _SET, frozenset: _SET,
+               bytes: _BYTES, bytearray: _BYTES})
 
 
 def _kind_of(cls: type) -> int:
@@ -64,8 +70,14 @@ def _kind_of(cls: type) -> int:
 
 def _classify(cls: type) -> int:
     """How values of ``cls`` are walked (cached per class)."""
-    if issubclass(cls, (str, bytes, bytearray, memoryview, int, float, complex)):
-        kind = _LEAF  # str subclasses (e.g. StrEnum members) are left alone
+    if issubclass(cls, str):
+        kind = _STRSUB
+    elif issubclass(cls, (bytes, bytearray)):
+        kind = _BYTES
+    elif issubclass(cls, BaseException):
+        kind = _EXC
+    elif issubclass(cls, (memoryview, int, float, complex)):
+        kind = _LEAF
     elif issubclass(cls, dict):
         kind = _DICT
     elif issubclass(cls, list):
@@ -154,6 +166,14 @@ class Walker:
             kind = _classify(cls)
         if kind == _LEAF:
             return value
+        if kind == _STRSUB:
+            return self._walk_str_subclass(value, depth)
+        if kind == _BYTES:
+            return self._walk_bytes(value, depth)
+        if kind == _EXC:
+            text = repr(value)
+            new = self._on_str(text, depth, False)
+            return value if new == text else new
         if depth >= self._max_depth:
             raise _PathError(f"value is nested deeper than max_depth={self._max_depth}")
         if kind == _MESSAGE and self._on_message is not None:
@@ -190,6 +210,33 @@ class Walker:
         if kind == _SEND:
             return self._walk_send(value, depth)
         return value
+
+    # -- text in other types -----------------------------------------------------------------
+    def _walk_str_subclass(self, value: str, depth: int) -> Any:
+        text = str.__str__(value)
+        new = self._on_str(text, depth, False)
+        if new == text:
+            return value
+        import enum
+        if not isinstance(value, enum.Enum):
+            try:
+                return type(value)(new)
+            except Exception:  # noqa: BLE001 - a class that needs more than a string
+                logger.debug("a %s could not be rebuilt from a string; stored as str",
+                             type(value).__name__)
+        return new
+
+    def _walk_bytes(self, value: bytes | bytearray, depth: int) -> Any:
+        try:
+            text = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return value  # binary data, not text
+        new = self._on_str(text, depth, False)
+        if new == text:
+            return value
+        data = new.encode("utf-8", "surrogatepass")
+        return bytearray(data) if isinstance(value, bytearray) else type(value)(data) \
+            if type(value) is not bytes else data
 
     # -- containers --------------------------------------------------------------------------
     def _walk_dict(self, value: dict[Any, Any], depth: int,
