@@ -372,7 +372,9 @@ class _SealedCodec:
                 "(altered, rolled back or swapped)")
         parent = (tup.parent_config or {}).get("configurable", {}).get("checkpoint_id") or None
         if parent != manifest["parent"]:
-            delta = any(k in metadata for k in DELTA_METADATA_KEYS)
+            # a DeltaChannel thread (its counters kept in clear, where keep_latest sees them
+            # and refuses) is never legitimately detached
+            delta = any(k in manifest["clear"] for k in DELTA_METADATA_KEYS)
             if parent is None and not delta:
                 if not detached_ok:
                     raise _DetachedParent(manifest["parent"])
