@@ -1,7 +1,23 @@
-"""Build ``benchmarks/data/independent_eval.jsonl``: an evaluation set the project did not write
-its recognizers from.
+"""Build the third-party evaluation sets: ``benchmarks/data/independent_eval.jsonl`` and
+``benchmarks/data/independent_holdout.jsonl`` (committed), and optionally
+``benchmarks/data/upstream_eval.jsonl`` (never committed; built locally, see below).
 
 Sources (each row says which in ``source``):
+
+* ``faker:<locale>`` — values from Faker (en_US, en_GB, zh_CN, de_DE, fr_FR, ja_JP providers:
+  e-mails, phone numbers, card numbers of every issuer Faker knows, SSNs, IBANs, IPv4/IPv6,
+  PRC resident IDs, Chinese mobiles) placed in sentences of many styles (chat in English and
+  Chinese, JSON, logs, code, CSV, YAML, Markdown, URLs, e-mail headers).
+* ``hand:negative`` — hard negatives written here: versions, build numbers, order/invoice
+  numbers, ids, hashes, timestamps, prices, code constants, git remotes, user agents, OIDs.
+
+Those two make ``independent_eval.jsonl``. Faker output and the negatives are seeded, so the
+committed files are reproducible.
+
+Only with ``--presidio PATH --detect-secrets PATH`` (local git clones of microsoft/presidio and
+Yelp/detect-secrets; the files are read with ``git show HEAD:<path>``), the upstream-derived
+rows go to ``upstream_eval.jsonl``, which is git-ignored — the project does not ship the
+upstream test vectors:
 
 * ``presidio:<test file>`` — the input strings and expected spans of presidio-analyzer's own
   recognizer unit tests (e-mail, credit card, IP, IBAN, crypto, US SSN, phone); rows upstream
@@ -10,27 +26,20 @@ Sources (each row says which in ``source``):
 * ``detect-secrets:<plugin test>`` — the payloads of Yelp/detect-secrets' plugin tests; the
   ones upstream flags are positives (gold = the credential), a curated few of the unflagged
   ones are hard negatives (unflagged lines that still hold a credential are left out).
-* ``faker:<locale>`` — values from Faker (en_US, en_GB, zh_CN, de_DE, fr_FR, ja_JP providers:
-  e-mails, phone numbers, card numbers of every issuer Faker knows, SSNs, IBANs, IPv4/IPv6,
-  PRC resident IDs, Chinese mobiles) placed in sentences of many styles (chat in English and
-  Chinese, JSON, logs, code, CSV, YAML, Markdown, URLs, e-mail headers).
-* ``hand:negative`` — hard negatives written here: versions, build numbers, order/invoice
-  numbers, ids, hashes, timestamps, prices, code constants, git remotes, user agents, OIDs.
 
-The upstream test inputs are read from local snapshots of the two repositories (pass their
-paths); the script only reads string literals out of the test files' parameter lists. Faker
-output is seeded, so the file is reproducible.
+The script only reads string literals out of the test files' parameter lists.
 
-The recognizers were tuned after a first look at the misses on ``independent_eval.jsonl``;
-``independent_holdout.jsonl`` (new Faker values and new random negatives from other seeds)
-was generated afterwards and not tuned on.
+The recognizers were tuned after a first look at the misses on the independent rows and the
+upstream rows (then in one file); ``independent_holdout.jsonl`` (new Faker values and new
+random negatives from other seeds) was generated afterwards and not tuned on.
 
-Usage: python benchmarks/redaction_build_eval.py PRESIDIO_REPO DETECT_SECRETS_REPO
+Usage: python benchmarks/redaction_build_eval.py [--presidio PATH --detect-secrets PATH]
 """
 
 # ruff: noqa: RUF001 - the Chinese sentence templates use full-width punctuation on purpose
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import random
@@ -42,6 +51,7 @@ from typing import Any
 
 OUT = Path(__file__).parent / "data" / "independent_eval.jsonl"
 HOLDOUT = Path(__file__).parent / "data" / "independent_holdout.jsonl"
+UPSTREAM = Path(__file__).parent / "data" / "upstream_eval.jsonl"  # git-ignored, never shipped
 
 PRESIDIO_TESTS = {
     "test_email_recognizer.py": "EMAIL_ADDRESS",
@@ -359,32 +369,41 @@ def negative_rows(seed: int = 7) -> list[dict[str, Any]]:
     return [r for r in rows if not (r["text"] in seen or seen.add(r["text"]))]  # type: ignore[func-returns-value]
 
 
-def main() -> int:
-    if len(sys.argv) != 3:
-        print(__doc__)
-        return 2
-    presidio, detect_secrets = Path(sys.argv[1]), Path(sys.argv[2])
-    rows = (presidio_rows(presidio) + detect_secrets_rows(detect_secrets) + faker_rows()
-            + negative_rows())
-    # held out: new Faker values and new random negatives, never looked at while tuning
-    holdout = faker_rows(seed=424242) + negative_rows(seed=99)
-    for row in holdout:
-        row["source"] += ":holdout"
-    HOLDOUT.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in holdout),
-                       encoding="utf-8")
-    print(f"{len(holdout)} held-out rows -> {HOLDOUT}")
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         for e in row["entities"]:
             if e["value"] not in row["text"]:
                 raise SystemExit(f"gold value not in text: {row}")
-    OUT.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                   encoding="utf-8")
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                    encoding="utf-8")
     cats: dict[str, int] = {}
     for r in rows:
         cats[r["category"]] = cats.get(r["category"], 0) + 1
-    print(f"{len(rows)} rows -> {OUT}")
+    print(f"{len(rows)} rows -> {path}")
     for c, n in sorted(cats.items()):
         print(f"  {c}: {n}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presidio", type=Path, metavar="PATH",
+                    help="local git clone of microsoft/presidio (with --detect-secrets)")
+    ap.add_argument("--detect-secrets", type=Path, metavar="PATH",
+                    help="local git clone of Yelp/detect-secrets (with --presidio)")
+    args = ap.parse_args()
+    if (args.presidio is None) != (args.detect_secrets is None):
+        ap.error("--presidio and --detect-secrets go together")
+    _write(OUT, faker_rows() + negative_rows())
+    # held out: new Faker values and new random negatives, never looked at while tuning
+    holdout = faker_rows(seed=424242) + negative_rows(seed=99)
+    for row in holdout:
+        row["source"] += ":holdout"
+    _write(HOLDOUT, holdout)
+    if args.presidio is not None:
+        _write(UPSTREAM, presidio_rows(args.presidio) + detect_secrets_rows(args.detect_secrets))
+    else:
+        print(f"no --presidio/--detect-secrets: {UPSTREAM.name} not built")
     return 0
 
 

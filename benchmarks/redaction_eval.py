@@ -1,14 +1,19 @@
-"""Evaluate the default Redactor, beside plain presidio, on two labelled sets.
+"""Evaluate the default Redactor, beside plain presidio, on labelled sets.
 
 * ``template`` — ``benchmarks/data/pii_eval.jsonl``: sentences the project generated from its
   own templates (Chinese/English, hard negatives included). Good for regressions, flattering
   as a measure.
 * ``independent`` — ``benchmarks/data/independent_eval.jsonl``: built by
-  ``redaction_build_eval.py`` from presidio's and detect-secrets' own test cases, Faker values
-  of six locales in sentences of many styles, and hand-written hard negatives. The recognizers
-  were not written from it, but were tuned once after looking at its misses.
+  ``redaction_build_eval.py`` from Faker values of six locales in sentences of many styles
+  and hand-written hard negatives. The recognizers were not written from it, but were tuned
+  once after looking at its misses.
 * ``holdout`` — ``benchmarks/data/independent_holdout.jsonl``: new Faker values and new
   random hard negatives (other seeds), generated after that tuning and never tuned on.
+* ``upstream`` — ``benchmarks/data/upstream_eval.jsonl``, optional and not shipped: presidio's
+  and detect-secrets' own test vectors, built locally with ``redaction_build_eval.py
+  --presidio PATH --detect-secrets PATH`` from your clones of those repositories (git-ignored).
+  Evaluated only when the file exists; the output says when it is skipped. Its misses were
+  also looked at during the tuning.
 
 Per set and per kind: recall (a detection of the same kind — phone and Chinese mobile count
 as one family — covers the whole gold value), covered (a detection of any kind covers it: the
@@ -19,10 +24,13 @@ README claims, on the same rows. Rows marked ``out_of_scope`` (phone formats of 
 default engine does not claim) and ``weak_upstream`` (matches presidio's own tests expect
 below a 0.4 score: ``::``, a bare ``078051121``) are reported apart and not counted.
 
-Targets on the independent and held-out sets (exit 1 when missed): recall >= 0.99 over the claimed kinds, no
-kind below 0.97, hard-negative false positives <= 1 %.
+Targets on the committed independent and held-out sets (exit 1 when missed): recall >= 0.99
+over the claimed kinds, no kind below 0.97, hard-negative false positives <= 1 %. On the
+optional upstream set the same checks are printed but not enforced (the exit status does not
+depend on a file only some checkouts have; some of its kinds have 5-9 gold values).
 
-Usage: python benchmarks/redaction_eval.py [--errors] [--set template|independent|holdout|all]
+Usage: python benchmarks/redaction_eval.py [--errors] [--no-presidio]
+       [--set template|independent|holdout|upstream|all]
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ from langgraph_securesaver.redaction import DEFAULT_PHONE_REGIONS, Redactor
 
 DATA = Path(__file__).parent / "data"
 SETS = {"template": DATA / "pii_eval.jsonl", "independent": DATA / "independent_eval.jsonl",
-        "holdout": DATA / "independent_holdout.jsonl"}
+        "holdout": DATA / "independent_holdout.jsonl",
+        "upstream": DATA / "upstream_eval.jsonl"}  # optional, git-ignored: built locally
+OPTIONAL = ("upstream",)
 CLAIMED = ("API_SECRET", "CN_MOBILE", "CN_RESIDENT_ID", "CREDIT_CARD", "CRYPTO",
            "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS", "PHONE_NUMBER", "US_SSN")
 FAMILY = {"CN_MOBILE": "PHONE", "PHONE_NUMBER": "PHONE"}
@@ -193,7 +203,7 @@ def report(name: str, rows: list[dict[str, Any]], mine: Tally, base: Tally) -> l
         print(f"upstream-weak rows (presidio's own tests score them < 0.4; not counted): ours "
               f"{mine.weak_found}/{mine.weak}, presidio {base.weak_found}/{base.weak}")
     missed = []
-    if name in ("independent", "holdout"):
+    if name in ("independent", "holdout", *OPTIONAL):
         recall = claimed_found / claimed_gold if claimed_gold else 0.0
         if recall < RECALL_TARGET:
             missed.append(f"recall {recall:.3f} < {RECALL_TARGET}")
@@ -203,6 +213,10 @@ def report(name: str, rows: list[dict[str, Any]], mine: Tally, base: Tally) -> l
                               f"< {KIND_FLOOR}")
         if fp > FP_TARGET:
             missed.append(f"hard-negative FP {fp:.1%} > {FP_TARGET:.0%}")
+    if name in OPTIONAL:
+        print("targets (printed, not enforced on this optional set): "
+              + ("; ".join(missed) + " missed" if missed else "met"))
+        return []
     return missed
 
 
@@ -216,9 +230,17 @@ def main() -> int:
     mine_detect = ours()
     base_detect: Detector = (lambda text: []) if args.no_presidio else plain_presidio()
     missed: list[str] = []
+    evaluated: list[str] = []
     for name in names:
+        if name in OPTIONAL and not SETS[name].exists():
+            print(f"\n== {name} set: skipped, {SETS[name]} not found (not shipped; build it "
+                  "with redaction_build_eval.py --presidio PATH --detect-secrets PATH)")
+            if args.set == name:
+                return 2
+            continue
         rows = [json.loads(line) for line in SETS[name].read_text(encoding="utf-8").splitlines()
                 if line.strip()]
+        evaluated.append(name)
         mine = evaluate(rows, mine_detect)
         base = evaluate(rows, base_detect)
         missed += report(name, rows, mine, base)
@@ -227,7 +249,9 @@ def main() -> int:
     if missed:
         print("\nTARGETS MISSED: " + "; ".join(missed))
         return 1
-    print("\nall targets met")
+    enforced = [n for n in names if n in ("independent", "holdout")]
+    print(f"\nall targets met{' on ' + ', '.join(enforced) if enforced else ''}"
+          f"{' (upstream: printed above, not enforced)' if 'upstream' in evaluated else ''}")
     return 0
 
 
