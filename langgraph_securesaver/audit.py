@@ -201,6 +201,11 @@ class _StorageWalk:
         self._blob_ts: dict[tuple[str, str, str, str], float] = {}
         self._done = 0
         self._total = 0
+        # rows that hold something SecureSaver never stores (never decoded: just counted)
+        self.unsealed: dict[str, int] = {}
+
+    def _unsealed(self, table: str) -> None:
+        self.unsealed[table] = self.unsealed.get(table, 0) + 1
 
     def _wanted(self, thread_id: str) -> bool:
         if self.tenant is None:
@@ -232,6 +237,8 @@ class _StorageWalk:
             for blob in blobs:
                 if not self._wanted(blob.thread_id) or blob.blob is None:
                     continue
+                if blob.type != "bytes" or not is_token(blob.blob):
+                    self._unsealed("checkpoint_blobs")
                 stored = self.threads.setdefault(blob.thread_id, _Stored())
                 stored.stored_bytes += len(blob.blob)
                 if is_token(blob.blob):
@@ -244,6 +251,8 @@ class _StorageWalk:
             for w in writes:
                 if not self._wanted(w.thread_id) or w.value is None:
                     continue
+                if w.type != "bytes" or not is_token(w.value):
+                    self._unsealed("checkpoint_writes" if self.raw.has_blobs else "writes")
                 stored = self.threads.setdefault(w.thread_id, _Stored())
                 stored.stored_bytes += len(w.value)
                 if is_token(w.value):
@@ -254,6 +263,10 @@ class _StorageWalk:
             self._tick(len(writes))
 
     def _checkpoint(self, row: CheckpointRow) -> None:
+        if (row.error is not None or row.foreign is not None
+                or not isinstance((row.metadata or {}).get("__securesaver__"), str)
+                or not all(is_token(v) for v in row.channel_values.values())):
+            self._unsealed("checkpoints")
         stored = self.threads.setdefault(row.thread_id, _Stored())
         stored.checkpoints += 1
         stored.stored_bytes += row.size
@@ -972,6 +985,10 @@ def _audit_walk(saver: SecureSaver, all_tenants: list[str], tenant: str | None, 
     if orphans:
         report.problems.append(
             f"{len(orphans)} stored thread(s) belong to no known tenant")
+    for table, n in sorted(walk.unsealed.items()):
+        report.problems.append(
+            f"{n} row(s) of {table} hold data SecureSaver never writes (undecodable, or not a "
+            "sealed ciphertext): tampered; run `securesaver scan --verify` for where")
     return report
 
 

@@ -27,7 +27,8 @@ import sqlalchemy as sa
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, TamperedDataError
+from .strict_serde import StrictSerializer, inspect_msgpack
 from .tenancy import tenant_tag
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,36 @@ WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND task_id =
 AND blob = %s
 """
 
+# locating the row a read refused (failure path only)
+SQLITE_LATEST_ROW = """
+SELECT checkpoint_id, type, checkpoint, metadata FROM checkpoints
+WHERE thread_id = ? AND checkpoint_ns = ? ORDER BY checkpoint_id DESC LIMIT 1
+"""
+SQLITE_ONE_ROW = """
+SELECT checkpoint_id, type, checkpoint, metadata FROM checkpoints
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+SQLITE_ROW_WRITES = """
+SELECT task_id, idx, type, value FROM writes
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? ORDER BY task_id, idx
+"""
+PG_LATEST_ROW = """
+SELECT checkpoint_id, checkpoint FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id DESC LIMIT 1
+"""
+PG_ONE_ROW = """
+SELECT checkpoint_id, checkpoint FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
+"""
+PG_ROW_BLOB = """
+SELECT type, blob FROM checkpoint_blobs
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s
+"""
+PG_ROW_WRITES = """
+SELECT task_id, idx, type, blob FROM checkpoint_writes
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s ORDER BY task_id, idx
+"""
+
 _SQLITE_START = ("", "", "")
 _WRITES_START: tuple[Any, ...] = ("", "", "", "", -(2 ** 62))
 
@@ -137,6 +168,9 @@ class CheckpointRow:
     raw_metadata: Any = None
     type: str | None = None
     error: str | None = None
+    # set when the document holds what SecureSaver never writes (e.g. a msgpack extension /
+    # constructor payload): it was parsed for inspection with placeholders, never evaluated
+    foreign: str | None = None
 
     @property
     def channel_values(self) -> dict[str, Any]:
@@ -240,6 +274,19 @@ class RawTables:
     def update_write(self, row: WriteRow, value: bytes) -> bool:
         raise NotImplementedError
 
+    def locate_refused(self, thread_id: str, ns: str, checkpoint_id: str | None) -> str | None:
+        """Which stored row of a checkpoint (the latest with ``checkpoint_id=None``) the strict
+        serializer refuses: ``"<table> row (<key>)"``, or None (used to name the row in a
+        TamperedDataError; the bytes are parsed as plain containers only)."""
+        return None
+
+    def _refuses(self, type_: Any, value: Any) -> bool:
+        try:
+            StrictSerializer().loads_typed((type_, value))
+        except TamperedDataError:
+            return True
+        return False
+
 
 class SqliteRawTables(RawTables):
     """``SqliteSaver``'s tables, through its own connection and lock."""
@@ -248,7 +295,8 @@ class SqliteRawTables(RawTables):
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.serde = inner.serde
+        # never the inner saver's own serde: a raw row is decoded as plain containers only
+        self.serde = StrictSerializer()
         self._cur: Any = None
         inner.setup()
 
@@ -268,13 +316,20 @@ class SqliteRawTables(RawTables):
         checkpoint: dict[str, Any] | None = None
         metadata: dict[str, Any] | None = None
         error = None
+        foreign = None
         try:
-            loaded = self.serde.loads_typed((type_, raw_ckpt))
+            try:
+                loaded = self.serde.loads_typed((type_, raw_ckpt))
+            except TamperedDataError as exc:
+                if type_ != "msgpack" or not isinstance(raw_ckpt, bytes):
+                    raise
+                loaded, foreign = inspect_msgpack(raw_ckpt), str(exc)
             checkpoint = loaded if isinstance(loaded, dict) else None
             if checkpoint is None:
                 error = "checkpoint is not a mapping"
         except Exception as exc:  # noqa: BLE001 - an undecodable row is reported, never fatal
-            error = f"checkpoint undecodable ({type(exc).__name__})"
+            error = (f"checkpoint undecodable: {exc}" if isinstance(exc, TamperedDataError)
+                     else f"checkpoint undecodable ({type(exc).__name__})")
         try:
             loaded_md = json.loads(raw_md) if raw_md is not None else {}
             metadata = loaded_md if isinstance(loaded_md, dict) else None
@@ -283,7 +338,7 @@ class SqliteRawTables(RawTables):
         except (TypeError, ValueError, UnicodeDecodeError):
             error = error or "metadata is not JSON"
         return CheckpointRow(thread_id, ns, cid, parent, checkpoint, metadata, size,
-                             raw_ckpt, raw_md, type_, error)
+                             raw_ckpt, raw_md, type_, error, foreign)
 
     def checkpoints(self, page: int = DEFAULT_PAGE) -> Iterator[list[CheckpointRow]]:
         after: tuple[Any, ...] = _SQLITE_START
@@ -334,7 +389,7 @@ class SqliteRawTables(RawTables):
                           channel_values: Mapping[str, Any] | None = None,
                           metadata_key: str | None = None,
                           metadata_value: str | None = None) -> bool:
-        if row.checkpoint is None or row.metadata is None:
+        if row.checkpoint is None or row.metadata is None or row.foreign is not None:
             raise ValueError("cannot rewrite an undecodable checkpoint row")
         checkpoint = dict(row.checkpoint)
         if channel_values:
@@ -358,6 +413,28 @@ class SqliteRawTables(RawTables):
         return self._execute(SQLITE_CAS_WRITE, (
             value, row.thread_id, row.checkpoint_ns, row.checkpoint_id, row.task_id, row.idx,
             row.value)) == 1
+
+    def locate_refused(self, thread_id: str, ns: str, checkpoint_id: str | None) -> str | None:
+        with self._locked() as conn:
+            if checkpoint_id is None:
+                found = conn.execute(SQLITE_LATEST_ROW, (thread_id, ns)).fetchone()
+            else:
+                found = conn.execute(SQLITE_ONE_ROW, (thread_id, ns, checkpoint_id)).fetchone()
+            if found is None:
+                return None
+            cid, type_, body, metadata = found
+            if self._refuses(type_, body):
+                return f"checkpoints row (checkpoint {cid!r}), column checkpoint"
+            try:
+                json.loads(metadata) if metadata is not None else None
+            except (TypeError, ValueError):
+                return f"checkpoints row (checkpoint {cid!r}), column metadata"
+            for task_id, idx, wtype, value in conn.execute(SQLITE_ROW_WRITES,
+                                                           (thread_id, ns, cid)):
+                if self._refuses(wtype, value):
+                    return (f"writes row (checkpoint {cid!r}, task {task_id!r}, idx {idx}), "
+                            "column value")
+        return None
 
 
 class PostgresRawTables(RawTables):
@@ -481,6 +558,25 @@ class PostgresRawTables(RawTables):
         return self._execute(PG_CAS_WRITE, (
             value, row.thread_id, row.checkpoint_ns, row.checkpoint_id, row.task_id, row.idx,
             row.value)) == 1
+
+    def locate_refused(self, thread_id: str, ns: str, checkpoint_id: str | None) -> str | None:
+        if checkpoint_id is None:
+            found = self._fetch(PG_LATEST_ROW, (thread_id, ns))
+        else:
+            found = self._fetch(PG_ONE_ROW, (thread_id, ns, checkpoint_id))
+        if not found:
+            return None
+        cid, body = found[0]
+        versions = (body or {}).get("channel_versions") if isinstance(body, dict) else None
+        for channel, version in (versions or {}).items():
+            for type_, blob in self._fetch(PG_ROW_BLOB, (thread_id, ns, channel, str(version))):
+                if type_ != "empty" and self._refuses(type_, blob):
+                    return (f"checkpoint_blobs row (channel {channel!r}, version "
+                            f"{str(version)!r})")
+        for task_id, idx, type_, blob in self._fetch(PG_ROW_WRITES, (thread_id, ns, cid)):
+            if self._refuses(type_, blob):
+                return f"checkpoint_writes row (checkpoint {cid!r}, task {task_id!r}, idx {idx})"
+        return None
 
 
 def raw_tables_for(inner: BaseCheckpointSaver) -> RawTables:

@@ -153,9 +153,15 @@ class _Pass:
         planned: list[tuple[CheckpointRow, dict[str, bytes], str | None]] = []
         for row in rows:
             place = self.job.place(row.thread_id, row.checkpoint_ns)
-            if place is None or row.checkpoint is None or row.metadata is None:
+            if place is None:
                 continue
             keys, ref = place
+            if (row.checkpoint is None or row.metadata is None or row.foreign is not None
+                    or not isinstance(row.metadata.get(SEALED_METADATA_KEY), str)
+                    or not all(is_token(v) for v in row.channel_values.values())):
+                self.job.error("checkpoints", ref, f"checkpoint {row.checkpoint_id} (undecodable "
+                               "or holding a payload SecureSaver never writes)")
+                continue
             try:
                 values: dict[str, bytes] = {}
                 versions = row.channel_versions
@@ -194,6 +200,9 @@ class _Pass:
             if place is None or row.blob is None:
                 continue
             keys, ref = place
+            if row.type != "bytes" or not is_token(row.blob):
+                self.job.error("checkpoint_blobs", ref, f"channel {row.channel} (not sealed)")
+                continue
             if not self._stale(keys, row.blob):
                 self._current()
                 continue
@@ -217,6 +226,10 @@ class _Pass:
             if place is None or row.value is None:
                 continue
             keys, ref = place
+            if row.type != "bytes" or not is_token(row.value):
+                self.job.error(table, ref, f"write {row.checkpoint_id}/{row.task_id}/{row.idx} "
+                               "(not sealed)")
+                continue
             if not self._stale(keys, row.value):
                 self._current()
                 continue

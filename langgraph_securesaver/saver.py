@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import json
 import logging
 import re
+import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
@@ -40,6 +43,7 @@ from .errors import (
     AsyncOnlySaverError,
     ConfigurationError,
     KeyringRequired,
+    SecureSaverError,
     TamperedDataError,
     TenantRequired,
     UnsupportedFilterError,
@@ -49,6 +53,7 @@ from .pii_vault import PiiVault
 from .registry import Receipt, Registry, ThreadRow
 from .retention import DEFAULT_POLICY_KEY, PruneReport, RetentionPolicy, parse_duration
 from .storage_ops import DELTA_METADATA_KEYS, StorageOps, ops_for
+from .strict_serde import install_strict_serde
 from .tenancy import (
     ThreadRef,
     current_tenant_scope,
@@ -126,8 +131,73 @@ def _tokens_in_plaintext(raw: bytes) -> builtins.set[str] | None:
     return {t.decode("ascii") for t in _TOKEN_BYTES.findall(data)}
 
 
+# Stored-format version of the sealed manifest and of sealed pending writes. Version 1 (the
+# first, unreleased builds) bound only the checkpoint id and channel versions; it is refused
+# with a message saying so (see README "Stored format").
+MANIFEST_VERSION = 2
+_WRITE_MAGIC = b"\xffSW2"
+_WRITE_HEADER_LEN = struct.Struct(">I")
+
+
+class _DetachedParent(TamperedDataError):
+    """The row has no parent but its manifest names one: legitimate only when that parent was
+    pruned (checked by the caller, which then re-opens with ``detached_ok=True``)."""
+
+    def __init__(self, parent: str) -> None:
+        super().__init__("the checkpoint's parent link was removed, and its parent still exists")
+        self.parent = parent
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: what a JSON or msgpack round trip makes of a document."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _body(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything of a stored checkpoint document but its channel values."""
+    return _plain({k: v for k, v in checkpoint.items() if k != "channel_values"})
+
+
+def _stored_writes(writes: Sequence[tuple[str, Any]]) -> builtins.list[tuple[str, Any]]:
+    """The writes an inner LangGraph saver keeps of one put_writes call: a special channel
+    named twice keeps its last value when every write is special (upsert), else its first
+    (insert-or-ignore). Sealing exactly these keeps the per-call index set verifiable."""
+    if not any(ch in WRITES_IDX_MAP for ch, _v in writes):
+        return builtins.list(writes)
+    if all(ch in WRITES_IDX_MAP for ch, _v in writes):
+        return builtins.list({ch: (ch, v) for ch, v in writes}.values())
+    seen: builtins.set[str] = builtins.set()
+    out = []
+    for ch, v in writes:
+        if ch in WRITES_IDX_MAP:
+            if ch in seen:
+                continue
+            seen.add(ch)
+        out.append((ch, v))
+    return out
+
+
+def _call_indexes(n: int, specials: Sequence[Any]) -> frozenset[int]:
+    """The idx values a put_writes call of ``n`` writes occupies (specials: (position, idx))."""
+    positions = {int(p) for p, _i in specials}
+    return frozenset([j for j in range(n) if j not in positions] + [int(i) for _p, i in specials])
+
+
 class _SealedCodec:
-    """Turns plaintext checkpoint parts into tokens bound to their place, and back."""
+    """Turns plaintext checkpoint parts into tokens bound to their place, and back.
+
+    What is bound (format v2): every channel value to (tenant, thread, namespace, channel,
+    version); every pending write to (tenant, thread, namespace, checkpoint, task, channel)
+    plus, inside the ciphertext, its task path, its idx and the idx set of its put_writes call;
+    the metadata to (tenant, thread, namespace, checkpoint) plus a manifest of the whole stored
+    checkpoint document (id, ts, versions, versions_seen, updated_channels, ...), the parent
+    checkpoint id, the exact set of channels holding values, the clear allowlisted keys and
+    the blind-index entries. :meth:`verify_tuple` checks all of it on every read and scan.
+    """
 
     def __init__(self, serde: SerializerProtocol, allowlist: frozenset[str], blind_index: bool):
         self.serde = serde
@@ -159,6 +229,38 @@ class _SealedCodec:
     def metadata_aad(ref: ThreadRef, checkpoint_id: str) -> bytes:
         return associated_data("md", ref.tenant, ref.thread_id, ref.checkpoint_ns, checkpoint_id)
 
+    # pending writes -----------------------------------------------------------------------
+    def seal_writes(self, keys: TenantKeys, ref: ThreadRef, checkpoint_id: str, task_id: str,
+                    task_path: str, writes: Sequence[tuple[str, Any]]
+                    ) -> builtins.list[tuple[str, bytes]]:
+        """Seal one put_writes call; each write carries its task path, its idx (as the inner
+        saver will number it) and the idx set of the call."""
+        kept = _stored_writes(writes)
+        n = len(kept)
+        specials = [[j, WRITES_IDX_MAP[ch]] for j, (ch, _v) in enumerate(kept)
+                    if ch in WRITES_IDX_MAP]
+        out = []
+        for j, (ch, value) in enumerate(kept):
+            header = self.dump([task_path, WRITES_IDX_MAP.get(ch, j), n, specials])
+            plain = (_WRITE_MAGIC + _WRITE_HEADER_LEN.pack(len(header)) + header
+                     + self.dump(value))
+            out.append((ch, keys.seal(plain, self.write_aad(ref, checkpoint_id, task_id, ch))))
+        return out
+
+    def split_write(self, plain: bytes) -> tuple[str, int, int, builtins.list[Any], bytes]:
+        """(task path, idx, call size, call specials, serialized value) of a write plaintext."""
+        if not plain.startswith(_WRITE_MAGIC):
+            raise TamperedDataError(
+                "a pending write is in the format of an older SecureSaver build (format v1, "
+                "no idx/task binding), which this version refuses; see README 'Stored format'")
+        start = len(_WRITE_MAGIC) + _WRITE_HEADER_LEN.size
+        try:
+            (size,) = _WRITE_HEADER_LEN.unpack_from(plain, len(_WRITE_MAGIC))
+            path, idx, n, specials = self.load(plain[start:start + size])
+            return str(path), int(idx), int(n), builtins.list(specials), plain[start + size:]
+        except (ValueError, TypeError, struct.error):
+            raise TamperedDataError("a sealed pending write has a malformed header") from None
+
     # checkpoint ---------------------------------------------------------------------------
     def seal_checkpoint(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
                         values: Mapping[str, Any], reused: Mapping[str, bytes] | None = None
@@ -176,20 +278,32 @@ class _SealedCodec:
         return sealed
 
     def seal_metadata(self, keys: TenantKeys, ref: ThreadRef, checkpoint: Checkpoint,
-                      full: Mapping[str, Any]) -> dict[str, Any]:
+                      full: Mapping[str, Any], sealed: Checkpoint | None = None,
+                      parent: str | None = None, versioned_blobs: bool = False
+                      ) -> dict[str, Any]:
+        """The stored metadata: allowlisted keys in clear, blind-index entries, and the sealed
+        metadata + manifest. ``sealed`` is the checkpoint document as it will be stored and
+        ``parent`` the parent checkpoint id the inner saver records."""
         stored: dict[str, Any] = {k: full[k] for k in self.allowlist
                                   if k in full and _clear_ok(k, full[k], checkpoint)}
-        manifest: dict[str, Any] = {"id": checkpoint["id"],
-                                    "versions": dict(checkpoint["channel_versions"])}
+        blind: dict[str, str] = {}
+        if self.blind_index:
+            for key, value in full.items():
+                if key not in self.allowlist and isinstance(value, _SCALARS):
+                    blind[self.blind_key(keys, key)] = self.blind_value(keys, key, value)
+        versions = checkpoint["channel_versions"]
+        channels = sorted(ch for ch in checkpoint["channel_values"]
+                          if not versioned_blobs or ch in versions)
+        manifest: dict[str, Any] = {
+            "v": MANIFEST_VERSION, "body": _body(sealed if sealed is not None else checkpoint),
+            "parent": parent or None, "channels": channels, "exact": not versioned_blobs,
+            "clear": sorted(stored), "blind": blind}
         if checkpoint.get("pending_sends"):
             manifest["pending_sends"] = checkpoint.get("pending_sends")
         payload = self.dump({"metadata": dict(full), "manifest": manifest})
         stored[SEALED_METADATA_KEY] = to_text(
             keys.seal(payload, self.metadata_aad(ref, checkpoint["id"])))
-        if self.blind_index:
-            for key, value in full.items():
-                if key not in self.allowlist and isinstance(value, _SCALARS):
-                    stored[self.blind_key(keys, key)] = self.blind_value(keys, key, value)
+        stored.update(blind)
         return stored
 
     @staticmethod
@@ -220,51 +334,126 @@ class _SealedCodec:
                 out[self.blind_key(keys, key)] = self.blind_value(keys, key, value)
         return out
 
-    def open_tuple(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
-                   outer: Callable[[RunnableConfig | None], RunnableConfig | None],
-                   tokens: dict[str, builtins.set[str] | None] | None = None
-                   ) -> CheckpointTuple:
-        """Authenticate and decrypt a stored tuple; with ``tokens``, also note the redaction
-        tokens each channel value holds (from its plaintext bytes)."""
+    def verify_tuple(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                     detached_ok: bool = False
+                     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, bytes],
+                                builtins.list[tuple[str, str, bytes]]]:
+        """Authenticate a stored tuple completely (the check reads and ``scan --verify`` share).
+
+        Returns (sealed metadata, manifest, channel plaintexts, pending-write plaintexts in
+        ``writes_sort_key`` order). Raises TamperedDataError for anything that does not match
+        what SecureSaver sealed; nothing is deserialized but SecureSaver's own sealed payloads.
+        """
         checkpoint = tup.checkpoint
+        if (not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str)
+                or not isinstance(checkpoint.get("channel_values"), Mapping)
+                or not isinstance(checkpoint.get("channel_versions"), Mapping)):
+            raise TamperedDataError("the stored checkpoint document is not a checkpoint")
         cid = checkpoint["id"]
         if tup.config["configurable"].get("checkpoint_id") not in (None, cid):
             raise TamperedDataError("checkpoint row and checkpoint body disagree on the id")
-        stored_md: Mapping[str, Any] = tup.metadata or {}
+        stored_md: Mapping[str, Any] = tup.metadata if tup.metadata is not None else {}
+        if not isinstance(stored_md, Mapping):
+            raise TamperedDataError("the stored metadata is not a mapping")
         payload = self.load(keys.open(from_text(stored_md.get(SEALED_METADATA_KEY)),
                                       self.metadata_aad(ref, cid)))
         metadata, manifest = payload["metadata"], payload["manifest"]
-        if manifest["id"] != cid or manifest["versions"] != dict(checkpoint["channel_versions"]):
+        if manifest.get("v") != MANIFEST_VERSION:
             raise TamperedDataError(
-                "checkpoint structure does not match its sealed manifest (rolled back or swapped)")
-        for key, value in stored_md.items():
-            if key == SEALED_METADATA_KEY or key.startswith(BLIND_INDEX_PREFIX):
-                continue
-            if key not in self.allowlist or metadata.get(key) != value:
-                raise TamperedDataError(f"clear metadata key {key!r} was added or altered")
+                "checkpoint was sealed in the format of an older SecureSaver build (manifest "
+                "v1: id and channel versions only), which this version refuses; see README "
+                "'Stored format'")
+        stored_body, sealed_body = _body(checkpoint), _plain(manifest["body"])
+        if stored_body != sealed_body:
+            fields = sorted(k for k in set(stored_body) | set(sealed_body)
+                            if stored_body.get(k) != sealed_body.get(k))
+            raise TamperedDataError(
+                f"checkpoint document differs from its sealed manifest in {fields} "
+                "(altered, rolled back or swapped)")
+        parent = (tup.parent_config or {}).get("configurable", {}).get("checkpoint_id") or None
+        if parent != manifest["parent"]:
+            # a DeltaChannel thread (its counters kept in clear, where keep_latest sees them
+            # and refuses) is never legitimately detached
+            delta = any(k in manifest["clear"] for k in DELTA_METADATA_KEYS)
+            if parent is None and not delta:
+                if not detached_ok:
+                    raise _DetachedParent(manifest["parent"])
+            else:
+                raise TamperedDataError("the checkpoint's parent link was altered")
+        # savers that keep one blob per (channel, version) may also return an authenticated
+        # value LangGraph left out of this checkpoint (a DeltaChannel snapshot at an unchanged
+        # version): only a missing value is tampering there
+        held = checkpoint["channel_values"]
+        if (sorted(held) != manifest["channels"] if manifest["exact"]
+                else not all(ch in held for ch in manifest["channels"])):
+            raise TamperedDataError(
+                "the set of channels holding values differs from the sealed manifest (a value "
+                "was deleted or added)")
+        clear = manifest["clear"]
+        blind = manifest["blind"]
+        if len(stored_md) != len(clear) + len(blind) + 1:
+            raise TamperedDataError("clear metadata keys were added or removed")
+        for key in clear:
+            if key not in stored_md or stored_md[key] != metadata.get(key):
+                raise TamperedDataError(f"clear metadata key {key!r} was removed or altered")
+        for key, value in blind.items():
+            if stored_md.get(key) != value:
+                raise TamperedDataError("a blind-index entry was removed, altered or copied")
         if checkpoint.get("pending_sends"):
             raise TamperedDataError("a checkpoint holds clear pending sends (injected plaintext)")
         versions = checkpoint["channel_versions"]
-        opened = checkpoint.copy()
+        plains = {ch: keys.open(tok, self.channel_aad(ref, ch, versions.get(ch)))
+                  for ch, tok in checkpoint["channel_values"].items()}
+        return metadata, manifest, plains, self._verify_writes(keys, ref, cid, tup)
+
+    def _verify_writes(self, keys: TenantKeys, ref: ThreadRef, cid: str, tup: CheckpointTuple
+                       ) -> builtins.list[tuple[str, str, bytes]]:
+        rows = tup.pending_writes or []
+        if not rows:
+            return []
+        parsed = []
+        last: dict[str, int] = {}
+        present: dict[str, builtins.set[int]] = {}
+        claimed: dict[str, builtins.set[int]] = {}
+        for row in rows:
+            task_id, ch, tok = row
+            path, idx, n, specials, body = self.split_write(
+                keys.open(tok, self.write_aad(ref, cid, task_id, ch)))
+            if task_id in last and idx <= last[task_id]:
+                raise TamperedDataError(
+                    f"pending writes of task {task_id!r} are duplicated or reordered")
+            last[task_id] = idx
+            present.setdefault(task_id, builtins.set()).add(idx)
+            claimed.setdefault(task_id, builtins.set()).update(_call_indexes(n, specials))
+            parsed.append((path, task_id, idx, ch, body))
+        for task_id, wanted in claimed.items():
+            if not wanted <= present[task_id]:
+                raise TamperedDataError(f"a pending write of task {task_id!r} was dropped")
+        parsed.sort(key=lambda p: (p[0], p[1], p[2]))
+        return [(task_id, ch, body) for _path, task_id, _idx, ch, body in parsed]
+
+    def open_tuple(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                   outer: Callable[[RunnableConfig | None], RunnableConfig | None],
+                   tokens: dict[str, builtins.set[str] | None] | None = None,
+                   detached_ok: bool = False) -> CheckpointTuple:
+        """Authenticate and decrypt a stored tuple; with ``tokens``, also note the redaction
+        tokens each channel value holds (from its plaintext bytes)."""
+        metadata, manifest, plains, writes = self.verify_tuple(keys, ref, tup, detached_ok)
+        opened = tup.checkpoint.copy()
         if "pending_sends" in manifest:
             cast(dict, opened)["pending_sends"] = manifest["pending_sends"]
         values: dict[str, Any] = {}
-        for ch, tok in checkpoint["channel_values"].items():
-            plain = keys.open(tok, self.channel_aad(ref, ch, versions.get(ch)))
+        for ch, plain in plains.items():
             if tokens is not None:
                 tokens[ch] = _tokens_in_plaintext(plain)
             values[ch] = self.load(plain)
         opened["channel_values"] = values
-        writes = [
-            (task_id, ch, self.load(keys.open(tok, self.write_aad(ref, cid, task_id, ch))))
-            for task_id, ch, tok in (tup.pending_writes or [])
-        ]
         return CheckpointTuple(
             config=outer(tup.config) or tup.config,
             checkpoint=opened,
-            metadata=metadata,
+            metadata=cast(CheckpointMetadata, metadata),
             parent_config=outer(tup.parent_config),
-            pending_writes=writes,
+            pending_writes=[(task_id, ch, self.load(body)) for task_id, ch, body in writes],
         )
 
 
@@ -315,6 +504,7 @@ class SecureSaver(BaseCheckpointSaver):
                 raise KeyringRequired() from None
         if not isinstance(keyring, KeyProvider):
             raise ConfigurationError("keyring must implement the KeyProvider protocol")
+        install_strict_serde(inner)  # the inner saver decodes only what SecureSaver stores
         self.inner = inner
         self.keyring = keyring
         self.registry = self._make_registry(inner, registry)
@@ -603,11 +793,13 @@ class SecureSaver(BaseCheckpointSaver):
         for ch in values:
             self._tokens.put(ref, ch, versions.get(ch), sealed["channel_values"][ch])
         full = self._redact_metadata(keys, get_checkpoint_metadata(config, metadata), entries)
-        md = self.codec.seal_metadata(keys, ref, checkpoint, full)
+        parent = (config.get("configurable") or {}).get("checkpoint_id") or None
+        md = self.codec.seal_metadata(keys, ref, checkpoint, full, sealed, parent,
+                                      self._versioned_blobs)
         return sealed, md, self.vault.unknown(ref.tenant, ref.thread_id, entries)
 
     def _prepare_writes(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
-                        writes: Sequence[tuple[str, Any]], task_id: str
+                        writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
                         ) -> tuple[builtins.list[tuple[str, Any]], builtins.list[Any]]:
         cid = (config.get("configurable") or {}).get("checkpoint_id")
         if not cid:
@@ -615,9 +807,8 @@ class SecureSaver(BaseCheckpointSaver):
         entries: builtins.list[Any] = []
         if self.redactor is not None:
             writes = [(ch, self._redact_one(keys, ch, v, entries)) for ch, v in writes]
-        sealed: builtins.list[tuple[str, Any]] = [
-            (ch, keys.seal(self.codec.dump(v), self.codec.write_aad(ref, cid, task_id, ch)))
-            for ch, v in writes]
+        sealed: builtins.list[tuple[str, Any]] = builtins.list(
+            self.codec.seal_writes(keys, ref, cid, task_id, task_path, writes))
         return sealed, self.vault.unknown(ref.tenant, ref.thread_id, entries)
 
     def _remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
@@ -748,13 +939,16 @@ class SecureSaver(BaseCheckpointSaver):
     # --------------------------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ref = self._scoped(lambda: self._ref(config, "get_tuple"))
-        tup = self._sync_inner("get_tuple").get_tuple(self._inner_config(ref, config))
+        inner_config = self._inner_config(ref, config)
+        inner = self._sync_inner("get_tuple")
+        with _decoding(ref, inner_config, inner if self._sync_only else None):
+            tup = inner.get_tuple(inner_config)
         if tup is None:
             return None
         keys = self.keys.require(ref.tenant)
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
-        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant), known)
+        opened = self._open_checked(keys, ref, tup, known)
         self._remember_tokens(ref, tup)
         return self._restore(keys, opened, known)
 
@@ -773,9 +967,10 @@ class SecureSaver(BaseCheckpointSaver):
             return
         inner_filter = self.codec.translate_filter(keys, self._redact_filter(keys, filter))
         yielded = 0
-        for tup in self._inner_rows(tenant, inner_config, inner_filter, inner_before, limit,
-                                    one_thread):
-            listed = self._open_listed(keys, tenant, tup)
+        rows = _listing(tenant, lambda: self._inner_rows(
+            tenant, inner_config, inner_filter, inner_before, limit, one_thread))
+        for tup in rows:
+            listed = self._open_listed(keys, tenant, tup, rows.drain)
             if listed is None:
                 continue
             yield self._restore(keys, *listed)
@@ -801,7 +996,7 @@ class SecureSaver(BaseCheckpointSaver):
         ref = self._scoped(lambda: self._ref(config, "put_writes"))
         inner = self._sync_inner("put_writes")
         keys = self._keys(ref.tenant)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id)
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, task_path)
         self.vault.store(keys, ref.thread_id, new_pii)
         inner.put_writes(self._inner_config(ref, config), sealed, task_id, task_path)
 
@@ -860,7 +1055,9 @@ class SecureSaver(BaseCheckpointSaver):
     # --------------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ref = await self._ascoped(lambda: self._ref(config, "get_tuple"))
-        tup = await self._ainner("get_tuple", self._inner_config(ref, config))
+        inner_config = self._inner_config(ref, config)
+        with _decoding(ref, inner_config):
+            tup = await self._ainner("get_tuple", inner_config)
         if tup is None:
             return None
         keys = await self._akeys_existing(ref.tenant)
@@ -868,7 +1065,7 @@ class SecureSaver(BaseCheckpointSaver):
             keys = self.keys.require(ref.tenant)  # raises TamperedDataError
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
-        opened = self.codec.open_tuple(keys, ref, tup, self._outer(ref.tenant), known)
+        opened = await self._aopen_checked(keys, ref, tup, known)
         self._remember_tokens(ref, tup)
         return await self._arestore(keys, opened, known)
 
@@ -888,11 +1085,15 @@ class SecureSaver(BaseCheckpointSaver):
         if filter and self.redactor is not None:
             filter = await asyncio.to_thread(self._redact_filter, keys, filter)
         inner_filter = self.codec.translate_filter(keys, filter)
-        rows = await self._ainner_rows(tenant, inner_config, inner_filter, inner_before, limit,
-                                       one_thread)
+        try:
+            rows = await self._ainner_rows(tenant, inner_config, inner_filter, inner_before,
+                                           limit, one_thread)
+        except _PARSE_ERRORS as exc:
+            raise _parse_failure(f"tenant {tenant!r} (listing)", exc) from None
         yielded = 0
-        async for tup in _aiter(rows):
-            listed = self._open_listed(keys, tenant, tup)
+        arows = _ARows(_aiter(rows), tenant)
+        async for tup in arows:
+            listed = await self._aopen_listed(keys, tenant, tup, arows.drain)
             if listed is None:
                 continue
             yield await self._arestore(keys, *listed)
@@ -924,9 +1125,10 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys(ref.tenant)
         if self.redactor is not None:  # redaction is CPU work: never on the event loop
             sealed, new_pii = await asyncio.to_thread(
-                self._prepare_writes, keys, ref, config, writes, task_id)
+                self._prepare_writes, keys, ref, config, writes, task_id, task_path)
         else:
-            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id)
+            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
+                                                   task_path)
         if new_pii:
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
@@ -1045,14 +1247,88 @@ class SecureSaver(BaseCheckpointSaver):
                 limit=limit)])
         return _newest_first(per_thread)
 
-    def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple
+    def _open_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple,
+                     release: Callable[[], None] | None = None
                      ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None] | None] | None:
         ref = self._ref_of(tenant, tup)
         if ref is None:
             return None  # another tenant's row in an unscoped inner listing
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
-        return self.codec.open_tuple(keys, ref, tup, self._outer(tenant), known), known
+        return self._open_checked(keys, ref, tup, known, release), known
+
+    async def _aopen_listed(self, keys: TenantKeys, tenant: str, tup: CheckpointTuple,
+                            release: Callable[[], Awaitable[None]] | None = None
+                            ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None]
+                                       | None] | None:
+        ref = self._ref_of(tenant, tup)
+        if ref is None:
+            return None
+        known: dict[str, builtins.set[str] | None] | None = (
+            {} if self.redactor is not None else None)
+        return await self._aopen_checked(keys, ref, tup, known, release), known
+
+    # opening stored tuples (shared by reads) ------------------------------------------------
+    def _open_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                      known: dict[str, builtins.set[str] | None] | None,
+                      release: Callable[[], None] | None = None) -> CheckpointTuple:
+        try:
+            return self._open_checked_inner(keys, ref, tup, known, release)
+        except _DetachedParent:
+            raise
+        except TamperedDataError as exc:
+            raise _named(ref, tup, exc) from None
+
+    async def _aopen_checked(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                             known: dict[str, builtins.set[str] | None] | None,
+                             release: Callable[[], Awaitable[None]] | None = None
+                             ) -> CheckpointTuple:
+        try:
+            return await self._aopen_checked_inner(keys, ref, tup, known, release)
+        except _DetachedParent:
+            raise
+        except TamperedDataError as exc:
+            raise _named(ref, tup, exc) from None
+
+    def _open_checked_inner(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple,
+                            known: dict[str, builtins.set[str] | None] | None,
+                            release: Callable[[], None] | None = None) -> CheckpointTuple:
+        """open_tuple, plus the one check it cannot make alone: a checkpoint whose parent link
+        is gone is accepted only if that parent no longer exists (pruned with keep_latest).
+        ``release`` frees an inner listing in progress before that lookup."""
+        at = _row_ref(ref, tup)
+        try:
+            return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known)
+        except _DetachedParent as detached:
+            if release is not None:
+                release()
+            parent_cfg = _parent_config(at, tup, detached.parent)
+            inner = self._sync_inner("get_tuple")
+            with _decoding(at, parent_cfg):
+                exists = inner.get_tuple(parent_cfg) is not None
+            if exists:
+                raise TamperedDataError(str(detached)) from None
+            return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known,
+                                         detached_ok=True)
+
+    async def _aopen_checked_inner(self, keys: TenantKeys, ref: ThreadRef,
+                                   tup: CheckpointTuple,
+                                   known: dict[str, builtins.set[str] | None] | None,
+                                   release: Callable[[], Awaitable[None]] | None = None
+                                   ) -> CheckpointTuple:
+        at = _row_ref(ref, tup)
+        try:
+            return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known)
+        except _DetachedParent as detached:
+            if release is not None:
+                await release()
+            parent_cfg = _parent_config(at, tup, detached.parent)
+            with _decoding(at, parent_cfg):
+                exists = await self._ainner("get_tuple", parent_cfg) is not None
+            if exists:
+                raise TamperedDataError(str(detached)) from None
+            return self.codec.open_tuple(keys, at, tup, self._outer(ref.tenant), known,
+                                         detached_ok=True)
 
     def _delete_threads(self, tenant: str, thread_ids: Sequence[str], how: str) -> None:
         """Delete threads completely and leave a receipt for each (runs in a worker thread
@@ -1557,6 +1833,189 @@ class SecureSaver(BaseCheckpointSaver):
                 yield saver
             finally:
                 await asyncio.to_thread(saver.registry.dispose)
+
+
+def _named(ref: ThreadRef, tup: CheckpointTuple, exc: TamperedDataError) -> TamperedDataError:
+    """The refusal, naming the stored checkpoint it concerns (never a value)."""
+    conf = tup.config.get("configurable") or {}
+    return TamperedDataError(
+        f"checkpoint {str(conf.get('checkpoint_id'))!r} of tenant {ref.tenant!r} thread "
+        f"{ref.thread_id!r} namespace {str(conf.get('checkpoint_ns', '') or '')!r} (the "
+        f"checkpoints row and its writes/blobs) was refused: {exc}")
+
+
+def _row_ref(ref: ThreadRef, tup: CheckpointTuple) -> ThreadRef:
+    """The ref of the row as stored (its own namespace: get_tuple may not name one)."""
+    ns = str((tup.config.get("configurable") or {}).get("checkpoint_ns", "") or "")
+    return ref if ns == ref.checkpoint_ns else ThreadRef(ref.tenant, ref.thread_id, ns)
+
+
+def _parent_config(ref: ThreadRef, tup: CheckpointTuple, parent: str) -> RunnableConfig:
+    conf = tup.config.get("configurable") or {}
+    return {"configurable": {"thread_id": conf.get("thread_id", ref.inner_id),
+                             "checkpoint_ns": ref.checkpoint_ns, "checkpoint_id": parent}}
+
+
+# what a stored row can do to an inner saver's own parsing (SQLite's clear metadata is JSON;
+# the strict serializer raises TamperedDataError itself)
+_PARSE_ERRORS = (TamperedDataError, json.JSONDecodeError, UnicodeDecodeError, TypeError,
+                 AttributeError)
+
+
+def _parse_failure(where: str, exc: BaseException) -> BaseException:
+    if isinstance(exc, SecureSaverError) and not isinstance(exc, TamperedDataError):
+        return exc  # our own typed errors (e.g. AsyncOnlySaverError) pass through unchanged
+    if isinstance(exc, TamperedDataError):
+        reason = str(exc)
+    elif isinstance(exc, json.JSONDecodeError):
+        reason = "its clear metadata is not valid JSON (altered bytes)"
+    else:
+        reason = f"it does not decode ({type(exc).__name__})"
+    return TamperedDataError(f"a stored row of {where} was refused: {reason}")
+
+
+@contextmanager
+def _decoding(ref: ThreadRef, inner_config: RunnableConfig,
+              locate_in: BaseCheckpointSaver | None = None) -> Iterator[None]:
+    """Inner-saver reads: every parse failure a stored row causes is a TamperedDataError
+    naming the row (never its bytes). With ``locate_in`` (a sync SQLite/Postgres saver, on
+    sync paths only), the table and row key are looked up too."""
+    try:
+        yield
+    except _PARSE_ERRORS as exc:
+        conf = inner_config.get("configurable") or {}
+        cid = conf.get("checkpoint_id")
+        ns = str(conf.get("checkpoint_ns", ref.checkpoint_ns) or "")
+        row = _locate_refused(locate_in, str(conf.get("thread_id", ref.inner_id)), ns, cid)
+        where = (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace {ns!r} "
+                 + (f"checkpoint {cid!r}" if cid else "(latest checkpoint)")
+                 + (f": {row}" if row else " (inner tables: checkpoints, checkpoint_blobs, "
+                    "writes)"))
+        raise _parse_failure(where, exc) from None
+
+
+def _locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
+                    checkpoint_id: str | None) -> str | None:
+    if inner is None:
+        return None
+    try:
+        from .raw_tables import raw_tables_for
+        return raw_tables_for(inner).locate_refused(thread_id, ns, checkpoint_id)
+    except Exception:  # naming the row is best effort; the refusal stands
+        logger.debug("could not locate the refused row", exc_info=True)
+        return None
+
+
+def _listing(tenant: str, make: Callable[[], Any]) -> _Rows:
+    """The inner listing for list(), its parse failures (eager ones included) as
+    TamperedDataError."""
+    try:
+        return _Rows(make(), tenant)
+    except _PARSE_ERRORS as exc:
+        raise _parse_failure(f"tenant {tenant!r} (listing)", exc) from None
+
+
+class _Rows:
+    """An inner listing whose parse failures surface as TamperedDataError. ``drain()`` reads
+    the rest into memory and releases the inner cursor (and its lock), so a row's parent can
+    be looked up while the listing is still being consumed."""
+
+    def __init__(self, rows: Any, tenant: str) -> None:
+        self._it = iter(rows)
+        self._buf: collections.deque[CheckpointTuple] | None = None
+        self._tenant = tenant
+        self._last = "(first row)"
+
+    def __iter__(self) -> _Rows:
+        return self
+
+    def _pull(self) -> CheckpointTuple:
+        try:
+            tup = next(self._it)
+        except StopIteration:
+            raise
+        except _PARSE_ERRORS as exc:
+            raise _parse_failure(f"tenant {self._tenant!r}, listed after {self._last}",
+                                 exc) from None
+        self._last = _row_name(tup)
+        return tup
+
+    def __next__(self) -> CheckpointTuple:
+        if self._buf is None:
+            return self._pull()
+        if not self._buf:
+            raise StopIteration
+        return self._buf.popleft()
+
+    def drain(self) -> None:
+        if self._buf is None:
+            buf: collections.deque[CheckpointTuple] = collections.deque()
+            try:
+                while True:
+                    buf.append(self._pull())
+            except StopIteration:
+                pass
+            self._buf = buf
+            self.close()
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+class _ARows:
+    """The async twin of :class:`_Rows`."""
+
+    def __init__(self, rows: AsyncIterator[CheckpointTuple], tenant: str) -> None:
+        self._it = rows.__aiter__()
+        self._buf: collections.deque[CheckpointTuple] | None = None
+        self._tenant = tenant
+        self._last = "(first row)"
+
+    def __aiter__(self) -> _ARows:
+        return self
+
+    async def _pull(self) -> CheckpointTuple:
+        try:
+            tup = await self._it.__anext__()
+        except StopAsyncIteration:
+            raise
+        except _PARSE_ERRORS as exc:
+            raise _parse_failure(f"tenant {self._tenant!r}, listed after {self._last}",
+                                 exc) from None
+        self._last = _row_name(tup)
+        return tup
+
+    async def __anext__(self) -> CheckpointTuple:
+        if self._buf is None:
+            return await self._pull()
+        if not self._buf:
+            raise StopAsyncIteration
+        return self._buf.popleft()
+
+    async def drain(self) -> None:
+        if self._buf is None:
+            buf: collections.deque[CheckpointTuple] = collections.deque()
+            try:
+                while True:
+                    buf.append(await self._pull())
+            except StopAsyncIteration:
+                pass
+            self._buf = buf
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _row_name(tup: CheckpointTuple) -> str:
+    conf = tup.config.get("configurable") or {}
+    return (f"thread {str(conf.get('thread_id'))!r} namespace "
+            f"{str(conf.get('checkpoint_ns', ''))!r} checkpoint "
+            f"{str(conf.get('checkpoint_id'))!r}")
 
 
 class _DeniedError(Exception):

@@ -11,7 +11,14 @@ Checked, table by table (the inner saver's and every ``securesaver_*`` one):
   table (companions' tables included, even ones this version does not know);
 * every ciphertext names a data-key version its tenant has; with a keyring, every key row is
   wrapped by a master version the keyring holds, and ``verify=True`` also authenticates every
-  ciphertext against its place (tenant, thread, namespace, channel, ...).
+  ciphertext against its place (tenant, thread, namespace, channel, ...) and checks every
+  checkpoint exactly as a read does (the same :meth:`_SealedCodec.verify_tuple`: the sealed
+  manifest of the whole checkpoint document, parent link, channel set, clear metadata, blind
+  index, and the idx/task binding of its pending writes), so whatever ``get_tuple``/``list``
+  refuse, the scan reports.
+
+Nothing stored is evaluated: the inner tables are decoded with the strict serializer (plain
+containers and bytes only) and only SecureSaver's own authenticated payloads are parsed further.
 
 A violation says what and where (table, row key, field), never the value: the row key itself is
 masked where it holds personal data (``support-<EMAIL_ADDRESS>``).
@@ -45,7 +52,7 @@ from .raw_tables import (
     registry_rows,
     registry_tables,
 )
-from .saver import SEALED_METADATA_KEY
+from .saver import _PARSE_ERRORS, SEALED_METADATA_KEY, _DetachedParent
 from .tenancy import ThreadRef
 
 if TYPE_CHECKING:
@@ -72,6 +79,11 @@ VIOLATIONS: dict[str, str] = {
     "token_fails_authentication": "a ciphertext does not authenticate for its place",
     "plaintext_binary": "a binary column of a securesaver_* table holds no ciphertext",
     "undecodable_row": "a row cannot be decoded",
+    "checkpoint_fails_verification": "a checkpoint is refused by reads (manifest, parent, "
+                                     "channels, clear metadata, blind index or pending writes)",
+    "unevaluated_payload": "a row holds a serialized object SecureSaver never writes (msgpack "
+                           "extension / constructor); it was not evaluated",
+    "write_moved": "a pending write sits at another idx or task path than it was sealed for",
 }
 
 
@@ -262,27 +274,30 @@ class Scanner:
         return self._keys[tenant]
 
     def _token(self, table: str, location: str, tenant: str | None, token: bytes,
-               aad: Callable[[], bytes] | None) -> None:
-        """A ciphertext: its key must exist; with verify, it must authenticate here."""
+               aad: Callable[[], bytes] | None) -> bytes | None:
+        """A ciphertext: its key must exist; with verify, it must authenticate here (its
+        plaintext is returned then)."""
         self.report.tokens += 1
         if tenant is None:
-            return
+            return None
         version = token_key_version(token)
         per = self.report.key_versions.setdefault(tenant, {})
         per[version] = per.get(version, 0) + 1
         if version not in self._data_versions.get(tenant, set()):
             self._violation("unknown_data_key", table, location,
                             f"names data key v{version} of tenant {self._m(tenant)}")
-            return
+            return None
         if self.verify and aad is not None:
             keys = self._tenant_keys(tenant)
             if keys is None:
-                return
+                return None
             try:
-                keys.open(token, aad())
+                plain = keys.open(token, aad())
                 self.report.verified += 1
+                return plain
             except TamperedDataError:
                 self._violation("token_fails_authentication", table, location)
+        return None
 
     # sections -------------------------------------------------------------------------------
     def run(self) -> ScanReport:
@@ -369,6 +384,8 @@ class Scanner:
         if row.error or row.checkpoint is None or row.metadata is None:
             self._violation("undecodable_row", table, where, row.error or "")
             return
+        if row.foreign is not None:
+            self._violation("unevaluated_payload", table, where, row.foreign)
         ref = ThreadRef(tenant, thread, row.checkpoint_ns) if tenant else None
         versions = row.channel_versions
         for channel in versions:
@@ -389,6 +406,34 @@ class Scanner:
             self._token(table, at, tenant, value,
                         None if ref is None else self._channel_aad(ref, channel, versions))
         self._metadata(table, where, tenant, ref, row)
+        if self.verify and ref is not None:
+            self._verify_checkpoint(table, where, ref, row)
+
+    def _verify_checkpoint(self, table: str, where: str, ref: ThreadRef,
+                           row: CheckpointRow) -> None:
+        """The read path's own check of the whole checkpoint (as get_tuple/list make it)."""
+        keys = self._tenant_keys(ref.tenant)
+        if keys is None:
+            return
+        inner = self.saver.inner
+        config: Any = {"configurable": {"thread_id": row.thread_id,
+                                        "checkpoint_ns": row.checkpoint_ns,
+                                        "checkpoint_id": row.checkpoint_id}}
+        try:
+            tup = inner.get_tuple(config)
+            if tup is None:  # deleted since the page was read
+                return
+            try:
+                self.saver.codec.verify_tuple(keys, ref, tup)
+            except _DetachedParent as detached:
+                parent: Any = {"configurable": {**config["configurable"],
+                                                "checkpoint_id": detached.parent}}
+                if inner.get_tuple(parent) is not None:
+                    raise TamperedDataError(str(detached)) from None
+                self.saver.codec.verify_tuple(keys, ref, tup, detached_ok=True)
+        except _PARSE_ERRORS as exc:
+            self._violation("checkpoint_fails_verification", table, where,
+                            self.inspector.mask(str(exc), limit=300))
 
     def _channel_aad(self, ref: ThreadRef, channel: str, versions: Mapping[str, Any]
                      ) -> Callable[[], bytes]:
@@ -476,9 +521,19 @@ class Scanner:
             self._violation("plaintext_write", table, where, f"stored as {row.type}")
             return
         ref = ThreadRef(tenant, thread, row.checkpoint_ns) if tenant else None
-        self._token(table, where, tenant, row.value or b"", None if ref is None else (
+        plain = self._token(table, where, tenant, row.value or b"", None if ref is None else (
             lambda: self.saver.codec.write_aad(ref, row.checkpoint_id, row.task_id,
                                                row.channel)))
+        if plain is not None:
+            try:
+                path, idx, _n, _specials, _body = self.saver.codec.split_write(plain)
+            except TamperedDataError as exc:
+                self._violation("write_moved", table, where, str(exc))
+                return
+            if idx != row.idx or path != row.task_path:
+                self._violation("write_moved", table, where,
+                                "sealed for idx/task path "
+                                + ("(idx differs)" if idx != row.idx else "(task path differs)"))
 
     def _scan_registry_table(self, table: RegistryTable) -> int:
         n = 0

@@ -207,7 +207,9 @@ def test_verify_catches_a_forged_ciphertext(sqlite_db) -> None:
     code, _report, _ = run_scan(url, "--keyring", str(ring_path))
     assert code == 0   # the header is fine: only authentication can tell
     code, report, _ = run_scan(url, "--keyring", str(ring_path), "--verify")
-    assert code == 1 and _kinds(report) == {"token_fails_authentication": 1}
+    # the row itself, and the checkpoint it belongs to (refused by reads too)
+    assert code == 1 and _kinds(report) == {"token_fails_authentication": 1,
+                                            "checkpoint_fails_verification": 1}
 
 
 def test_scan_exit_2_when_it_cannot_run(sqlite_db, tmp_path: Path) -> None:

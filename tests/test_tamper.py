@@ -39,6 +39,16 @@ def _raw(saver: SecureSaver, thread: str, tenant: str = "acme", checkpoint_id: s
     return saver.inner.get_tuple({"configurable": conf})
 
 
+def _attacker(saver: SecureSaver):
+    """The raw saver with LangGraph's default serializer: writes anything an attacker likes."""
+    import copy
+
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    raw = copy.copy(saver.inner)
+    raw.serde = JsonPlusSerializer()
+    return raw
+
+
 def _rewrite(saver: SecureSaver, tup, channel_values=None, metadata=None) -> None:
     """Write a modified row back through the raw saver (an attacker with DB write access)."""
     checkpoint = dict(tup.checkpoint)
@@ -47,8 +57,8 @@ def _rewrite(saver: SecureSaver, tup, channel_values=None, metadata=None) -> Non
     conf = dict(tup.config["configurable"])
     parent = tup.parent_config["configurable"]["checkpoint_id"] if tup.parent_config else None
     conf["checkpoint_id"] = parent
-    saver.inner.put({"configurable": conf}, checkpoint, metadata or tup.metadata,
-                    dict(checkpoint["channel_versions"]))
+    _attacker(saver).put({"configurable": conf}, checkpoint, metadata or tup.metadata,
+                         dict(checkpoint["channel_versions"]))
 
 
 def test_untouched_data_reads(saver: SecureSaver) -> None:
@@ -195,5 +205,35 @@ def test_legacy_pending_sends_are_sealed_and_restored(saver: SecureSaver) -> Non
     assert saver.get_tuple(saved) is not None
     injected = {**raw.checkpoint, "pending_sends": [Send("node", {"x": 1})]}
     _rewrite(saver, raw._replace(checkpoint=injected))
-    with pytest.raises(TamperedDataError, match="pending sends"):
+    with pytest.raises(TamperedDataError, match=r"pending sends|extension type"):
         saver.get_tuple(saved)
+
+
+def test_flipped_byte_in_clear_metadata_json_is_tampered_data(saver: SecureSaver,
+                                                              tmp_path: Path) -> None:
+    """The inner saver parses SQLite's clear metadata itself (json.loads): a byte that breaks
+    it is the one documented error, naming the row, and nothing is rewritten."""
+    tup = _raw(saver, "t1")
+    cid = tup.checkpoint["id"]
+    conn = sqlite3.connect(tmp_path / "db.sqlite")
+    (metadata,) = conn.execute("SELECT metadata FROM checkpoints WHERE checkpoint_id = ?",
+                               (cid,)).fetchone()
+    broken = bytes(metadata)
+    broken = broken[:1] + b"\xff" + broken[2:]
+    conn.execute("UPDATE checkpoints SET metadata = ? WHERE checkpoint_id = ?", (broken, cid))
+    conn.commit()
+    with pytest.raises(TamperedDataError) as refused:
+        saver.get_tuple(_cfg("t1"))
+    message = str(refused.value)
+    assert "checkpoints row" in message and "metadata" in message and cid in message
+    assert "acme/t1" not in message
+    with pytest.raises(TamperedDataError):
+        list(saver.list(_cfg("t1")))
+    assert saver.get_tuple(_cfg("t2")) is not None      # other threads keep working
+    (after,) = conn.execute("SELECT metadata FROM checkpoints WHERE checkpoint_id = ?",
+                            (cid,)).fetchone()
+    conn.close()
+    assert after == broken                                # nothing rewritten
+    from langgraph_securesaver.scan import scan
+    report = scan(saver, keyring=saver.keyring, verify=True)
+    assert "undecodable_row" in report.by_kind()
