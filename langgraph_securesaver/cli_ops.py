@@ -176,28 +176,47 @@ def audit(
     from .audit import audit as run_audit
     tenant = tenant_arg(tenant)
     ring = _keyring_or_none(keyring)
+    if output is not AuditFormat.table:
+        _stream_audit(url, ring, tenant, output, out)
     with opened(url, ring) as saver:
         try:
-            with progress_bar("audit", quiet=output is not AuditFormat.table) as advance:
+            with progress_bar("audit") as advance:
                 report = run_audit(saver, tenant=tenant, progress=advance)
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
-    if output is AuditFormat.html:
-        from .report_html import render_html
-        text = render_html(report)
-        if out is None:
-            typer.echo(text)
-        else:
-            out.write_text(text, encoding="utf-8")
-            err_console.print(f"wrote {out} ({len(text):,} bytes)")
-    elif output is AuditFormat.json:
-        if out is None:
-            _echo_json(report.as_dict())
-        else:
-            out.write_text(json.dumps(report.as_dict(), indent=2), encoding="utf-8")
-    else:
-        _print_audit(report)
+    _print_audit(report)
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
+                  out: Path | None) -> None:
+    """json / html: written while the database is read (memory stays flat); always exits."""
+    import sys
+
+    from .audit import audit_stream, iter_audit
+    from .report_html import write_html
+    with opened(url, ring) as saver:
+        try:
+            if tenant is not None and tenant not in saver.registry.tenants():
+                raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
+            with (out.open("w", encoding="utf-8") if out is not None
+                  else _no_close(sys.stdout)) as target:
+                if output is AuditFormat.html:
+                    stream, finish = iter_audit(saver, tenant=tenant)
+                    summary = write_html(stream, finish, target)
+                else:
+                    summary = audit_stream(saver, target, tenant=tenant)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    if out is not None:
+        err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+    raise typer.Exit(EXIT_OK if summary.ok else EXIT_FOUND)
+
+
+@contextmanager
+def _no_close(stream: Any) -> Iterator[Any]:
+    yield stream
+    stream.flush()
 
 
 def _no_wrap(table: Table, *columns: int) -> None:

@@ -259,3 +259,37 @@ class PiiVault:
         self._drop_tenant_cache(tenant)
         return int(erased or 0)
 
+    def delete_threads_in(self, conn: Any, pairs: Sequence[tuple[str, str]]
+                          ) -> dict[tuple[str, str], int]:
+        """Bulk :meth:`delete_thread` inside the caller's transaction (the pruner's batch).
+        Returns the originals erased per (tenant, thread); an original several threads of the
+        batch shared is counted once, on the first of them."""
+        if not pairs:
+            return {}
+        from .registry import pairs_in
+        wanted = list(pairs)
+        dialect = conn.dialect.name
+        refs = conn.execute(pii_refs.delete().where(
+            pairs_in(dialect, pii_refs.c.tenant, pii_refs.c.thread_id, wanted)).returning(
+            pii_refs.c.tenant, pii_refs.c.thread_id, pii_refs.c.token)).all()
+        owner: dict[tuple[str, str], tuple[str, str]] = {}
+        for tenant, thread_id, token in sorted(refs):
+            owner.setdefault((tenant, token), (tenant, thread_id))
+        erased: dict[tuple[str, str], int] = {p: 0 for p in wanted}
+        if owner:
+            still_used = sa.select(pii_refs.c.token).where(
+                pii_refs.c.tenant == pii_vault.c.tenant, pii_refs.c.token == pii_vault.c.token)
+            gone = conn.execute(pii_vault.delete().where(
+                pairs_in(dialect, pii_vault.c.tenant, pii_vault.c.token, list(owner)),
+                ~sa.exists(still_used)).returning(pii_vault.c.tenant, pii_vault.c.token)).all()
+            for tenant, token in gone:
+                erased[owner[(tenant, token)]] += 1
+            for tenant in sorted({t for t, _token in gone}):
+                self._bump_epoch(conn, tenant)   # other processes drop their cached originals
+        doomed = set(wanted)
+        with self._lock:
+            for key in [k for k in self._known if (k[0], k[1]) in doomed]:
+                del self._known[key]
+            for tenant, token in owner:
+                self._values.pop((tenant, token), None)
+        return erased

@@ -3,6 +3,21 @@
 See :mod:`langgraph_securesaver.retention` for the guarantees. The sweep is synchronous; the
 saver's ``aprune_expired`` runs it in a worker thread (async-only inner savers are reached on
 their own event loop from there).
+
+Threads are processed in batches (``batch``, default 500): one claim (``UPDATE`` with a
+lease and one fencing token, returning the rows as they are under its locks), one query for
+the latest checkpoint time of every thread of the batch, then set-based deletes whose
+registry-row delete re-checks the claim token, expiry and hold in the same statement.
+
+When the registry and the inner saver share a database (``from_url``), a batch's
+checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
+deleted and its receipts written in ONE transaction: a kill at any point leaves each thread
+of the batch untouched or fully deleted with exactly one receipt. Otherwise (a registry
+elsewhere, an in-memory or custom saver) the batch is marked ``deleting``, its storage
+deleted, then its companions, registry rows and receipts finished in one registry
+transaction; a kill in between leaves ``deleting`` rows the next sweep finishes when their
+lease runs out. A batch that fails for a reason other than a transient conflict is retried
+thread by thread, so one bad thread never stops the others.
 """
 
 from __future__ import annotations
@@ -15,16 +30,19 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .registry import ThreadRow
+import sqlalchemy as sa
+
+from .registry import ThreadRow, pairs_in
 from .retention import PruneReport
-from .tenancy import ThreadRef
+from .storage_ops import delete_threads_in
+from .tenancy import ThreadRef, inner_thread_id
 
 if TYPE_CHECKING:
     from .saver import SecureSaver
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH = 100
+DEFAULT_BATCH = 500
 DEFAULT_LEASE = 300.0
 DEFAULT_ACTIVE_GRACE = 120.0
 TRANSIENT_RETRIES = 3
@@ -49,6 +67,12 @@ def _checkpoint_time(ts: Any) -> float | None:
         return None
 
 
+def shares_database(saver: SecureSaver) -> bool:
+    """True when the registry's connections see the inner saver's own tables, so one
+    transaction can delete storage, companions and registry rows together (cached)."""
+    return saver._ops.shares_database(saver.registry.engine)
+
+
 def _reason(row: ThreadRow, now: float) -> str:
     if row.idle_ttl is not None and row.last_activity + row.idle_ttl <= now:
         return "retention:idle_ttl"
@@ -70,13 +94,14 @@ class Sweep:
         self.limit = limit
         self.dry_run = dry_run
         self.tenant = tenant
-        self.batch = batch
+        self.batch = max(1, int(batch))
         self.lease = lease
         self.active_grace = active_grace
         self.owner = owner or default_owner()
         self.progress = progress
         self.should_stop = should_stop or (lambda: False)
         self.report = PruneReport(self.now, dry_run)
+        self._shared = False
 
     def run(self) -> PruneReport:
         self.report.held = [(r.tenant, r.thread_id)
@@ -90,6 +115,7 @@ class Sweep:
                           else self.report.would_prune)
                 target.append((row.tenant, row.thread_id))
             return self.report
+        self._shared = shares_database(self.saver)
         done = 0
         while not self.should_stop() and (self.limit is None or done < self.limit):
             want = self.batch if self.limit is None else min(self.batch, self.limit - done)
@@ -97,18 +123,183 @@ class Sweep:
                                                lease=self.lease, limit=want, tenant=self.tenant)
             if not rows:
                 break
-            for row in rows:
-                if self.should_stop():
-                    self.registry.release_claim(row)
-                    continue
+            if self.should_stop():
+                self.registry.release_claims(rows)
+                break
+            try:
+                self._batch(rows)
+            except Exception as exc:  # noqa: BLE001 - never lose the sweep to one batch
+                logger.warning("a batch of %d threads failed (%s: %s); processing them one by "
+                               "one", len(rows), type(exc).__name__, exc)
+                for row in rows:   # re-read each; what was already done is skipped
+                    self._process_safely(row)
+            for _ in rows:
                 done += 1
-                self._process_safely(row)
                 if self.progress:
                     self.progress(done, max(total, done))
         logger.info("retention sweep: %d deleted, %d pruned, %d errors",
                     len(self.report.deleted), len(self.report.pruned_to_latest),
                     len(self.report.errors))
         return self.report
+
+    # one claimed batch ---------------------------------------------------------------------
+    def _batch(self, current: list[ThreadRow]) -> None:
+        """Re-check a claimed batch, then delete what is still due. The rows are as the claim
+        returned them (read under the claim's row locks); the final delete re-checks expiry,
+        hold and the claim token in the statement that deletes."""
+        release: list[ThreadRow] = []
+        check: list[ThreadRow] = []
+        doomed: list[ThreadRow] = []
+        for row in current:
+            key = (row.tenant, row.thread_id)
+            if row.state == "deleting":
+                doomed.append(row)       # a crashed pruner's batch: finish it
+            elif row.legal_hold:
+                self.report.held.append(key)
+                release.append(row)
+            elif row.expires_at is None or row.expires_at > self.now:
+                self.report.survived.append(key)
+                release.append(row)
+            elif row.strategy == "keep_latest":
+                self._process_safely(row)  # rare: pruned one by one, with its own re-checks
+            else:
+                check.append(row)
+        latest = self._latest_times(check)
+        active: list[ThreadRow] = []
+        for row in check:
+            key = (row.tenant, row.thread_id)
+            last = latest.get(inner_thread_id(row.tenant, row.thread_id))
+            if last is not None and row.idle_ttl is not None and (
+                    last + row.idle_ttl > self.now) and last > row.last_activity:
+                # written after the registry last heard of it: it is not idle after all
+                self.registry.touch_thread(row.tenant, row.thread_id, now=last)
+                self.report.survived.append(key)
+                release.append(row)
+            elif last is not None and self.now - last < self.active_grace:
+                # keep the claim for the grace period only: not retried by this sweep, free
+                # for the first sweep after the run had time to finish
+                active.append(row)
+                self.report.skipped_active.append(key)
+            else:
+                doomed.append(row)
+        self.registry.release_claims(release)
+        self.registry.extend_claims(active, min(self.lease, self.active_grace))
+        if doomed:
+            self._delete_safely(doomed)
+
+    def _latest_times(self, rows: list[ThreadRow]) -> dict[str, float | None]:
+        if not rows:
+            return {}
+        ids = [inner_thread_id(r.tenant, r.thread_id) for r in rows]
+        for attempt in range(1, TRANSIENT_RETRIES + 1):
+            try:
+                return dict(self.saver._ops.latest_checkpoint_times(ids))
+            except Exception as exc:
+                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                    time.sleep(0.05 * attempt)
+                    continue
+                raise
+        return {}  # pragma: no cover - the loop returns or raises
+
+    def _delete_safely(self, rows: list[ThreadRow]) -> None:
+        for attempt in range(1, TRANSIENT_RETRIES + 1):
+            try:
+                gone = self._delete_batch(rows)
+                break
+            except Exception as exc:  # noqa: BLE001 - isolate the bad thread below
+                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                    logger.info("retrying a batch of %d threads after %s", len(rows),
+                                type(exc).__name__)
+                    time.sleep(0.05 * attempt)
+                    continue
+                logger.warning("a batch of %d threads failed (%s: %s); deleting them one by "
+                               "one", len(rows), type(exc).__name__, exc)
+                for row in rows:
+                    self._process_safely(row)
+                return
+        for tenant, thread_id in gone:
+            self.saver._forget_touch(tenant, thread_id)
+            self.report.deleted.append((tenant, thread_id))
+
+    def _receipt(self, row: ThreadRow, counts: dict[str, int]) -> dict[str, Any]:
+        return {"tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",
+                "reason": _reason(row, self.now), "requested_by": f"pruner:{self.owner}",
+                "detail": {**counts, "policy_source": row.policy_source,
+                           "expired_at": row.expires_at}}
+
+    def _delete_batch(self, rows: list[ThreadRow]) -> list[tuple[str, str]]:
+        """Delete a batch completely; returns the threads deleted (and receipted) here."""
+        by_key = {(r.tenant, r.thread_id): r for r in rows}
+        gone: list[tuple[str, str]] = []
+        if self._shared:
+            with self.registry.begin() as conn:
+                for token, group in _group_by_token(rows).items():
+                    gone += self.registry.delete_claimed(
+                        conn, token, [(r.tenant, r.thread_id) for r in group], self.now)
+                inner = {inner_thread_id(t, th): (t, th) for t, th in gone}
+                if inner:
+                    checkpoints = delete_threads_in(conn, self.registry.dialect, list(inner))
+                    companions = self._purge_companions(conn, gone)
+                    self.registry.insert_receipts(conn, [self._receipt(by_key[key], {
+                        "checkpoints": checkpoints.get(inner_id, 0),
+                        **{name: per[key] for name, per in companions.items()}})
+                        for inner_id, key in inner.items()])
+            self._release_rest(rows, gone)  # after the commit (SQLite: one writer at a time)
+            return gone
+        # the registry is elsewhere: mark, delete storage, then finish in one registry
+        # transaction (a kill in between leaves `deleting` rows the next sweep finishes)
+        ours = self.registry.mark_batch_state(rows, "deleting")
+        mine = [r for r in rows if (r.tenant, r.thread_id) in ours]
+        if not mine:
+            return []
+        inner = {inner_thread_id(r.tenant, r.thread_id): (r.tenant, r.thread_id) for r in mine}
+        checkpoints = self.saver._ops.count_checkpoints_many(list(inner))
+        self.saver._ops.delete_threads(list(inner))
+        with self.registry.begin() as conn:
+            for token, group in _group_by_token(mine).items():
+                gone += self.registry.delete_claimed(
+                    conn, token, [(r.tenant, r.thread_id) for r in group])  # storage is gone
+            companions = self._purge_companions(conn, gone)
+            self.registry.insert_receipts(conn, [self._receipt(by_key[key], {
+                "checkpoints": checkpoints.get(inner_thread_id(*key), 0),
+                **{name: per[key] for name, per in companions.items()}}) for key in gone])
+        return gone
+
+    def _release_rest(self, rows: list[ThreadRow], gone: list[tuple[str, str]]) -> None:
+        """Threads of the batch the final re-check kept (written, held or re-timed since the
+        claim): release their claims (fenced by the token, so a takeover is not undone)."""
+        done = set(gone)
+        rest = [r for r in rows if (r.tenant, r.thread_id) not in done]
+        if rest:
+            self.registry.release_claims(rest)
+            self.report.survived.extend((r.tenant, r.thread_id) for r in rest)
+
+    def _purge_companions(self, conn: Any, pairs: list[tuple[str, str]]
+                          ) -> dict[str, dict[tuple[str, str], int]]:
+        """Companion records of a batch (PII vault, idempotency), in the caller's transaction;
+        the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
+        out = {"pii_values": self.saver.vault.delete_threads_in(conn, pairs)}
+        try:
+            from .idempotency import schema
+        except ImportError:  # the idempotency component is not installed: no such records
+            schema = None  # type: ignore[assignment]
+        if schema is not None:
+            counts = {p: 0 for p in pairs}
+            dialect = self.registry.dialect
+            deletes = [table.delete().where(pairs_in(
+                dialect, table.c.tenant, table.c.thread_id, pairs)).returning(
+                table.c.tenant, table.c.thread_id) for table in schema.TABLES]
+            if dialect == "postgresql":  # one round trip: the deletes as CTEs
+                ctes = [d.cte(f"gone_{i}") for i, d in enumerate(deletes)]
+                results = [conn.execute(sa.union_all(*[sa.select(c.c.tenant, c.c.thread_id)
+                                                       for c in ctes]))]
+            else:
+                results = [conn.execute(d) for d in deletes]
+            for result in results:
+                for tenant, thread_id in result:
+                    counts[(tenant, thread_id)] += 1
+            out["idempotency_records"] = counts
+        return out
 
     def _process_safely(self, row: ThreadRow) -> None:
         for attempt in range(1, TRANSIENT_RETRIES + 1):
@@ -180,3 +371,12 @@ class Sweep:
                            "expired_at": row.expires_at}}, claim_token=row.claim_token):
             self.saver._forget_touch(row.tenant, row.thread_id)
             self.report.deleted.append(key)
+
+
+def _group_by_token(rows: list[ThreadRow]) -> dict[str, list[ThreadRow]]:
+    """Claimed rows by claim token (a row without one is not ours to touch)."""
+    out: dict[str, list[ThreadRow]] = {}
+    for r in rows:
+        if r.claim_token is not None:
+            out.setdefault(r.claim_token, []).append(r)
+    return out

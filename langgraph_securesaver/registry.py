@@ -102,6 +102,17 @@ events = sa.Table(
 )
 
 
+# Indexes added after tables existed: ``setup()`` creates them on existing databases too
+# (``_migrate_indexes``). They are additive, so the schema version is unchanged.
+LATER_INDEXES = (
+    # events / receipts of one tenant in a time window (``securesaver events --tenant``)
+    sa.Index("ix_securesaver_events_tenant_at", events.c.tenant, events.c.at),
+    sa.Index("ix_securesaver_receipts_tenant_at", receipts.c.tenant, receipts.c.deleted_at),
+)
+# (no index on claim_token: a batch is found by its primary keys, and claim updates of
+# unindexed columns stay heap-only on PostgreSQL)
+
+
 def expires_expr(created: Any, last: Any, idle: Any, max_age: Any, hold: Any) -> Any:
     """SQL for the expiry a thread row's TTLs imply (NULL when held or without TTLs)."""
     by_idle = last + idle
@@ -155,6 +166,25 @@ class Event:
     thread_id: str | None
     actor: str | None
     detail: dict[str, Any]
+
+
+def pairs_in(dialect: str, first: Any, second: Any, pairs: Sequence[tuple[str, str]]) -> Any:
+    """``(first, second) IN pairs``: on PostgreSQL two array parameters unnested together
+    (a batch of 500 pairs is 2 parameters, not 1,000), elsewhere an expanding IN."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY
+        a = sa.literal([p[0] for p in pairs], ARRAY(sa.Text()))
+        b = sa.literal([p[1] for p in pairs], ARRAY(sa.Text()))
+        return sa.tuple_(first, second).in_(sa.select(sa.func.unnest(a), sa.func.unnest(b)))
+    return sa.tuple_(first, second).in_(list(pairs))
+
+
+def _by_token(rows: Sequence[ThreadRow]) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for r in rows:
+        if r.claim_token is not None:
+            out.setdefault(r.claim_token, []).append((r.tenant, r.thread_id))
+    return out
 
 
 def normalize_url(url: str) -> str:
@@ -217,6 +247,19 @@ def _create_all(engine: Engine) -> None:
     metadata.create_all(engine, checkfirst=True)
 
 
+def _migrate_indexes(engine: Engine) -> None:
+    """Create indexes that later versions added, on tables that already existed (idempotent;
+    tolerates another process creating the same index at the same moment)."""
+    for index in LATER_INDEXES:
+        try:
+            with engine_lock(engine), engine.begin() as conn:
+                index.create(conn, checkfirst=True)
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
+            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
+                raise
+            logger.debug("index %s created concurrently: %s", index.name, exc)
+
+
 def _register_companion_tables() -> None:
     """Companion modules define their tables on ``metadata``; import them so setup creates all."""
     import importlib
@@ -254,6 +297,7 @@ class Registry:
                 return
             _register_companion_tables()
             _create_all(self.engine)
+            _migrate_indexes(self.engine)
             with engine_lock(self.engine), self.engine.begin() as conn:
                 current = conn.execute(
                     sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
@@ -479,6 +523,58 @@ class Registry:
                 threads.c.claim_token == row.claim_token,
             ).values(state=state)).rowcount)
 
+    # batches of claimed threads (one claim token per claim_expired call) ----------------------
+    def _batch_where(self, token: str, pairs: Sequence[tuple[str, str]]) -> list[Any]:
+        return [threads.c.claim_token == token,
+                pairs_in(self.dialect, threads.c.tenant, threads.c.thread_id, pairs)]
+
+    def claimed(self, token: str, pairs: Sequence[tuple[str, str]]) -> list[ThreadRow]:
+        """Re-read the rows of a batch that still carry the claim token (one query)."""
+        if not pairs:
+            return []
+        with self.begin() as conn:
+            return [ThreadRow(**r) for r in conn.execute(
+                sa.select(threads).where(*self._batch_where(token, pairs))).mappings()]
+
+    def release_claims(self, rows: Sequence[ThreadRow]) -> None:
+        self._update_claims(rows, claim_owner=None, claim_token=None, claim_expires=None)
+
+    def extend_claims(self, rows: Sequence[ThreadRow], seconds: float) -> None:
+        self._update_claims(rows, claim_expires=time.time() + seconds)
+
+    def mark_batch_state(self, rows: Sequence[ThreadRow], state: str) -> set[tuple[str, str]]:
+        """Set ``state`` on the rows still claimed by their token; returns those rows."""
+        done: set[tuple[str, str]] = set()
+        with self.begin() as conn:
+            for token, pairs in _by_token(rows).items():
+                stmt = threads.update().where(*self._batch_where(token, pairs)).values(
+                    state=state).returning(threads.c.tenant, threads.c.thread_id)
+                done |= {(t, th) for t, th in conn.execute(stmt)}
+        return done
+
+    def _update_claims(self, rows: Sequence[ThreadRow], **values: Any) -> None:
+        if not rows:
+            return
+        with self.begin() as conn:
+            for token, pairs in _by_token(rows).items():
+                conn.execute(threads.update().where(*self._batch_where(token, pairs)
+                                                    ).values(**values))
+
+    def delete_claimed(self, conn: Connection, token: str, pairs: Sequence[tuple[str, str]],
+                       now: float | None = None) -> list[tuple[str, str]]:
+        """Inside the caller's transaction: drop the registry rows of a batch still fenced by
+        ``token`` and, given ``now``, still due (expired and not held, or already being
+        deleted): the re-check happens in the statement that deletes. Returns the
+        (tenant, thread) pairs dropped (only those get receipts)."""
+        if not pairs:
+            return []
+        where = self._batch_where(token, pairs)
+        if now is not None:
+            where.append(sa.or_(threads.c.state == "deleting", sa.and_(
+                threads.c.expires_at <= now, threads.c.legal_hold.is_(False))))
+        stmt = threads.delete().where(*where).returning(threads.c.tenant, threads.c.thread_id)
+        return [(t, th) for t, th in conn.execute(stmt)]
+
     def finish_pruned(self, row: ThreadRow, receipt: dict[str, Any]) -> bool:
         """keep_latest done: clear expiry until the next write, release, write the receipt."""
         with self.begin() as conn:
@@ -538,10 +634,37 @@ class Registry:
 
     # receipts ---------------------------------------------------------------------------------
     def _insert_receipt(self, conn: Connection, receipt: dict[str, Any]) -> None:
-        detail = receipt.pop("detail", {})
-        conn.execute(receipts.insert().values(
-            receipt_id=uuid.uuid4().hex, deleted_at=time.time(),
-            detail=json.dumps(detail, default=str, sort_keys=True), **receipt))
+        self.insert_receipts(conn, [receipt])
+
+    def insert_receipts(self, conn: Connection, batch: Sequence[dict[str, Any]]) -> None:
+        """Every receipt is written here, inside the caller's transaction: one statement for
+        a whole batch (the pruner writes hundreds at once)."""
+        if not batch:
+            return
+        now = time.time()
+        rows = []
+        for receipt in batch:
+            receipt = dict(receipt)
+            detail = receipt.pop("detail", {})
+            rows.append({"receipt_id": uuid.uuid4().hex, "deleted_at": now,
+                         "tenant": receipt.pop("tenant"),
+                         "thread_id": receipt.pop("thread_id", None),
+                         "action": receipt.pop("action"), "reason": receipt.pop("reason"),
+                         "requested_by": receipt.pop("requested_by", None),
+                         "detail": json.dumps(detail, default=str, sort_keys=True), **receipt})
+        if self.dialect == "postgresql" and len(rows) > 1:
+            # one statement, one array parameter per column (not 9 parameters per receipt)
+            from sqlalchemy.dialects.postgresql import ARRAY
+            names = [c.name for c in receipts.columns if c.name != "id"]
+            extra = {k for r in rows for k in r} - set(names)
+            if extra:
+                raise ConfigurationError(f"unknown receipt fields {sorted(extra)}")
+            arrays = [sa.literal([r.get(n) for r in rows], ARRAY(receipts.c[n].type))
+                      for n in names]
+            conn.execute(receipts.insert().from_select(
+                names, sa.select(*[sa.func.unnest(a) for a in arrays])))
+            return
+        conn.execute(receipts.insert(), rows)
 
     def add_receipt(self, **receipt: Any) -> None:
         with self.begin() as conn:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
 
-from .audit import AGE_BUCKETS, UNKNOWN_AGE, AuditReport, iso
+from .audit import AGE_BUCKETS, UNKNOWN_AGE, AuditReport, ThreadAudit, iso
 
 PALETTE = ("#2563eb", "#f97316", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#ca8a04",
            "#db2777", "#4b5563", "#65a30d")
@@ -99,7 +99,7 @@ def colors_for(tenants: Sequence[str]) -> dict[str, str]:
     return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(tenants)}
 
 
-def age_chart(report: AuditReport, colors: dict[str, str], width: int = 620,
+def age_chart(report: Any, colors: dict[str, str], width: int = 620,
               height: int = 300) -> str:
     """Stacked bars: stored bytes per age bucket, one colour per tenant."""
     buckets = [label for label, _ in AGE_BUCKETS]
@@ -140,7 +140,7 @@ def age_chart(report: AuditReport, colors: dict[str, str], width: int = 620,
     return "".join(parts)
 
 
-def tenant_chart(report: AuditReport, colors: dict[str, str], width: int = 520) -> str:
+def tenant_chart(report: Any, colors: dict[str, str], width: int = 520) -> str:
     """Horizontal bars: stored bytes per tenant."""
     rows = [(t.tenant, t.stored_bytes) for t in report.tenants]
     bar_h, gap, left, right, upper = 22, 10, 120, 80, 10
@@ -173,15 +173,48 @@ def _dt(ts: float | None) -> str:
     return "—" if value is None else _e(value.replace("T", " ").replace("+00:00", " UTC"))
 
 
-def render_html(report: AuditReport, *, title: str = "SecureSaver audit") -> str:
+HTML_MAX_THREADS = 2000
+
+
+def render_html(report: AuditReport, *, title: str = "SecureSaver audit",
+                max_threads: int | None = None) -> str:
     """The whole report as one HTML document (inline CSS and SVG only)."""
+    shown = report.threads if max_threads is None else report.threads[:max_threads]
+    return "\n".join(_page(report, shown, len(report.threads), len(report.overdue),
+                            title=title))
+
+
+def write_html(stream: Iterable[ThreadAudit], finish: Callable[[], Any], out: TextIO, *,
+               title: str = "SecureSaver audit", max_threads: int = HTML_MAX_THREADS) -> Any:
+    """Stream an audit (:func:`~langgraph_securesaver.audit.iter_audit`) into an HTML page:
+    per-tenant summaries and charts of everything, and the first ``max_threads`` threads
+    (sorted by tenant and thread) with a note saying how many more there are. Memory stays
+    bounded by ``max_threads``. Returns the audit summary."""
+    shown: list[ThreadAudit] = []
+    hidden_overdue = 0
+    for th in stream:
+        if len(shown) < max_threads:
+            shown.append(th)
+        elif th.overdue or not th.registered:
+            hidden_overdue += 1
+    summary = finish()
+    for chunk in _page(summary, shown, summary.threads, summary.overdue, title=title,
+                       hidden_flagged=hidden_overdue):
+        out.write(chunk)
+        out.write("\n")
+    return summary
+
+
+def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue: int, *,
+          title: str, hidden_flagged: int = 0) -> Iterator[str]:
+    """The HTML document in chunks; ``report`` is an AuditReport or an AuditSummary."""
     colors = colors_for([t.tenant for t in report.tenants]
                         + sorted(k for k in report.age_bytes
                                  if k not in {t.tenant for t in report.tenants}))
     total_bytes = sum(t.stored_bytes for t in report.tenants)
-    tiles = [("tenants", len(report.tenants)), ("threads", len(report.threads)),
+    tiles = [("tenants", len(report.tenants)), ("threads", total_threads),
              ("checkpoints", sum(t.checkpoints for t in report.tenants)),
-             ("stored", human_bytes(total_bytes)), ("past expiry", len(report.overdue))]
+             ("stored", human_bytes(total_bytes)), ("past expiry", overdue)]
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
            f"<h1>{_e(title)}</h1>",
@@ -221,11 +254,13 @@ def render_html(report: AuditReport, *, title: str = "SecureSaver audit") -> str
             f"<td>{_e(policy_text(t.policy))}</td><td class=n>{t.overdue}</td>"
             f"<td class=n>{t.held}</td></tr>")
     out.append("</table>")
+    yield from out
+    out = []
 
     out.append("<h2>Threads</h2><table><tr><th>tenant</th><th>thread</th><th>created</th>"
                "<th>last activity</th><th>expires</th><th>checkpoints</th><th>stored</th>"
                "<th>key versions</th><th>personal data</th></tr>")
-    for th in report.threads:
+    for th in shown:
         if th.legal_hold:
             expires = '<span class="tag held">legal hold</span>'
         elif th.overdue:
@@ -242,7 +277,18 @@ def render_html(report: AuditReport, *, title: str = "SecureSaver audit") -> str
             f"<td class=n>{th.checkpoints}</td><td class=n>{_e(human_bytes(th.stored_bytes))}"
             f"</td><td>{_e(', '.join(f'v{v}' for v in th.key_versions) or '—')}</td>"
             f"<td>{_kinds(th.pii)}</td></tr>")
+        if len(out) >= 500:
+            yield from out
+            out = []
     out.append("</table>")
+    if total_threads > len(shown):
+        flagged = (f", {hidden_flagged} of them past expiry or unregistered"
+                   if hidden_flagged else "")
+        out.append(f'<p class="meta" id="threads-capped">Showing the first {len(shown):,} of '
+                   f"{total_threads:,} threads (sorted by tenant and thread); "
+                   f"{total_threads - len(shown):,} more are counted in the tenant summaries "
+                   f"above{_e(flagged)}. Run <code>securesaver audit --format json</code> (or "
+                   "<code>--tenant T</code>) for every thread.</p>")
     if report.orphans:
         out.append("<h2>Stored threads of no known tenant</h2><table><tr><th>inner thread id"
                    "</th><th>checkpoints</th><th>stored</th></tr>")
@@ -251,4 +297,4 @@ def render_html(report: AuditReport, *, title: str = "SecureSaver audit") -> str
                        f"<td class=n>{_e(human_bytes(o['stored_bytes']))}</td></tr>")
         out.append("</table>")
     out.append("</body></html>")
-    return "\n".join(out)
+    yield from out

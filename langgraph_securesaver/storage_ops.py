@@ -105,6 +105,97 @@ AND w.checkpoint_id = g.checkpoint_id
 """
 
 
+# --- whole-thread deletes of a batch, inside a transaction of the registry's engine ----------
+# (used when the registry and the inner saver share a database: the pruner then deletes a batch
+# of threads, their companion records and registry rows and writes their receipts in ONE
+# transaction, so a kill at any point leaves every thread of the batch untouched or gone)
+PG_IDENTITY = """
+SELECT pg_postmaster_start_time()::text AS started, current_database() AS db,
+       to_regclass('checkpoints')::oid::bigint AS c,
+       to_regclass('checkpoint_blobs')::oid::bigint AS b,
+       to_regclass('checkpoint_writes')::oid::bigint AS w
+"""
+PG_BATCH_DELETE = """
+WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = ANY(:ids)),
+     b AS (DELETE FROM checkpoint_blobs WHERE thread_id = ANY(:ids)),
+     c AS (DELETE FROM checkpoints WHERE thread_id = ANY(:ids) RETURNING thread_id)
+SELECT thread_id, count(*) FROM c GROUP BY thread_id
+"""
+PG_BATCH_COUNT = """
+SELECT thread_id, count(*) AS n FROM checkpoints WHERE thread_id = ANY(%s) GROUP BY thread_id
+"""
+PG_BATCH_LATEST_TS = """
+SELECT t.id AS thread_id, (
+    SELECT c.checkpoint ->> 'ts' FROM checkpoints c
+    WHERE c.thread_id = t.id AND c.checkpoint_ns = ''
+    ORDER BY c.checkpoint_id DESC LIMIT 1) AS ts
+FROM unnest(%s::text[]) AS t(id)
+"""
+SQLITE_BATCH_COUNT = """
+SELECT thread_id, count(*) FROM checkpoints WHERE thread_id IN ({ids}) GROUP BY thread_id
+"""
+SQLITE_BATCH_DELETE_WRITES = "DELETE FROM writes WHERE thread_id IN ({ids})"
+SQLITE_BATCH_DELETE_CHECKPOINTS = "DELETE FROM checkpoints WHERE thread_id IN ({ids})"
+SQLITE_BATCH_LATEST = """
+SELECT c.thread_id, c.type, c.checkpoint FROM checkpoints c
+JOIN (SELECT thread_id, max(checkpoint_id) AS head FROM checkpoints
+      WHERE thread_id IN ({ids}) AND checkpoint_ns = '' GROUP BY thread_id) h
+ON c.thread_id = h.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = h.head
+"""
+
+
+def _placeholders(n: int, mark: str = "?") -> str:
+    return ",".join([mark] * n)
+
+
+def delete_threads_in(conn: Any, dialect: str, inner_ids: Sequence[str]) -> dict[str, int]:
+    """Delete the checkpoints, blobs and writes of ``inner_ids`` on a SQLAlchemy connection
+    (the caller's transaction) with set-based statements; returns checkpoints deleted per id."""
+    import sqlalchemy as sa
+    ids = list(inner_ids)
+    if not ids:
+        return {}
+    if dialect == "postgresql":
+        rows = conn.execute(sa.text(PG_BATCH_DELETE), {"ids": ids}).all()
+        return {str(t): int(n) for t, n in rows}
+    marks = _placeholders(len(ids))
+    counts = {str(t): int(n) for t, n in conn.exec_driver_sql(
+        SQLITE_BATCH_COUNT.format(ids=marks), tuple(ids)).all()}
+    conn.exec_driver_sql(SQLITE_BATCH_DELETE_WRITES.format(ids=marks), tuple(ids))
+    conn.exec_driver_sql(SQLITE_BATCH_DELETE_CHECKPOINTS.format(ids=marks), tuple(ids))
+    return counts
+
+
+def registry_identity(engine: Any) -> tuple[Any, ...] | None:
+    """What names the inner tables as the registry's engine sees them (see
+    :meth:`StorageOps.storage_identity`)."""
+    import sqlalchemy as sa
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                row = conn.execute(sa.text(PG_IDENTITY)).mappings().first()
+                return _pg_identity(dict(row) if row else None)
+            if engine.dialect.name == "sqlite":
+                return _sqlite_identity(conn.exec_driver_sql("PRAGMA database_list").all())
+    except Exception as exc:  # noqa: BLE001 - unknown: use the two-step path
+        logger.debug("cannot identify the registry database: %s", exc)
+    return None
+
+
+def _pg_identity(row: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    if not row or None in (row.get("c"), row.get("b"), row.get("w")):
+        return None
+    return ("postgresql", row["started"], row["db"], row["c"], row["b"], row["w"])
+
+
+def _sqlite_identity(rows: Sequence[Any]) -> tuple[Any, ...] | None:
+    import os
+    for row in rows:
+        if row[1] == "main" and row[2]:
+            return ("sqlite", os.path.realpath(row[2]))
+    return None  # an in-memory database is never shared between connections
+
+
 def _sqlite_keep_latest_statements(cur: Any, thread_id: str) -> None:
     if cur.execute(SQLITE_DELTA_THREAD, (thread_id,)).fetchone():
         raise DeltaChannelPruneError(
@@ -161,6 +252,38 @@ class StorageOps:
         """How many checkpoints a thread holds (for deletion receipts)."""
         return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
 
+    def count_checkpoints_many(self, inner_ids: Sequence[str]) -> dict[str, int]:
+        return {tid: self.count_checkpoints(tid) for tid in inner_ids}
+
+    def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
+        """Epoch time of each thread's latest root-namespace checkpoint (None: none stored)."""
+        out: dict[str, float | None] = {}
+        for tid in inner_ids:
+            config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+            tup = self.inner.get_tuple(config)
+            out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+        return out
+
+    def storage_identity(self) -> tuple[Any, ...] | None:
+        """What names the inner tables (cluster + database + table oids on PostgreSQL, the
+        file on SQLite). Equal to :func:`registry_identity` of the registry's engine when the
+        registry's connections see the very same tables; None when unknown."""
+        return None
+
+    def shares_database(self, engine: Any) -> bool:
+        """Whether ``engine`` (the registry's) reaches the inner saver's very tables, so one
+        of its transactions can delete storage and registry rows together. Cached per
+        engine; unknown counts as no (the two-step path is always safe)."""
+        cache: dict[int, bool] = self.__dict__.setdefault("_shares", {})
+        if id(engine) not in cache:
+            try:
+                mine = self.storage_identity()
+            except Exception as exc:  # noqa: BLE001 - unknown: not shared
+                logger.debug("cannot identify the inner saver's database: %s", exc)
+                mine = None
+            cache[id(engine)] = mine is not None and mine == registry_identity(engine)
+        return cache[id(engine)]
+
     def thread_ids(self, prefix: str) -> list[str] | None:
         """The inner thread ids that start with ``prefix`` (one tenant's threads), read
         without touching other tenants' rows where the backend allows; None when this saver
@@ -179,6 +302,14 @@ class StorageOps:
             raise NotImplementedError(
                 f"{type(self.inner).__name__} is async-only: use the async API from its loop")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+def checkpoint_epoch(ts: Any) -> float | None:
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(str(ts)).timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 class MemoryOps(StorageOps):
@@ -299,6 +430,51 @@ class SqliteOps(StorageOps):
         with inner.lock:
             return int(inner.conn.execute(SQLITE_COUNT, (inner_id,)).fetchone()[0])
 
+    def count_checkpoints_many(self, inner_ids: Sequence[str]) -> dict[str, int]:
+        ids = list(inner_ids)
+        if not ids:
+            return {}
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            rows = inner.conn.execute(SQLITE_BATCH_COUNT.format(
+                ids=_placeholders(len(ids))), ids).fetchall()
+        return {tid: 0 for tid in ids} | {str(t): int(n) for t, n in rows}
+
+    def delete_threads(self, inner_ids: Sequence[str]) -> None:
+        ids = list(inner_ids)
+        if not ids:
+            return
+        marks = _placeholders(len(ids))
+
+        def body(cur: Any) -> None:
+            cur.execute(SQLITE_BATCH_DELETE_WRITES.format(ids=marks), ids)
+            cur.execute(SQLITE_BATCH_DELETE_CHECKPOINTS.format(ids=marks), ids)
+
+        self._transaction(body)
+
+    def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
+        ids = list(inner_ids)
+        out: dict[str, float | None] = {tid: None for tid in ids}
+        if not ids:
+            return out
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            rows = inner.conn.execute(SQLITE_BATCH_LATEST.format(
+                ids=_placeholders(len(ids))), ids).fetchall()
+        for tid, type_, blob in rows:
+            # the inner saver's own serde (SecureSaver gives it one that evaluates nothing)
+            checkpoint = inner.serde.loads_typed((type_, blob))
+            out[str(tid)] = checkpoint_epoch(checkpoint.get("ts"))
+        return out
+
+    def storage_identity(self) -> tuple[Any, ...] | None:
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            return _sqlite_identity(inner.conn.execute("PRAGMA database_list").fetchall())
+
     def thread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner
         inner.setup()
@@ -325,6 +501,16 @@ class _AsyncOnlyOps(StorageOps):
 
     def count_checkpoints(self, inner_id: str) -> int:
         return int(self._bridge(self.acount_checkpoints(inner_id)))
+
+    def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
+        async def collect() -> dict[str, float | None]:
+            out: dict[str, float | None] = {}
+            for tid in inner_ids:
+                config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+                tup = await self.inner.aget_tuple(config)
+                out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+            return out
+        return dict(self._bridge(collect()))
 
 
 class AsyncSqliteOps(_AsyncOnlyOps):
@@ -414,6 +600,30 @@ class PostgresOps(StorageOps):
             cur.execute(PG_COUNT, (inner_id,))
             return int(cur.fetchone()["n"])
 
+    def count_checkpoints_many(self, inner_ids: Sequence[str]) -> dict[str, int]:
+        ids = list(inner_ids)
+        inner: Any = self.inner
+        with inner._cursor() as cur:
+            cur.execute(PG_BATCH_COUNT, (ids,))
+            rows = cur.fetchall()
+        return {tid: 0 for tid in ids} | {str(r["thread_id"]): int(r["n"]) for r in rows}
+
+    def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
+        ids = list(inner_ids)
+        inner: Any = self.inner
+        with inner._cursor() as cur:
+            cur.execute(PG_BATCH_LATEST_TS, (ids,))
+            rows = cur.fetchall()
+        return {tid: None for tid in ids} | {
+            str(r["thread_id"]): checkpoint_epoch(r["ts"]) for r in rows}
+
+    def storage_identity(self) -> tuple[Any, ...] | None:
+        inner: Any = self.inner
+        with inner._cursor() as cur:
+            cur.execute(PG_IDENTITY)
+            row = cur.fetchone()
+        return _pg_identity(dict(row) if row else None)
+
     def thread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner
         lo, hi = prefix_range(prefix)
@@ -441,6 +651,15 @@ class AsyncPostgresOps(_AsyncOnlyOps):
         async with inner._cursor() as cur:
             await cur.execute(PG_COUNT, (inner_id,))
             return int((await cur.fetchone())["n"])
+
+    def storage_identity(self) -> tuple[Any, ...] | None:
+        async def identity() -> Any:
+            inner: Any = self.inner
+            async with inner._cursor() as cur:
+                await cur.execute(PG_IDENTITY)
+                return await cur.fetchone()
+        row = self._bridge(identity())
+        return _pg_identity(dict(row) if row else None)
 
     async def athread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner

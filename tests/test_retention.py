@@ -3,12 +3,14 @@ complete deletion, receipts, crypto-shredding against a database backup."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
@@ -227,3 +229,98 @@ def test_deletion_removes_idempotency_records_and_counts_them(saver: SecureSaver
         saver.delete_thread("t")
     assert [r.thread_id for r in store.list_records("acme")] == ["keep"]
     assert saver.receipts(thread_id="t")[0].detail["idempotency_records"] == 1
+
+
+def _vault_entry(token: str, kind: str, value: str):
+    from types import SimpleNamespace
+    return SimpleNamespace(token=token, kind=kind, value=value)
+
+
+@pytest.mark.parametrize("layout", ["shared database", "registry elsewhere"])
+def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: Path,
+                                                                      layout: str) -> None:
+    """The pruner's batch path (one transaction on a shared database, or storage first then
+    one registry transaction when the registry is elsewhere) removes PII originals no
+    remaining thread uses and idempotency records, and counts them in each receipt."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
+    from langgraph_securesaver.pruner import shares_database
+
+    db = tmp_path / "agent.db"
+    if layout == "shared database":
+        ctx = SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(),
+                                   redaction=None, retention=RetentionPolicy(idle_ttl="1h"))
+    else:
+        conn = sqlite3.connect(db, check_same_thread=False)
+        apart = SecureSaver(SqliteSaver(conn), keyring=Keyring.generate(), redaction=None,
+                            retention=RetentionPolicy(idle_ttl="1h"),
+                            registry=f"sqlite:///{tmp_path / 'registry.db'}")
+        apart.setup()
+        ctx = contextlib.nullcontext(apart)
+    with ctx as saver:
+        for t in ("a", "b", "c", "keep"):
+            _say(saver, t)
+        keys = saver.keys.keys_for("acme", create=True)
+        shared, only_a, kept = "<EMAIL_ADDRESS:1>", "<PHONE_NUMBER:2>", "<EMAIL_ADDRESS:3>"
+        saver.vault.store(keys, "a", [_vault_entry(shared, "EMAIL_ADDRESS", "x@example.com"),
+                                      _vault_entry(only_a, "PHONE_NUMBER", "+1 415 555 0101")])
+        saver.vault.store(keys, "b", [_vault_entry(shared, "EMAIL_ADDRESS", "x@example.com")])
+        saver.vault.store(keys, "keep", [_vault_entry(kept, "EMAIL_ADDRESS", "k@example.com")])
+        store = IdempotencyStore.for_saver(saver)
+        for thread, n in (("a", 2), ("b", 1), ("keep", 1)):
+            for k in range(n):
+                store.execute(KeyScope("acme", thread, f"{thread}-{k}", "tool", "send"),
+                              lambda claim: "sent")
+        with tenant_scope("acme"):
+            saver.set_retention("keep", idle_ttl="30d")
+        assert shares_database(saver) is (layout == "shared database")
+        from langgraph_securesaver.pii_vault import pii_epoch
+
+        def epoch() -> int:
+            with saver.registry.begin() as c:
+                return int(c.execute(sa.select(pii_epoch.c.epoch).where(
+                    pii_epoch.c.tenant == "acme")).scalar() or 0)
+        before = epoch()
+        report = saver.prune_expired(now=time.time() + 2 * HOUR)
+        assert epoch() > before   # the erasure is announced to other processes' caches
+        assert sorted(report.deleted) == [("acme", "a"), ("acme", "b"), ("acme", "c")]
+        got = {r.thread_id: r.detail for r in saver.receipts()}
+        assert {t: (d["pii_values"], d["idempotency_records"]) for t, d in got.items()} == {
+            "a": (2, 2), "b": (0, 1), "c": (0, 0)}   # the shared value counted once, on a
+        assert all(d["checkpoints"] >= 2 for d in got.values())
+        assert saver.pii_inventory("acme") == {("acme", "keep"): {"EMAIL_ADDRESS": 1}}
+        assert [r.thread_id for r in store.list_records("acme")] == ["keep"]
+        assert {t.thread_id for t in saver.registry.list_threads()} == {"keep"}
+        assert _rows(db, "SELECT count(*) FROM checkpoints WHERE thread_id NOT LIKE ?",
+                     "%:keep") == [(0,)]
+        assert _rows(db, "SELECT count(*) FROM writes WHERE thread_id NOT LIKE ?",
+                     "%:keep") == [(0,)]
+        # the vault's process cache forgot the deleted threads: a new thread "a" stores again
+        again = _vault_entry(only_a, "PHONE_NUMBER", "+1 415 555 0101")
+        assert saver.vault.unknown("acme", "a", [again]) == [again]
+        assert saver.vault.unknown("acme", "keep", [_vault_entry(kept, "", "")]) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_batch_re_check_reads_each_threads_latest_checkpoint(tmp_path: Path, backend: str,
+                                                             request) -> None:
+    """The pruner's one-query re-check returns, per thread, what get_tuple's latest root
+    checkpoint says (None for a thread with nothing stored)."""
+    if backend == "postgres":
+        from tests.conftest import require_postgres
+        require_postgres()
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        for t, turns in (("a", 1), ("b", 3)):
+            for n in range(turns):
+                _say(saver, t, f"turn {n}")
+        ids = [inner_thread_id("acme", t) for t in ("a", "b", "nothing")]
+        got = saver._ops.latest_checkpoint_times(ids)
+        from langgraph_securesaver.tenancy import ThreadRef
+        want = {inner_thread_id("acme", t): saver._latest_checkpoint_time(ThreadRef("acme", t))
+                for t in ("a", "b", "nothing")}
+    assert got == want
+    assert got[ids[0]] is not None and got[ids[1]] > got[ids[0]] and got[ids[2]] is None

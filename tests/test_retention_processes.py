@@ -191,3 +191,98 @@ def test_cli_shred_tenant(tmp_path: Path) -> None:
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path), redaction=None) as s:
         assert {r.action for r in s.receipts(tenant="acme")} == {"shredded"}
         assert s.registry.list_threads() == []
+
+
+def _stored(conn, inner: str) -> tuple[int, int, int]:
+    return tuple(conn.execute(f"SELECT count(*) FROM {table} WHERE thread_id = %s",
+                              (inner,)).fetchone()[0]
+                 for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"))
+
+
+@pytest.mark.postgres
+def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_gone(
+        pg_url: str) -> None:
+    """The second batch's transaction has deleted registry rows and some storage when it
+    blocks on a row lock held here; the pruner is SIGKILLed there. Every thread of that batch
+    must be untouched (rows, storage, no receipt), every thread of the first batch gone with
+    exactly one receipt, and the next sweep finishes the rest, one receipt each."""
+    import psycopg
+
+    from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
+    from langgraph_securesaver.tenancy import inner_thread_id
+
+    expired = 12
+    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None,
+                              retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        _populate(saver, expired, 2)
+        store = IdempotencyStore.for_saver(saver)
+        for i in range(expired):
+            scope = KeyScope("acme", f"old-{i}", f"k-{i}", "tool", "send_email")
+            store.execute(scope, lambda claim: "sent")
+        for i in range(expired):   # claim order (by expiry) is old-0, old-1, ...
+            saver.registry.set_thread_retention("acme", f"old-{i}", idle_ttl=1.0 + i)
+    later = time.time() + 2 * HOUR
+    inner = {i: inner_thread_id("acme", f"old-{i}") for i in range(expired)}
+    with psycopg.connect(pg_url, autocommit=True) as probe:
+        before = {i: _stored(probe, inner[i]) for i in range(expired)}
+    assert all(c > 0 and b > 0 and w > 0 for c, b, w in before.values())
+    victim = 6                      # in the second batch of 4
+    # --slow: the first batch's progress lines take 4 x 0.3 s, time to lock the victim's rows
+    proc = _spawn(pg_url, later, "--batch", "4", "--lease", "1", "--slow", "0.3")
+    with psycopg.connect(pg_url) as lock:
+        for line in proc.stdout:
+            if line.startswith("progress"):
+                break                  # the first batch has committed
+        lock.execute("SELECT 1 FROM checkpoints WHERE thread_id = %s FOR UPDATE",
+                     (inner[victim],)).fetchall()
+        my_pid = lock.info.backend_pid
+        blocked = None
+        with psycopg.connect(pg_url, autocommit=True) as probe:
+            deadline = time.time() + 120
+            while blocked is None and time.time() < deadline:
+                # (other sessions on this server may wait for us too: CREATE INDEX
+                # CONCURRENTLY waits for every open transaction)
+                row = probe.execute("SELECT pid FROM pg_stat_activity WHERE %s = ANY("
+                                    "pg_blocking_pids(pid)) AND query LIKE %s",
+                                    (my_pid, "%DELETE FROM checkpoints%")).fetchone()
+                blocked = row[0] if row else None
+                time.sleep(0.05)
+            assert blocked is not None, proc.communicate(timeout=5)
+            query = probe.execute("SELECT query FROM pg_stat_activity WHERE pid = %s",
+                                  (blocked,)).fetchone()[0]
+            assert "DELETE FROM checkpoints" in query, query   # inside the batch's deletes
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+            lock.rollback()            # the orphaned transaction can go on now, and must fail
+            while probe.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                (blocked,)).fetchone()[0]:
+                time.sleep(0.05)
+            after = {i: _stored(probe, inner[i]) for i in range(expired)}
+    assert proc.returncode == -signal.SIGKILL
+    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None) as saver:
+        registered = {t.thread_id for t in saver.registry.list_threads()}
+        receipts: dict[str, int] = {}
+        for r in saver.receipts(tenant="acme"):
+            receipts[r.thread_id] = receipts.get(r.thread_id, 0) + 1
+        records = {r.thread_id for r in IdempotencyStore.for_saver(saver).list_records("acme")}
+        for i in range(expired):
+            thread = f"old-{i}"
+            gone = (after[i] == (0, 0, 0) and thread not in registered
+                    and receipts.get(thread) == 1 and thread not in records)
+            untouched = (after[i] == before[i] and thread in registered
+                         and thread not in receipts and thread in records)
+            assert gone or untouched, (thread, before[i], after[i], receipts.get(thread))
+            if i < 4:
+                assert gone, thread              # the first batch committed
+            elif i < 8:
+                assert untouched, thread         # the batch in flight rolled back whole
+        time.sleep(1.2)                          # the killed pruner's lease runs out
+        report = saver.prune_expired(now=later)
+        assert report.ok
+        counts: dict[str, int] = {}
+        for r in saver.receipts(tenant="acme"):
+            counts[r.thread_id] = counts.get(r.thread_id, 0) + 1
+        assert counts == {f"old-{i}": 1 for i in range(expired)}
+        assert {t.thread_id for t in saver.registry.list_threads()} == {"live-0", "live-1"}
+    with psycopg.connect(pg_url, autocommit=True) as probe:
+        assert all(_stored(probe, inner[i]) == (0, 0, 0) for i in range(expired))

@@ -1,0 +1,280 @@
+"""Compliance answers and retention at scale on PostgreSQL.
+
+Builds N threads x C checkpoints over T tenants directly in the tables with bulk SQL (the way
+``retention_sweep.py`` does; neither the audit nor the pruner decrypts, so the content does not
+matter, only its shape): per checkpoint a JSONB body with a timestamp, metadata carrying a
+sealed-token-shaped value, one channel blob with a token header; one pending write per thread;
+PII references for one thread in ten; registry rows with retention (half of the threads
+expired, some on legal hold); audit events and older receipts. Then it times, each several
+times (the machine is shared, so the spread is printed):
+
+* ``securesaver audit --tenant T --format json`` and ``securesaver audit --format json`` as
+  subprocesses (wall time including interpreter start, peak RSS of the child), and the same
+  audits in-process (``audit_stream``, output to /dev/null);
+* ``securesaver events --tenant T --since 30d --format json`` (subprocess and in-process);
+* a full prune of the expired half (threads/s, with receipts), in-process.
+
+    python benchmarks/audit_scale.py [--threads 100000] [--tenants 50] [--checkpoints 10]
+                                     [--repeat 3] [--skip-audit] [--skip-prune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import psycopg
+
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.tenancy import thread_prefix
+
+PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+DAY = 86400.0
+
+TOKEN = b"SS\x01" + (1).to_bytes(4, "big") + bytes(12) + bytes(range(40))
+TEXT_TOKEN = "ss1." + base64.urlsafe_b64encode(TOKEN).decode()
+
+# thread i belongs to tenant (i % T); created 2 + (i % 365) days ago, one checkpoint a minute;
+# even threads idle_ttl 1 day (expired), odd ones 400 days, one in 997 on legal hold
+TENANTS_CTE = """
+WITH tn AS (SELECT t.name, t.prefix, (t.ord - 1)::int AS k
+            FROM unnest(%(names)s::text[], %(prefixes)s::text[]) WITH ORDINALITY
+                 AS t(name, prefix, ord)),
+th AS (SELECT i, tn.name AS tenant, tn.prefix || 'thread-' || i AS inner_id,
+              %(now)s - (2 + i %% 365) * 86400.0 AS created
+       FROM generate_series(1, %(n)s) AS i JOIN tn ON tn.k = i %% %(t)s)
+"""
+FILL_THREADS = TENANTS_CTE + """
+INSERT INTO securesaver_threads (tenant, thread_id, created_at, last_activity, idle_ttl,
+    max_age, strategy, legal_hold, policy_source, expires_at, state)
+SELECT tenant, 'thread-' || i, created, created + %(c)s * 60, ttl, NULL, 'delete',
+       i %% 997 = 0, 'default',
+       CASE WHEN i %% 997 = 0 THEN NULL ELSE created + %(c)s * 60 + ttl END, 'active'
+FROM (SELECT *, CASE WHEN i %% 2 = 0 THEN 86400.0 ELSE 400 * 86400.0 END AS ttl FROM th) x
+"""
+FILL_CHECKPOINTS = TENANTS_CTE + """
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type,
+    checkpoint, metadata)
+SELECT inner_id, '', 'cp-' || lpad(j::text, 4, '0'), NULL, NULL,
+       jsonb_build_object('v', 4, 'id', 'cp-' || lpad(j::text, 4, '0'),
+           'ts', to_char(to_timestamp(created + j * 60) AT TIME ZONE 'UTC',
+                         'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+           'channel_versions', jsonb_build_object('messages', lpad(j::text, 32, '0') || '.0'),
+           'versions_seen', '{}'::jsonb, 'channel_values', '{}'::jsonb),
+       jsonb_build_object('source', 'loop', 'step', j, '__securesaver__', %(text_token)s::text)
+FROM th, generate_series(1, %(c)s) AS j
+"""
+FILL_BLOBS = TENANTS_CTE + """
+INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+SELECT inner_id, '', 'messages', lpad(j::text, 32, '0') || '.0', 'bytes',
+       %(token)s::bytea || decode(repeat('ab', 100 + j * 20), 'hex')
+FROM th, generate_series(1, %(c)s) AS j
+"""
+FILL_WRITES = TENANTS_CTE + """
+INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel,
+    type, blob, task_path)
+SELECT inner_id, '', 'cp-' || lpad(%(c)s::text, 4, '0'), 'task', 0, 'messages', 'bytes',
+       %(token)s::bytea, ''
+FROM th
+"""
+FILL_PII = TENANTS_CTE + """, refs AS (
+    SELECT tenant, 'thread-' || i AS thread_id, kind,
+           '<' || kind || ':' || md5(inner_id || kind) || '>' AS token, created
+    FROM th, unnest(ARRAY['EMAIL_ADDRESS', 'PHONE_NUMBER']) AS kind WHERE i %% 10 = 3),
+v AS (INSERT INTO securesaver_pii_vault (tenant, token, kind, sealed, created_at)
+      SELECT tenant, token, kind, %(token)s::bytea, created FROM refs)
+INSERT INTO securesaver_pii_refs (tenant, thread_id, token, kind, first_seen)
+SELECT tenant, thread_id, token, kind, created FROM refs
+"""
+FILL_EVENTS = """
+INSERT INTO securesaver_events (at, kind, tenant, thread_id, actor, detail)
+SELECT %(now)s - (e %% 400) * 86400.0 - e %% 86400,
+       (ARRAY['access_denied', 'retention_changed', 'keys_rewrapped', 'pii_forgotten'])[1 + e %% 4],
+       (%(names)s::text[])[1 + e %% %(t)s], 'thread-' || e, 'svc', '{"operation": "get_tuple"}'
+FROM generate_series(1, %(events)s) AS e
+"""
+FILL_RECEIPTS = """
+INSERT INTO securesaver_receipts (receipt_id, tenant, thread_id, deleted_at, action, reason,
+    requested_by, detail)
+SELECT md5('r' || r), (%(names)s::text[])[1 + r %% %(t)s], 'gone-' || r,
+       %(now)s - (1 + r %% 400) * 86400.0, 'deleted', 'retention:idle_ttl', 'pruner:old',
+       '{"checkpoints": 10}'
+FROM generate_series(1, %(receipts)s) AS r
+"""
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f} s"
+    return (f"median {statistics.median(values):.2f} s (min {min(values):.2f}, "
+            f"max {max(values):.2f}, n={len(values)})")
+
+
+def _cli(args: list[str]) -> tuple[float, float, int]:
+    """Wall time, peak RSS (MB) and exit code of a `securesaver` subprocess."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "langgraph_securesaver.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    took = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"securesaver {' '.join(args)} failed: {err[-2000:]}")
+    return took, usage.ru_maxrss / 1024, proc.returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=100_000)
+    parser.add_argument("--tenants", type=int, default=50)
+    parser.add_argument("--checkpoints", type=int, default=10)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--receipts", type=int, default=50_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--skip-audit", action="store_true")
+    parser.add_argument("--skip-prune", action="store_true")
+    parser.add_argument("--compare", action="store_true",
+                        help="Also time the previous code paths in the same run: the row walk "
+                             "for one tenant, and one tenant pruned thread by thread.")
+    parser.add_argument("--keep", action="store_true",
+                        help="Keep the schema (and print its URL) instead of dropping it.")
+    args = parser.parse_args()
+    schema = "bench_audit_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
+    names = [f"tenant-{k:02d}" for k in range(args.tenants)]
+    ok = True
+    try:
+        with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+            for name in names:
+                saver.keys.keys_for(name, create=True)
+            now = time.time()
+            params = {"n": args.threads, "c": args.checkpoints, "t": args.tenants,
+                      "now": now, "names": names,
+                      "prefixes": [thread_prefix(n) for n in names], "token": TOKEN,
+                      "text_token": TEXT_TOKEN, "events": args.events,
+                      "receipts": args.receipts}
+            start = time.perf_counter()
+            with psycopg.connect(url, autocommit=True) as conn:
+                for sql in (FILL_THREADS, FILL_CHECKPOINTS, FILL_BLOBS, FILL_WRITES, FILL_PII,
+                            FILL_EVENTS, FILL_RECEIPTS):
+                    conn.execute(sql, params)
+                conn.execute("ANALYZE")
+            print(f"built {args.threads} threads x {args.checkpoints} checkpoints over "
+                  f"{args.tenants} tenants ({args.events} events, {args.receipts} receipts) in "
+                  f"{time.perf_counter() - start:.1f}s")
+            load = os.getloadavg()
+            print(f"load average at start: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+                  f"on {os.cpu_count()} cores (shared machine: contended)")
+            one = names[len(names) // 2]
+            if not args.skip_audit:
+                ok &= _time_audits(saver, url, one, now, args.repeat)
+            if args.compare:
+                _time_previous(saver, names, one, now)
+            if not args.skip_prune:
+                ok &= _time_prune(saver, args, now)
+    finally:
+        if args.keep:
+            print(f"kept: {url}")
+        else:
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return 0 if ok else 1
+
+
+def _time_audits(saver: SecureSaver, url: str, one: str, now: float, repeat: int) -> bool:
+    from langgraph_securesaver.audit import audit_stream, events
+    runs: dict[str, list[float]] = {}
+    rss: dict[str, list[float]] = {}
+    commands = {
+        "audit --tenant (CLI)": ["audit", "--url", url, "--tenant", one, "--format", "json"],
+        "audit all (CLI)": ["audit", "--url", url, "--format", "json"],
+        "audit all html (CLI)": ["audit", "--url", url, "--format", "html"],
+        "events --tenant (CLI)": ["events", "--url", url, "--tenant", one, "--since", "30d",
+                                  "--format", "json"],
+    }
+    for _ in range(repeat):
+        for label, cmd in commands.items():
+            took, peak, _code = _cli(cmd)
+            runs.setdefault(label, []).append(took)
+            rss.setdefault(label, []).append(peak)
+        with open(os.devnull, "w") as sink:
+            start = time.perf_counter()
+            audit_stream(saver, sink, tenant=one, now=now)
+            runs.setdefault("audit --tenant (in-process)", []).append(
+                time.perf_counter() - start)
+            start = time.perf_counter()
+            audit_stream(saver, sink, now=now)
+            runs.setdefault("audit all (in-process)", []).append(time.perf_counter() - start)
+        start = time.perf_counter()
+        found = events(saver, tenant=one, since=now - 30 * DAY)
+        runs.setdefault("events --tenant (in-process)", []).append(time.perf_counter() - start)
+    for label, values in runs.items():
+        extra = f", peak RSS {max(rss[label]):.0f} MB" if label in rss else ""
+        print(f"{label}: {_spread(values)}{extra}")
+    print(f"(events --tenant {one} --since 30d returned {len(found)} entries)")
+    return (statistics.median(runs["audit --tenant (CLI)"]) < 2
+            and statistics.median(runs["audit all (CLI)"]) < 5
+            and statistics.median(runs["events --tenant (CLI)"]) < 1
+            and max(rss["audit all (CLI)"]) < 300)
+
+
+def _time_previous(saver: SecureSaver, names: list[str], one: str, now: float) -> None:
+    """The code paths this benchmark replaced, on the same data in the same run: the Python
+    walk of every raw row (audit) and one transaction + receipt per thread (prune)."""
+    from langgraph_securesaver.audit import _audit_walk, audit_stream
+    from langgraph_securesaver.pruner import Sweep
+    start = time.perf_counter()
+    _audit_walk(saver, saver.registry.tenants(), one, now, None)
+    walk = time.perf_counter() - start
+    with open(os.devnull, "w") as sink:
+        start = time.perf_counter()
+        audit_stream(saver, sink, tenant=one, now=now)
+        sql = time.perf_counter() - start
+    print(f"same run, audit --tenant in-process: row walk {walk:.2f} s, grouped SQL {sql:.2f} s "
+          f"({walk / sql:.1f}x)")
+    victim = names[0]
+    per_thread = Sweep._batch
+    Sweep._batch = lambda self, rows: [self._process_safely(r) for r in rows]  # type: ignore
+    try:
+        start = time.perf_counter()
+        old = saver.prune_expired(now=now, tenant=victim, batch=100)
+        took_old = time.perf_counter() - start
+    finally:
+        Sweep._batch = per_thread  # type: ignore[method-assign]
+    victim2 = names[2]   # (odd tenants hold no expired threads)
+    start = time.perf_counter()
+    new = saver.prune_expired(now=now, tenant=victim2)
+    took_new = time.perf_counter() - start
+    old_rate, new_rate = len(old.deleted) / took_old, len(new.deleted) / took_new
+    print(f"same run, prune one tenant: thread by thread {old_rate:.0f} threads/s "
+          f"({len(old.deleted)} threads), batched {new_rate:.0f} threads/s "
+          f"({len(new.deleted)} threads) = {new_rate / old_rate:.1f}x")
+
+
+def _time_prune(saver: SecureSaver, args: argparse.Namespace, now: float) -> bool:
+    expected = sum(1 for i in range(1, args.threads + 1) if i % 2 == 0 and i % 997
+                   and (not args.compare or i % args.tenants not in (0, 2)))
+    before = len(saver.receipts(since=now - 1))
+    start = time.perf_counter()
+    report = saver.prune_expired(now=now, batch=args.batch)
+    took = time.perf_counter() - start
+    rate = len(report.deleted) / took
+    receipts = len(saver.receipts(since=now - 1)) - before
+    print(f"prune: {len(report.deleted)} threads ({len(report.deleted) * args.checkpoints} "
+          f"checkpoints) deleted in {took:.1f}s = {rate:.0f} threads/s, batch {args.batch}, "
+          f"{len(report.errors)} errors, {receipts} new receipts (expected {expected})")
+    return rate >= 2000 and len(report.deleted) == expected == receipts and report.ok
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The database-side audit (issue 15): the grouped statement answers exactly what the row-by-row
+walk of the raw tables answers (on SQLite and PostgreSQL, per tenant and for all, at several
+clocks, with unregistered and unknown-tenant threads), output is streamed, the HTML thread
+table is capped with a note, and the indexes the events / receipts window queries use are
+created by setup() on databases that predate them."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from langgraph_securesaver import SecureSaver
+from langgraph_securesaver import cli as cli_module
+from langgraph_securesaver.audit import _audit_walk, audit, audit_stream, iter_audit
+from langgraph_securesaver.cli import app
+from langgraph_securesaver.keyring import NoKeys
+from langgraph_securesaver.pruner import shares_database
+from langgraph_securesaver.registry import LATER_INDEXES, normalize_url
+from langgraph_securesaver.report_html import write_html
+from tests.test_audit import DAY, build
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_module.console, "width", 250)
+    monkeypatch.delenv("SECURESAVER_MASTER_KEY", raising=False)
+
+
+@pytest.fixture(scope="module")
+def redactor():
+    from langgraph_securesaver.redaction import Redactor
+    return Redactor()
+
+
+def _add_stray_rows(url: str) -> None:
+    """A thread the registry lost, and a stored thread whose tag names no tenant."""
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        saver.registry.forget_thread("acme", "t-plain")
+        with saver.registry.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, type, "
+                "checkpoint, metadata) SELECT 'tffffffffffffffffffffffff:ghost', checkpoint_ns, "
+                "checkpoint_id, type, checkpoint, metadata FROM checkpoints WHERE thread_id "
+                "LIKE :pattern"), {"pattern": "%:g-live"})
+
+
+def _check_against_walk(url: str) -> None:
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        assert shares_database(saver)
+        tenants = saver.registry.tenants()
+        for offset in (0, 40 * DAY, 400 * DAY):
+            now = time.time() + offset
+            for tenant in (None, "acme", "globex"):
+                new = audit(saver, tenant=tenant, now=now).as_dict()
+                old = _audit_walk(saver, tenants, tenant, now, None).as_dict()
+                assert new == old, (tenant, offset)
+        report = audit(saver)
+    assert any(not t.registered for t in report.threads)
+    assert [o["thread_id"] for o in report.orphans] == ["tffffffffffffffffffffffff:ghost"]
+
+
+def test_sql_audit_matches_the_row_walk_on_sqlite(tmp_path: Path, redactor) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    _add_stray_rows(url)
+    _check_against_walk(url)
+
+
+@pytest.mark.postgres
+def test_sql_audit_matches_the_row_walk_on_postgres(pg_url: str, redactor) -> None:
+    build(pg_url, redactor)
+    _add_stray_rows(pg_url)
+    _check_against_walk(pg_url)
+
+
+def test_streamed_json_is_the_report_and_is_written_as_it_is_read(tmp_path: Path,
+                                                                  redactor) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        now = time.time()
+        full = audit(saver, now=now).as_dict()
+        out = io.StringIO()
+        summary = audit_stream(saver, out, now=now)
+        streamed = json.loads(out.getvalue())
+        stream, finish = iter_audit(saver, now=now)
+        first = next(stream)                 # a thread is out before the rest is read
+        assert (first.tenant, first.thread_id) == ("acme", "t-held")
+        assert sum(1 for _ in stream) == len(full["threads"]) - 1
+        assert finish().threads == len(full["threads"])
+    assert next(iter(streamed)) == "threads"  # threads first, summaries after them
+    for key in full:
+        assert streamed[key] == full[key], key
+    assert summary.ok is False and summary.overdue == 1
+    cli = runner.invoke(app, ["audit", "--url", url, "--format", "json"])
+    assert cli.exit_code == 1
+    data = json.loads(cli.stdout)
+    assert [t["thread_id"] for t in data["threads"]] == [t["thread_id"] for t in full["threads"]]
+    assert data["tenants"] == full["tenants"]
+    target = tmp_path / "audit.json"
+    to_file = runner.invoke(app, ["audit", "--url", url, "--tenant", "acme", "--format", "json",
+                                  "--out", str(target)])
+    assert to_file.exit_code == 0
+    assert {t["tenant"] for t in json.loads(target.read_text())["threads"]} == {"acme"}
+
+
+def test_html_thread_table_is_capped_with_a_note_and_summaries_count_everything(
+        tmp_path: Path, redactor) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        stream, finish = iter_audit(saver)
+        out = io.StringIO()
+        summary = write_html(stream, finish, out, max_threads=2)
+    page = out.getvalue()
+    assert summary.threads == 5
+    threads_table = page.split("<h2>Threads</h2>", 1)[1].split("</table>", 1)[0]
+    assert threads_table.count("<tr") == 1 + 2          # header + the 2 shown
+    assert 'id="threads-capped"' in page and "first 2 of 5 threads" in page
+    assert "1 of them past expiry or unregistered" in page   # g-expired is not shown
+    tenants_table = page.split("<h2>Tenants</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<td class=n>3</td>" in tenants_table and "<td class=n>2</td>" in tenants_table
+    cli = runner.invoke(app, ["audit", "--url", url, "--format", "html"])
+    assert cli.exit_code == 1 and "threads-capped" not in cli.stdout   # 5 < 2,000
+
+
+def _index_names(url: str) -> set[str]:
+    """The indexes as they are, without running setup()."""
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        inspector = sa.inspect(engine)
+        return {ix["name"] for table in ("securesaver_events", "securesaver_receipts")
+                for ix in inspector.get_indexes(table)}
+    finally:
+        engine.dispose()
+
+
+def check_migration_and_index_use(url: str) -> None:
+    wanted = {ix.name for ix in LATER_INDEXES}
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            conn.execute(sa.text("INSERT INTO securesaver_events (at, kind, tenant, detail) "
+                                 "VALUES (1, 'access_denied', 'acme', '{}')"))
+    assert wanted <= _index_names(url)
+    engine = sa.create_engine(normalize_url(url))
+    with engine.begin() as conn:               # a database set up by an older version
+        for index in LATER_INDEXES:
+            conn.execute(sa.text(f"DROP INDEX {index.name}"))
+    engine.dispose()
+    assert not wanted & _index_names(url)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        assert [e.kind for e in saver.events(tenant="acme")] == ["access_denied"]
+    assert wanted <= _index_names(url)         # that setup() created them
+
+
+def test_setup_creates_the_window_indexes_on_an_existing_sqlite_database(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    check_migration_and_index_use(url)
+    with sqlite3.connect(tmp_path / "agent.db") as conn:
+        plan = " ".join(str(r) for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT * FROM securesaver_events WHERE tenant = 'acme' "
+            "AND at >= 1 AND at < 2 ORDER BY id"))
+    assert "ix_securesaver_events_tenant_at" in plan
+
+
+@pytest.mark.postgres
+def test_events_of_one_tenant_and_window_come_from_the_index_on_postgres(pg_url: str) -> None:
+    check_migration_and_index_use(pg_url)
+    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:     # enough rows that a scan would cost more
+            conn.execute(sa.text(
+                "INSERT INTO securesaver_events (at, kind, tenant, thread_id, actor, detail) "
+                "SELECT e, 'access_denied', 'tenant-' || (e % 50), NULL, NULL, '{}' "
+                "FROM generate_series(1, 20000) AS e"))
+            conn.execute(sa.text(
+                "INSERT INTO securesaver_receipts (receipt_id, tenant, thread_id, deleted_at, "
+                "action, reason, detail) SELECT md5(r::text), 'tenant-' || (r % 50), 'x', r, "
+                "'deleted', 'test', '{}' FROM generate_series(1, 20000) AS r"))
+            conn.execute(sa.text("ANALYZE securesaver_events"))
+            conn.execute(sa.text("ANALYZE securesaver_receipts"))
+            plans = []
+            for table, column in (("securesaver_events", "at"),
+                                  ("securesaver_receipts", "deleted_at")):
+                plans.append(" ".join(r[0] for r in conn.execute(sa.text(
+                    f"EXPLAIN SELECT * FROM {table} WHERE tenant = 'tenant-7' "
+                    f"AND {column} >= 100 AND {column} < 5000 ORDER BY id"))))
+        entries = saver.events(tenant="tenant-7", since=100, until=5000)
+    assert "ix_securesaver_events_tenant_at" in plans[0], plans[0]
+    assert "ix_securesaver_receipts_tenant_at" in plans[1], plans[1]
+    assert len(entries) == 2 * len([n for n in range(100, 5000) if n % 50 == 7])
