@@ -864,10 +864,47 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
 
     def finish() -> AuditSummary:
         tenants, problems = totals.finish()
+        problems += _unsealed_problems(_unsealed_rows(raw, TenantIndex(all_tenants), tenant))
         return AuditSummary(now, raw.backend, tenant, tenants, totals.orphans,
                             totals.age_bytes, problems, totals.threads, totals.overdue,
                             totals.orphan_count)
     return stream, finish
+
+
+def _unsealed_rows(raw: Any, index: TenantIndex, tenant: str | None) -> dict[str, int]:
+    """Rows that hold something SecureSaver never writes, per table (counted, never decoded
+    beyond the strict serde's inert placeholders). The grouped SQL cannot see inside a
+    checkpoint body, so this pass reads the rows once more, keeping nothing but counts."""
+    counts: dict[str, int] = {}
+
+    def wanted(thread_id: str) -> bool:
+        return tenant is None or index.split(thread_id)[0] == tenant
+
+    for rows in raw.checkpoints():
+        for row in rows:
+            if wanted(row.thread_id) and (
+                    row.error is not None or row.foreign is not None
+                    or not isinstance((row.metadata or {}).get("__securesaver__"), str)
+                    or not all(is_token(v) for v in row.channel_values.values())):
+                counts["checkpoints"] = counts.get("checkpoints", 0) + 1
+    for blobs in raw.blobs():
+        for blob in blobs:
+            if (wanted(blob.thread_id) and blob.blob is not None
+                    and (blob.type != "bytes" or not is_token(blob.blob))):
+                counts["checkpoint_blobs"] = counts.get("checkpoint_blobs", 0) + 1
+    writes_table = "checkpoint_writes" if raw.has_blobs else "writes"
+    for writes in raw.writes():
+        for w in writes:
+            if (wanted(w.thread_id) and w.value is not None
+                    and (w.type != "bytes" or not is_token(w.value))):
+                counts[writes_table] = counts.get(writes_table, 0) + 1
+    return counts
+
+
+def _unsealed_problems(unsealed: dict[str, int]) -> list[str]:
+    return [f"{n} row(s) of {table} hold data SecureSaver never writes (undecodable, or not a "
+            "sealed ciphertext): tampered; run `securesaver scan --verify` for where"
+            for table, n in sorted(unsealed.items())]
 
 
 def audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = None,
@@ -985,10 +1022,7 @@ def _audit_walk(saver: SecureSaver, all_tenants: list[str], tenant: str | None, 
     if orphans:
         report.problems.append(
             f"{len(orphans)} stored thread(s) belong to no known tenant")
-    for table, n in sorted(walk.unsealed.items()):
-        report.problems.append(
-            f"{n} row(s) of {table} hold data SecureSaver never writes (undecodable, or not a "
-            "sealed ciphertext): tampered; run `securesaver scan --verify` for where")
+    report.problems += _unsealed_problems(walk.unsealed)
     return report
 
 
