@@ -185,6 +185,19 @@ def _versions_of(row: CheckpointRow) -> set[int]:
     return found
 
 
+def _checkpoint_unsealed(row: CheckpointRow) -> bool:
+    """A checkpoint row SecureSaver could not have written (parse error, a foreign payload,
+    no sealed metadata, or a channel value that is not a ciphertext)."""
+    return (row.error is not None or row.foreign is not None
+            or not isinstance((row.metadata or {}).get("__securesaver__"), str)
+            or not all(is_token(v) for v in row.channel_values.values()))
+
+
+def _value_unsealed(type_: str | None, value: bytes) -> bool:
+    """A blob or write that is not a typed-``bytes`` ciphertext."""
+    return type_ != "bytes" or not is_token(value)
+
+
 class _StorageWalk:
     """One pass over the inner tables: per inner thread id, what is stored and how old."""
 
@@ -237,7 +250,7 @@ class _StorageWalk:
             for blob in blobs:
                 if not self._wanted(blob.thread_id) or blob.blob is None:
                     continue
-                if blob.type != "bytes" or not is_token(blob.blob):
+                if _value_unsealed(blob.type, blob.blob):
                     self._unsealed("checkpoint_blobs")
                 stored = self.threads.setdefault(blob.thread_id, _Stored())
                 stored.stored_bytes += len(blob.blob)
@@ -251,7 +264,7 @@ class _StorageWalk:
             for w in writes:
                 if not self._wanted(w.thread_id) or w.value is None:
                     continue
-                if w.type != "bytes" or not is_token(w.value):
+                if _value_unsealed(w.type, w.value):
                     self._unsealed("checkpoint_writes" if self.raw.has_blobs else "writes")
                 stored = self.threads.setdefault(w.thread_id, _Stored())
                 stored.stored_bytes += len(w.value)
@@ -263,9 +276,7 @@ class _StorageWalk:
             self._tick(len(writes))
 
     def _checkpoint(self, row: CheckpointRow) -> None:
-        if (row.error is not None or row.foreign is not None
-                or not isinstance((row.metadata or {}).get("__securesaver__"), str)
-                or not all(is_token(v) for v in row.channel_values.values())):
+        if _checkpoint_unsealed(row):
             self._unsealed("checkpoints")
         stored = self.threads.setdefault(row.thread_id, _Stored())
         stored.checkpoints += 1
@@ -882,21 +893,18 @@ def _unsealed_rows(raw: Any, index: TenantIndex, tenant: str | None) -> dict[str
 
     for rows in raw.checkpoints():
         for row in rows:
-            if wanted(row.thread_id) and (
-                    row.error is not None or row.foreign is not None
-                    or not isinstance((row.metadata or {}).get("__securesaver__"), str)
-                    or not all(is_token(v) for v in row.channel_values.values())):
+            if wanted(row.thread_id) and _checkpoint_unsealed(row):
                 counts["checkpoints"] = counts.get("checkpoints", 0) + 1
     for blobs in raw.blobs():
         for blob in blobs:
             if (wanted(blob.thread_id) and blob.blob is not None
-                    and (blob.type != "bytes" or not is_token(blob.blob))):
+                    and _value_unsealed(blob.type, blob.blob)):
                 counts["checkpoint_blobs"] = counts.get("checkpoint_blobs", 0) + 1
     writes_table = "checkpoint_writes" if raw.has_blobs else "writes"
     for writes in raw.writes():
         for w in writes:
             if (wanted(w.thread_id) and w.value is not None
-                    and (w.type != "bytes" or not is_token(w.value))):
+                    and _value_unsealed(w.type, w.value)):
                 counts[writes_table] = counts.get(writes_table, 0) + 1
     return counts
 
