@@ -322,6 +322,25 @@ def _bucket_bounds(now: float) -> list[float]:
     return [now - upper for _label, upper in AGE_BUCKETS[:-1]]
 
 
+# the part of the audit statement both dialects share: registered and unregistered threads
+# with their storage aggregates and PII kinds, owner then thread
+_AUDIT_ROWS = f"""rows AS (
+    SELECT reg.tenant AS owner, reg.thread_id AS thread, 1 AS registered, reg.created_at,
+           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
+           reg.max_age, reg.state, st.*
+    FROM reg LEFT JOIN st ON st.inner_id = reg.inner_id
+    UNION ALL
+    SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
+           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread, 0 AS registered,
+           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, st.*
+    FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
+    WHERE NOT EXISTS (SELECT 1 FROM reg WHERE reg.inner_id = st.inner_id))
+SELECT rows.*, pii.kinds FROM rows
+LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
+ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
+"""  # noqa: S608
+
+
 def _sql_inventory(dialect: str, tenants: list[str], tenant: str | None, now: float
                    ) -> tuple[str, dict[str, Any]]:
     """One grouped statement: registry rows joined with per-thread storage aggregates and PII
@@ -417,21 +436,7 @@ pii AS (
         JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {where_pii}
         GROUP BY r.tenant, r.thread_id, r.kind) p
     GROUP BY p.tenant, p.thread_id),
-rows AS (
-    SELECT reg.tenant AS owner, reg.thread_id AS thread, 1 AS registered, reg.created_at,
-           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
-           reg.max_age, reg.state, st.*
-    FROM reg LEFT JOIN st ON st.inner_id = reg.inner_id
-    UNION ALL
-    SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
-           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread, 0 AS registered,
-           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, st.*
-    FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
-    WHERE NOT EXISTS (SELECT 1 FROM reg WHERE reg.inner_id = st.inner_id))
-SELECT rows.*, pii.kinds FROM rows
-LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
-ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
-"""  # noqa: S608
+{_AUDIT_ROWS}"""  # noqa: S608
     return sql, params
 
 
@@ -505,21 +510,7 @@ pii AS (
           JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {pii_where}
           GROUP BY r.tenant, r.thread_id, r.kind) p
     GROUP BY p.tenant, p.thread_id),
-rows AS (
-    SELECT reg.tenant AS owner, reg.thread_id AS thread, 1 AS registered, reg.created_at,
-           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
-           reg.max_age, reg.state, st.*
-    FROM reg LEFT JOIN st ON st.inner_id = reg.inner_id
-    UNION ALL
-    SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
-           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread, 0 AS registered,
-           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, st.*
-    FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
-    WHERE NOT EXISTS (SELECT 1 FROM reg WHERE reg.inner_id = st.inner_id))
-SELECT rows.*, pii.kinds FROM rows
-LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
-ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
-"""  # noqa: S608
+{_AUDIT_ROWS}"""  # noqa: S608
     return sql, params
 
 
