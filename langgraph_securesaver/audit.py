@@ -30,7 +30,7 @@ from .raw_tables import CheckpointRow, TenantIndex, raw_tables_for
 from .tenancy import thread_prefix
 
 if TYPE_CHECKING:
-    from .saver import SecureSaver
+    from .services import SaverLike as SecureSaver
 
 logger = logging.getLogger(__name__)
 
@@ -846,7 +846,7 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
     many threads there are. Otherwise the rows are walked in Python (see :func:`audit`)."""
     from .pruner import shares_database
     from .timeargs import to_epoch
-    tenant = saver._admin_tenant("audit", tenant)
+    tenant = saver.services.gate.admin_tenant("audit", tenant)
     now = time.time() if now is None else float(to_epoch(now, "now") or 0.0)
     registry = saver.registry
     all_tenants = registry.tenants()
@@ -1062,7 +1062,7 @@ def events(saver: SecureSaver, *, tenant: str | None = None, thread_id: str | No
     """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind
     (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action).
     Inside a tenant scope: that tenant's entries only."""
-    tenant = saver._admin_tenant("events", tenant)
+    tenant = saver.services.gate.admin_tenant("events", tenant)
     registry = saver.registry
     out: list[TrailEntry] = []
     if kind is None or not kind.startswith("receipt"):

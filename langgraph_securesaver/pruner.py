@@ -32,13 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from .ops import threads
 from .registry import ThreadRow, pairs_in
 from .retention import PruneReport
+from .services import SaverServices
 from .storage_ops import delete_threads_in
 from .tenancy import ThreadRef, inner_thread_id
 
 if TYPE_CHECKING:
-    from .saver import SecureSaver
+    from .services import SaverLike
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +69,11 @@ def _checkpoint_time(ts: Any) -> float | None:
         return None
 
 
-def shares_database(saver: SecureSaver) -> bool:
+def shares_database(saver: SaverLike | SaverServices) -> bool:
     """True when the registry's connections see the inner saver's own tables, so one
     transaction can delete storage, companions and registry rows together (cached)."""
-    return saver._ops.shares_database(saver.registry.engine)
+    services = saver if isinstance(saver, SaverServices) else saver.services
+    return services.storage.shares_database(services.registry.engine)
 
 
 def _reason(row: ThreadRow, now: float) -> str:
@@ -82,14 +85,14 @@ def _reason(row: ThreadRow, now: float) -> str:
 class Sweep:
     """One run of the pruner over the registry."""
 
-    def __init__(self, saver: SecureSaver, *, now: float | None, limit: int | None,
+    def __init__(self, services: SaverServices, *, now: float | None, limit: int | None,
                  dry_run: bool, tenant: str | None, batch: int = DEFAULT_BATCH,
                  lease: float = DEFAULT_LEASE, active_grace: float = DEFAULT_ACTIVE_GRACE,
                  owner: str | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> None:
-        self.saver = saver
-        self.registry = saver.registry
+        self.services = services
+        self.registry = services.registry
         self.now = time.time() if now is None else float(now)
         self.limit = limit
         self.dry_run = dry_run
@@ -115,7 +118,7 @@ class Sweep:
                           else self.report.would_prune)
                 target.append((row.tenant, row.thread_id))
             return self.report
-        self._shared = shares_database(self.saver)
+        self._shared = shares_database(self.services)
         done = 0
         while not self.should_stop() and (self.limit is None or done < self.limit):
             want = self.batch if self.limit is None else min(self.batch, self.limit - done)
@@ -193,7 +196,7 @@ class Sweep:
         ids = [inner_thread_id(r.tenant, r.thread_id) for r in rows]
         for attempt in range(1, TRANSIENT_RETRIES + 1):
             try:
-                return dict(self.saver._ops.latest_checkpoint_times(ids))
+                return dict(self.services.storage.latest_checkpoint_times(ids))
             except Exception as exc:
                 if attempt < TRANSIENT_RETRIES and _is_transient(exc):
                     time.sleep(0.05 * attempt)
@@ -218,7 +221,7 @@ class Sweep:
                     self._process_safely(row)
                 return
         for tenant, thread_id in gone:
-            self.saver._forget_touch(tenant, thread_id)
+            self.services.forget_thread(tenant, thread_id)
             self.report.deleted.append((tenant, thread_id))
 
     def _receipt(self, row: ThreadRow, counts: dict[str, int]) -> dict[str, Any]:
@@ -253,8 +256,8 @@ class Sweep:
         if not mine:
             return []
         inner = {inner_thread_id(r.tenant, r.thread_id): (r.tenant, r.thread_id) for r in mine}
-        checkpoints = self.saver._ops.count_checkpoints_many(list(inner))
-        self.saver._ops.delete_threads(list(inner))
+        checkpoints = self.services.storage.count_checkpoints_many(list(inner))
+        self.services.storage.delete_threads(list(inner))
         with self.registry.begin() as conn:
             for token, group in _group_by_token(mine).items():
                 gone += self.registry.delete_claimed(
@@ -278,7 +281,7 @@ class Sweep:
                           ) -> dict[str, dict[tuple[str, str], int]]:
         """Companion records of a batch (PII vault, idempotency), in the caller's transaction;
         the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
-        out = {"pii_values": self.saver.vault.delete_threads_in(conn, pairs)}
+        out = {"pii_values": self.services.vault.delete_threads_in(conn, pairs)}
         try:
             from .idempotency import schema
         except ImportError:  # the idempotency component is not installed: no such records
@@ -336,7 +339,7 @@ class Sweep:
                 self.report.survived.append(key)
                 self.registry.release_claim(row)
                 return
-            latest = self.saver._latest_checkpoint_time(ref)
+            latest = threads.latest_checkpoint_time(self.services, ref)
             if latest is not None and row.idle_ttl is not None and (
                     latest + row.idle_ttl > self.now) and latest > row.last_activity:
                 # written after the registry last heard of it: it is not idle after all
@@ -352,9 +355,9 @@ class Sweep:
                 return
         reason = _reason(row, self.now)
         if row.strategy == "keep_latest" and row.state != "deleting":
-            checkpoints_before = self.saver._ops.count_checkpoints(ref.inner_id)
-            self.saver._ops.keep_latest([ref.inner_id])
-            after = self.saver._ops.count_checkpoints(ref.inner_id)
+            checkpoints_before = self.services.storage.count_checkpoints(ref.inner_id)
+            self.services.storage.keep_latest([ref.inner_id])
+            after = self.services.storage.count_checkpoints(ref.inner_id)
             self.registry.finish_pruned(row, {
                 "tenant": row.tenant, "thread_id": row.thread_id, "action": "pruned",
                 "reason": reason, "requested_by": f"pruner:{self.owner}",
@@ -363,13 +366,13 @@ class Sweep:
             self.report.pruned_to_latest.append(key)
             return
         self.registry.mark_state(row, "deleting")
-        counts = self.saver._purge_thread_storage(ref)
+        counts = threads.purge_thread_storage(self.services, ref)
         if self.registry.finish_deleted(row.tenant, row.thread_id, {
                 "tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",
                 "reason": reason, "requested_by": f"pruner:{self.owner}",
                 "detail": {**counts, "policy_source": row.policy_source,
                            "expired_at": row.expires_at}}, claim_token=row.claim_token):
-            self.saver._forget_touch(row.tenant, row.thread_id)
+            self.services.forget_thread(row.tenant, row.thread_id)
             self.report.deleted.append(key)
 
 

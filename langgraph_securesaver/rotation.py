@@ -52,11 +52,11 @@ from .raw_tables import (
     registry_rows,
     registry_tables,
 )
-from .saver import SEALED_METADATA_KEY
+from .seal import SEALED_METADATA_KEY
 from .tenancy import ThreadRef
 
 if TYPE_CHECKING:
-    from .saver import SecureSaver
+    from .services import SaverLike
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class Reencryption:
     """Re-encrypt every stored ciphertext under each tenant's newest data key. See
     :func:`reencrypt`."""
 
-    def __init__(self, saver: SecureSaver, *, tenants: Iterable[str] | None = None,
+    def __init__(self, saver: SaverLike, *, tenants: Iterable[str] | None = None,
                  batch_size: int = DEFAULT_BATCH, max_rate: float | None = None,
                  max_passes: int = MAX_PASSES,
                  progress: Callable[[int, int], None] | None = None,
@@ -406,7 +406,7 @@ class Reencryption:
         return self.report
 
 
-def reencrypt(saver: SecureSaver, *, tenants: Iterable[str] | None = None,
+def reencrypt(saver: SaverLike, *, tenants: Iterable[str] | None = None,
               batch_size: int = DEFAULT_BATCH, max_rate: float | None = None,
               max_passes: int = MAX_PASSES, progress: Callable[[int, int], None] | None = None,
               should_stop: Callable[[], bool] | None = None) -> ReencryptReport:
@@ -417,7 +417,7 @@ def reencrypt(saver: SecureSaver, *, tenants: Iterable[str] | None = None,
     ``batch_size`` rows are read and rewritten per transaction; ``max_rate`` caps rewritten rows
     per second (load on a live database); ``should_stop()`` is polled between batches.
     """
-    return Reencryption(saver, tenants=saver._reencrypt_tenants(tenants),
+    return Reencryption(saver, tenants=saver.services.gate.reencrypt_tenants(tenants),
                         batch_size=batch_size, max_rate=max_rate, max_passes=max_passes,
                         progress=progress, should_stop=should_stop).run()
 
@@ -430,7 +430,7 @@ class RotationJob:
     reencrypt: bool
 
 
-def unfinished_job(saver: SecureSaver) -> RotationJob | None:
+def unfinished_job(saver: SaverLike) -> RotationJob | None:
     """The latest ``rotate_keys(reencrypt=True)`` that started and never finished, if any."""
     registry = saver.registry
     finished = {str(e.detail.get("job")) for e in registry.list_events(kind=JOB_FINISHED)}
@@ -444,7 +444,7 @@ def unfinished_job(saver: SecureSaver) -> RotationJob | None:
     return None
 
 
-def _file_keyring(saver: SecureSaver) -> Any:
+def _file_keyring(saver: SaverLike) -> Any:
     ring: Any = saver.keyring
     if not all(hasattr(ring, name) for name in ("add_version", "persist", "retire_version")):
         raise ConfigurationError(
@@ -458,7 +458,7 @@ def _file_keyring(saver: SecureSaver) -> Any:
     return ring
 
 
-def retire_unused_masters(saver: SecureSaver) -> tuple[list[str], list[str]]:
+def retire_unused_masters(saver: SaverLike) -> tuple[list[str], list[str]]:
     """Forget every non-current master version that wraps no key row; persist the keyring.
     Returns (retired, still in use)."""
     ring = _file_keyring(saver)
@@ -479,7 +479,7 @@ def retire_unused_masters(saver: SecureSaver) -> tuple[list[str], list[str]]:
     return old, []
 
 
-def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool = False,
+def rotate_keys(saver: SaverLike, *, reencrypt: bool = False, retire_old: bool = False,
                 batch_size: int = DEFAULT_BATCH, max_rate: float | None = None,
                 progress: Callable[[str, int, int], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> RotationReport:
@@ -491,7 +491,7 @@ def rotate_keys(saver: SecureSaver, *, reencrypt: bool = False, retire_old: bool
     version, no second data-key rotation, rows already re-encrypted are skipped.
     ``progress(stage, done, total)`` reports "rewrap" and "reencrypt".
     """
-    saver._admin_tenant("rotate_keys", operator_only=True)
+    saver.services.gate.admin_tenant("rotate_keys", operator_only=True)
     ring = _file_keyring(saver)
     reload = getattr(ring, "reload", None)
     if callable(reload):   # start from the keyring file as it is now, not as it was loaded

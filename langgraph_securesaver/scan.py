@@ -52,11 +52,12 @@ from .raw_tables import (
     registry_rows,
     registry_tables,
 )
-from .saver import _PARSE_ERRORS, SEALED_METADATA_KEY, _DetachedParent
+from .seal import PARSE_ERRORS as _PARSE_ERRORS
+from .seal import SEALED_METADATA_KEY, _DetachedParent
 from .tenancy import ThreadRef
 
 if TYPE_CHECKING:
-    from .saver import SecureSaver
+    from .services import SaverLike
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ def _leaves(value: Any) -> Iterable[str]:
 class Scanner:
     """One scan of one database. Use :func:`scan`."""
 
-    def __init__(self, saver: SecureSaver, *, keyring: Any = None, verify: bool = False,
+    def __init__(self, saver: SaverLike, *, keyring: Any = None, verify: bool = False,
                  allowlist: Iterable[str] | None = None, redactor: Any = None,
                  page: int = 500, progress: Callable[[int, int], None] | None = None) -> None:
         if verify and keyring is None:
@@ -569,7 +570,7 @@ class Scanner:
             self._token(table.name, at, tenant, value, aad)
 
 
-def scan(saver: SecureSaver, *, keyring: Any = None, verify: bool = False,
+def scan(saver: SaverLike, *, keyring: Any = None, verify: bool = False,
          allowlist: Iterable[str] | None = None, redactor: Any = None, page: int = 500,
          progress: Callable[[int, int], None] | None = None) -> ScanReport:
     """Scan the raw tables behind ``saver`` (see the module docstring).
@@ -580,6 +581,6 @@ def scan(saver: SecureSaver, *, keyring: Any = None, verify: bool = False,
     fine (default: the saver's). ``progress(done, total)`` is called after every page.
     Operator only: refused inside a tenant scope (it reads every tenant's rows).
     """
-    saver._admin_tenant("scan", operator_only=True)
+    saver.services.gate.admin_tenant("scan", operator_only=True)
     return Scanner(saver, keyring=keyring, verify=verify, allowlist=allowlist,
                    redactor=redactor, page=page, progress=progress).run()

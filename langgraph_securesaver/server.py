@@ -73,10 +73,11 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 
 from .errors import ConfigurationError, TenantRequired
+from .gate import Denial, DeniedError, TenantGate
 from .keyring import Keyring
 from .retention import RetentionPolicy
-from .saver import SecureSaver, ThreadRef, _Denial, _DeniedError
-from .tenancy import current_tenant_scope, tenant_scope, validate_tenant
+from .saver import SecureSaver
+from .tenancy import ThreadRef, current_tenant_scope, tenant_scope, validate_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -138,25 +139,17 @@ def server_auth_user() -> Any:
     return None if ctx is None else getattr(ctx, "user", None)
 
 
-class AuthTenantSaver(SecureSaver):
-    """A :class:`SecureSaver` whose tenant is the LangGraph Server's authenticated user.
-
-    Args:
-        tenant_of: maps the server's user object to a tenant id (``None`` = no tenant).
-        (every other argument is SecureSaver's)
-    """
-
-    def __init__(self, *args: Any, tenant_of: TenantOf | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.tenant_of: TenantOf = tenant_of or tenant_from_field()
+class AuthTenantGate(TenantGate):
+    """The tenant of a call is the LangGraph Server's authenticated user (``owner.tenant_of``
+    maps it); the scope, the auth context and the config's user must agree."""
 
     def _user_tenant(self, user: Any) -> str | None:
         if user is None:
             return None
-        tenant = self.tenant_of(user)
+        tenant = self.owner.tenant_of(user)
         return None if tenant is None else validate_tenant(tenant)
 
-    def _sources(self, configurable: Mapping[str, Any] | None) -> list[str]:
+    def sources(self, configurable: Mapping[str, Any] | None) -> list[str]:
         """The tenants named by the scope, the server's auth context and the config's user."""
         sources: list[str] = []
         scoped = current_tenant_scope()
@@ -174,46 +167,62 @@ class AuthTenantSaver(SecureSaver):
                 sources.append(from_config)
         return sources
 
-    def _acting_scope(self) -> str | None:
+    def acting_scope(self) -> str | None:
         """Admin methods (pii_inventory, events, ...) act for the authenticated user's tenant
         (unscoped, i.e. the operator's, only when there is no user)."""
-        sources = self._sources(None)
+        sources = self.sources(None)
         return sources[0] if sources else None
 
     def _caller_tenant(self, configurable: Mapping[str, Any] | None, operation: str,
                        thread_id: str | None) -> str:
         """The tenant this call acts for; raises when it has none or its sources disagree."""
-        sources = self._sources(configurable)
+        sources = self.sources(configurable)
         for other in sources[1:]:
             if other != sources[0]:
-                raise _DeniedError(_Denial(sources[0], other, operation, thread_id))
+                raise DeniedError(Denial(sources[0], other, operation, thread_id))
         if sources:
             return sources[0]
         if self.default_tenant is not None:
             return self.default_tenant
         raise TenantRequired(operation + " (no authenticated LangGraph Server user)")
 
-    def _ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+    def ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
         conf = config.get("configurable") or {}
         thread = conf.get("thread_id")
         tenant = self._caller_tenant(conf, operation, None if thread is None else str(thread))
         with _scope_as(tenant):
-            ref = super()._ref(config, operation)
+            ref = super().ref(config, operation)
         run_id = conf.get("run_id")
         if isinstance(run_id, str) and run_id and operation in ("put", "put_writes"):
             _RUNS.remember(run_id, ref.tenant)
         return ref
 
-    def _tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
+    def tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
         tenant = self._caller_tenant(None, operation, thread_id)
         with _scope_as(tenant):
-            return super()._tenant(operation, explicit, thread_id)
+            return super().tenant(operation, explicit, thread_id)
+
+
+class AuthTenantSaver(SecureSaver):
+    """A :class:`SecureSaver` whose tenant is the LangGraph Server's authenticated user.
+
+    Args:
+        tenant_of: maps the server's user object to a tenant id (``None`` = no tenant).
+        (every other argument is SecureSaver's)
+    """
+
+    gate_class = AuthTenantGate
+
+    def __init__(self, *args: Any, tenant_of: TenantOf | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant_of: TenantOf = tenant_of or tenant_from_field()
 
     # The server rolls a run back (multitask_strategy="rollback", cancel action="rollback")
     # from its worker *without* a user: adelete_for_runs([run_id]) then acts for the tenant
     # this process saw writing that run (learned from authenticated calls), nothing else.
     def _run_groups(self, run_ids: Sequence[str]) -> dict[str, list[str]] | None:
-        if self._sources(None):
+        gate = self.services.gate
+        if isinstance(gate, AuthTenantGate) and gate.sources(None):
             return None          # a caller with an identity: the ordinary path
         groups: dict[str, list[str]] = {}
         for run_id in run_ids:

@@ -293,7 +293,7 @@ class StorageOps:
     async def athread_ids(self, prefix: str) -> list[str] | None:
         return self.thread_ids(prefix)
 
-    def _bridge(self, coro: Any) -> Any:
+    def bridge(self, coro: Any) -> Any:
         """Run an async-only saver's coroutine from a worker thread on the saver's own loop."""
         import asyncio
         loop = getattr(self.inner, "loop", None)
@@ -485,22 +485,22 @@ class SqliteOps(StorageOps):
 
 class _AsyncOnlyOps(StorageOps):
     """For async-only savers: the sync operations run the async ones on the saver's loop
-    (from a worker thread; see StorageOps._bridge)."""
+    (from a worker thread; see StorageOps.bridge)."""
 
     async def acount_checkpoints(self, inner_id: str) -> int:
         raise NotImplementedError
 
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
-        self._bridge(self.akeep_latest(inner_ids))
+        self.bridge(self.akeep_latest(inner_ids))
 
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
-        self._bridge(self.adelete_threads(inner_ids))
+        self.bridge(self.adelete_threads(inner_ids))
 
     def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
-        self._bridge(self.adelete_for_runs(prefix, run_ids))
+        self.bridge(self.adelete_for_runs(prefix, run_ids))
 
     def count_checkpoints(self, inner_id: str) -> int:
-        return int(self._bridge(self.acount_checkpoints(inner_id)))
+        return int(self.bridge(self.acount_checkpoints(inner_id)))
 
     def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
         async def collect() -> dict[str, float | None]:
@@ -510,7 +510,7 @@ class _AsyncOnlyOps(StorageOps):
                 tup = await self.inner.aget_tuple(config)
                 out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
             return out
-        return dict(self._bridge(collect()))
+        return dict(self.bridge(collect()))
 
 
 class AsyncSqliteOps(_AsyncOnlyOps):
@@ -562,7 +562,7 @@ class AsyncSqliteOps(_AsyncOnlyOps):
         return [r[0] for r in rows]
 
     def thread_ids(self, prefix: str) -> list[str] | None:
-        return list(self._bridge(self.athread_ids(prefix)))
+        return list(self.bridge(self.athread_ids(prefix)))
 
 
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
@@ -658,7 +658,7 @@ class AsyncPostgresOps(_AsyncOnlyOps):
             async with inner._cursor() as cur:
                 await cur.execute(PG_IDENTITY)
                 return await cur.fetchone()
-        row = self._bridge(identity())
+        row = self.bridge(identity())
         return _pg_identity(dict(row) if row else None)
 
     async def athread_ids(self, prefix: str) -> list[str] | None:
@@ -676,7 +676,7 @@ class AsyncPostgresOps(_AsyncOnlyOps):
             return [r["thread_id"] for r in await cur.fetchall()]
 
     def thread_ids(self, prefix: str) -> list[str] | None:
-        return list(self._bridge(self.athread_ids(prefix)))
+        return list(self.bridge(self.athread_ids(prefix)))
 
 
 

@@ -107,4 +107,4 @@ def test_policy_validation_and_store_cache(tmp_path: Path) -> None:
                               redaction=None) as saver:
         store = IdempotencyStore.for_saver(saver)
         assert IdempotencyStore.for_saver(saver) is store
-        assert saver.__dict__["_idempotency_store"] is store
+        assert IdempotencyStore.for_services(saver.services) is store  # the purge path's

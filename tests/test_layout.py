@@ -26,27 +26,13 @@ MAX_MODULE_LINES = 700
 MAX_SAVER_CLASS_LINES = 400
 
 #: Import cycles that still exist (each a frozenset of module names relative to the package).
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"audit", "idempotency", "idempotency.context", "idempotency.decorators",
-               "idempotency.recovery", "idempotency.store", "pruner", "rotation", "saver",
-               "scan"}),
-    frozenset({"cli", "cli_ops"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = {frozenset({"cli", "cli_ops"})}
 #: Modules still over MAX_MODULE_LINES.
 KNOWN_OVERSIZE: set[str] = {
     "audit", "idempotency.decorators", "idempotency.store", "raw_tables", "redaction.recognizers",
     "redaction.redactor", "registry", "saver", "storage_ops"}
 #: (module, private attribute) accesses that still exist.
-KNOWN_PRIVATE: set[tuple[str, str]] = {
-    ("audit", "_admin_tenant"), ("idempotency.decorators", "_ref"),
-    ("idempotency.decorators", "_scoped"), ("idempotency.decorators", "_tenant"),
-    ("idempotency.recovery", "_redact_for_store"), ("idempotency.recovery", "_ref"),
-    ("idempotency.recovery", "_restore_for_store"), ("idempotency.recovery", "_scoped"),
-    ("idempotency.store", "_redact_for_store"), ("idempotency.store", "_restore_for_store"),
-    ("pruner", "_forget_touch"), ("pruner", "_latest_checkpoint_time"), ("pruner", "_ops"),
-    ("pruner", "_purge_thread_storage"), ("rotation", "_admin_tenant"),
-    ("rotation", "_reencrypt_tenants"), ("scan", "_admin_tenant"), ("server", "_ref"),
-    ("server", "_tenant")}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 #: Whether SecureSaver is still over MAX_SAVER_CLASS_LINES.
 SAVER_CLASS_STILL_OVERSIZE = True
 

@@ -164,7 +164,7 @@ def _assert_clean(raw: bytes) -> None:
 
 def _assert_inventory_and_erasure(saver: SecureSaver, url: str, ring: Path) -> None:
     keys = saver.keys.require(TENANT)
-    token_key = saver._token_key(keys)
+    token_key = saver.services.pii.token_key(keys)
     tokens = {where: make_token(token_key, "EMAIL_ADDRESS", v) for where, v in PLANTED.items()}
     # every planted value has its original in the vault, reachable by the inventory
     found = saver.vault.lookup(keys, list(tokens.values()))

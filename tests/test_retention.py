@@ -318,9 +318,11 @@ def test_batch_re_check_reads_each_threads_latest_checkpoint(tmp_path: Path, bac
             for n in range(turns):
                 _say(saver, t, f"turn {n}")
         ids = [inner_thread_id("acme", t) for t in ("a", "b", "nothing")]
-        got = saver._ops.latest_checkpoint_times(ids)
+        got = saver.services.storage.latest_checkpoint_times(ids)
+        from langgraph_securesaver.ops.threads import latest_checkpoint_time
         from langgraph_securesaver.tenancy import ThreadRef
-        want = {inner_thread_id("acme", t): saver._latest_checkpoint_time(ThreadRef("acme", t))
+        want = {inner_thread_id("acme", t): latest_checkpoint_time(saver.services,
+                                                                   ThreadRef("acme", t))
                 for t in ("a", "b", "nothing")}
     assert got == want
     assert got[ids[0]] is not None and got[ids[1]] > got[ids[0]] and got[ids[2]] is None

@@ -231,7 +231,7 @@ def test_ids_are_bounded_on_every_backend_and_nothing_is_half_done(url: str, mod
         with pytest.raises(ConfigurationError, match="tenant ids"):
             call("get_tuple", _cfg("t1", "a" * 256))
         assert saver.registry.get_thread("acme", too_long) is None
-        assert inner_thread_id("acme", too_long) not in (saver._ops.thread_ids(
+        assert inner_thread_id("acme", too_long) not in (saver.services.storage.thread_ids(
             thread_prefix("acme")) or [])
         assert len(saver.registry.list_receipts(tenant="acme")) == 1      # none half-done
         # a cross-tenant attempt with an id no column could hold is still recorded
@@ -341,7 +341,7 @@ def _count_inner_rows(saver: SecureSaver) -> dict[str, int]:
             seen["rows"] += 1
             yield tup
 
-    real_ids, real_aids = saver._ops.thread_ids, saver._ops.athread_ids
+    real_ids, real_aids = saver.services.storage.thread_ids, saver.services.storage.athread_ids
 
     def ids(prefix: str) -> Any:
         found = real_ids(prefix)
@@ -354,7 +354,7 @@ def _count_inner_rows(saver: SecureSaver) -> dict[str, int]:
         return found
 
     inner.list, inner.alist = counting_list, counting_alist
-    saver._ops.thread_ids, saver._ops.athread_ids = ids, aids  # type: ignore[method-assign]
+    saver.services.storage.thread_ids, saver.services.storage.athread_ids = ids, aids  # type: ignore[method-assign]
     return seen
 
 
@@ -405,11 +405,11 @@ def test_scoped_list_none_reads_only_the_tenants_rows(url: str, mode: str) -> No
         _plan_uses_an_index_range(url, saver)
         # the same listing without the prefix query reads every other tenant's row: the
         # bound above is what the pushdown buys
-        saver._ops.thread_ids = lambda prefix: None  # type: ignore[method-assign]
+        saver.services.storage.thread_ids = lambda prefix: None  # type: ignore[method-assign]
 
         async def none(prefix: str) -> None:
             return None
-        saver._ops.athread_ids = none  # type: ignore[method-assign]
+        saver.services.storage.athread_ids = none  # type: ignore[method-assign]
         seen["rows"] = 0
         assert len(_scoped("acme", call, "list", None)) == len(mine)
         assert seen["rows"] > other_rows
@@ -622,8 +622,12 @@ def test_time_arguments_take_aware_datetimes_and_epochs(url: str, mode: str) -> 
 def test_every_public_method_is_in_the_readme_table() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     table = readme.split("### Who a method acts for", 1)[1].split("\n## ", 1)[0]
-    own = {n for n, v in vars(SecureSaver).items()
-           if not n.startswith("_") and (callable(v) or isinstance(v, classmethod))}
+    # SecureSaver's own methods and those it inherits from the package (ops.api), not
+    # LangGraph's; class attributes that are classes (gate_class) are not methods
+    own = {n for klass in SecureSaver.__mro__ if klass.__module__.startswith("langgraph_secure")
+           for n, v in vars(klass).items()
+           if not n.startswith("_") and not isinstance(v, type)
+           and (callable(v) or isinstance(v, classmethod))}
     missing = sorted(n for n in own if f"`{n}" not in table and not (
         n.startswith("a") and n[1:] in own and f"`{n[1:]}" in table))
     assert missing == [], missing

@@ -16,7 +16,7 @@ from .errors import NoIdempotencyContext
 from .keys import KeyScope, parent_namespace, strip_task_ids
 
 if TYPE_CHECKING:
-    from ..saver import SecureSaver
+    from ..services import SaverLike
 
 # the keys LangGraph 1.2 puts in config["configurable"] of a running task
 CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
@@ -122,7 +122,7 @@ class RunContext:
     """The identity of the graph task an idempotent call runs in."""
 
     config: RunnableConfig
-    saver: SecureSaver | None
+    saver: SaverLike | None
     thread_id: str
     checkpoint_ns: str
     graph_path: str
@@ -166,6 +166,7 @@ def run_context(config: RunnableConfig | None = None) -> RunContext:
     )
 
 
-def _secure_saver(checkpointer: Any) -> SecureSaver | None:
-    from ..saver import SecureSaver
-    return checkpointer if isinstance(checkpointer, SecureSaver) else None
+def _secure_saver(checkpointer: Any) -> SaverLike | None:
+    """The running checkpointer when it is a SecureSaver (it offers ``services``)."""
+    from ..services import services_of
+    return checkpointer if services_of(checkpointer) is not None else None

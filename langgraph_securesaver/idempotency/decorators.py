@@ -80,12 +80,12 @@ def _resolve_store(store: IdempotencyStore | None, ctx: RunContext | None) -> Id
 
 
 def _tenant_of(store: IdempotencyStore, ctx: RunContext | None) -> str:
-    saver = (ctx.saver if ctx is not None else None) or store.saver
-    if saver is not None:
+    services = (ctx.saver.services if ctx is not None and ctx.saver is not None
+                else store.services)
+    if services is not None:
         if ctx is None:
-            return saver._scoped(lambda: saver._tenant("idempotency"))
-        config = ctx.config
-        return saver._scoped(lambda: saver._ref(config, "idempotency")).tenant
+            return services.gate.resolve_tenant("idempotency")
+        return services.gate.resolve_ref(ctx.config, "idempotency").tenant
     explicit = ctx.configurable.get("tenant_id") if ctx is not None else None
     tenant = current_tenant_scope() or explicit
     if tenant is None:

@@ -33,7 +33,7 @@ from .schema import dead_letters, recoverable_threads
 from .store import IdempotencyStore, default_owner
 
 if TYPE_CHECKING:
-    from ..saver import SecureSaver
+    from ..services import SaverLike
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +71,11 @@ class DeadLetter:
     error: str | None
 
 
-def _saver_of(saver: SecureSaver | None, config: RunnableConfig | None) -> SecureSaver:
-    from ..saver import SecureSaver
+def _saver_of(saver: SaverLike | None, config: RunnableConfig | None) -> SaverLike:
+    from ..services import services_of
     if saver is None and config is not None:
         saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
-    if not isinstance(saver, SecureSaver):
+    if saver is None or services_of(saver) is None:
         raise ConfigurationError("recovery needs a SecureSaver (pass saver=...)")
     return saver
 
@@ -113,7 +113,7 @@ def _upsert(store: IdempotencyStore, row: dict[str, Any]) -> Any:
 
 
 def mark_recoverable(config: RunnableConfig | None = None, *,
-                     saver: SecureSaver | None = None) -> None:
+                     saver: SaverLike | None = None) -> None:
     """Opt a thread in to stalled-run recovery (re-arms it and resets its attempt count).
 
     ``config`` is the run config (default: the current run's, inside a node). Its scalar
@@ -127,10 +127,10 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
         except RuntimeError:
             raise NoIdempotencyContext("mark_recoverable() outside a run needs a config") from None
     sv = _saver_of(saver, config)
-    ref = sv._scoped(lambda: sv._ref(config, "mark_recoverable"))
+    ref = sv.services.gate.resolve_ref(config, "mark_recoverable")
     store = IdempotencyStore.for_saver(sv)
     keys = store.tenant_keys(ref.tenant)
-    extras = sv._redact_for_store(keys, ref.thread_id,
+    extras = sv.services.pii.redact_for_store(keys, ref.thread_id,
                                  _scalar_configurable(config.get("configurable") or {}),
                                  RECOVERY_CHANNEL)
     import json
@@ -145,7 +145,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
 
 
 async def amark_recoverable(config: RunnableConfig | None = None, *,
-                            saver: SecureSaver | None = None) -> None:
+                            saver: SaverLike | None = None) -> None:
     import asyncio
     if config is None:
         from langgraph.config import get_config
@@ -153,7 +153,7 @@ async def amark_recoverable(config: RunnableConfig | None = None, *,
     await asyncio.to_thread(mark_recoverable, config, saver=saver)
 
 
-def unmark_recoverable(saver: SecureSaver, tenant: str, thread_id: str) -> bool:
+def unmark_recoverable(saver: SaverLike, tenant: str, thread_id: str) -> bool:
     store = IdempotencyStore.for_saver(saver)
     with store._begin("unmarking a thread") as conn:
         return bool(conn.execute(_R.delete().where(
@@ -237,7 +237,7 @@ def _checkpoint_age(created_at: str | None, now: float) -> float:
     return now - ts.timestamp()
 
 
-def recover_stalled(graph: Any, saver: SecureSaver | None = None, *, older_than: float,
+def recover_stalled(graph: Any, saver: SaverLike | None = None, *, older_than: float,
                     tenant: str | None = None, max_attempts: int = 3,
                     worker_id: str | None = None, lease: float = 300.0,
                     limit: int | None = None, durability: str = "sync") -> RecoveryReport:
@@ -300,8 +300,8 @@ def _resume_config(store: IdempotencyStore, claimed: _Lease) -> RunnableConfig:
     if claimed.sealed_conf is not None:
         keys = store.tenant_keys(ten)
         extras = json.loads(keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
-        if store.saver is not None:  # tokenized PII back for the owning tenant
-            extras = store.saver._restore_for_store(keys, extras)
+        if store.services is not None:  # tokenized PII back for the owning tenant
+            extras = store.services.pii.restore_for_store(keys, extras)
     return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten}}
 
 
@@ -354,8 +354,8 @@ def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, at
     logger.error("resuming %s/%s failed (attempt %s)", *ident, attempts, exc_info=exc)
     keys = store.tenant_keys(claimed.tenant)
     text = f"{type(exc).__name__}: {exc}"
-    if store.saver is not None:  # the error text through the saver's redactor
-        text = store.saver._redact_for_store(keys, claimed.thread_id, text, RECOVERY_CHANNEL)
+    if store.services is not None:  # the error text through the saver's redactor
+        text = store.services.pii.redact_for_store(keys, claimed.thread_id, text, RECOVERY_CHANNEL)
     sealed = keys.seal(text.encode("utf-8", "replace"),
                        _error_aad(claimed.tenant, claimed.thread_id, "last"))
     if attempts >= max_attempts:
@@ -376,7 +376,7 @@ def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, at
         report.failed.append(ident)
 
 
-async def arecover_stalled(graph: Any, saver: SecureSaver | None = None, *,
+async def arecover_stalled(graph: Any, saver: SaverLike | None = None, *,
                            older_than: float, tenant: str | None = None, max_attempts: int = 3,
                            worker_id: str | None = None, lease: float = 300.0,
                            limit: int | None = None, durability: str = "sync") -> RecoveryReport:
@@ -448,7 +448,7 @@ async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: _Lease,
     report.resumed.append(ident)
 
 
-def dead_letters_of(saver: SecureSaver, *, tenant: str | None = None) -> list[DeadLetter]:
+def dead_letters_of(saver: SaverLike, *, tenant: str | None = None) -> list[DeadLetter]:
     """The dead letters (errors decrypted), oldest first."""
     store = IdempotencyStore.for_saver(saver)
     q = sa.select(_D).order_by(_D.c.at)
@@ -468,7 +468,7 @@ def dead_letters_of(saver: SecureSaver, *, tenant: str | None = None) -> list[De
     return out
 
 
-def recovery_state(saver: SecureSaver, tenant: str, thread_id: str) -> dict[str, Any] | None:
+def recovery_state(saver: SaverLike, tenant: str, thread_id: str) -> dict[str, Any] | None:
     """The recovery row of a thread (state, attempts, owner, fencing token), or None."""
     store = IdempotencyStore.for_saver(saver)
     with store._begin("reading a recovery row") as conn:
@@ -478,7 +478,7 @@ def recovery_state(saver: SecureSaver, tenant: str, thread_id: str) -> dict[str,
 
 
 # --------------------------------------------------------------------------------------------
-def load_graph(graph_ref: str, saver: SecureSaver) -> Any:
+def load_graph(graph_ref: str, saver: SaverLike) -> Any:
     """``"package.module:attr"`` -> a compiled graph using ``saver``.
 
     ``attr`` may be a compiled graph (re-bound to ``saver``), a ``StateGraph`` builder
@@ -529,7 +529,7 @@ def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
     uses) and sweeps with :func:`arecover_stalled`.
     """
     from ..keyring import Keyring
-    from ..saver import SecureSaver
+    from ..services import saver_class
     plain = async_url(url)
     if plain is not None or use_async:
         import asyncio
@@ -538,7 +538,7 @@ def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
             max_attempts=max_attempts, worker_id=worker_id, lease=lease, limit=limit,
             durability=durability, **saver_options))
     ring = Keyring.load(keyring)
-    with SecureSaver.from_url(url, keyring=ring, **saver_options) as saver:
+    with saver_class().from_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = recover_stalled(graph, saver, older_than=older_than, tenant=tenant,
                                  max_attempts=max_attempts, worker_id=worker_id, lease=lease,
@@ -554,9 +554,9 @@ async def _arecover_main(url: str, graph_ref: str, *, keyring: str | None, older
     import asyncio
 
     from ..keyring import Keyring
-    from ..saver import SecureSaver
+    from ..services import saver_class
     ring = await asyncio.to_thread(Keyring.load, keyring)
-    async with SecureSaver.afrom_url(url, keyring=ring, **saver_options) as saver:
+    async with saver_class().afrom_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = await arecover_stalled(graph, saver, older_than=older_than, tenant=tenant,
                                         max_attempts=max_attempts, worker_id=worker_id,

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import sqlalchemy as sa
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -57,13 +57,12 @@ from .policy import DEFAULT_POLICY, IdempotencyPolicy
 from .schema import COMPLETED, FAILED, IN_PROGRESS, UNKNOWN, db_now, idempotency_records
 
 if TYPE_CHECKING:
-    from ..saver import SecureSaver
+    from ..services import SaverLike, SaverServices
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _T = idempotency_records
-_STORE_ATTR = "_idempotency_store"
 _for_saver_lock = threading.Lock()
 _MAX_POLL = 0.5
 _COMPLETE_RETRIES = (0.05, 0.2, 0.5)
@@ -231,9 +230,9 @@ class IdempotencyStore:
     """
 
     def __init__(self, engine: Engine, keys: KeyManager, serde: SerializerProtocol | None = None,
-                 *, policy: IdempotencyPolicy | None = None, saver: SecureSaver | None = None,
+                 *, policy: IdempotencyPolicy | None = None, saver: SaverLike | None = None,
                  owner: str | None = None, host_id: str | None = None,
-                 session_lock: bool = True) -> None:
+                 session_lock: bool = True, services: SaverServices | None = None) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
@@ -243,6 +242,9 @@ class IdempotencyStore:
         self.serde = serde or JsonPlusSerializer()
         self.policy = policy or DEFAULT_POLICY
         self.saver = saver
+        # the saver's narrow interface: its tenant gate and PII layer (None: a bare store)
+        self.services = services if services is not None else (
+            saver.services if saver is not None else None)
         self.owner = owner or default_owner()
         self._now = db_now(self.dialect)
         self._serial = engine_lock(engine)
@@ -259,18 +261,32 @@ class IdempotencyStore:
 
     # construction -------------------------------------------------------------------------
     @classmethod
-    def for_saver(cls, saver: SecureSaver, **options: Any) -> IdempotencyStore:
-        """The store of ``saver`` (created once, cached on the saver)."""
-        store: IdempotencyStore | None = saver.__dict__.get(_STORE_ATTR)
+    def for_saver(cls, saver: SaverLike, **options: Any) -> IdempotencyStore:
+        """The store of ``saver`` (created once per saver and serializer, then cached)."""
+        companions = saver.services.companions
+        key = ("idempotency", id(saver.serde))
+        store: IdempotencyStore | None = companions.get(key)
         if store is not None and not options:
             return store
         with _for_saver_lock:
-            store = saver.__dict__.get(_STORE_ATTR)
+            store = companions.get(key)
             if store is None or options:
                 store = cls(saver.registry.engine, saver.keys, saver.serde, saver=saver,
                             **options)
-                saver.__dict__[_STORE_ATTR] = store
+                companions[key] = store
         return store
+
+    @classmethod
+    def for_services(cls, services: SaverServices) -> IdempotencyStore:
+        """A store of the saver behind ``services`` (the one already built, if any): what the
+        purge path uses to delete a thread's records."""
+        with _for_saver_lock:
+            for key, store in services.companions.items():
+                if key[0] == "idempotency":
+                    return cast(IdempotencyStore, store)
+            store = cls(services.registry.engine, services.keys, services=services)
+            services.companions[("idempotency", None)] = store
+            return store
 
     def setup(self) -> None:
         """Create the tables (idempotent; safe from several processes)."""
@@ -345,8 +361,8 @@ class IdempotencyStore:
     # serialization --------------------------------------------------------------------------
     def _seal_value(self, scope: KeyScope, value: Any) -> bytes:
         keys = self.tenant_keys(scope.tenant)
-        if self.saver is not None:  # results go through the saver's redactor (PII vault)
-            value = self.saver._redact_for_store(keys, scope.thread_id, value, RESULT_CHANNEL)
+        if self.services is not None:  # results go through the saver's redactor (PII vault)
+            value = self.services.pii.redact_for_store(keys, scope.thread_id, value, RESULT_CHANNEL)
         type_, data = self.serde.dumps_typed(value)
         return keys.seal(type_.encode("utf-8") + b"\x00" + data, scope.result_aad())
 
@@ -357,15 +373,15 @@ class IdempotencyStore:
         if not sep:
             raise TamperedDataError("idempotency result has no type header")
         value = self.serde.loads_typed((type_.decode("utf-8"), data))
-        if self.saver is not None:
-            value = self.saver._restore_for_store(keys, value)
+        if self.services is not None:
+            value = self.services.pii.restore_for_store(keys, value)
         return value
 
     def _seal_error(self, scope: KeyScope, error: BaseException | str) -> bytes:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         keys = self.tenant_keys(scope.tenant)
-        if self.saver is not None:
-            text = self.saver._redact_for_store(keys, scope.thread_id, text, RESULT_CHANNEL)
+        if self.services is not None:
+            text = self.services.pii.redact_for_store(keys, scope.thread_id, text, RESULT_CHANNEL)
         return keys.seal(text.encode("utf-8", "replace"), scope.error_aad())
 
     # statements (built once, parameterized: building SQLAlchemy expressions per call costs

@@ -1,0 +1,201 @@
+"""The tenant gate: which tenant a call acts for, and the record of every refused attempt.
+
+:class:`TenantGate` holds the one scope rule of the package (README "Who a method acts for"):
+the checkpointer methods resolve their tenant with :meth:`TenantGate.ref` /
+:meth:`TenantGate.tenant`, the operator methods with :meth:`TenantGate.admin_tenant`, and a
+cross-tenant attempt becomes an ``access_denied`` event plus :class:`AccessDenied`.
+
+It knows the registry (to record events) and the saver's ``default_tenant``; it knows nothing
+of keys, sealing, redaction or storage. A saver that learns the caller another way (the
+LangGraph Server saver) subclasses it and sets ``SecureSaver.gate_class``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+
+from .errors import AccessDenied, ConfigurationError, TenantRequired
+from .registry import Registry
+from .tenancy import (
+    ThreadRef,
+    current_tenant_scope,
+    validate_namespace,
+    validate_tenant,
+    validate_thread_id,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Denial:
+    """A refused cross-tenant attempt: ``actor`` tried ``operation`` on ``target``'s data."""
+
+    actor: str
+    target: str
+    operation: str
+    thread_id: str | None
+
+
+class DeniedError(Exception):
+    """Raised inside the resolution; :meth:`TenantGate.scoped` turns it into AccessDenied
+    after recording the event (so the record is written outside any lock the caller holds)."""
+
+    def __init__(self, denial: Denial) -> None:
+        super().__init__(denial)
+        self.denial = denial
+
+
+def thread_id_of(value: Any, what: str = "a thread id") -> str:
+    """Ids are non-empty, bounded strings without NUL (ints and UUIDs are stringified)."""
+    return validate_thread_id(value, what)
+
+
+class TenantGate:
+    """Resolves the tenant of every call of one saver (``owner``: its ``default_tenant`` and
+    ``registry`` are read on each call, so a subclass may read more of it)."""
+
+    DENIAL_ATTEMPTS = 3
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    @property
+    def registry(self) -> Registry:
+        registry: Registry = self.owner.registry
+        return registry
+
+    @property
+    def default_tenant(self) -> str | None:
+        tenant: str | None = self.owner.default_tenant
+        return tenant
+
+    # the checkpointer methods -------------------------------------------------------------
+    def tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
+        """The tenant a call acts for: the active scope, else ``explicit``, else the default."""
+        scoped = current_tenant_scope()
+        if explicit is not None:
+            explicit = validate_tenant(explicit)
+            if scoped is not None and explicit != scoped:
+                raise DeniedError(Denial(scoped, explicit, operation, thread_id))
+        tenant = scoped or explicit or self.default_tenant
+        if tenant is None:
+            raise TenantRequired(operation)
+        return tenant
+
+    def ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+        """The (tenant, thread, namespace) a config addresses."""
+        conf = config.get("configurable") or {}
+        if conf.get("thread_id") in (None, ""):
+            raise ConfigurationError(f"{operation} needs config['configurable']['thread_id']")
+        try:
+            thread_id: str | None = thread_id_of(conf["thread_id"])
+        except ConfigurationError:
+            thread_id = None
+        # the tenant check comes first: a cross-tenant attempt with a malformed id is still a
+        # cross-tenant attempt, and is recorded (without the id, which no column could hold)
+        tenant = self.tenant(operation, conf.get("tenant_id"), thread_id)
+        if thread_id is None:
+            thread_id = thread_id_of(conf["thread_id"])  # raises the ConfigurationError
+        return ThreadRef(tenant, thread_id, validate_namespace(conf.get("checkpoint_ns", "")))
+
+    def scoped(self, fn: Callable[[], T]) -> T:
+        """``fn()`` (a resolution); a denial in it is recorded and raised as AccessDenied."""
+        try:
+            return fn()
+        except DeniedError as denied:
+            raise self.record_denial(denied.denial) from None
+
+    async def ascoped(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except DeniedError as denied:
+            raise await asyncio.to_thread(self.record_denial, denied.denial) from None
+
+    def resolve_tenant(self, operation: str, thread_id: str | None = None) -> str:
+        """:meth:`tenant` (no explicit tenant) with a denial recorded and raised."""
+        return self.scoped(lambda: self.tenant(operation, thread_id=thread_id))
+
+    async def aresolve_tenant(self, operation: str, thread_id: str | None = None) -> str:
+        return await self.ascoped(lambda: self.tenant(operation, thread_id=thread_id))
+
+    def resolve_ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+        """:meth:`ref` with a denial recorded and raised."""
+        return self.scoped(lambda: self.ref(config, operation))
+
+    async def aresolve_ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+        return await self.ascoped(lambda: self.ref(config, operation))
+
+    # the operator methods -------------------------------------------------------------------
+    def acting_scope(self) -> str | None:
+        """Who the caller is for the scope rule of admin methods (the active tenant_scope;
+        subclasses that know the caller otherwise, e.g. the LangGraph Server saver, say so)."""
+        return current_tenant_scope()
+
+    def admin_tenant(self, operation: str, tenant: Any = None, *,
+                     operator_only: bool = False) -> str | None:
+        """The one scope rule of every method that names a tenant (README: "Who a method acts
+        for"). Unscoped calls are the operator's: they act for ``tenant`` (None: every
+        tenant). Inside ``tenant_scope(t)`` they act for ``t`` only: ``tenant=None`` means
+        ``t``, naming another tenant -- or calling an operator-only method, which acts for
+        every tenant -- raises :class:`AccessDenied` and records the attempt."""
+        scoped = self.acting_scope()
+        named = None if tenant is None else validate_tenant(tenant)
+        if scoped is None:
+            return named
+        if operator_only or (named is not None and named != scoped):
+            raise self.record_denial(Denial(scoped, named or "*", operation, None))
+        return scoped
+
+    def reencrypt_tenants(self, tenants: Any) -> builtins.list[str] | None:
+        """The tenants a re-encryption may touch under the scope rule (None: every one)."""
+        if isinstance(tenants, (str, bytes)):
+            raise ConfigurationError("reencrypt(tenants=...) takes a list of tenant ids")
+        if self.acting_scope() is not None:
+            named = [self.admin_tenant("reencrypt", t) for t in (tenants or [None])]
+            return sorted({t for t in named if t is not None})
+        return None if tenants is None else [validate_tenant(t) for t in tenants]
+
+    # the record -----------------------------------------------------------------------------
+    def record_denial(self, denial: Denial) -> AccessDenied:
+        """Record an access-denied event (retried) and return the error to raise. The call is
+        refused either way; if the event cannot be written the error says so."""
+        logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
+                       denial.actor, denial.operation, denial.target, denial.thread_id)
+        failure: Exception | None = None
+        thread_id = denial.thread_id
+        if thread_id is not None:
+            try:   # an id no column could hold is left out, never the event
+                thread_id = validate_thread_id(thread_id)
+            except ConfigurationError:
+                thread_id = None
+        for attempt in range(self.DENIAL_ATTEMPTS):
+            try:
+                self.registry.record_event(
+                    "access_denied", tenant=denial.target, thread_id=thread_id,
+                    actor=denial.actor, operation=denial.operation)
+                failure = None
+                break
+            except Exception as exc:  # noqa: BLE001 - retried; the caller is refused anyway
+                failure = exc
+                time.sleep(0.05 * (attempt + 1))
+        message = (f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
+                   f"{denial.target!r}")
+        if failure is None:
+            return AccessDenied(message + "; the attempt was recorded")
+        logger.error("could not record an access-denied event (%s); the call is refused",
+                     type(failure).__name__)
+        error = AccessDenied(message + f"; the attempt could NOT be recorded "
+                             f"({type(failure).__name__}): check the registry database")
+        error.__cause__ = failure
+        return error

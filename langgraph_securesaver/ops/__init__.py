@@ -1,0 +1,14 @@
+"""The operations of a SecureSaver, one module each, behind :class:`~..services.SaverServices`.
+
+- :mod:`.threads` -- deleting and pruning threads (the one purge path: storage, PII vault,
+  idempotency records, receipts).
+- :mod:`.retention` -- retention policies, per-thread overrides, the expiry sweep, receipts.
+- :mod:`.shredding` -- crypto-shredding a tenant.
+- :mod:`.pii` -- PII inventory and erasure.
+- :mod:`.keys` -- rewrapping, data-key rotation, master versions, the one-database rule.
+- :mod:`.api` -- the public methods of SecureSaver that delegate to the above (and to
+  audit, scan and rotation).
+
+An operation sees the saver only through ``SaverServices`` (never ``saver.py``, never the
+CLI); the saver imports the operations, not the other way round.
+"""

@@ -1,0 +1,75 @@
+"""Key operations on the registry's key rows: rewrapping under the current master version,
+new data-key versions, which master versions are still in use, and the rule that
+destructive key operations need a keyring serving only this database.
+
+Knows the services of a saver (keyring, key manager, registry, gate); not the saver.
+(Re-encrypting stored data is :mod:`langgraph_securesaver.rotation`.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..errors import ConfigurationError
+from ..services import SaverServices
+from ..tenancy import validate_tenant
+
+logger = logging.getLogger("langgraph_securesaver.saver")
+
+
+def require_sole_database(services: SaverServices, operation: str) -> None:
+    """Refuse ``operation`` (shredding, retiring master versions) when the keyring also
+    serves another database: its tenants' key rows may still be wrapped under the master
+    versions this would destroy, and this registry cannot know those tenants."""
+    services.bind_keyring()
+    others_of = getattr(services.keyring, "other_databases", None)
+    if not callable(others_of):
+        return
+    others = others_of(services.database_id())
+    if others:
+        raise ConfigurationError(
+            f"{operation} refused: keyring {getattr(services.keyring, 'path', '')} also serves "
+            f"{len(others)} other database(s) ({', '.join(sorted(others.values()))}); "
+            "destroying master versions here would make their tenants unreadable. Use a "
+            "keyring that serves only this database, or, if those databases are gone, "
+            "remove them with Keyring.forget_database(id) "
+            f"(ids: {', '.join(sorted(others))})")
+
+
+def rewrap_keys(services: SaverServices, *,
+                progress: Callable[[int, int], None] | None = None) -> int:
+    services.gate.admin_tenant("rewrap_keys", operator_only=True)
+    registry = services.registry
+    current = services.keyring.current_version
+    tenants = registry.tenants_with_keys()
+    done = 0
+    for i, tenant in enumerate(tenants):
+        stale = [r for r in registry.load_key_rows(tenant) if r.master_version != current]
+        if stale:
+            registry.replace_key_rows(services.keys.rewrap(tenant, stale))
+            done += len(stale)
+        if progress:
+            progress(i + 1, len(tenants))
+    services.keys.forget()
+    if done:
+        registry.record_event("keys_rewrapped", master_version=current, rows=done,
+                              tenants=len(tenants))
+    logger.info("rewrapped %d key rows under master version %s", done, current)
+    return done
+
+
+def rotate_data_key(services: SaverServices, tenant: str) -> int:
+    tenant = services.gate.admin_tenant("rotate_data_key", validate_tenant(tenant)) or tenant
+    version = services.keys.new_data_key(tenant)
+    services.registry.record_event("data_key_rotated", tenant=tenant, version=version)
+    return version
+
+
+def master_versions_in_use(services: SaverServices) -> dict[str, int]:
+    services.gate.admin_tenant("master_versions_in_use", operator_only=True)
+    counts: dict[str, int] = {}
+    for tenant in services.registry.tenants_with_keys():
+        for row in services.registry.load_key_rows(tenant):
+            counts[row.master_version] = counts.get(row.master_version, 0) + 1
+    return counts

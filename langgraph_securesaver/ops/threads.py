@@ -1,0 +1,109 @@
+"""Deleting and pruning threads: the one purge path every deletion takes.
+
+``delete_thread``, ``prune``, the retention sweep and ``shred_tenant`` all remove a thread
+through :func:`purge_thread_storage` (checkpoints, writes, blobs, PII vault entries,
+idempotency records) and leave a receipt. Knows the services of a saver; not the saver.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from ..services import SaverServices
+from ..storage_ops import checkpoint_epoch
+from ..tenancy import ThreadRef, current_tenant_scope, outer_thread_id, thread_prefix
+
+
+def delete_threads(services: SaverServices, tenant: str, thread_ids: Sequence[str],
+                   how: str) -> None:
+    """Delete threads completely and leave a receipt for each (runs in a worker thread
+    on the async path; async-only inner savers are reached on their own loop)."""
+    actor = current_tenant_scope() or tenant
+    for thread_id in thread_ids:
+        ref = ThreadRef(tenant, thread_id)
+        counts = purge_thread_storage(services, ref)
+        services.registry.finish_deleted(tenant, thread_id, {
+            "tenant": tenant, "thread_id": thread_id, "action": "deleted", "reason": how,
+            "requested_by": actor, "detail": counts})
+        services.forget_thread(tenant, thread_id)
+
+
+def keep_latest(services: SaverServices, tenant: str, thread_ids: Sequence[str]) -> None:
+    """Prune threads to their latest checkpoint, with a receipt for each one that shrank."""
+    ops = services.storage
+    refs = [ThreadRef(tenant, t) for t in thread_ids]
+    before = {r.thread_id: ops.count_checkpoints(r.inner_id) for r in refs}
+    ops.keep_latest([r.inner_id for r in refs])
+    for ref in refs:
+        after = ops.count_checkpoints(ref.inner_id)
+        if before[ref.thread_id] > after:
+            services.registry.add_receipt(
+                tenant=tenant, thread_id=ref.thread_id, action="pruned", reason="prune",
+                requested_by=current_tenant_scope() or tenant,
+                detail={"checkpoints_deleted": before[ref.thread_id] - after,
+                        "checkpoints_kept": after})
+
+
+def purge_thread_storage(services: SaverServices, ref: ThreadRef) -> dict[str, int]:
+    """Remove a thread's checkpoints, writes and blobs, and every record SecureSaver or its
+    companions keep for it. Idempotent: a crash half-way is finished by running it again."""
+    counts = {"checkpoints": services.storage.count_checkpoints(ref.inner_id)}
+    services.storage.delete_threads([ref.inner_id])
+    for name, purge in thread_purgers(services):
+        counts[name] = purge(ref.tenant, ref.thread_id)
+    return counts
+
+
+def thread_purgers(services: SaverServices
+                   ) -> builtins.list[tuple[str, Callable[[str, str], int]]]:
+    """Per-thread cleanups of companion stores (PII vault, idempotency records)."""
+    purgers: builtins.list[tuple[str, Callable[[str, str], int]]] = [
+        ("pii_values", services.vault.delete_thread)]
+    store = idempotency_store(services)
+    if store is not None:
+        purgers.append(("idempotency_records", store.delete_thread))
+    return purgers
+
+
+def idempotency_store(services: SaverServices) -> Any:
+    """The idempotency store on this saver's database (None if that component is absent)."""
+    try:
+        from ..idempotency import IdempotencyStore
+    except ImportError:
+        return None
+    return IdempotencyStore.for_services(services)
+
+
+def latest_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | None:
+    config: RunnableConfig = {"configurable": {"thread_id": ref.inner_id,
+                                               "checkpoint_ns": ""}}
+    if services.async_only:
+        tup = services.storage.bridge(services.inner.aget_tuple(config))
+    else:
+        tup = services.inner.get_tuple(config)
+    return None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+
+
+def inner_thread_ids(services: SaverServices, tenant: str) -> builtins.list[str]:
+    """Thread ids the inner saver holds for a tenant (finds rows the registry lost)."""
+    prefix = thread_prefix(tenant)
+    ids = services.storage.thread_ids(prefix)
+    if ids is not None:
+        return sorted({i[len(prefix):] for i in ids if i.startswith(prefix)})
+    seen: set[str] = set()
+    inner = services.inner
+    if services.async_only:
+        async def collect() -> builtins.list[Any]:
+            return [t async for t in inner.alist(None)]
+        rows: Any = services.storage.bridge(collect())
+    else:
+        rows = inner.list(None)
+    for tup in rows:
+        thread = outer_thread_id(tenant, str(tup.config["configurable"]["thread_id"]))
+        if thread is not None:
+            seen.add(thread)
+    return sorted(seen)

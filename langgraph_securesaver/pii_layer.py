@@ -1,0 +1,152 @@
+"""The PII layer of a saver: its redactor and PII vault, applied on the way in and out.
+
+On the way in, channel values, writes, metadata and list() filters are redacted (the
+originals of new tokens go to the vault before the tokens reach storage); on the way out,
+tokens are restored for the owning tenant only. Companion stores (idempotency results,
+recovery records) use :meth:`PiiLayer.redact_for_store` / :meth:`PiiLayer.restore_for_store`.
+
+It knows the redactor, the vault and a tenant's keys; nothing of sealing, tenancy rules or
+the inner saver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph.checkpoint.base import CheckpointTuple
+
+from .crypto import TenantKeys
+from .pii_vault import PiiVault
+from .storage_ops import DELTA_METADATA_KEYS
+
+# metadata keys LangGraph itself writes (ids, counters, delta-channel bookkeeping): not redacted
+METADATA_KEPT: frozenset[str] = frozenset(
+    {"source", "step", "parents", "run_id", "thread_id", "checkpoint_ns", "checkpoint_id",
+     *DELTA_METADATA_KEYS})
+METADATA_CHANNEL = "__metadata__"  # the channel name metadata is redacted under (policies)
+
+
+class PiiLayer:
+    """``redactor`` (None: redaction off) and ``vault`` of one saver."""
+
+    def __init__(self, redactor: Any, vault: PiiVault) -> None:
+        self.redactor = redactor
+        self.vault = vault
+
+    @staticmethod
+    def token_key(keys: TenantKeys) -> bytes:
+        return bytes.fromhex(keys.blind("pii-token-key"))
+
+    def redact_one(self, keys: TenantKeys, channel: str, value: Any,
+                    entries: builtins.list[Any]) -> Any:
+        redacted, found = self.redactor.redact_value(
+            value, channel=channel, token_key=self.token_key(keys))
+        entries.extend(found)
+        return redacted
+
+    def redact_metadata(self, keys: TenantKeys, full: Mapping[str, Any],
+                         entries: builtins.list[Any]) -> Any:
+        """Checkpoint metadata (including what LangGraph copied from ``configurable`` and
+        ``config["metadata"]``) through the redactor; LangGraph's own bookkeeping keys stay."""
+        if self.redactor is None or not full:
+            return full
+        rest = {k: v for k, v in full.items() if k not in METADATA_KEPT}
+        redacted = self.redact_one(keys, METADATA_CHANNEL, rest, entries)
+        return full if redacted is rest else {**full, **redacted}
+
+    def redact_filter(self, keys: TenantKeys | None,
+                       filter: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A list() filter redacted like stored metadata (tokens are deterministic)."""
+        if self.redactor is None or not filter or keys is None:
+            return filter
+        out: dict[str, Any] = self.redact_metadata(keys, filter, [])
+        return out
+
+    def redact_for_store(self, keys: TenantKeys, thread_id: str, value: Any,
+                         channel: str) -> Any:
+        """``value`` redacted for a companion store of this saver (idempotency results,
+        recovery records); the originals of its tokens go to the vault under ``thread_id``."""
+        if self.redactor is None:
+            return value
+        entries: builtins.list[Any] = []
+        redacted = self.redact_one(keys, channel, value, entries)
+        new = self.vault.unknown(keys.tenant, thread_id, entries)
+        if new:
+            self.vault.store(keys, thread_id, new)
+        return redacted
+
+    def restore_for_store(self, keys: TenantKeys, value: Any) -> Any:
+        """The counterpart of :meth:`redact_for_store` for the owning tenant."""
+        if self.redactor is None:
+            return value
+        return self.redactor.restore_value(value, lambda wanted: self.vault.lookup(keys, wanted))
+
+    # restoring tokenized PII on read (shared) ---------------------------------------------
+    def tokens_in(self, tup: CheckpointTuple,
+                   known: Mapping[str, builtins.set[str] | None] | None = None
+                   ) -> builtins.list[str]:
+        found: dict[str, None] = {}
+        for ch, value in tup.checkpoint["channel_values"].items():
+            in_bytes = (known or {}).get(ch)
+            found.update(dict.fromkeys(
+                in_bytes if in_bytes is not None else self.redactor.find_tokens(value)))
+        for _task, _ch, value in tup.pending_writes or []:
+            found.update(dict.fromkeys(self.redactor.find_tokens(value)))
+        if tup.metadata:
+            found.update(dict.fromkeys(self.redactor.find_tokens(tup.metadata)))
+        return builtins.list(found)
+
+    def restore(self, keys: TenantKeys, tup: CheckpointTuple,
+                 known: Mapping[str, builtins.set[str] | None] | None = None,
+                 prefetched: Mapping[str, str] | None = None) -> CheckpointTuple:
+        """Put the originals back for the owning tenant (so a resumed tool gets real values).
+
+        ``known``: the tokens of each channel found in its plaintext bytes (see open_tuple): a
+        channel without any is returned as loaded, the others are restored in one walk."""
+        if self.redactor is None:
+            return tup
+        known = known or {}
+        # the vault's erasure epoch is checked once per read (first lookup); the async path
+        # looked every token up off the event loop already (``prefetched``)
+        checked = [False]
+
+        def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
+            if prefetched is not None:
+                return {t: prefetched[t] for t in wanted if t in prefetched}
+            found = self.vault.lookup(keys, wanted, verify=not checked[0])
+            checked[0] = checked[0] or bool(wanted)
+            return found
+
+        # one query for the tokens already found in the bytes; other channels look up their own
+        originals = lookup([t for found in known.values() if found for t in found])
+
+        def restore_channel(ch: str, value: Any) -> Any:
+            in_bytes = known.get(ch)
+            if in_bytes is None:
+                return self.redactor.restore_value(value, lookup)
+            if not in_bytes:
+                return value
+            return self.redactor.restore_value(
+                value, lookup, originals={t: originals[t] for t in in_bytes if t in originals})
+
+        checkpoint = tup.checkpoint.copy()
+        checkpoint["channel_values"] = {
+            ch: restore_channel(ch, v) for ch, v in tup.checkpoint["channel_values"].items()}
+        writes = [(t, ch, self.redactor.restore_value(v, lookup))
+                  for t, ch, v in tup.pending_writes or []]
+        metadata = self.redactor.restore_value(tup.metadata, lookup) if tup.metadata else \
+            tup.metadata
+        return tup._replace(checkpoint=checkpoint, pending_writes=writes, metadata=metadata)
+
+    async def arestore(self, keys: TenantKeys, tup: CheckpointTuple,
+                        known: Mapping[str, builtins.set[str] | None] | None = None
+                        ) -> CheckpointTuple:
+        if self.redactor is None:
+            return tup
+        tokens = self.tokens_in(tup, known)
+        # every token's original looked up off the event loop; restoring is then CPU only
+        found = await asyncio.to_thread(self.vault.lookup, keys, tokens) if tokens else {}
+        return self.restore(keys, tup, known, prefetched=found)

@@ -1,0 +1,212 @@
+"""The narrow internal interface between a SecureSaver and its operations.
+
+:class:`SaverServices` is what an operation (retention, shredding, PII erasure, key rotation,
+audit, scan, the pruner, the idempotency store) gets instead of the saver's private members:
+the inner saver, the registry, the storage ops, the key manager and tenant keys, the tenant
+gate, the PII layer, and the small per-process caches (thread activity, policies). A saver
+builds one in its constructor and exposes it as ``saver.services``.
+
+This module sits below the saver and the operations: it imports only the bottom layer
+(crypto, keyring, registry, storage ops, tenancy, PII vault) and never the saver, the
+operations or the CLI. Not a public API: names here may change between releases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from .caches import TokenCache
+from .crypto import KeyManager, TenantKeys
+from .errors import TamperedDataError
+from .gate import TenantGate
+from .keyring import KeyProvider
+from .pii_layer import PiiLayer
+from .pii_vault import PiiVault
+from .registry import Registry
+from .retention import DEFAULT_POLICY_KEY, RetentionPolicy
+from .storage_ops import StorageOps
+from .tenancy import ThreadRef
+
+if TYPE_CHECKING:
+    from .seal import SealedCodec
+
+
+class SaverServices:
+    """The parts of one saver its operations may use (see the module docstring)."""
+
+    def __init__(self, *, inner: BaseCheckpointSaver, registry: Registry, keyring: KeyProvider,
+                 keys: KeyManager, vault: PiiVault, storage: StorageOps, gate: TenantGate,
+                 pii: PiiLayer, retention: RetentionPolicy | None, activity_resolution: float,
+                 async_only: bool) -> None:
+        self.inner = inner
+        self.registry = registry
+        self.keyring = keyring
+        self.keys = keys
+        self.vault = vault
+        self.storage = storage
+        self.gate = gate
+        self.pii = pii
+        self.retention = retention
+        self.activity_resolution = activity_resolution
+        self.async_only = async_only
+        self.tokens = TokenCache()
+        self.companions: dict[Any, Any] = {}  # stores built on this saver (idempotency)
+        self._touched: dict[tuple[str, str], float] = {}
+        self._policies: dict[str, tuple[float, RetentionPolicy]] = {}
+        self._default_policy_saved = False
+        self._database_id: str | None = None
+        self._keyring_bound = False
+
+    # keys -----------------------------------------------------------------------------------
+    def tenant_keys(self, tenant: str) -> TenantKeys:
+        """The tenant's keys, created on first use (binds the keyring to this database)."""
+        if not self._keyring_bound:
+            self.bind_keyring()
+        keys = self.keys.keys_for(tenant, create=True)
+        if keys is None:  # create=True always returns keys; kept for the type checker
+            raise TamperedDataError(f"no keys for tenant {tenant!r}")
+        return keys
+
+    async def atenant_keys(self, tenant: str) -> TenantKeys:
+        cached = self.keys.cached(tenant)
+        return cached if cached is not None else await asyncio.to_thread(
+            self.tenant_keys, tenant)
+
+    async def aexisting_keys(self, tenant: str) -> TenantKeys | None:
+        return self.keys.cached(tenant) or await asyncio.to_thread(
+            self.keys.keys_for, tenant, create=False)
+
+    def database_id(self) -> str:
+        """A random id for the database behind the registry, created on first use and kept
+        in ``securesaver_meta``; keyrings record the ids of the databases they serve."""
+        if self._database_id is None:
+            import uuid
+
+            import sqlalchemy as sa
+
+            from .registry import meta_table
+            with self.registry.begin() as conn:
+                self.registry._insert_ignore(conn, meta_table, [
+                    {"key": "database_id", "value": uuid.uuid4().hex}])
+                self._database_id = str(conn.execute(sa.select(meta_table.c.value).where(
+                    meta_table.c.key == "database_id")).scalar_one())
+        return self._database_id
+
+    def database_label(self) -> str:
+        try:
+            return self.registry.engine.url.render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001  # pragma: no cover - any engine has a URL
+            return "(unknown)"
+
+    def bind_keyring(self) -> None:
+        """Record in the keyring (once per process) that it serves this database."""
+        if self._keyring_bound:
+            return
+        self._keyring_bound = True
+        record = getattr(self.keyring, "record_database", None)
+        if callable(record):
+            record(self.database_id(), self.database_label())
+
+    # thread activity ------------------------------------------------------------------------
+    def touch_due(self, ref: ThreadRef) -> bool:
+        """Whether the thread's registry row is due an update (only :meth:`touch`, after the
+        update succeeded, marks it done: a failed touch is retried)."""
+        last = self._touched.get((ref.tenant, ref.thread_id))
+        return last is None or time.monotonic() - last >= self.activity_resolution
+
+    def touch(self, ref: ThreadRef) -> None:
+        self.registry.touch_thread(ref.tenant, ref.thread_id, policy=self.policy_for(ref.tenant))
+        if len(self._touched) > 100_000:
+            self._touched.clear()
+        self._touched[(ref.tenant, ref.thread_id)] = time.monotonic()
+
+    def forget_thread(self, tenant: str, thread_id: str) -> None:
+        """Drop what this process caches about a deleted thread."""
+        self._touched.pop((tenant, thread_id), None)
+        self.tokens.forget_thread(tenant, thread_id)
+
+    # retention policies ---------------------------------------------------------------------
+    def save_default_policy(self) -> None:
+        if self.retention is not None and not self._default_policy_saved:
+            self.registry.set_policy(DEFAULT_POLICY_KEY, self.retention)
+        self._default_policy_saved = True
+
+    def set_default_policy(self, policy: RetentionPolicy | None) -> None:
+        self.registry.set_policy(DEFAULT_POLICY_KEY, policy)
+        self.retention, self._default_policy_saved = policy, True
+        self._policies.clear()
+
+    def policy_for(self, tenant: str) -> RetentionPolicy:
+        self.save_default_policy()
+        hit = self._policies.get(tenant)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.activity_resolution:
+            return hit[1]
+        policy, _source = self.registry.effective_policy(tenant)
+        self._policies[tenant] = (now, policy)
+        return policy
+
+    def forget_policy(self, tenant: str) -> None:
+        self._policies.pop(tenant, None)
+
+
+class SaverLike(Protocol):
+    """What operations read of the saver a user hands them (``audit(saver)``, ``scan(saver)``,
+    ``IdempotencyStore.for_saver(saver)``): its public attributes and ``services``."""
+
+    @property
+    def services(self) -> SaverServices: ...
+    @property
+    def inner(self) -> BaseCheckpointSaver: ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def keyring(self) -> KeyProvider: ...
+    @property
+    def keys(self) -> KeyManager: ...
+    @property
+    def vault(self) -> PiiVault: ...
+    @property
+    def serde(self) -> SerializerProtocol: ...
+    @property
+    def codec(self) -> SealedCodec: ...
+    @property
+    def metadata_allowlist(self) -> frozenset[str]: ...
+    @property
+    def redactor(self) -> Any: ...
+    def require_sole_database(self, operation: str) -> None: ...
+    def rewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int: ...
+    def rotate_data_key(self, tenant: str) -> int: ...
+    def master_versions_in_use(self) -> dict[str, int]: ...
+    def pii_inventory(self, tenant: str | None = None, thread_id: str | None = None
+                      ) -> dict[tuple[str, str], dict[str, int]]: ...
+
+
+_SAVER_CLASS: list[type[Any]] = []
+
+
+def register_saver_class(cls: type[Any]) -> None:
+    """Called once by ``saver.py`` (imported by the package ``__init__``, so always before
+    anything below it runs): lets entry points of lower layers that open a saver from a URL
+    (``idempotency.recover_main``) build one without importing the layer above them."""
+    _SAVER_CLASS[:] = [cls]
+
+
+def saver_class() -> type[Any]:
+    """The SecureSaver class (see :func:`register_saver_class`)."""
+    if not _SAVER_CLASS:  # pragma: no cover - the package __init__ imports saver.py
+        raise RuntimeError("langgraph_securesaver.saver was not imported")
+    return _SAVER_CLASS[0]
+
+
+def services_of(saver: Any) -> SaverServices | None:
+    """``saver.services`` when ``saver`` is a SecureSaver (duck-typed: this layer may not
+    import the saver), else None."""
+    services = getattr(saver, "services", None)
+    return services if isinstance(services, SaverServices) else None
