@@ -6,110 +6,34 @@ Exit codes: 0 success; 1 the command ran and found a problem (e.g. a failed chec
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from .cli_common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as before
+    EXIT_CANNOT_RUN,
+    EXIT_FOUND,
+    EXIT_OK,
+    KeyringOption,
+    UrlOption,
+    app,
+    check_url,
+    console,
+    database_errors,
+    db_error,
+    err_console,
+    fail,
+    load_keyring,
+    main,
+    open_saver,
+    tenant_arg,
+    thread_arg,
+)
 from .errors import ConfigurationError, SecureSaverError
 from .keyring import ENV_VAR, Keyring
-
-app = typer.Typer(
-    name="securesaver",
-    help="Encrypted, tenant-isolated LangGraph checkpoints: keys, demo, and operations.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-console = Console()
-err_console = Console(stderr=True)
-
-EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
-
-KeyringOption = Annotated[
-    Path | None,
-    typer.Option("--keyring", help=f"Keyring file; defaults to ${ENV_VAR}."),
-]
-
-
-def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
-    """Print ONE line on stderr (never wrapped, never markup) and return the exit to raise."""
-    from rich.markup import escape
-    line = " ".join(str(message).split())
-    err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True, highlight=False)
-    return typer.Exit(code)
-
-
-def db_error(exc: BaseException) -> typer.Exit:
-    """An unusable database, in one line (the driver's message, without SQLAlchemy's
-    background-link paragraph)."""
-    inner = getattr(exc, "orig", None) or exc
-    first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
-    return fail(f"cannot use the database: {type(inner).__name__}: {first}")
-
-
-def tenant_arg(value: str | None, what: str = "--tenant") -> str | None:
-    """A tenant id given on the command line, validated before anything is opened."""
-    if value is None:
-        return None
-    from .tenancy import validate_tenant
-    try:
-        return validate_tenant(value)
-    except SecureSaverError as exc:
-        raise fail(f"{what}: {exc}") from None
-
-
-def thread_arg(value: str | None, what: str = "--thread") -> str | None:
-    if value is None:
-        return None
-    from .tenancy import validate_thread_id
-    try:
-        return validate_thread_id(value, what)
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-
-
-def check_url(url: str) -> str | None:
-    """Refuse a URL that names no usable database before anything is opened or created.
-    Returns the SQLite file path (None for PostgreSQL)."""
-    from .backends import sqlite_path
-    if not isinstance(url, str) or not url.strip():
-        raise fail("--url is empty: use sqlite:///path.db or postgresql://user@host/db")
-    try:
-        path = sqlite_path(url)
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-    if path is None and not url.startswith(("postgresql://", "postgres://",
-                                            "postgresql+psycopg://")):
-        raise fail(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
-    if path is not None and path != ":memory:":
-        p = Path(path)
-        if not p.exists():
-            raise fail(f"no database at {path}")
-        if not p.is_file():
-            raise fail(f"{path} is not a database file")
-    return path
-
-
-def load_keyring(path: Path | None) -> Keyring:
-    try:
-        return Keyring.load(path)
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-
-
-
-@app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    if not verbose:  # the pool logs each failed connection attempt with a traceback
-        logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 
 @app.command()
@@ -151,27 +75,6 @@ def demo(
     except OSError as exc:
         raise fail(f"{type(exc).__name__}: {exc}") from None
     raise typer.Exit(EXIT_OK if ok else EXIT_FOUND)
-
-
-UrlOption = Annotated[str, typer.Option("--url", help="sqlite:///path.db or postgresql://...")]
-
-
-@contextmanager
-def open_saver(url: str, keyring: Any) -> Iterator[Any]:
-    """A SecureSaver on an existing database for an operations command; exit 2 with one line
-    if the URL or the database is unusable (also when that surfaces half-way)."""
-    from .keyring import NoKeys
-    from .saver import SecureSaver
-    check_url(url)
-    try:
-        with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as saver:
-            yield saver
-    except typer.Exit:
-        raise
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-    except database_errors() as exc:
-        raise db_error(exc) from None
 
 
 @app.command()
@@ -253,21 +156,6 @@ def prune(
     except database_errors() as exc:  # an unreachable database or a broken registry
         raise db_error(exc) from None
     raise typer.Exit(EXIT_FOUND if failed else EXIT_OK)
-
-
-def database_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean 'the database could not be used' (exit code 2)."""
-    import sqlite3
-
-    import sqlalchemy.exc
-    errors: list[type[BaseException]] = [sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError]
-    try:
-        import psycopg
-        import psycopg_pool
-        errors += [psycopg.Error, psycopg_pool.PoolTimeout]
-    except ImportError:  # the postgres extra is optional
-        pass
-    return tuple(errors)
 
 
 def _env_keyring_or_none() -> Keyring | None:

@@ -1,6 +1,7 @@
 """Operations commands of the ``securesaver`` CLI: audit, scan, rotate-keys, events.
 
-They are registered on :data:`langgraph_securesaver.cli.app` when this module is imported.
+They are registered on :data:`langgraph_securesaver.cli_common.app` (the ``securesaver`` app,
+also ``cli.app``) when this module is imported; :mod:`.cli` imports it.
 
 Exit codes (all four commands): 0 ok; 1 the command ran and found something (audit: threads
 past their expiry or outside the registry; scan: violations; rotate-keys: work left or a
@@ -26,7 +27,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .cli import (
+from .cli_common import (
     EXIT_CANNOT_RUN,
     EXIT_FOUND,
     EXIT_OK,
