@@ -11,7 +11,7 @@ This module is that layer, shared by :mod:`.audit`, :mod:`.scan` and :mod:`.rota
   on a later pass);
 * reflect and page through every ``securesaver_*`` table of the registry, known or not.
 
-Every SQL statement is a named constant below so it can be reviewed in one place.
+Every SQL statement is a named constant in :mod:`.raw_sql` so it can be reviewed in one place.
 """
 
 from __future__ import annotations
@@ -28,6 +28,32 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 
 from .errors import ConfigurationError, TamperedDataError
+from .raw_sql import (
+    BLOBS_START,
+    PG_BLOBS_PAGE,
+    PG_CAS_BLOB,
+    PG_CAS_SEALED_METADATA,
+    PG_CAS_WRITE,
+    PG_CHECKPOINTS_PAGE,
+    PG_COUNTS,
+    PG_LATEST_ROW,
+    PG_ONE_ROW,
+    PG_ROW_BLOB,
+    PG_ROW_WRITES,
+    PG_WRITES_PAGE,
+    SQLITE_CAS_CHECKPOINT,
+    SQLITE_CAS_WRITE,
+    SQLITE_CHECKPOINTS_PAGE,
+    SQLITE_COUNT_CHECKPOINTS,
+    SQLITE_COUNT_WRITES,
+    SQLITE_LATEST_ROW,
+    SQLITE_ONE_ROW,
+    SQLITE_ROW_WRITES,
+    SQLITE_START,
+    SQLITE_WRITES_PAGE,
+    WRITES_START,
+    keyset_pages,
+)
 from .strict_serde import StrictSerializer, inspect_msgpack
 from .tenancy import tenant_tag
 
@@ -36,112 +62,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_PAGE = 500
 REGISTRY_TABLE_PREFIX = "securesaver_"
 
-# --- SQLite (langgraph-checkpoint-sqlite schema) ---------------------------------------------
-SQLITE_CHECKPOINTS_PAGE = """
-SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
-FROM checkpoints
-WHERE (thread_id, checkpoint_ns, checkpoint_id) > (?, ?, ?)
-ORDER BY thread_id, checkpoint_ns, checkpoint_id
-LIMIT ?
-"""
-SQLITE_WRITES_PAGE = """
-SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path
-FROM writes
-WHERE (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) > (?, ?, ?, ?, ?)
-ORDER BY thread_id, checkpoint_ns, checkpoint_id, task_id, idx
-LIMIT ?
-"""
-SQLITE_COUNT_CHECKPOINTS = "SELECT count(*) FROM checkpoints"
-SQLITE_COUNT_WRITES = "SELECT count(*) FROM writes"
-# compare-and-swap: only if the row still holds exactly what was read
-SQLITE_CAS_CHECKPOINT = """
-UPDATE checkpoints SET checkpoint = ?, metadata = ?
-WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-AND checkpoint IS ? AND metadata IS ?
-"""
-SQLITE_CAS_WRITE = """
-UPDATE writes SET value = ?
-WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? AND task_id = ? AND idx = ?
-AND value IS ?
-"""
-
-# --- PostgreSQL (langgraph-checkpoint-postgres schema) ---------------------------------------
-PG_CHECKPOINTS_PAGE = """
-SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata,
-       pg_column_size(checkpoint) + pg_column_size(metadata) AS size
-FROM checkpoints
-WHERE (thread_id, checkpoint_ns, checkpoint_id) > (%s, %s, %s)
-ORDER BY thread_id, checkpoint_ns, checkpoint_id
-LIMIT %s
-"""
-PG_BLOBS_PAGE = """
-SELECT thread_id, checkpoint_ns, channel, version, type, blob
-FROM checkpoint_blobs
-WHERE (thread_id, checkpoint_ns, channel, version) > (%s, %s, %s, %s)
-ORDER BY thread_id, checkpoint_ns, channel, version
-LIMIT %s
-"""
-PG_WRITES_PAGE = """
-SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
-FROM checkpoint_writes
-WHERE (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) > (%s, %s, %s, %s, %s)
-ORDER BY thread_id, checkpoint_ns, checkpoint_id, task_id, idx
-LIMIT %s
-"""
-PG_COUNTS = """
-SELECT (SELECT count(*) FROM checkpoints) AS checkpoints,
-       (SELECT count(*) FROM checkpoint_blobs) AS blobs,
-       (SELECT count(*) FROM checkpoint_writes) AS writes
-"""
-# Blob and regular-write upserts are ON CONFLICT DO NOTHING upstream: re-putting a row through
-# the saver would keep the old ciphertext, so rows are rewritten here, natively, with a CAS.
-PG_CAS_SEALED_METADATA = """
-UPDATE checkpoints SET metadata = jsonb_set(metadata, ARRAY[%s], to_jsonb(%s::text))
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
-AND metadata ->> %s = %s
-"""
-PG_CAS_BLOB = """
-UPDATE checkpoint_blobs SET blob = %s
-WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s AND blob = %s
-"""
-PG_CAS_WRITE = """
-UPDATE checkpoint_writes SET blob = %s
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND task_id = %s AND idx = %s
-AND blob = %s
-"""
-
-# locating the row a read refused (failure path only)
-SQLITE_LATEST_ROW = """
-SELECT checkpoint_id, type, checkpoint, metadata FROM checkpoints
-WHERE thread_id = ? AND checkpoint_ns = ? ORDER BY checkpoint_id DESC LIMIT 1
-"""
-SQLITE_ONE_ROW = """
-SELECT checkpoint_id, type, checkpoint, metadata FROM checkpoints
-WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-"""
-SQLITE_ROW_WRITES = """
-SELECT task_id, idx, type, value FROM writes
-WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? ORDER BY task_id, idx
-"""
-PG_LATEST_ROW = """
-SELECT checkpoint_id, checkpoint FROM checkpoints
-WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id DESC LIMIT 1
-"""
-PG_ONE_ROW = """
-SELECT checkpoint_id, checkpoint FROM checkpoints
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
-"""
-PG_ROW_BLOB = """
-SELECT type, blob FROM checkpoint_blobs
-WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s
-"""
-PG_ROW_WRITES = """
-SELECT task_id, idx, type, blob FROM checkpoint_writes
-WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s ORDER BY task_id, idx
-"""
-
-_SQLITE_START = ("", "", "")
-_WRITES_START: tuple[Any, ...] = ("", "", "", "", -(2 ** 62))
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,26 +260,18 @@ class SqliteRawTables(RawTables):
         return CheckpointRow(thread_id, ns, cid, parent, checkpoint, metadata, size,
                              raw_ckpt, raw_md, type_, error, foreign)
 
-    def checkpoints(self, page: int = DEFAULT_PAGE) -> Iterator[list[CheckpointRow]]:
-        after: tuple[Any, ...] = _SQLITE_START
-        while True:
+    def _page(self, sql: str, page: int) -> Callable[[tuple[Any, ...]], list[Any]]:
+        def fetch(after: tuple[Any, ...]) -> list[Any]:
             with self._locked() as conn:
-                rows = conn.execute(SQLITE_CHECKPOINTS_PAGE, (*after, page)).fetchall()
-            if not rows:
-                return
-            after = tuple(rows[-1][:3])
-            yield [self._decode(r) for r in rows]
+                return list(conn.execute(sql, (*after, page)).fetchall())
+        return fetch
+
+    def checkpoints(self, page: int = DEFAULT_PAGE) -> Iterator[list[CheckpointRow]]:
+        return keyset_pages(self._page(SQLITE_CHECKPOINTS_PAGE, page), SQLITE_START,
+                            lambda rows: [self._decode(r) for r in rows])
 
     def writes(self, page: int = DEFAULT_PAGE) -> Iterator[list[WriteRow]]:
-        after: tuple[Any, ...] = _WRITES_START
-        while True:
-            with self._locked() as conn:
-                rows = conn.execute(SQLITE_WRITES_PAGE, (*after, page)).fetchall()
-            if not rows:
-                return
-            after = tuple(rows[-1][:5])
-            yield [WriteRow(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6],
-                            None if r[7] is None else bytes(r[7]), r[8] or "") for r in rows]
+        return keyset_pages(self._page(SQLITE_WRITES_PAGE, page), WRITES_START, _write_rows)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -474,45 +386,20 @@ class PostgresRawTables(RawTables):
         (row,) = self._fetch(PG_COUNTS, ())
         return {"checkpoints": int(row[0]), "blobs": int(row[1]), "writes": int(row[2])}
 
+    def _page(self, sql: str, page: int) -> Callable[[tuple[Any, ...]], list[Any]]:
+        return lambda after: self._fetch(sql, (*after, page))
+
     def checkpoints(self, page: int = DEFAULT_PAGE) -> Iterator[list[CheckpointRow]]:
-        after: tuple[Any, ...] = _SQLITE_START
-        while True:
-            rows = self._fetch(PG_CHECKPOINTS_PAGE, (*after, page))
-            if not rows:
-                return
-            after = tuple(rows[-1][:3])
-            out = []
-            for tid, ns, cid, parent, ckpt, md, size in rows:
-                error = None
-                if not isinstance(ckpt, dict):
-                    error = "checkpoint is not a JSON object"
-                if not isinstance(md, dict):
-                    error = error or "metadata is not a JSON object"
-                out.append(CheckpointRow(
-                    tid, ns, cid, parent, ckpt if isinstance(ckpt, dict) else None,
-                    md if isinstance(md, dict) else None, int(size or 0), None, md, "jsonb",
-                    error))
-            yield out
+        return keyset_pages(self._page(PG_CHECKPOINTS_PAGE, page), SQLITE_START,
+                            _pg_checkpoint_rows)
 
     def blobs(self, page: int = DEFAULT_PAGE) -> Iterator[list[BlobRow]]:
-        after: tuple[Any, ...] = ("", "", "", "")
-        while True:
-            rows = self._fetch(PG_BLOBS_PAGE, (*after, page))
-            if not rows:
-                return
-            after = tuple(rows[-1][:4])
-            yield [BlobRow(r[0], r[1], r[2], r[3], r[4], None if r[5] is None else bytes(r[5]))
-                   for r in rows]
+        return keyset_pages(self._page(PG_BLOBS_PAGE, page), BLOBS_START, lambda rows: [
+            BlobRow(r[0], r[1], r[2], r[3], r[4], None if r[5] is None else bytes(r[5]))
+            for r in rows])
 
     def writes(self, page: int = DEFAULT_PAGE) -> Iterator[list[WriteRow]]:
-        after: tuple[Any, ...] = _WRITES_START
-        while True:
-            rows = self._fetch(PG_WRITES_PAGE, (*after, page))
-            if not rows:
-                return
-            after = tuple(rows[-1][:5])
-            yield [WriteRow(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6],
-                            None if r[7] is None else bytes(r[7]), r[8] or "") for r in rows]
+        return keyset_pages(self._page(PG_WRITES_PAGE, page), WRITES_START, _write_rows)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -577,6 +464,25 @@ class PostgresRawTables(RawTables):
             if self._refuses(type_, blob):
                 return f"checkpoint_writes row (checkpoint {cid!r}, task {task_id!r}, idx {idx})"
         return None
+
+
+def _write_rows(rows: Any) -> list[WriteRow]:
+    return [WriteRow(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6],
+                     None if r[7] is None else bytes(r[7]), r[8] or "") for r in rows]
+
+
+def _pg_checkpoint_rows(rows: Any) -> list[CheckpointRow]:
+    out = []
+    for tid, ns, cid, parent, ckpt, md, size in rows:
+        error = None
+        if not isinstance(ckpt, dict):
+            error = "checkpoint is not a JSON object"
+        if not isinstance(md, dict):
+            error = error or "metadata is not a JSON object"
+        out.append(CheckpointRow(
+            tid, ns, cid, parent, ckpt if isinstance(ckpt, dict) else None,
+            md if isinstance(md, dict) else None, int(size or 0), None, md, "jsonb", error))
+    return out
 
 
 def raw_tables_for(inner: BaseCheckpointSaver) -> RawTables:
