@@ -17,135 +17,39 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
 from .errors import DeltaChannelPruneError
+from .storage_sql import (
+    _BYTEWISE,
+    PG_BATCH_COUNT,
+    PG_BATCH_DELETE,
+    PG_BATCH_LATEST_TS,
+    PG_BYTEWISE_COLLATION,
+    PG_COUNT,
+    PG_DELETE_RUNS,
+    PG_IDENTITY,
+    PG_THREADS_IN_RANGE,
+    PG_THREADS_IN_RANGE_C,
+    SQLITE_BATCH_COUNT,
+    SQLITE_BATCH_DELETE_CHECKPOINTS,
+    SQLITE_BATCH_DELETE_WRITES,
+    SQLITE_BATCH_LATEST,
+    SQLITE_COUNT,
+    SQLITE_DELETE_CHECKPOINT,
+    SQLITE_DELETE_CHECKPOINT_WRITES,
+    SQLITE_DELTA_THREAD,
+    SQLITE_DETACH_HEAD,
+    SQLITE_HEADS,
+    SQLITE_PRUNE_CHECKPOINTS,
+    SQLITE_PRUNE_WRITES,
+    SQLITE_RUN_CHECKPOINTS,
+    SQLITE_THREADS_IN_RANGE,
+    _pg_threads_sql,
+    _placeholders,
+    prefix_range,
+)
 
 logger = logging.getLogger(__name__)
 
 DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
-
-# --- SQLite (langgraph-checkpoint-sqlite schema) ---------------------------------------------
-SQLITE_DELTA_THREAD = """
-SELECT 1 FROM checkpoints WHERE thread_id = ? AND (
-    json_extract(CAST(metadata AS TEXT), '$.counters_since_delta_snapshot') IS NOT NULL
-    OR json_extract(CAST(metadata AS TEXT), '$.delta_writes_versioned') IS NOT NULL
-) LIMIT 1
-"""
-SQLITE_HEADS = """
-SELECT checkpoint_ns, MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ? GROUP BY checkpoint_ns
-"""
-SQLITE_PRUNE_WRITES = """
-DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id < ?
-"""
-SQLITE_PRUNE_CHECKPOINTS = """
-DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id < ?
-"""
-SQLITE_DETACH_HEAD = """
-UPDATE checkpoints SET parent_checkpoint_id = NULL
-WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-"""
-SQLITE_RUN_CHECKPOINTS = """
-SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints
-WHERE substr(thread_id, 1, ?) = ?
-AND json_extract(CAST(metadata AS TEXT), '$.run_id') IN ({placeholders})
-"""
-SQLITE_DELETE_CHECKPOINT = """
-DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-"""
-SQLITE_COUNT = "SELECT count(*) FROM checkpoints WHERE thread_id = ?"
-# one tenant's threads by a range on the primary key (SQLite compares TEXT bytewise)
-SQLITE_THREADS_IN_RANGE = """
-SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id >= ? AND thread_id < ?
-"""
-SQLITE_DELETE_CHECKPOINT_WRITES = """
-DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
-"""
-
-# --- PostgreSQL (langgraph-checkpoint-postgres schema) ---------------------------------------
-PG_COUNT = "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s"
-# a range on the primary key when the column sorts bytewise (C/POSIX/C.UTF-8 collations);
-# otherwise the same range under COLLATE "C" (correct, but not an index range)
-PG_THREADS_IN_RANGE = """
-SELECT DISTINCT thread_id AS thread_id FROM checkpoints
-WHERE thread_id >= %(lo)s AND thread_id < %(hi)s
-"""
-PG_THREADS_IN_RANGE_C = """
-SELECT DISTINCT thread_id AS thread_id FROM checkpoints
-WHERE thread_id COLLATE "C" >= %(lo)s AND thread_id COLLATE "C" < %(hi)s
-"""
-PG_BYTEWISE_COLLATION = """
-SELECT coalesce(c.collname, d.datcollate) AS coll
-FROM pg_attribute a
-JOIN pg_class t ON t.oid = a.attrelid
-LEFT JOIN pg_collation c ON c.oid = a.attcollation AND c.collname <> 'default'
-CROSS JOIN (SELECT datcollate FROM pg_database WHERE datname = current_database()) d
-WHERE t.oid = to_regclass('checkpoints') AND a.attname = 'thread_id'
-"""
-_BYTEWISE = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic"}
-
-
-def prefix_range(prefix: str) -> tuple[str, str]:
-    """[lo, hi) holding exactly the strings that start with ``prefix`` in code-point order
-    (tenant prefixes end with ':', so hi ends with ';')."""
-    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
-
-
-def _pg_threads_sql(cur: Any) -> str:
-    cur.execute(PG_BYTEWISE_COLLATION)
-    row = cur.fetchone()
-    coll = None if row is None else (row["coll"] if isinstance(row, dict) else row[0])
-    return PG_THREADS_IN_RANGE if coll in _BYTEWISE else PG_THREADS_IN_RANGE_C
-PG_DELETE_RUNS = """
-WITH gone AS (
-    DELETE FROM checkpoints
-    WHERE left(thread_id, %(plen)s) = %(prefix)s AND metadata ->> 'run_id' = ANY(%(runs)s)
-    RETURNING thread_id, checkpoint_ns, checkpoint_id
-)
-DELETE FROM checkpoint_writes w USING gone g
-WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
-AND w.checkpoint_id = g.checkpoint_id
-"""
-
-
-# --- whole-thread deletes of a batch, inside a transaction of the registry's engine ----------
-# (used when the registry and the inner saver share a database: the pruner then deletes a batch
-# of threads, their companion records and registry rows and writes their receipts in ONE
-# transaction, so a kill at any point leaves every thread of the batch untouched or gone)
-PG_IDENTITY = """
-SELECT pg_postmaster_start_time()::text AS started, current_database() AS db,
-       to_regclass('checkpoints')::oid::bigint AS c,
-       to_regclass('checkpoint_blobs')::oid::bigint AS b,
-       to_regclass('checkpoint_writes')::oid::bigint AS w
-"""
-PG_BATCH_DELETE = """
-WITH w AS (DELETE FROM checkpoint_writes WHERE thread_id = ANY(:ids)),
-     b AS (DELETE FROM checkpoint_blobs WHERE thread_id = ANY(:ids)),
-     c AS (DELETE FROM checkpoints WHERE thread_id = ANY(:ids) RETURNING thread_id)
-SELECT thread_id, count(*) FROM c GROUP BY thread_id
-"""
-PG_BATCH_COUNT = """
-SELECT thread_id, count(*) AS n FROM checkpoints WHERE thread_id = ANY(%s) GROUP BY thread_id
-"""
-PG_BATCH_LATEST_TS = """
-SELECT t.id AS thread_id, (
-    SELECT c.checkpoint ->> 'ts' FROM checkpoints c
-    WHERE c.thread_id = t.id AND c.checkpoint_ns = ''
-    ORDER BY c.checkpoint_id DESC LIMIT 1) AS ts
-FROM unnest(%s::text[]) AS t(id)
-"""
-SQLITE_BATCH_COUNT = """
-SELECT thread_id, count(*) FROM checkpoints WHERE thread_id IN ({ids}) GROUP BY thread_id
-"""
-SQLITE_BATCH_DELETE_WRITES = "DELETE FROM writes WHERE thread_id IN ({ids})"
-SQLITE_BATCH_DELETE_CHECKPOINTS = "DELETE FROM checkpoints WHERE thread_id IN ({ids})"
-SQLITE_BATCH_LATEST = """
-SELECT c.thread_id, c.type, c.checkpoint FROM checkpoints c
-JOIN (SELECT thread_id, max(checkpoint_id) AS head FROM checkpoints
-      WHERE thread_id IN ({ids}) AND checkpoint_ns = '' GROUP BY thread_id) h
-ON c.thread_id = h.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = h.head
-"""
-
-
-def _placeholders(n: int, mark: str = "?") -> str:
-    return ",".join([mark] * n)
 
 
 def delete_threads_in(conn: Any, dialect: str, inner_ids: Sequence[str]) -> dict[str, int]:
