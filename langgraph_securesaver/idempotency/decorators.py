@@ -14,15 +14,12 @@ import asyncio
 import functools
 import inspect
 import logging
-import threading
-import time
 import typing
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast, overload
 
 from langchain_core.messages import ToolMessage
-from langchain_core.runnables import RunnableConfig
 from langgraph.prebuilt.tool_node import ToolCallRequest, ToolNode, ToolRuntime
 from langgraph.types import Command
 
@@ -37,7 +34,8 @@ from .context import (
     note_replayed_task,
     run_context,
 )
-from .errors import DurabilityError, NoIdempotencyContext
+from .durability import aguard_durability, guard_durability
+from .errors import NoIdempotencyContext
 from .keys import (
     KeyScope,
     business_key,
@@ -61,8 +59,6 @@ RUNTIME_PARAM = "securesaver_runtime"
 _INJECTED_NAMES = frozenset({"config", "runtime", "store", "writer", "run_manager", "callbacks",
                              RUNTIME_PARAM})
 
-_warned: set[tuple[str, str, str]] = set()
-_warned_lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,116 +89,6 @@ def _tenant_of(store: IdempotencyStore, ctx: RunContext | None) -> str:
             "no tenant for the idempotent call: pass tenant_id in the run config or use "
             "tenant_scope(...)")
     return validate_tenant(str(tenant))
-
-
-def _warn_once(ctx: RunContext, message: str) -> None:
-    """Log once per thread, step (parent checkpoint) and problem, not once per tool call."""
-    seen = (ctx.thread_id, ctx.parent_checkpoint_id or "", message)
-    with _warned_lock:
-        if seen in _warned:
-            return
-        if len(_warned) > 10_000:
-            _warned.clear()
-        _warned.add(seen)
-    logger.warning("%s", message)
-
-
-def _durability_problem(ctx: RunContext, policy: IdempotencyPolicy) -> str | None:
-    """A reason the key may not survive a crash (before the fence), or None."""
-    if ctx.durability == "exit":
-        return ("idempotent call under durability='exit': no checkpoint is saved before the "
-                "run ends, so after a crash the model is called again, every id changes and the "
-                "effect runs twice. Use durability='sync' (or 'async' with the fence).")
-    if ctx.durability == "async" and not policy.fence:
-        return ("idempotent call under durability='async' without the checkpoint fence: the "
-                "checkpoint holding the tool call may not be saved when the effect runs")
-    return None
-
-
-def _fence_config(ctx: RunContext) -> RunnableConfig | None:
-    if ctx.parent_checkpoint_id is None:
-        return None
-    conf: dict[str, Any] = {"thread_id": ctx.thread_id, "checkpoint_ns": ctx.parent_ns,
-                            "checkpoint_id": ctx.parent_checkpoint_id}
-    if ctx.configurable.get("tenant_id") is not None:
-        conf["tenant_id"] = ctx.configurable["tenant_id"]
-    return {"configurable": conf}
-
-
-def _needs_fence(store: IdempotencyStore, ctx: RunContext, tenant: str,
-                 policy: IdempotencyPolicy) -> bool:
-    return (ctx.durability == "async" and policy.fence and policy.durability != "ignore"
-            and ctx.parent_checkpoint_id is not None
-            and not store.fenced(tenant, ctx.thread_id, ctx.parent_ns, ctx.parent_checkpoint_id))
-
-
-def _fence_failed(ctx: RunContext, policy: IdempotencyPolicy) -> str:
-    return (f"the checkpoint {ctx.parent_checkpoint_id} this task started from was not "
-            f"persisted within fence_timeout={policy.fence_timeout}s (durability='async'); a "
-            "crash now could lose the tool call and change its key")
-
-
-def _violation(ctx: RunContext, policy: IdempotencyPolicy, problem: str) -> None:
-    if policy.durability == "refuse":
-        raise DurabilityError(problem + " (policy durability='refuse')")
-    if policy.durability == "warn":
-        _warn_once(ctx, problem)
-
-
-def _guard_durability(store: IdempotencyStore, ctx: RunContext, tenant: str,
-                      policy: IdempotencyPolicy) -> None:
-    if policy.durability == "ignore":
-        return
-    problem = _durability_problem(ctx, policy)
-    if problem is not None:
-        _violation(ctx, policy, problem)
-        return
-    if not _needs_fence(store, ctx, tenant, policy):
-        return
-    checkpointer = ctx.configurable.get(CONFIG_KEY_CHECKPOINTER)
-    cfg = _fence_config(ctx)
-    if checkpointer is None or cfg is None:
-        return
-    deadline = time.monotonic() + policy.fence_timeout
-    delay = 0.002
-    while True:
-        if checkpointer.get_tuple(cfg) is not None:
-            store.remember_fence(tenant, ctx.thread_id, ctx.parent_ns,
-                                 cast(str, ctx.parent_checkpoint_id))
-            return
-        if time.monotonic() >= deadline:
-            _violation(ctx, policy, _fence_failed(ctx, policy))
-            return
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-
-
-async def _aguard_durability(store: IdempotencyStore, ctx: RunContext, tenant: str,
-                             policy: IdempotencyPolicy) -> None:
-    if policy.durability == "ignore":
-        return
-    problem = _durability_problem(ctx, policy)
-    if problem is not None:
-        _violation(ctx, policy, problem)
-        return
-    if not _needs_fence(store, ctx, tenant, policy):
-        return
-    checkpointer = ctx.configurable.get(CONFIG_KEY_CHECKPOINTER)
-    cfg = _fence_config(ctx)
-    if checkpointer is None or cfg is None:
-        return
-    deadline = time.monotonic() + policy.fence_timeout
-    delay = 0.002
-    while True:
-        if await checkpointer.aget_tuple(cfg) is not None:
-            store.remember_fence(tenant, ctx.thread_id, ctx.parent_ns,
-                                 cast(str, ctx.parent_checkpoint_id))
-            return
-        if time.monotonic() >= deadline:
-            _violation(ctx, policy, _fence_failed(ctx, policy))
-            return
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 # --- replay marking ----------------------------------------------------------------------------
@@ -380,7 +266,7 @@ def _run_sync(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...],
     if plan is None:
         return fn(*args, **kwargs)
     if plan.ctx is not None:
-        _guard_durability(plan.store, plan.ctx, plan.tenant, plan.policy)
+        guard_durability(plan.store, plan.ctx, plan.tenant, plan.policy)
     with call_span(plan.scope) as span:
         def body(claim: Claim) -> Any:
             span.outcome(replayed=False, attempt=claim.attempts, fencing_token=claim.token)
@@ -406,7 +292,7 @@ async def _run_async(spec: _Spec, fn: Callable[..., Awaitable[Any]], args: tuple
     if plan is None:
         return await fn(*args, **kwargs)
     if plan.ctx is not None:
-        await _aguard_durability(plan.store, plan.ctx, plan.tenant, plan.policy)
+        await aguard_durability(plan.store, plan.ctx, plan.tenant, plan.policy)
     with call_span(plan.scope) as span:
         async def body(claim: Claim) -> Any:
             span.outcome(replayed=False, attempt=claim.attempts, fencing_token=claim.token)
@@ -588,7 +474,7 @@ def run_once(step: int | str, fn: Callable[..., Any], /, *args: Any,
     :func:`current_idempotency_key`.
     """
     plan = _step_plan(step, fn, args, kwargs, store, policy, fingerprint, {})
-    _guard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
+    guard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
     with call_span(plan.scope) as span:
         def body(claim: Claim) -> Any:
             span.outcome(replayed=False, attempt=claim.attempts, fencing_token=claim.token)
@@ -611,7 +497,7 @@ async def arun_once(step: int | str, fn: Callable[..., Any], /, *args: Any,
     """Async :func:`run_once`; ``fn`` may be a coroutine function or a plain function."""
     plan = await asyncio.to_thread(functools.partial(
         _step_plan, step, fn, args, kwargs, store, policy, fingerprint, {}))
-    await _aguard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
+    await aguard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
     with call_span(plan.scope) as span:
         async def body(claim: Claim) -> Any:
             span.outcome(replayed=False, attempt=claim.attempts, fencing_token=claim.token)
@@ -710,7 +596,7 @@ class IdempotentToolCalls:
         if not self.covers(str(request.tool_call["name"])):
             return execute(request)
         plan = self._plan(request)
-        _guard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
+        guard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
         with call_span(plan.scope) as span:
             def body(claim: Claim) -> ToolResult:
                 span.outcome(replayed=False, attempt=claim.attempts, fencing_token=claim.token)
@@ -731,7 +617,7 @@ class IdempotentToolCalls:
         if not self.covers(str(request.tool_call["name"])):
             return await execute(request)
         plan = await asyncio.to_thread(self._plan, request)
-        await _aguard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant,
+        await aguard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant,
                                  plan.policy)
         with call_span(plan.scope) as span:
             async def body(claim: Claim) -> ToolResult:
