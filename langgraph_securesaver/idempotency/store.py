@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import sqlalchemy as sa
@@ -34,6 +30,8 @@ from ..crypto import KeyManager, TenantKeys
 from ..errors import ConfigurationError, TamperedDataError
 from ..registry import engine_lock
 from . import schema
+from . import statements as stmts
+from .admin import RecordAdmin
 from .errors import (
     IdempotencyAttemptsExhausted,
     IdempotencyConflict,
@@ -54,6 +52,15 @@ from .liveness import (
     unregister_running,
 )
 from .policy import DEFAULT_POLICY, IdempotencyPolicy
+from .records import (  # noqa: F401 - IdempotencyRecord re-exported (defined here before)
+    Claim,
+    Hit,
+    IdempotencyRecord,
+    Outcome,
+    _Row,
+    _Wait,
+    default_owner,
+)
 from .schema import COMPLETED, FAILED, IN_PROGRESS, UNKNOWN, db_now, idempotency_records
 
 if TYPE_CHECKING:
@@ -66,90 +73,6 @@ _T = idempotency_records
 _for_saver_lock = threading.Lock()
 _MAX_POLL = 0.5
 _COMPLETE_RETRIES = (0.05, 0.2, 0.5)
-
-
-@dataclass
-class Claim:
-    """This worker owns ``scope`` until its lease expires (``token`` is the fencing token)."""
-
-    scope: KeyScope
-    token: int
-    attempts: int
-    owner: str
-    lease: float
-    lost: bool = False
-    claim_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # registered as running in this process (see liveness.register_running)
-    registered: bool = field(default=False, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class Hit:
-    """The key is completed: ``value`` is the stored result."""
-
-    scope: KeyScope
-    value: Any
-    token: int
-    attempts: int
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What :meth:`IdempotencyStore.execute` returns."""
-
-    value: Any
-    replayed: bool
-    key: str
-    fencing_token: int
-    attempts: int
-
-
-@dataclass(frozen=True)
-class IdempotencyRecord:
-    """One stored record, as operators see it (the result stays sealed; see ``result()``)."""
-
-    tenant: str
-    thread_id: str
-    key: str
-    kind: str
-    name: str
-    state: str
-    fingerprint: str | None
-    owner: str | None
-    fencing_token: int
-    attempts: int
-    lease_expires_at: float | None
-    created_at: float
-    updated_at: float
-    has_result: bool
-    error: str | None
-
-
-@dataclass(frozen=True)
-class _Row:
-    state: str
-    fingerprint: str | None
-    fencing_token: int
-    attempts: int
-    lease_expires_at: float | None
-    now: float
-    result: bytes | None
-    holder_host: Any = None
-    holder_pid: Any = None
-    holder_start: Any = None
-    holder_nonce: Any = None
-    holder_lock: Any = None
-
-
-@dataclass(frozen=True)
-class _Wait:
-    reason: str
-
-
-
-
-def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class _Heartbeat:
@@ -208,7 +131,7 @@ class _Heartbeat:
 RESULT_CHANNEL = "__idempotency__"  # the channel name results are redacted under (policies)
 
 
-class IdempotencyStore:
+class IdempotencyStore(RecordAdmin):
     """Claims, leases and sealed results of idempotent effects, per tenant and thread.
 
     Args:
@@ -386,24 +309,11 @@ class IdempotencyStore:
 
     # statements (built once, parameterized: building SQLAlchemy expressions per call costs
     # more than the round trip) -------------------------------------------------------------------
-    @staticmethod
-    def _pk() -> sa.ColumnElement[bool]:
-        return sa.and_(_T.c.tenant == sa.bindparam("p_tenant"),
-                       _T.c.thread_id == sa.bindparam("p_thread"),
-                       _T.c.key == sa.bindparam("p_key"))
-
-    @staticmethod
-    def _pk_params(scope: KeyScope) -> dict[str, Any]:
-        return {"p_tenant": scope.tenant, "p_thread": scope.thread_id, "p_key": scope.key}
-
     def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
         stmt = self._statements.get(name)
         if stmt is None:
             stmt = self._statements[name] = build()
         return stmt
-
-    def _lease_param(self) -> sa.ColumnElement[float]:
-        return self._now + sa.bindparam("p_lease", type_=sa.Float)
 
     # holder identity ------------------------------------------------------------------------
     def holder(self) -> Holder:
@@ -412,10 +322,6 @@ class IdempotencyStore:
         if self._host_id is not None:
             return Holder(self._host_id, me.pid, me.start, me.nonce)
         return me
-
-    @staticmethod
-    def _holder_values() -> dict[str, Any]:
-        return {name: sa.bindparam(f"v_{name}") for name in schema.HOLDER_COLUMNS}
 
     def _holder_params(self) -> dict[str, Any]:
         me = self.holder()
@@ -439,74 +345,13 @@ class IdempotencyStore:
             return "alive"
         return "unknown"
 
-    def _build_insert(self) -> Any:
-        now = self._now
-        values: dict[str, Any] = {c: sa.bindparam(f"v_{c}") for c in (
-            "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner")}
-        values.update(state=IN_PROGRESS, fencing_token=1, attempts=1,
-                      lease_expires_at=self._lease_param(), created_at=now, updated_at=now,
-                      **self._holder_values())
-        ins: Any
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-            ins = pg_insert(_T)
-        else:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-            ins = sqlite_insert(_T)
-        # RETURNING rather than rowcount: drivers disagree on rowcount of ON CONFLICT inserts
-        return ins.values(**values).on_conflict_do_nothing().returning(_T.c.fencing_token)
-
-    def _build_takeover(self, retry_expired: bool, check_fp: bool, dead: bool = False) -> Any:
-        """Claim a failed key, an expired claim (``retry_expired``), or (``dead``) exactly the
-        in-progress claim with fencing token ``p_token`` whose holder was found dead."""
-        now = self._now
-        claimable: sa.ColumnElement[bool] = _T.c.state == FAILED
-        if dead:
-            claimable = _T.c.state == IN_PROGRESS
-        elif retry_expired:
-            claimable = sa.or_(claimable, sa.and_(_T.c.state == IN_PROGRESS,
-                                                  _T.c.lease_expires_at < now))
-        # the token this worker saw is pinned, so it knows the token it gets (token + 1) and
-        # registers it as running before the row changes hands
-        conds = [self._pk(), claimable, _T.c.attempts < sa.bindparam("p_max_attempts"),
-                 _T.c.fencing_token == sa.bindparam("p_token")]
-        if check_fp:
-            conds.append(sa.or_(_T.c.fingerprint.is_(None),
-                                _T.c.fingerprint == sa.bindparam("p_fp")))
-        return (_T.update().where(*conds).values(
-            state=IN_PROGRESS, owner=sa.bindparam("p_owner"),
-            fencing_token=_T.c.fencing_token + 1, attempts=_T.c.attempts + 1,
-            lease_expires_at=self._lease_param(), updated_at=now, **self._holder_values())
-            .returning(_T.c.fencing_token, _T.c.attempts))
-
-    def _build_cas(self, kind: str) -> Any:
-        """UPDATE ... WHERE <key> AND state = in_progress AND fencing_token = <ours>."""
-        values: dict[str, Any] = {"updated_at": self._now}
-        if kind == "renew":
-            values["lease_expires_at"] = self._lease_param()
-        elif kind == "complete":
-            values.update(state=COMPLETED, result=sa.bindparam("v_blob"), error=None,
-                          lease_expires_at=None)
-        elif kind in ("fail", "unknown"):
-            values.update(state=FAILED if kind == "fail" else UNKNOWN,
-                          error=sa.bindparam("v_blob"), lease_expires_at=None)
-        elif kind == "release":
-            greatest = sa.func.max if self.dialect == "sqlite" else sa.func.greatest
-            values.update(state=FAILED, error=None, lease_expires_at=None,
-                          attempts=greatest(_T.c.attempts - 1, 0))
-        else:  # pragma: no cover - internal misuse
-            raise ValueError(kind)
-        return _T.update().where(self._pk(), _T.c.state == IN_PROGRESS,
-                                 _T.c.fencing_token == sa.bindparam("p_token")
-                                 ).values(**values)
-
     def _select_row(self, scope: KeyScope) -> _Row | None:
         q = self._stmt("select", lambda: sa.select(
             _T.c.state, _T.c.fingerprint, _T.c.fencing_token, _T.c.attempts,
             _T.c.lease_expires_at, self._now.label("now"), _T.c.result,
-            *(_T.c[name] for name in schema.HOLDER_COLUMNS)).where(self._pk()))
+            *(_T.c[name] for name in schema.HOLDER_COLUMNS)).where(stmts.pk()))
         with self._begin("reading a key") as conn:
-            r = conn.execute(q, self._pk_params(scope)).first()
+            r = conn.execute(q, stmts.pk_params(scope)).first()
         if r is None:
             return None
         return _Row(r.state, r.fingerprint, int(r.fencing_token), int(r.attempts),
@@ -516,7 +361,7 @@ class IdempotencyStore:
 
     def _try_insert(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
                     ) -> Claim | None:
-        stmt = self._stmt("insert", self._build_insert)
+        stmt = self._stmt("insert", lambda: stmts.build_insert(self.dialect, self._now))
         params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
                   "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
                   "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
@@ -538,8 +383,8 @@ class IdempotencyStore:
                       seen_token: int, dead: bool = False) -> Claim | None:
         retry, check = policy.on_expired == "retry", fp is not None
         stmt = self._stmt(f"takeover-{retry}-{check}-{dead}",
-                          lambda: self._build_takeover(retry, check, dead))
-        params = {**self._pk_params(scope), "p_max_attempts": policy.max_attempts,
+                          lambda: stmts.build_takeover(self._now, retry, check, dead))
+        params = {**stmts.pk_params(scope), "p_max_attempts": policy.max_attempts,
                   "p_owner": self.owner, "p_lease": policy.lease, "p_token": seen_token,
                   **self._holder_params()}
         if check:
@@ -564,11 +409,11 @@ class IdempotencyStore:
     def _expire_to_unknown(self, scope: KeyScope, token: int, dead: bool = False) -> None:
         now = self._now
         stmt = self._stmt(f"expire-unknown-{dead}", lambda: _T.update().where(
-            self._pk(), _T.c.state == IN_PROGRESS, _T.c.fencing_token == sa.bindparam("p_token"),
+            stmts.pk(), _T.c.state == IN_PROGRESS, _T.c.fencing_token == sa.bindparam("p_token"),
             *(() if dead else (_T.c.lease_expires_at < now,))).values(
                 state=UNKNOWN, updated_at=now, lease_expires_at=None))
         with self._begin("marking a key unknown") as conn:
-            conn.execute(stmt, {**self._pk_params(scope), "p_token": token})
+            conn.execute(stmt, {**stmts.pk_params(scope), "p_token": token})
 
     # claiming -------------------------------------------------------------------------------
     def _acquire_step(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
@@ -664,10 +509,10 @@ class IdempotencyStore:
     # transitions of a claim -------------------------------------------------------------------
     def _cas(self, claim: Claim, kind: str, what: str, *, ends: bool = True,
              **params: Any) -> bool:
-        stmt = self._stmt(f"cas-{kind}", lambda: self._build_cas(kind))
+        stmt = self._stmt(f"cas-{kind}", lambda: stmts.build_cas(self.dialect, self._now, kind))
         try:
             with self._begin(what) as conn:
-                n = conn.execute(stmt, {**self._pk_params(claim.scope), "p_token": claim.token,
+                n = conn.execute(stmt, {**stmts.pk_params(claim.scope), "p_token": claim.token,
                                         **params}).rowcount
         finally:
             if ends and kind != "renew":  # the claim ends here (or is lost)
@@ -802,90 +647,6 @@ class IdempotencyStore:
             self.release(claim)
         else:
             self.fail(claim, exc)
-
-    # inspection and operator actions ------------------------------------------------------------
-    def get(self, tenant: str, thread_id: str, key: str) -> IdempotencyRecord | None:
-        with self._begin("reading a record") as conn:
-            r = conn.execute(sa.select(_T).where(
-                _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)
-            ).mappings().first()
-        return self._record(r) if r is not None else None
-
-    def list_records(self, tenant: str, thread_id: str | None = None, *,
-                     state: str | None = None) -> list[IdempotencyRecord]:
-        q = sa.select(_T).where(_T.c.tenant == tenant).order_by(_T.c.created_at)
-        if thread_id is not None:
-            q = q.where(_T.c.thread_id == thread_id)
-        if state is not None:
-            q = q.where(_T.c.state == state)
-        with self._begin("listing records") as conn:
-            rows = conn.execute(q).mappings().all()
-        return [self._record(r) for r in rows]
-
-    def _record(self, r: Any) -> IdempotencyRecord:
-        scope = KeyScope(r["tenant"], r["thread_id"], r["key"], r["kind"], r["name"])
-        error = None
-        if r["error"] is not None:
-            error = self.tenant_keys(scope.tenant).open(bytes(r["error"]), scope.error_aad()
-                                                        ).decode("utf-8", "replace")
-        return IdempotencyRecord(
-            r["tenant"], r["thread_id"], r["key"], r["kind"], r["name"], r["state"],
-            r["fingerprint"], r["owner"], int(r["fencing_token"]), int(r["attempts"]),
-            r["lease_expires_at"], r["created_at"], r["updated_at"], r["result"] is not None,
-            error)
-
-    def result(self, tenant: str, thread_id: str, key: str) -> Any:
-        """The stored (decrypted) result of a completed key; LookupError if there is none."""
-        with self._begin("reading a result") as conn:
-            r = conn.execute(sa.select(_T.c.kind, _T.c.name, _T.c.result).where(
-                _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)).first()
-        if r is None or r.result is None:
-            raise LookupError(f"no stored result for idempotency key {key}")
-        return self._open_value(KeyScope(tenant, thread_id, key, r.kind, r.name),
-                                bytes(r.result))
-
-    def resolve(self, tenant: str, thread_id: str, key: str, *, result: Any = None,
-                retry: bool = False) -> bool:
-        """Settle an ``unknown`` (or stuck) key: record ``result`` as its completed outcome, or
-        with ``retry=True`` make it claimable again (same key, attempts kept)."""
-        now = self._now
-        with self._begin("reading a record") as conn:
-            r = conn.execute(sa.select(_T.c.kind, _T.c.name).where(
-                _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)).first()
-        if r is None:
-            return False
-        scope = KeyScope(tenant, thread_id, key, r.kind, r.name)
-        values: dict[str, Any] = ({"state": FAILED, "lease_expires_at": None} if retry else
-                                  {"state": COMPLETED, "result": self._seal_value(scope, result),
-                                   "lease_expires_at": None, "error": None})
-        with self._begin("resolving a key") as conn:
-            n = conn.execute(_T.update().where(self._pk(), _T.c.state != COMPLETED)
-                             .values(updated_at=now, **values), self._pk_params(scope)).rowcount
-        return bool(n)
-
-    # deletion -------------------------------------------------------------------------------
-    def delete_thread(self, tenant: str, thread_id: str) -> int:
-        """Delete the thread's idempotency records, recovery row and dead letters."""
-        total = 0
-        with self._begin("deleting a thread") as conn:
-            for table in schema.TABLES:
-                total += conn.execute(table.delete().where(
-                    table.c.tenant == tenant, table.c.thread_id == thread_id)).rowcount
-        return total
-
-    def delete_tenant(self, tenant: str) -> int:
-        """Delete every idempotency / recovery / dead-letter row of the tenant."""
-        total = 0
-        with self._begin("deleting a tenant") as conn:
-            for table in schema.TABLES:
-                total += conn.execute(table.delete().where(table.c.tenant == tenant)).rowcount
-        return total
-
-    async def adelete_thread(self, tenant: str, thread_id: str) -> int:
-        return await asyncio.to_thread(self.delete_thread, tenant, thread_id)
-
-    async def adelete_tenant(self, tenant: str) -> int:
-        return await asyncio.to_thread(self.delete_tenant, tenant)
 
     # fences (used by the decorators) -------------------------------------------------------------
     def fenced(self, tenant: str, thread_id: str, ns: str, checkpoint_id: str) -> bool:
