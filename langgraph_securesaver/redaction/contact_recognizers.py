@@ -1,0 +1,264 @@
+"""Recognizers of contact data and Chinese identity numbers: e-mail addresses (offline
+public-suffix check), Chinese resident identity card numbers (GB 11643-1999 checksum), Chinese
+mainland mobiles, phone numbers (phonenumbers-validated, and phone-shaped numbers).
+
+Each is a :class:`~.linear.LinearRecognizer`; knows nothing of the redactor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import tldextract
+from presidio_analyzer import RecognizerResult
+
+from .linear import (  # noqa: F401
+    API_SECRET,
+    CN_MOBILE,
+    CN_RESIDENT_ID,
+    LinearRecognizer,
+    Rx,
+    Validator,
+    _word_before,
+    rx,
+)
+
+# --------------------------------------------------------------------------------------------
+# E-mail: linear (each local-part run is scanned once; the domain is at most 30 labels)
+# --------------------------------------------------------------------------------------------
+_OFFLINE_TLD: tldextract.TLDExtract | None = None
+
+
+def _offline_tld() -> tldextract.TLDExtract:
+    """A suffix extractor that only uses tldextract's bundled snapshot: no download, no disk."""
+    global _OFFLINE_TLD
+    if _OFFLINE_TLD is None:
+        _OFFLINE_TLD = tldextract.TLDExtract(cache_dir=None, suffix_list_urls=(),
+                                             fallback_to_snapshot=True)
+    return _OFFLINE_TLD
+
+
+_LOCAL = r"A-Za-z0-9._%+\-"
+_EMAIL_RX = (
+    rf"(?<![{_LOCAL}])[{_LOCAL}]{{1,64}}@"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.){1,30}[A-Za-z][A-Za-z0-9\-]{0,23}"
+    r"(?![A-Za-z0-9\-]|\.[A-Za-z0-9])"
+)
+_SCP_PATH = re.compile(r":[A-Za-z0-9~/._\-]")
+_URL_USERINFO = re.compile(r"://[^\s/@]{0,64}:$")
+
+
+def _validate_email(m: re.Match[str], view: str) -> float | None:
+    value = m.group(0)
+    local, _, domain = value.rpartition("@")
+    if not local.strip("._%+-"):
+        return None
+    if _SCP_PATH.match(view, m.end()) and (local == "git" or view[m.end() + 1:m.end() + 2]
+                                           in "~/" or "/" in view[m.end():m.end() + 80]):
+        return None  # an scp-style remote ("git@github.com:org/repo.git"), not a mailbox
+    if _URL_USERINFO.search(view, max(0, m.start() - 90), m.start()):
+        return None  # "scheme://user:password@host": the password is the secret here
+    if _offline_tld()(domain).fqdn == "":
+        return None
+    return 1.0
+
+
+class OfflineEmailRecognizer(LinearRecognizer):
+    """E-mail addresses whose domain ends in a known public suffix (bundled snapshot)."""
+
+    ENTITY = "EMAIL_ADDRESS"
+    PATTERNS = (rx("email", _EMAIL_RX, 1.0, _validate_email, needles=("@",)),)
+
+
+# --------------------------------------------------------------------------------------------
+# Chinese resident identity card number (GB 11643-1999)
+# --------------------------------------------------------------------------------------------
+_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_ID_CHECK = "10X98765432"
+
+
+def cn_id_check_char(first17: str) -> str:
+    """The ISO 7064 MOD 11-2 check character for the first 17 digits of a resident ID."""
+    total = sum(int(c) * w for c, w in zip(first17[:17], _ID_WEIGHTS, strict=True))
+    return _ID_CHECK[total % 11]
+
+
+def is_valid_cn_resident_id(value: str, *, today: datetime.date | None = None) -> bool:
+    """True for an 18-character ID whose checksum is right and whose birth date is real and
+    not in the future. Spaces and hyphens between groups are ignored."""
+    compact = value.replace(" ", "").replace("-", "").upper()
+    if len(compact) != 18 or not compact[:17].isascii() or not compact[:17].isdigit():
+        return False
+    if compact[0] == "0":
+        return False
+    try:
+        born = datetime.date(int(compact[6:10]), int(compact[10:12]), int(compact[12:14]))
+    except ValueError:
+        return False
+    if born.year < 1900 or born > (today or datetime.date.today()):
+        return False
+    return cn_id_check_char(compact[:17]) == compact[17]
+
+
+def _validate_cn_id(m: re.Match[str], view: str) -> float | None:
+    return 1.0 if is_valid_cn_resident_id(m.group(0)) else None
+
+
+_NOT_ALNUM_BEFORE = r"(?<![0-9A-Za-z])"
+_NOT_ALNUM_AFTER = r"(?![0-9A-Za-z])"
+
+
+class CnResidentIdRecognizer(LinearRecognizer):
+    """18-character PRC resident ID: region(6) + birth date(8) + sequence(3) + check(1), plain
+    or grouped 6-8-4 / 6-4-4-4 by one consistent space or hyphen."""
+
+    ENTITY = CN_RESIDENT_ID
+    PATTERNS = (
+        rx("cn_resident_id",
+           _NOT_ALNUM_BEFORE + r"[1-9][0-9]{5}(?P<s>[ \-]?)(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])"
+           r"(?:0[1-9]|[12][0-9]|3[01])(?P=s)[0-9]{3}[0-9Xx]" + _NOT_ALNUM_AFTER,
+           1.0, _validate_cn_id),
+        rx("cn_resident_id_6444",
+           _NOT_ALNUM_BEFORE + r"[1-9][0-9]{5}(?P<s>[ \-])(?:19|20)[0-9]{2}(?P=s)"
+           r"(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])(?P=s)[0-9]{3}[0-9Xx]" + _NOT_ALNUM_AFTER,
+           1.0, _validate_cn_id),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Chinese mainland mobile number
+# --------------------------------------------------------------------------------------------
+class CnMobileRecognizer(LinearRecognizer):
+    """Mainland mobile: optional +86 / 0086 / (+86), then 1[3-9]x and 8 digits, optionally in
+    3-4-4 groups separated by one consistent space or hyphen."""
+
+    ENTITY = CN_MOBILE
+    PATTERNS = (
+        rx("cn_mobile",
+           r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)?"
+           r"1[3-9][0-9](?P<s>[ \-]?)[0-9]{4}(?P=s)[0-9]{4}" + _NOT_ALNUM_AFTER, 0.75),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Phone numbers validated by phonenumbers, one parse per candidate and region
+# --------------------------------------------------------------------------------------------
+_PHONE_CANDIDATE = re.compile(
+    r"(?<![0-9A-Za-z+])(?:\+|00)?(?:\([0-9]{1,4}\)[ .\-]?)?[0-9](?:[ .\-]{0,2}[0-9]|"
+    r"[ .\-]?\([0-9]{1,4}\)[ .\-]?[0-9]){5,17}(?![0-9A-Za-z]|[.\-][0-9])", re.ASCII)
+
+
+_NON_DIGITS = re.compile(r"[^0-9]+")
+_DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
+
+
+class LinearPhoneRecognizer(LinearRecognizer):
+    """Phone numbers: digit groups (7-15 digits, optional ``+``/``00`` and one parenthesised
+    group) that ``phonenumbers`` accepts as a valid number of one of ``supported_regions`` (or,
+    with ``+``, of any region). Unlike presidio's ``PhoneNumberMatcher`` (which re-parses
+    every inner sub-sequence of a candidate and costs seconds per 20k characters of digit-heavy
+    text), each candidate is parsed at most once per region."""
+
+    ENTITY = "PHONE_NUMBER"
+    SCORE = 0.4
+
+    def __init__(self, supported_language: str = "en",
+                 supported_regions: Sequence[str] = ("US", "GB", "CN")) -> None:
+        self.regions = tuple(r.upper() for r in supported_regions)
+        super().__init__(supported_language)
+
+    def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None,
+                regex_flags: int | None = None) -> list[RecognizerResult]:
+        if entities and self.ENTITY not in entities:
+            return []
+        import phonenumbers
+
+        results: list[RecognizerResult] = []
+        for m in _PHONE_CANDIDATE.finditer(text):
+            value = m.group(0)
+            digits = sum(c.isdigit() for c in value)
+            if not 7 <= digits <= 15:
+                continue
+            if sum(len(g) == 1 for g in _NON_DIGITS.split(value)) >= 2:
+                continue  # "1.3.6.1.4.1.2021" (an OID), "3 1 4 1 5 9 2 6": not phone groups
+            if _DATE_START.match(value):
+                continue  # "2024-03-08 1422", "2024.03.08 14"
+            intl = value.startswith(("+", "00"))
+            for region in (None,) if intl else self.regions:
+                try:
+                    number = phonenumbers.parse("+" + value[2:] if value.startswith("00")
+                                                else value, region)
+                except phonenumbers.NumberParseException:
+                    continue
+                if phonenumbers.is_valid_number(number):
+                    results.append(RecognizerResult(self.ENTITY, m.start(), m.end(),
+                                                    self.SCORE))
+                    break
+        return results
+
+
+# --------------------------------------------------------------------------------------------
+# Phone-shaped numbers that phonenumbers rejects (unassigned area codes, odd grouping)
+# --------------------------------------------------------------------------------------------
+_PHONE_LABEL = re.compile(
+    r"(?:(?<![A-Za-z])(?:phone|tel|telephone|mobile|cell|call|fax|contact|whatsapp|sms|text me|"
+    r"reach me|number|ph|mob|tfn)(?![a-z])|\u7535\u8bdd|\u624b\u673a|\u8054\u7cfb)",
+    re.IGNORECASE)
+_PHONE_LABEL_NEAR = 32
+
+
+def _phone_label_near(view: str, start: int) -> bool:
+    return _PHONE_LABEL.search(view, max(0, start - _PHONE_LABEL_NEAR), start) is not None
+
+
+def _validate_nanp(m: re.Match[str], view: str) -> float | None:
+    digits = [c for c in m.group(0) if c.isdigit()]
+    if len(set(digits)) < 3:
+        return None
+    return 0.45 if _phone_label_near(view, m.start()) else 0.4
+
+
+def _validate_gb(m: re.Match[str], view: str) -> float | None:
+    value = m.group(0)
+    digits = [c for c in value if c.isdigit()]
+    if len(digits) not in (10, 11) or len(set(digits)) < 3:
+        return None
+    if " " not in value and "(" not in value and "-" not in value:
+        return _validate_plain10(m, view)
+    return 0.45 if _phone_label_near(view, m.start()) else 0.4
+
+
+def _validate_plain10(m: re.Match[str], view: str) -> float | None:
+    return 0.45 if _phone_label_near(view, m.start()) else None
+
+
+def _validate_intl(m: re.Match[str], view: str) -> float | None:
+    digits = [c for c in m.group(0) if c.isdigit()]
+    if not 8 <= len(digits) <= 15 or len(set(digits)) < 4:
+        return None
+    return 0.45 if _phone_label_near(view, m.start()) else 0.4
+
+
+class PhoneShapeRecognizer(LinearRecognizer):
+    """Numbers shaped like phone numbers that the ``phonenumbers`` validation drops: NANP
+    3-3-4 groups (``880.963.5169``, ``(212) 555-01234`` excluded), ``+`` and a country code
+    followed by 7-14 digits (``+447700 900 657``), and ten plain digits after a phone label."""
+
+    ENTITY = "PHONE_NUMBER"
+    PATTERNS = (
+        rx("nanp_grouped",
+           r"(?<![0-9A-Za-z+.\-/])(?:(?:\+|00)?1[ .\-]?)?"
+           r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}(?P<s>[ .\-]))[2-9][0-9]{2}[ .\-][0-9]{4}"
+           r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
+        rx("intl_plus",
+           r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
+           r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
+        rx("gb_grouped",
+           r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{2,4}) ?[0-9]{3}[ \-]?"
+           r"[0-9]{3,4}(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
+        rx("plain10_labelled", r"(?<![0-9A-Za-z+.\-])[2-9][0-9]{9}(?![0-9A-Za-z]|[.\-][0-9])",
+           0.6, _validate_plain10),
+    )
