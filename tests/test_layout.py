@@ -25,6 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 MAX_MODULE_LINES = 700
 MAX_SAVER_CLASS_LINES = 400
 
+#: The layers, bottom first (README "How the code is laid out"): a module may import its own
+#: layer and the ones below, never one above. A new module must be placed here.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("primitives and storage", frozenset({
+        "errors", "tenancy", "keyring", "crypto", "registry", "retention", "pii_vault",
+        "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql", "backends",
+        "caches", "timeargs"})),
+    ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "redaction"})),
+    ("operations", frozenset({"ops", "pruner", "audit", "report_html", "scan", "rotation",
+                              "idempotency"})),
+    ("checkpointer", frozenset({"saver", "server", "demo", "demo_run"})),
+    ("cli", frozenset({"cli", "cli_common", "cli_ops"})),
+    ("package", frozenset({""})),
+)
+
 #: Import cycles that still exist (each a frozenset of module names relative to the package).
 KNOWN_CYCLES: set[frozenset[str]] = set()
 #: Modules still over MAX_MODULE_LINES.
@@ -275,6 +290,38 @@ def test_no_import_cycle(modules: dict[str, Module]) -> None:
     assert not stale, f"KNOWN_CYCLES lists cycles that are gone, remove them: {stale}"
 
 
+def layer_of(name: str) -> int:
+    """The layer index of a module (a subpackage's modules share its layer)."""
+    for index, (_label, members) in enumerate(LAYERS):
+        if name in members or name.split(".")[0] in members:
+            return index
+    raise KeyError(name)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for mod, deps in graph.items():
+        for dep in deps:
+            if layer_of(dep) > layer_of(mod):
+                problems.append(f"{mod or '__init__'} ({LAYERS[layer_of(mod)][0]}) imports "
+                                f"{dep} ({LAYERS[layer_of(dep)][0]})")
+    return sorted(problems)
+
+
+def test_every_module_has_a_layer(modules: dict[str, Module]) -> None:
+    unplaced = []
+    for name in modules:
+        try:
+            layer_of(name)
+        except KeyError:
+            unplaced.append(name)
+    assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+def test_layers_point_one_way(modules: dict[str, Module]) -> None:
+    assert upward_imports(import_graph(modules)) == []
+
+
 def test_no_private_saver_member_outside_saver(modules: dict[str, Module]) -> None:
     found = private_accesses(modules)
     new = found - KNOWN_PRIVATE
@@ -357,6 +404,13 @@ def test_private_member_check_catches_each_shape(tmp_path: Path) -> None:
     })
     assert private_accesses(mods) == {("bad1", "_whatever"), ("bad2", "_ref"), ("bad3", "_ops"),
                                       ("bad4", "_ref"), ("bad5", "_secret")}
+
+
+def test_layer_check_catches_an_upward_import(tmp_path: Path) -> None:
+    mods = _package(tmp_path, {"__init__.py": "", "errors.py": "def f():\n    from . import saver\n",
+                               "saver.py": "from . import errors\n"})
+    assert upward_imports(import_graph(mods)) == [
+        "errors (primitives and storage) imports saver (checkpointer)"]
 
 
 def test_saver_class_size_counts_the_class_only(tmp_path: Path) -> None:
