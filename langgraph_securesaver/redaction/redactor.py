@@ -5,8 +5,6 @@ from __future__ import annotations
 import bisect
 import copy
 import hashlib
-import hmac
-import ipaddress
 import json
 import logging
 import marshal
@@ -15,16 +13,19 @@ import re
 import secrets
 import threading
 import time
-import unicodedata
-import weakref
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from presidio_analyzer import AnalyzerEngine, RecognizerResult
+from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
+from .caches import (
+    _Cache,
+    _Cached,
+    _IdentityCache,
+    _vault_size,
+)
+from .detection import Detection, _Overrun, _resolve_overlaps  # noqa: F401
 from .engine import (
     DEFAULT_PHONE_REGIONS,
     LANGUAGE,
@@ -34,479 +35,48 @@ from .engine import (
     shared_analyzer,
 )
 from .errors import RedactionError
-from .policy import Action, RedactionPolicy
-from .recognizers import API_SECRET, CANDIDATE_RE, label_veto, private_key_spans
+from .policy import RedactionPolicy
+from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
+    TOKEN_HEX_CHARS,
+    TOKEN_RE,
+    _kind_label,
+    make_token,
+    mask_marker,
+    normalize_value,
+)
+from .types import (
+    Entity,
+    RedactionResult,
+    RedactionStats,
+    VaultEntry,
+)
+from .view import (  # noqa: F401 - public names re-exported (defined here before)
+    _BATCH_SEP,
+    _BLANK,
+    _DATA_URL,
+    _MARKER_RE,
+    _OWN_LABELS,
+    _PRIORITY,
+    CHUNK_OVERLAP,
+    EMBEDDED_PII,
+    SECRET_OVERLAP,
+    WITHHELD,
+    _blank_markers,
+    _decode_payload,
+    _dump_like,
+    _looks_like_json,
+    _map_span,
+    _may_have_pii,
+    analysis_view,
+    fold_text,
+)
 from .walker import Walker
 
 logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------
-# Public value types
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Entity:
-    """One detected value: its kind, its span in the analyzed text, the score and the text."""
-
-    kind: str
-    start: int
-    end: int
-    score: float
-    text: str
-
-
-@dataclass(frozen=True)
-class VaultEntry:
-    """The original value behind a ``TOKENIZE`` replacement (what the saver encrypts)."""
-
-    token: str
-    kind: str
-    value: str
-
-
-@dataclass(frozen=True)
-class RedactionResult:
-    """The redacted text, every detection that survived filtering (including ``KEEP`` ones),
-    and the vault entries for the tokens in ``text``."""
-
-    text: str
-    entities: list[Entity]
-    vault: list[VaultEntry] = field(default_factory=list)
-
-
-class RedactionStats:
-    """Thread-safe counters for one :class:`Redactor` (read them, or ``reset()``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reset_unlocked()
-
-    def _reset_unlocked(self) -> None:
-        self.chars_analyzed = 0  # characters handed to the analyzer
-        self.values_analyzed = 0  # strings handed to the analyzer (cache misses)
-        self.values_seen = 0  # strings visited (hits, misses and trivially clean ones)
-        self.cache_hits = 0
-        self.entities_found: Counter[str] = Counter()
-
-    def reset(self) -> None:
-        with self._lock:
-            self._reset_unlocked()
-
-    def _add(self, *, seen: int = 0, hits: int = 0, analyzed: int = 0, chars: int = 0,
-             entities: Sequence[Entity] = ()) -> None:
-        with self._lock:
-            self.values_seen += seen
-            self.cache_hits += hits
-            self.values_analyzed += analyzed
-            self.chars_analyzed += chars
-            for e in entities:
-                self.entities_found[e.kind] += 1
-
-    def as_dict(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "chars_analyzed": self.chars_analyzed,
-                "values_analyzed": self.values_analyzed,
-                "values_seen": self.values_seen,
-                "cache_hits": self.cache_hits,
-                "entities_found": dict(self.entities_found),
-            }
-
-    def __repr__(self) -> str:
-        return f"RedactionStats({self.as_dict()})"
-
-
-# --------------------------------------------------------------------------------------------
-# Tokens and markers
-# --------------------------------------------------------------------------------------------
-TOKEN_HEX_CHARS = 32
-TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):([0-9a-f]{32})>")
-_KIND_SAFE = re.compile(r"[^A-Z0-9_]")
-_TOKEN_DOMAIN = b"langgraph-securesaver/redaction/token/v1\x00"
-
-
-def _kind_label(kind: str) -> str:
-    label = _KIND_SAFE.sub("_", kind.upper())[:64] or "PII"
-    return label if label[0].isalpha() else "PII_" + label[:59]
-
-
-def normalize_value(kind: str, value: str) -> str:
-    """The form of ``value`` that is tokenized: equal normalized values share a token."""
-    v = unicodedata.normalize("NFKC", value)
-    if not v.isascii():  # the same value in other digits/dots gets the same token
-        v = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else
-                    "." if c in "\u3002\uff61" else c for c in v
-                    if unicodedata.category(c) != "Cf")
-    v = v.strip()
-    if kind == "EMAIL_ADDRESS":
-        return v.casefold()
-    if kind in ("PHONE_NUMBER", "CN_MOBILE"):
-        digits = "".join(c for c in v if c.isdigit())
-        if kind == "CN_MOBILE" and len(digits) > 11:
-            digits = digits[-11:]
-        return ("+" if v.startswith("+") and kind == "PHONE_NUMBER" else "") + digits
-    if kind in ("CN_RESIDENT_ID", "CREDIT_CARD", "IBAN_CODE", "US_SSN"):
-        return "".join(c for c in v if c not in " -.").upper()
-    if kind == "IP_ADDRESS":
-        try:
-            return ipaddress.ip_interface(v).compressed
-        except ValueError:
-            return v.lower()
-    return v
-
-
-def make_token(token_key: bytes, kind: str, value: str) -> str:
-    """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value)."""
-    label = _kind_label(kind)
-    msg = (_TOKEN_DOMAIN + label.encode("ascii") + b"\x00"
-           + normalize_value(kind, value).encode("utf-8", "surrogatepass"))
-    digest = hmac.new(token_key, msg, hashlib.sha256).hexdigest()[:TOKEN_HEX_CHARS]
-    return f"<{label}:{digest}>"
-
-
-def mask_marker(kind: str) -> str:
-    return f"<{_kind_label(kind)}:masked>"
-
-
-# --------------------------------------------------------------------------------------------
-# Analysis view: compatibility forms folded to ASCII, CJK blanked, known markers blanked, with
-# an exact map from view offsets back to the original text
-# --------------------------------------------------------------------------------------------
-_CJK_RE = re.compile(
-    "["
-    "\u0e00-\u0eff"  # Thai, Lao
-    "\u1000-\u109f"  # Myanmar
-    "\u1100-\u11ff"  # Hangul Jamo
-    "\u1780-\u17ff"  # Khmer
-    "\u2e80-\u2fdf"  # CJK radicals, Kangxi
-    "\u2ff0-\u2fff\u3001\u3003-\u303f"  # ideographic description, CJK symbols (not U+3000/3002)
-    "\u3040-\u31ff"  # kana, bopomofo, Hangul compatibility, CJK strokes
-    "\u3200-\u4dbf"  # enclosed CJK, CJK compatibility, extension A
-    "\u4e00-\u9fff"  # CJK unified ideographs
-    "\ua960-\ua97f"
-    "\uac00-\ud7af"  # Hangul syllables
-    "\uf900-\ufaff"  # CJK compatibility ideographs
-    "\ufe30-\ufe4f"  # CJK compatibility forms
-    "\U00020000-\U0003134f"  # CJK extensions B-G
-    "]"
-)
-# The blank is NUL: not a word character (so \b works), not whitespace and not phone-number
-# punctuation (so "2023年11月15日" does not turn into the digit groups "2023 11 15").
-_BLANK = "\x00"
-_IDEO_STOP = "\u3002"  # 。 (and ｡): a dot between ASCII letters/digits (e-mail, domain), else blank
-_IDEO_DOT = re.compile(r"(?<=[A-Za-z0-9])\u3002(?=[A-Za-z0-9])")
-_EXTRA_DASHES = frozenset("\u2212\u2043\ufe63\uff0d\u02d7\u2796")
-
-
-def _fold_char(ch: str) -> str:
-    """The analysis form of one non-ASCII character: '' (dropped), one or more ASCII
-    characters, or the blank."""
-    if ch in "\u3002\uff61":
-        return _IDEO_STOP
-    if _CJK_RE.match(ch):
-        return _BLANK
-    cat = unicodedata.category(ch)
-    if cat == "Nd":
-        return str(unicodedata.decimal(ch, 0))
-    if cat == "Zs" or ch in "\u2028\u2029\x85":
-        return " "
-    if cat == "Pd" or ch in _EXTRA_DASHES:
-        return "-"
-    if cat in ("Cf", "Mn", "Me"):
-        return ""  # zero-width and bidi controls, soft hyphen, combining marks
-    folded = unicodedata.normalize("NFKC", ch)
-    if folded.isascii() and folded:
-        return folded
-    base = unicodedata.normalize("NFKD", ch)[:1]
-    if base.isascii() and base.isalpha():
-        return base  # é -> e
-    return _BLANK
-
-
-class _FoldTable(dict[int, str]):
-    """``str.translate`` table built on demand; records characters that change length."""
-
-    def __init__(self) -> None:
-        super().__init__((i, chr(i)) for i in range(128))
-        self.non_unit: set[int] = set()
-
-    def __missing__(self, cp: int) -> str:
-        folded = _fold_char(chr(cp))
-        if len(folded) != 1:
-            self.non_unit.add(cp)
-        self[cp] = folded
-        return folded
-
-
-_FOLD = _FoldTable()
-_SLICE = 65_536
-
-
-def fold_text(text: str) -> tuple[str, list[int] | None]:
-    """(folded text, offsets): ``offsets[i]`` is the index in ``text`` of the character that
-    produced folded character ``i`` (plus a final ``len(text)``), or None when every
-    character folded to exactly one (offsets are then the identity)."""
-    if text.isascii():
-        return text, None
-    if len(text) <= _SLICE:
-        view = text.translate(_FOLD)
-    else:  # slices: no single C call holds the GIL for long (async callers' event loop)
-        view = "".join(text[i:i + _SLICE].translate(_FOLD) for i in range(0, len(text), _SLICE))
-    if _IDEO_STOP in view:
-        view = _IDEO_DOT.sub(".", view).replace(_IDEO_STOP, _BLANK)
-    non_unit = _FOLD.non_unit
-    if len(view) == len(text) and (not non_unit or not any(
-            not non_unit.isdisjoint(map(ord, set(text[i:i + _SLICE])))
-            for i in range(0, len(text), _SLICE))):
-        return view, None
-    offsets: list[int] = []
-    table = _FOLD
-    for i, ch in enumerate(text):
-        n = len(table[ord(ch)])
-        if n == 1:
-            offsets.append(i)
-        elif n:
-            offsets.extend([i] * n)
-    offsets.append(len(text))
-    return view, offsets
-
-
-def _map_span(offsets: list[int] | None, start: int, end: int) -> tuple[int, int]:
-    if offsets is None:
-        return start, end
-    if end <= start:
-        return offsets[start], offsets[start]
-    return offsets[start], offsets[end - 1] + 1
-
-
-_MARKER_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):(?:[0-9a-f]{32}|masked)>")
-# Labels of markers the redactor itself writes besides entity kinds.
-WITHHELD = "WITHHELD"
-EMBEDDED_PII = "EMBEDDED_PII"
-_OWN_LABELS = frozenset({WITHHELD, EMBEDDED_PII, "PII"})
-
-
-def _blank_markers(view: str, labels: frozenset[str] | None) -> str:
-    """Blank the tokens and masks of known kinds (never analyzed again). A marker-shaped
-    string with any other label is analyzed like any text (``<AKIA…:masked>`` is a key)."""
-    if "<" not in view:
-        return view
-
-    def blank(m: re.Match[str]) -> str:
-        if labels is None or m.group(1) in labels:
-            return _BLANK * len(m.group(0))
-        return m.group(0)
-
-    return _MARKER_RE.sub(blank, view)
-
-
-def analysis_view(text: str, labels: frozenset[str] | None = None) -> str:
-    """The text the recognizers see (see :func:`fold_text`), markers of ``labels`` blanked
-    (every marker when ``labels`` is None)."""
-    return _blank_markers(fold_text(text)[0], labels)
-
-
-# A data URL's base64 payload: decoded and analyzed as text (when it is text), never as
-# base64 gibberish; what follows it is analyzed as usual.
-_DATA_URL = re.compile(
-    r"data:[A-Za-z0-9.+\-]{1,64}/[A-Za-z0-9.+\-]{1,64}(?:;[A-Za-z0-9.+\-=]{1,64}){0,4};base64,"
-    r"(?P<p>[A-Za-z0-9+/_\-]{16,}={0,2})(?=[\s\"'`)>\],;}\x00]|$)", re.ASCII)
-_DATA_URL_DECODE_MAX = 4_000_000
-
-
-def _decode_payload(payload: str) -> str | None:
-    """The payload as text, or None if it is not base64 of UTF-8 text."""
-    import base64
-    import binascii
-
-    if len(payload) > _DATA_URL_DECODE_MAX:
-        return None
-    raw = payload.replace("-", "+").replace("_", "/")
-    raw += "=" * (-len(raw) % 4)
-    try:
-        data = base64.b64decode(raw, validate=True)
-        text = data.decode("utf-8")
-    except (binascii.Error, ValueError):
-        return None
-    if not text or sum(1 for c in text[:4096] if c.isprintable() or c in "\t\r\n") < 0.9 * min(
-            len(text), 4096):
-        return None
-    return text
-
-
-def _may_have_pii(s: str) -> bool:
-    """False only for text in which no built-in recognizer can match (cheap, conservative):
-    non-ASCII text always goes to the analysis view and its own pre-filter."""
-    if len(s) > _SLICE:
-        return True  # long text is pre-filtered chunk by chunk in _raw_detect
-    return not s.isascii() or CANDIDATE_RE.search(s) is not None
-
-
-CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP
-SECRET_OVERLAP = 4096
-# Joins the strings of one JSON document for a single analyzer call: NUL is blank to every
-# recognizer (not a word character, not whitespace, not phone punctuation).
-_BATCH_SEP = "\x00\x00\n\x00\x00"
-
-# Tie-breakers when detections overlap: higher score, then longer span, then this priority.
-_PRIORITY = {API_SECRET: 9, "CN_RESIDENT_ID": 8, "CREDIT_CARD": 7, "IBAN_CODE": 7,
-             "EMAIL_ADDRESS": 6, "CN_MOBILE": 6, "US_SSN": 5, "IP_ADDRESS": 5, "CRYPTO": 5,
-             "PHONE_NUMBER": 3}
-
-
-_JSON_WS = " \t\r\n"
-
-
-def _looks_like_json(s: str) -> bool:
-    if len(s) < 2:
-        return False
-    head, tail = s[0], s[-1]
-    if head in _JSON_WS or tail in _JSON_WS:
-        head, tail = s.lstrip()[:1], s.rstrip()[-1:]
-    return (head == "{" and tail == "}") or (head == "[" and tail == "]")
-
-
-def _dump_like(original: str, value: Any) -> str:
-    """Serialize ``value`` in roughly the style of ``original``."""
-    ensure_ascii = original.isascii() and "\\u" in original
-    if "\n" in original.strip():
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=2)
-    if ": " in original or ", " in original:
-        return json.dumps(value, ensure_ascii=ensure_ascii)
-    return json.dumps(value, ensure_ascii=ensure_ascii, separators=(",", ":"))
-
-
-# --------------------------------------------------------------------------------------------
-# Caches
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Cached:
-    text: str
-    vault: tuple[VaultEntry, ...]
-    entities: tuple[Entity, ...]
-
-
-class _Cache:
-    """A bounded map: at most ``max_entries`` entries and about ``max_chars`` characters.
-
-    Reads take no lock (a dict lookup is atomic); writes take one. Eviction is first-in,
-    first-out: an entry that is still in use is simply recomputed (and re-cached) after
-    eviction, which costs one analysis.
-    """
-
-    def __init__(self, max_entries: int, max_chars: int) -> None:
-        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._max_entries = max_entries
-        self._max_chars = max_chars
-        self._chars = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any:
-        item = self._data.get(key)
-        return None if item is None else item[0]
-
-    def put(self, key: Hashable, value: Any, size: int) -> None:
-        if self._max_entries <= 0 or size > self._max_chars // 4:
-            return  # one huge value must not flush everything else
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._chars -= old[1]
-            self._data[key] = (value, size)
-            self._chars += size
-            while self._data and (len(self._data) > self._max_entries
-                                  or self._chars > self._max_chars):
-                self._chars -= self._data.popitem(last=False)[1][1]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self._chars = 0
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
-class _StrongRef:
-    """Stands in for a weak reference to an object that does not support weak references."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
-
-
-class _IdentityCache:
-    """Per-object results, first-in first-out, lock-free reads, bounded by entry count and an
-    approximate size budget.
-
-    Entries are keyed by ``id(obj)`` and hold only a weak reference to ``obj`` (the cache
-    never keeps a message alive). When an object dies its key is queued and purged on the
-    next write; until then ``get`` ignores the entry because the reference is dead.
-    """
-
-    def __init__(self, max_entries: int, max_chars: int) -> None:
-        self._data: OrderedDict[int, tuple[Any, ...]] = OrderedDict()
-        self._max_entries = max_entries
-        self._max_chars = max_chars
-        self._chars = 0
-        self._dead: list[int] = []
-        self._lock = threading.Lock()
-
-    def get(self, obj: Any) -> tuple[Any, ...] | None:
-        entry = self._data.get(id(obj))
-        if entry is None or entry[0]() is not obj:
-            return None
-        return entry
-
-    def put(self, obj: Any, size: int, *fields: Any) -> None:
-        if self._max_entries <= 0 or size > self._max_chars // 4:
-            return
-        key = id(obj)
-        try:
-            ref: Any = weakref.KeyedRef(obj, self._gone, key)
-        except TypeError:
-            ref = _StrongRef(obj)
-        with self._lock:
-            while self._dead:
-                dead = self._dead.pop()
-                entry = self._data.get(dead)
-                if entry is not None and entry[0]() is None:
-                    self._chars -= self._data.pop(dead)[1]
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._chars -= old[1]
-            self._data[key] = (ref, size, *fields)
-            self._chars += size
-            while self._data and (len(self._data) > self._max_entries
-                                  or self._chars > self._max_chars):
-                self._chars -= self._data.popitem(last=False)[1][1]
-
-    def _gone(self, ref: Any) -> None:
-        self._dead.append(ref.key)  # no dict mutation here: this may run inside a GC pass
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self._dead.clear()
-            self._chars = 0
-
-
-def _vault_size(vault: Sequence[VaultEntry]) -> int:
-    return sum(len(v.value) + 80 for v in vault)
-
-
-# --------------------------------------------------------------------------------------------
 # Per-call state
 # --------------------------------------------------------------------------------------------
-class _Overrun(Exception):  # internal control flow: never escapes the redactor
-    """The analysis of one value ran past its time budget."""
-
-
 class _Call:
     """State of one call: context, policy, key, collected vault entries and counters."""
 
@@ -541,7 +111,7 @@ class _Call:
 # --------------------------------------------------------------------------------------------
 # Redactor
 # --------------------------------------------------------------------------------------------
-class Redactor:
+class Redactor(Detection):
     """Finds personal data and secrets in LangGraph state and replaces them per a policy.
 
     One instance can be shared by threads; the presidio engine is built lazily on first use
@@ -1038,165 +608,6 @@ class Redactor:
         if out != s:  # a redaction output is done: never analyze it again
             self._text_cache.put((call.ctx, out), _Cached(out, (), ()), len(out) + 64)
         return entry
-
-    def _analyze(self, text: str, entities: Sequence[str],
-                 threshold: float) -> list[RecognizerResult]:
-        if not entities:
-            return []
-        results: list[RecognizerResult] = self.analyzer.analyze(
-            text=text, language=LANGUAGE, entities=list(entities),
-            nlp_artifacts=self._artifacts, score_threshold=threshold)
-        return results
-
-    def _detect(self, text: str, policy: RedactionPolicy) -> list[Entity]:
-        return self._finish(text, self._raw_detect(text, policy), policy)
-
-    def _raw_detect(self, text: str, policy: RedactionPolicy,
-                    deadline: float | None = None,
-                    nested: bool = False) -> dict[tuple[str, int, int], float]:
-        """{(kind, start, end): score} for every detection in ``text``, before filtering.
-
-        Raises ``_Overrun`` once the analysis has taken longer than the policy's budget
-        (``time_budget`` seconds per ``max_chars`` characters, at least one unit)."""
-        if len(text) > policy.hard_max_chars:
-            raise RedactionError(
-                f"a {len(text)}-character string exceeds hard_max_chars="
-                f"{policy.hard_max_chars}; it was not stored. Raise the limit in the policy or "
-                "keep such payloads out of the graph state")
-        self._ensure_engine()
-        clock = self._clock
-        if deadline is None:
-            units = max(1, -(-len(text) // policy.max_chars))
-            deadline = clock() + policy.time_budget * units
-
-        def check() -> None:
-            if clock() > deadline:
-                raise _Overrun("time budget")
-            if len(found) > policy.max_detections:
-                raise _Overrun("detection cap")
-
-        pattern_entities = self._pattern_entities or ()
-        folded, offsets = fold_text(text)
-        view = _blank_markers(folded, self._known_labels)
-        threshold = policy.score_threshold
-        found: dict[tuple[str, int, int], float] = {}
-
-        def collect(results: Sequence[RecognizerResult], offset: int = 0) -> None:
-            for r in results:
-                start, end = _map_span(offsets, r.start + offset, r.end + offset)
-                k = (r.entity_type, start, end)
-                if found.get(k, -1.0) < r.score:
-                    found[k] = r.score
-
-        if "base64," in view:
-            view = self._data_urls(view, policy, deadline, nested, collect)
-        if len(view) <= policy.max_chars:
-            if not (self._prefilter and CANDIDATE_RE.search(view) is None):
-                collect(self._analyze(view, pattern_entities, threshold))
-                check()
-        else:
-            # Chunks overlap by SECRET_OVERLAP characters, so that any value shorter than that
-            # is whole in some chunk; private-key blocks (longer) get one pass of their own.
-            # Every regex call then scans at most max_chars characters: the GIL is released
-            # often enough for the event loop of an async caller to keep running.
-            logger.debug("analyzing a %d-character string in chunks of %d", len(text),
-                         policy.max_chars)
-            step = policy.max_chars - min(SECRET_OVERLAP, policy.max_chars // 2)
-            for start in range(0, len(view), step):
-                chunk = view[start:start + policy.max_chars]
-                if not (self._prefilter and CANDIDATE_RE.search(chunk) is None):
-                    collect(self._analyze(chunk, pattern_entities, threshold), start)
-                    check()
-                time.sleep(0)  # hand the GIL over between chunks (an event loop may wait)
-                if start + policy.max_chars >= len(view):
-                    break
-            if API_SECRET in pattern_entities:
-                collect([RecognizerResult(API_SECRET, s, e, score)
-                         for s, e, score in private_key_spans(view)])
-                check()
-        if self._ner_entities and not nested:
-            ner_text = _MARKER_RE.sub(lambda m: " " * len(m.group(0)), text)
-            for r in self.analyzer.analyze(text=ner_text, language=LANGUAGE,
-                                           entities=list(self._ner_entities),
-                                           score_threshold=threshold):
-                k = (r.entity_type, r.start, r.end)
-                if found.get(k, -1.0) < r.score:
-                    found[k] = r.score
-            check()
-        return found
-
-    def _data_urls(self, view: str, policy: RedactionPolicy, deadline: float, nested: bool,
-                   collect: Callable[[Sequence[RecognizerResult]], None]) -> str:
-        """Decode each data URL's base64 payload: a payload whose text holds anything
-        detectable is reported whole as ``EMBEDDED_PII``; the payload is then blanked in the
-        view (base64 is not text), and what follows it is analyzed as usual."""
-        parts: list[str] = []
-        pos = 0
-        for m in _DATA_URL.finditer(view):
-            start, end = m.span("p")
-            decoded = None if nested else _decode_payload(m.group("p"))
-            if decoded is not None and self._raw_detect(decoded, policy, deadline, True):
-                collect([RecognizerResult(EMBEDDED_PII, start, end, 1.0)])
-            parts.append(view[pos:start])
-            parts.append(_BLANK * (end - start))
-            pos = end
-        if not parts:
-            return view
-        parts.append(view[pos:])
-        return "".join(parts)
-
-    @staticmethod
-    def _finish(text: str, found: Mapping[tuple[str, int, int], float],
-                policy: RedactionPolicy) -> list[Entity]:
-        """Apply the allowlist and label vetoes, then resolve overlaps."""
-        candidates = []
-        for (kind, start, end), score in found.items():
-            value = text[start:end]
-            if (not value.strip() or policy.is_allowed(value)
-                    or label_veto(kind, text, start, end)):
-                continue
-            candidates.append(Entity(kind, start, end, score, value))
-        return _resolve_overlaps(candidates)
-
-    @staticmethod
-    def _apply(text: str, entities: Sequence[Entity], policy: RedactionPolicy,
-               key: bytes) -> tuple[str, list[VaultEntry]]:
-        parts: list[str] = []
-        vault: dict[str, VaultEntry] = {}
-        pos = 0
-        for e in entities:
-            action = policy.action_for(e.kind)
-            if action is Action.KEEP:
-                continue
-            parts.append(text[pos:e.start])
-            if action is Action.TOKENIZE:
-                token = make_token(key, e.kind, e.text)
-                parts.append(token)
-                vault.setdefault(token, VaultEntry(token, e.kind, e.text))
-            elif action is Action.MASK:
-                parts.append(mask_marker(e.kind))
-            pos = e.end
-        if not parts:
-            return text, []
-        parts.append(text[pos:])
-        return "".join(parts), list(vault.values())
-
-
-def _resolve_overlaps(candidates: list[Entity]) -> list[Entity]:
-    """Keep the best of overlapping detections: higher score, longer span, then priority."""
-    ranked = sorted(candidates, key=lambda e: (-e.score, -(e.end - e.start),
-                                               -_PRIORITY.get(e.kind, 1), e.start))
-    starts: list[int] = []  # sorted, non-overlapping accepted spans
-    taken: list[Entity] = []
-    for e in ranked:
-        i = bisect.bisect_right(starts, e.start)
-        if i > 0 and taken[i - 1].end > e.start:
-            continue
-        if i < len(taken) and taken[i].start < e.end:
-            continue
-        starts.insert(i, e.start)
-        taken.insert(i, e)
-    return taken
 
 
 _TOKEN_BYTES_RE = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")

@@ -1,0 +1,64 @@
+"""Tokens and markers: ``<KIND:32 hex>`` tokens (a keyed HMAC of the normalized value, so the
+same value always gives the same token per tenant) and ``<KIND:masked>`` markers.
+
+Pure functions of their inputs; no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+import unicodedata
+
+# --------------------------------------------------------------------------------------------
+# Tokens and markers
+# --------------------------------------------------------------------------------------------
+TOKEN_HEX_CHARS = 32
+TOKEN_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):([0-9a-f]{32})>")
+_KIND_SAFE = re.compile(r"[^A-Z0-9_]")
+_TOKEN_DOMAIN = b"langgraph-securesaver/redaction/token/v1\x00"
+
+
+def _kind_label(kind: str) -> str:
+    label = _KIND_SAFE.sub("_", kind.upper())[:64] or "PII"
+    return label if label[0].isalpha() else "PII_" + label[:59]
+
+
+def normalize_value(kind: str, value: str) -> str:
+    """The form of ``value`` that is tokenized: equal normalized values share a token."""
+    v = unicodedata.normalize("NFKC", value)
+    if not v.isascii():  # the same value in other digits/dots gets the same token
+        v = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else
+                    "." if c in "\u3002\uff61" else c for c in v
+                    if unicodedata.category(c) != "Cf")
+    v = v.strip()
+    if kind == "EMAIL_ADDRESS":
+        return v.casefold()
+    if kind in ("PHONE_NUMBER", "CN_MOBILE"):
+        digits = "".join(c for c in v if c.isdigit())
+        if kind == "CN_MOBILE" and len(digits) > 11:
+            digits = digits[-11:]
+        return ("+" if v.startswith("+") and kind == "PHONE_NUMBER" else "") + digits
+    if kind in ("CN_RESIDENT_ID", "CREDIT_CARD", "IBAN_CODE", "US_SSN"):
+        return "".join(c for c in v if c not in " -.").upper()
+    if kind == "IP_ADDRESS":
+        try:
+            return ipaddress.ip_interface(v).compressed
+        except ValueError:
+            return v.lower()
+    return v
+
+
+def make_token(token_key: bytes, kind: str, value: str) -> str:
+    """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value)."""
+    label = _kind_label(kind)
+    msg = (_TOKEN_DOMAIN + label.encode("ascii") + b"\x00"
+           + normalize_value(kind, value).encode("utf-8", "surrogatepass"))
+    digest = hmac.new(token_key, msg, hashlib.sha256).hexdigest()[:TOKEN_HEX_CHARS]
+    return f"<{label}:{digest}>"
+
+
+def mask_marker(kind: str) -> str:
+    return f"<{_kind_label(kind)}:masked>"
