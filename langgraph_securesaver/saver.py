@@ -41,7 +41,7 @@ from .errors import (
 )
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .keyring import KeyProvider, Keyring
-from .ops import threads
+from .ops import copying, threads
 from .ops.api import SaverOperations
 from .pii_layer import METADATA_CHANNEL, PiiLayer  # noqa: F401 - METADATA_CHANNEL re-exported
 from .pii_vault import PiiVault
@@ -413,21 +413,12 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
         with _tenant_pinned(tenant):
-            src: RunnableConfig = {"configurable": {"thread_id": str(source_thread_id),
-                                                    "tenant_id": tenant}}
-            dst: RunnableConfig = {"configurable": {"thread_id": str(target_thread_id),
-                                                    "tenant_id": tenant}}
-            if self.get_tuple(dst) is not None:
-                raise ConfigurationError(
-                    f"copy_thread target {target_thread_id!r} already has checkpoints")
-            tuples = list(self.list(src))
-            for tup in reversed(tuples):
-                for cfg, ckpt, md, versions, writes in _copy_plan(tup, dst):
-                    saved = self.put(cfg, ckpt, md, versions)
-                    for task_id, task_writes in writes.items():
-                        self.put_writes(saved, task_writes, task_id)
-        self.registry.record_event("thread_copied", tenant=tenant, thread_id=str(target_thread_id),
-                                   source=str(source_thread_id), checkpoints=len(tuples))
+            copied = copying.run_steps(
+                copying.copy_steps(tenant, source_thread_id, target_thread_id),
+                {"get_tuple": self.get_tuple, "list": lambda c: list(self.list(c)),
+                 "put": self.put, "put_writes": self.put_writes})
+        self.registry.record_event("thread_copied", tenant=tenant, thread_id=target_thread_id,
+                                   source=source_thread_id, checkpoints=copied)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         tenant = self._gate.resolve_tenant("prune")
@@ -550,24 +541,17 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = await self._gate.aresolve_tenant("copy_thread", thread_id=str(source_thread_id))
+
+        async def alist(config: RunnableConfig) -> builtins.list[CheckpointTuple]:
+            return [t async for t in self.alist(config)]
         with _tenant_pinned(tenant):
-            src: RunnableConfig = {"configurable": {"thread_id": str(source_thread_id),
-                                                    "tenant_id": tenant}}
-            dst: RunnableConfig = {"configurable": {"thread_id": str(target_thread_id),
-                                                    "tenant_id": tenant}}
-            if await self.aget_tuple(dst) is not None:
-                raise ConfigurationError(
-                    f"copy_thread target {target_thread_id!r} already has checkpoints")
-            tuples = [t async for t in self.alist(src)]
-            for tup in reversed(tuples):
-                for cfg, ckpt, md, versions, writes in _copy_plan(tup, dst):
-                    saved = await self.aput(cfg, ckpt, md, versions)
-                    for task_id, task_writes in writes.items():
-                        await self.aput_writes(saved, task_writes, task_id)
+            copied = await copying.arun_steps(
+                copying.copy_steps(tenant, source_thread_id, target_thread_id),
+                {"get_tuple": self.aget_tuple, "list": alist, "put": self.aput,
+                 "put_writes": self.aput_writes})
         await asyncio.to_thread(
             self.registry.record_event, "thread_copied", tenant=tenant,
-            thread_id=str(target_thread_id), source=str(source_thread_id),
-            checkpoints=len(tuples))
+            thread_id=target_thread_id, source=source_thread_id, checkpoints=copied)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         tenant = await self._gate.aresolve_tenant("prune")
@@ -943,21 +927,6 @@ def _tenant_pinned(tenant: str) -> Iterator[None]:
         return
     with tenant_scope(tenant):
         yield
-
-
-def _copy_plan(tup: CheckpointTuple, dst: RunnableConfig) -> Iterator[
-        tuple[RunnableConfig, Checkpoint, CheckpointMetadata, ChannelVersions,
-              dict[str, list[tuple[str, Any]]]]]:
-    conf = dict(dst["configurable"])
-    conf["checkpoint_ns"] = tup.config["configurable"].get("checkpoint_ns", "")
-    if tup.parent_config is not None:
-        conf["checkpoint_id"] = tup.parent_config["configurable"]["checkpoint_id"]
-    writes: dict[str, list[tuple[str, Any]]] = {}
-    for task_id, channel, value in tup.pending_writes or []:
-        writes.setdefault(task_id, []).append((channel, value))
-    checkpoint = tup.checkpoint
-    yield ({"configurable": conf}, checkpoint, tup.metadata,
-           dict(checkpoint["channel_versions"]), writes)
 
 
 def _thread_id(value: Any, what: str = "a thread id") -> str:
