@@ -1,10 +1,12 @@
 """SecureSaver: a BaseCheckpointSaver that encrypts, isolates and records around any saver.
 
-The shared logic (what gets sealed, with which associated data, and how a tuple is opened and
-verified) lives in :class:`SealedCodec` and in the ``_prepare_*``/``_open_*`` helpers; the sync
-and async methods are thin wrappers that only differ in how they reach the inner saver and the
-registry (async paths never block the event loop: registry calls and sync-only inner savers run
-in a worker thread).
+This module is the checkpointer itself: construction, ``from_url``, and the contract
+(get_tuple, list, put, put_writes, delete_thread, delete_for_runs, copy_thread, prune and their
+async twins). Each call reads put -> tenancy (:mod:`.gate`) -> redaction (:mod:`.pii_layer`)
+-> seal (:mod:`.seal`) -> inner saver, and back. Sync and async methods differ only in how
+they reach the inner saver and the registry (async paths never block the event loop). The
+operations (retention, shredding, PII, keys, audit, scan, rotation) are inherited from
+:class:`.ops.api.SaverOperations` and reach this saver only through ``self.services``.
 """
 
 from __future__ import annotations
