@@ -237,7 +237,7 @@ def recover(
     """
     import json
 
-    from .idempotency.recovery import recover_main
+    from .recover import recover_main
     from .retention import parse_duration
     tenant = tenant_arg(tenant)
     from .idempotency.recovery import async_url

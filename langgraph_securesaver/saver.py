@@ -60,7 +60,7 @@ from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
 from .seal import (
     PARSE_ERRORS as _PARSE_ERRORS,
 )
-from .services import SaverServices, register_saver_class
+from .services import SaverServices
 from .storage_ops import DELTA_METADATA_KEYS, ops_for
 from .strict_serde import install_strict_serde
 from .tenancy import (
@@ -1019,8 +1019,6 @@ def _sqlite_path(inner: BaseCheckpointSaver) -> str | None:
             return file or ""
     return ""
 
-
-register_saver_class(SecureSaver)
 
 # names other modules imported from here before the split (kept for compatibility)
 _Denial = Denial

@@ -188,23 +188,6 @@ class SaverLike(Protocol):
                       ) -> dict[tuple[str, str], dict[str, int]]: ...
 
 
-_SAVER_CLASS: list[type[Any]] = []
-
-
-def register_saver_class(cls: type[Any]) -> None:
-    """Called once by ``saver.py`` (imported by the package ``__init__``, so always before
-    anything below it runs): lets entry points of lower layers that open a saver from a URL
-    (``idempotency.recover_main``) build one without importing the layer above them."""
-    _SAVER_CLASS[:] = [cls]
-
-
-def saver_class() -> type[Any]:
-    """The SecureSaver class (see :func:`register_saver_class`)."""
-    if not _SAVER_CLASS:  # pragma: no cover - the package __init__ imports saver.py
-        raise RuntimeError("langgraph_securesaver.saver was not imported")
-    return _SAVER_CLASS[0]
-
-
 def services_of(saver: Any) -> SaverServices | None:
     """``saver.services`` when ``saver`` is a SecureSaver (duck-typed: this layer may not
     import the saver), else None."""

@@ -7,6 +7,8 @@ ToolNode wrapper, a durability guard, replay-aware tracing, and stalled-run reco
 See docs/idempotency.md.
 """
 
+# the entry point of `securesaver recover` opens a SecureSaver: it lives above the saver
+from ..recover import recover_main
 from .context import (
     current_fencing_token,
     current_idempotency_key,
@@ -42,7 +44,6 @@ from .recovery import (
     arecover_stalled,
     dead_letters_of,
     mark_recoverable,
-    recover_main,
     recover_stalled,
     recovery_state,
     unmark_recoverable,

@@ -72,7 +72,7 @@ def thread_purgers(services: SaverServices
 def idempotency_store(services: SaverServices) -> Any:
     """The idempotency store on this saver's database (None if that component is absent)."""
     try:
-        from ..idempotency import IdempotencyStore
+        from ..idempotency.store import IdempotencyStore
     except ImportError:
         return None
     return IdempotencyStore.for_services(services)
