@@ -143,14 +143,14 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         install_strict_serde(inner)  # the inner saver decodes only what SecureSaver stores
         self.inner = inner
         self.keyring = keyring
-        self.registry = self._make_registry(inner, registry)
+        self.registry = _registry_for(inner, registry)
         self.keys = KeyManager(keyring, self.registry)
         self.default_tenant = validate_tenant(default_tenant) if default_tenant else None
         allow = frozenset(metadata_allowlist) if metadata_allowlist is not None else (
             DEFAULT_METADATA_ALLOWLIST)
         self.metadata_allowlist = allow | frozenset(DELTA_METADATA_KEYS)
         self.blind_index = blind_index
-        self.redactor = self._make_redactor(redaction)
+        self.redactor = _redactor_for(redaction)
         self.vault = PiiVault(self.registry)
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise ConfigurationError("retention must be a RetentionPolicy or None")
@@ -167,39 +167,6 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         # savers that keep each channel version once (as a blob) and ignore values whose
         # version did not change: those values need not be sealed at all
         self._versioned_blobs = _stores_versioned_blobs(inner)
-
-    # construction helpers -----------------------------------------------------------------
-    @staticmethod
-    def _make_registry(inner: BaseCheckpointSaver, registry: Registry | str | None) -> Registry:
-        if isinstance(registry, Registry):
-            return registry
-        if isinstance(registry, str):
-            return Registry(registry)
-        if isinstance(inner, InMemorySaver):
-            return Registry.in_memory()
-        path = _sqlite_path(inner)
-        if path == "":
-            return Registry.in_memory()
-        if path is not None:
-            return Registry(f"sqlite:///{path}")
-        raise ConfigurationError(
-            f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
-            "wrapped tenant keys and must be as durable as the checkpoints (usually the same "
-            "database; SecureSaver.from_url does this for you)")
-
-    @staticmethod
-    def _make_redactor(redaction: Any) -> Any:
-        if redaction is None:
-            return None
-        if redaction is DEFAULT:
-            try:
-                from .redaction import Redactor
-            except ImportError:  # redaction package not importable: fail closed
-                raise ConfigurationError(
-                    "redaction is on by default but langgraph_securesaver.redaction could not "
-                    "be imported; pass redaction=None to run without it") from None
-            return Redactor()
-        return redaction
 
     @property
     def codec(self) -> SealedCodec:
@@ -970,6 +937,39 @@ async def _aiter(rows: Any) -> AsyncIterator[Any]:
     else:
         for row in rows:
             yield row
+
+
+# construction helpers -----------------------------------------------------------------------
+def _registry_for(inner: BaseCheckpointSaver, registry: Registry | str | None) -> Registry:
+    if isinstance(registry, Registry):
+        return registry
+    if isinstance(registry, str):
+        return Registry(registry)
+    if isinstance(inner, InMemorySaver):
+        return Registry.in_memory()
+    path = _sqlite_path(inner)
+    if path == "":
+        return Registry.in_memory()
+    if path is not None:
+        return Registry(f"sqlite:///{path}")
+    raise ConfigurationError(
+        f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
+        "wrapped tenant keys and must be as durable as the checkpoints (usually the same "
+        "database; SecureSaver.from_url does this for you)")
+
+
+def _redactor_for(redaction: Any) -> Any:
+    if redaction is None:
+        return None
+    if redaction is DEFAULT:
+        try:
+            from .redaction import Redactor
+        except ImportError:  # redaction package not importable: fail closed
+            raise ConfigurationError(
+                "redaction is on by default but langgraph_securesaver.redaction could not "
+                "be imported; pass redaction=None to run without it") from None
+        return Redactor()
+    return redaction
 
 
 def _stores_versioned_blobs(inner: BaseCheckpointSaver) -> bool:
