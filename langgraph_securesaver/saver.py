@@ -410,21 +410,35 @@ class _SealedCodec:
 
     def _verify_writes(self, keys: TenantKeys, ref: ThreadRef, cid: str, tup: CheckpointTuple
                        ) -> builtins.list[tuple[str, str, bytes]]:
+        """Authenticate a checkpoint's pending writes; (task id, channel, plaintext) in
+        ``writes_sort_key`` order of what was sealed.
+
+        A task may have several put_writes calls (LangGraph saves its interrupts, resumes and
+        errors apart from its other writes, a null task's writes accumulate, a caller may save
+        an interrupt again under the same task id): the inner savers key a write by (task id,
+        idx), ignore a regular write whose key exists and upsert a special one. Whatever the
+        sequence, the stored rows of a task are unique in idx and the savers return them in
+        ``writes_sort_key`` order of their stored (task path, idx), which the sealed header
+        repeats. So, per task: the sealed (task path, idx) must strictly increase in the
+        returned order (a copied row repeats a key; swapped idx values put the sealed keys out
+        of order) and every idx a stored write's call claimed must be present (a dropped
+        write; a later call's upsert replaces a row at the same idx, it never removes one).
+        A task whose every write was deleted looks like a task that never saved (re-run)."""
         rows = tup.pending_writes or []
         if not rows:
             return []
         parsed = []
-        last: dict[str, int] = {}
+        last: dict[str, tuple[str, int]] = {}
         present: dict[str, builtins.set[int]] = {}
         claimed: dict[str, builtins.set[int]] = {}
         for row in rows:
             task_id, ch, tok = row
             path, idx, n, specials, body = self.split_write(
                 keys.open(tok, self.write_aad(ref, cid, task_id, ch)))
-            if task_id in last and idx <= last[task_id]:
+            if task_id in last and (path, idx) <= last[task_id]:
                 raise TamperedDataError(
                     f"pending writes of task {task_id!r} are duplicated or reordered")
-            last[task_id] = idx
+            last[task_id] = (path, idx)
             present.setdefault(task_id, builtins.set()).add(idx)
             claimed.setdefault(task_id, builtins.set()).update(_call_indexes(n, specials))
             parsed.append((path, task_id, idx, ch, body))
@@ -1028,10 +1042,12 @@ class SecureSaver(BaseCheckpointSaver):
         ref = self._scoped(lambda: self._ref(config, "put_writes"))
         inner = self._sync_inner("put_writes")
         keys = self._keys(ref.tenant)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, task_path)
+        optional = self._optional("put_writes", task_path=task_path)
+        # sealed with the task path the inner saver stores (none if it takes none)
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
+                                               optional.get("task_path", ""))
         self.vault.store(keys, ref.thread_id, new_pii)
-        inner.put_writes(self._inner_config(ref, config), sealed, task_id,
-                         **self._optional("put_writes", task_path=task_path))
+        inner.put_writes(self._inner_config(ref, config), sealed, task_id, **optional)
 
     def delete_thread(self, thread_id: str) -> None:
         thread_id = _thread_id(thread_id)
@@ -1278,16 +1294,17 @@ class SecureSaver(BaseCheckpointSaver):
                           task_id: str, task_path: str = "") -> None:
         ref = await self._ascoped(lambda: self._ref(config, "put_writes"))
         keys = await self._akeys(ref.tenant)
+        optional = self._optional("put_writes", task_path=task_path)
+        path = optional.get("task_path", "")  # as the inner saver stores it
         if self.redactor is not None:  # redaction is CPU work: never on the event loop
             sealed, new_pii = await asyncio.to_thread(
-                self._prepare_writes, keys, ref, config, writes, task_id, task_path)
+                self._prepare_writes, keys, ref, config, writes, task_id, path)
         else:
-            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
-                                                   task_path)
+            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, path)
         if new_pii:
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
-                           **self._optional("put_writes", task_path=task_path))
+                           **optional)
 
     async def adelete_thread(self, thread_id: str) -> None:
         thread_id = _thread_id(thread_id)
