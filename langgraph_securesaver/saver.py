@@ -13,6 +13,7 @@ import asyncio
 import builtins
 import collections
 import inspect
+import itertools
 import json
 import logging
 import re
@@ -458,7 +459,7 @@ class _SealedCodec:
             if len(present) != len(idxs):
                 raise TamperedDataError(
                     f"pending writes of task {task_id!r} are duplicated or reordered")
-            if len(paths[task_id]) == 1 and any(a >= b for a, b in zip(idxs, idxs[1:])):
+            if len(paths[task_id]) == 1 and any(a >= b for a, b in itertools.pairwise(idxs)):
                 raise TamperedDataError(
                     f"pending writes of task {task_id!r} are duplicated or reordered")
             if not claimed[task_id] <= present:

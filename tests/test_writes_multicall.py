@@ -124,7 +124,7 @@ def _same(wrapped: list[Any] | None, raw: list[Any], backend: str) -> None:
 
 def test_multi_call_writes_read_back_as_raw(database: tuple[str, str, Raw], keyring: Keyring,
                                             tmp_path: Path) -> None:
-    backend, url, raw = database
+    backend, url, _raw = database
     want = _raw_answer(backend, url, tmp_path)
     # the raw saver kept the first regular writes, the last special ones and added idx 2
     assert ("task-a", INTERRUPT, "second, again?") in want
@@ -141,7 +141,7 @@ def test_multi_call_writes_read_back_as_raw(database: tuple[str, str, Raw], keyr
 
 def test_multi_call_writes_read_back_as_raw_async(database: tuple[str, str, Raw],
                                                   keyring: Keyring, tmp_path: Path) -> None:
-    backend, url, raw = database
+    backend, url, _raw = database
     want = _raw_answer(backend, url, tmp_path)
 
     async def main() -> None:
