@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import inspect
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.memory import InMemorySaver
@@ -167,6 +169,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         # savers that keep each channel version once (as a blob) and ignore values whose
         # version did not change: those values need not be sealed at all
         self._versioned_blobs = _stores_versioned_blobs(inner)
+        self._accepted: dict[str, frozenset[str]] = {}
 
     @property
     def codec(self) -> SealedCodec:
@@ -211,10 +214,32 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
                     "graph.ainvoke/astream) instead of the sync API, or wrap a sync saver")
         return self.inner
 
+    def _inner_list(self, inner: BaseCheckpointSaver, config: RunnableConfig | None,
+                    **kwargs: Any) -> Iterator[CheckpointTuple]:
+        """The inner saver's listing for the sync API. An async-only saver's own sync bridge
+        abandons its async generator when closed early (finalized later, in whatever thread);
+        here it is driven on its loop and closed there."""
+        if not self._async_only:
+            return inner.list(config, **kwargs)
+        return _bridged(inner.alist(config, **kwargs), self.inner.loop)  # type: ignore[attr-defined]
+
     async def _ainner(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._sync_only:
             return await asyncio.to_thread(getattr(self.inner, name), *args, **kwargs)
         return await getattr(self.inner, "a" + name)(*args, **kwargs)
+
+    def _optional(self, operation: str, **params: Any) -> dict[str, Any]:
+        """The optional BaseCheckpointSaver parameters the inner saver's method accepts.
+
+        Decided from the method's signature, as LangGraph decides for ``task_path``
+        (``put_writes_accepts_task_path``): a saver written before a parameter existed keeps
+        working wrapped exactly as it does raw. The sync-only path of the async API calls the
+        sync method, so that one's signature counts there."""
+        name = operation if self._sync_only else "a" + operation
+        accepted = self._accepted.get(name)
+        if accepted is None:
+            accepted = self._accepted[name] = _accepted_params(getattr(self.inner, name))
+        return {k: v for k, v in params.items() if k in accepted}
 
     @staticmethod
     def _inner_config(ref: ThreadRef, config: RunnableConfig | None = None,
@@ -228,6 +253,11 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         return {"configurable": out}
 
     def _outer(self, tenant: str) -> Callable[[RunnableConfig | None], RunnableConfig | None]:
+        """Configs as the caller sees them: the inner saver's, with the thread id unprefixed.
+        Tenant namespacing stays invisible (``tenant_id`` is added back by :func:`_named_tup`
+        / :func:`_named_cfg` only when the caller's own config named it: LangGraph merges
+        returned configs into the run config and copies configurable scalars into later
+        checkpoints' metadata, so anything added here would spread)."""
         def convert(config: RunnableConfig | None) -> RunnableConfig | None:
             if config is None:
                 return None
@@ -236,7 +266,6 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             if thread is None:
                 raise TamperedDataError("inner saver returned a thread of another tenant")
             conf["thread_id"] = thread
-            conf["tenant_id"] = tenant
             return {"configurable": conf}
         return convert
 
@@ -313,7 +342,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             {} if self.redactor is not None else None)
         opened = self._open_checked(keys, ref, tup, known)
         self._remember_tokens(ref, tup)
-        return self._pii.restore(keys, opened, known)
+        return _named_tup(self._pii.restore(keys, opened, known), config, ref.tenant)
 
     def list(
         self,
@@ -332,14 +361,17 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         yielded = 0
         rows = _listing(tenant, lambda: self._inner_rows(
             tenant, inner_config, inner_filter, inner_before, limit, one_thread))
-        for tup in rows:
-            listed = self._open_listed(keys, tenant, tup, rows.drain)
-            if listed is None:
-                continue
-            yield self._pii.restore(keys, *listed)
-            yielded += 1
-            if limit is not None and yielded >= limit:
-                return
+        try:  # early exit (limit, error, caller stops) releases the inner cursor at once
+            for tup in rows:
+                listed = self._open_listed(keys, tenant, tup, rows.drain)
+                if listed is None:
+                    continue
+                yield _named_tup(self._pii.restore(keys, *listed), config, tenant)
+                yielded += 1
+                if limit is not None and yielded >= limit:
+                    return
+        finally:
+            rows.close()
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -352,16 +384,19 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             self.services.touch(ref)
         self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
         saved = inner.put(self._inner_config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
-        return self._outer(ref.tenant)(saved) or saved
+        return _named_cfg(self._outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
         ref = self._gate.resolve_ref(config, "put_writes")
         inner = self._sync_inner("put_writes")
         keys = self.services.tenant_keys(ref.tenant)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, task_path)
+        optional = self._optional("put_writes", task_path=task_path)
+        # sealed with the task path the inner saver stores (none if it takes none)
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
+                                               optional.get("task_path", ""))
         self.vault.store(keys, ref.thread_id, new_pii)
-        inner.put_writes(self._inner_config(ref, config), sealed, task_id, task_path)
+        inner.put_writes(self._inner_config(ref, config), sealed, task_id, **optional)
 
     def delete_thread(self, thread_id: str) -> None:
         thread_id = thread_id_of(thread_id)
@@ -404,6 +439,89 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     def get_next_version(self, current: Any, channel: None) -> Any:
         return self.inner.get_next_version(current, channel)
 
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
+                                  ) -> Mapping[str, DeltaChannelHistory]:
+        """The base-class contract, walked over pages of the inner saver's own listing.
+
+        The base class would call ``get_tuple`` (a query, a key lookup, every value decrypted
+        and PII restored) once per ancestor. Here each page of ancestors is one inner listing,
+        each on-path ancestor is authenticated as a read would, and PII is restored once for
+        the writes and seeds returned. (The inner saver's own ``get_delta_channel_history``
+        returns writes without their checkpoint id and seeds without their version, which
+        the sealed values are bound to, so its answer cannot be authenticated.)"""
+        if not channels:
+            return {}
+        ref = self._gate.resolve_ref(config, "get_delta_channel_history")
+        inner = self._sync_inner("get_delta_channel_history")
+        walk = _DeltaWalk(channels)
+        keys = self.keys.keys_for(ref.tenant, create=False)
+        target = inner.get_tuple(self._inner_config(ref, config))
+        if target is None or keys is None:
+            return walk.result()
+        walk.start(self._open_ancestor(keys, ref, target))
+        page = _DELTA_FIRST_PAGE
+        while walk.needs_more():
+            rows = self._inner_list(inner, self._inner_config(ref), before=walk.before(),
+                                    limit=page)
+            with _closing(rows):
+                seen = 0
+                for tup in rows:
+                    seen += 1
+                    if walk.is_next(tup) and not walk.visit(self._open_ancestor(keys, ref, tup)):
+                        break
+                else:
+                    if seen < page:
+                        walk.listing_ended()
+            if walk.needs_fetch():  # a parent the listing does not reach (ids out of order)
+                parent = inner.get_tuple(self._inner_config(ref, walk.wanted_config()))
+                walk.fetched(None if parent is None else self._open_ancestor(keys, ref, parent))
+            page = min(page * 4, _DELTA_MAX_PAGE)
+        return self._restore_history(keys, walk.result())
+
+    def _open_ancestor(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple
+                       ) -> CheckpointTuple:
+        at = self._ref_of(ref.tenant, tup)
+        if at is None or at.thread_id != ref.thread_id:
+            raise TamperedDataError("inner saver returned a checkpoint of another thread")
+        return self._open_checked(keys, at, tup, None)
+
+    def _restore_history(self, keys: TenantKeys, history: dict[str, DeltaChannelHistory]
+                         ) -> dict[str, DeltaChannelHistory]:
+        """PII back in the returned writes and seeds: one vault query for all of them."""
+        if self.redactor is None:
+            return history
+        found: dict[int, builtins.list[str]] = {}
+        values = [v for entry in history.values()
+                  for v in ([w[2] for w in entry["writes"]]
+                            + ([entry["seed"]] if "seed" in entry else []))]
+        for value in values:
+            tokens = self.redactor.find_tokens(value)
+            if tokens:
+                found[id(value)] = tokens
+        if not found:
+            return history
+        originals = self.vault.lookup(keys, builtins.list(
+            dict.fromkeys(t for tokens in found.values() for t in tokens)))
+
+        def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
+            return self.vault.lookup(keys, wanted)
+
+        def restore(value: Any) -> Any:
+            tokens = found.get(id(value))
+            if not tokens:
+                return value
+            return self.redactor.restore_value(
+                value, lookup, originals={t: originals[t] for t in tokens if t in originals})
+
+        out: dict[str, DeltaChannelHistory] = {}
+        for ch, entry in history.items():
+            restored: DeltaChannelHistory = {
+                "writes": [(t, c, restore(v)) for t, c, v in entry["writes"]]}
+            if "seed" in entry:
+                restored["seed"] = restore(entry["seed"])
+            out[ch] = restored
+        return out
+
     # --------------------------------------------------------------------------------------
     # async API
     # --------------------------------------------------------------------------------------
@@ -421,7 +539,43 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             {} if self.redactor is not None else None)
         opened = await self._aopen_checked(keys, ref, tup, known)
         self._remember_tokens(ref, tup)
-        return await self._pii.arestore(keys, opened, known)
+        return _named_tup(await self._pii.arestore(keys, opened, known), config, ref.tenant)
+
+    async def aget_delta_channel_history(
+            self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Async twin of :meth:`get_delta_channel_history` (vault lookups off the loop)."""
+        if not channels:
+            return {}
+        if self._sync_only:
+            return await asyncio.to_thread(
+                lambda: self.get_delta_channel_history(config=config, channels=channels))
+        ref = await self._gate.aresolve_ref(config, "get_delta_channel_history")
+        walk = _DeltaWalk(channels)
+        keys = await self.services.aexisting_keys(ref.tenant)
+        target = await self.inner.aget_tuple(self._inner_config(ref, config))
+        if target is None or keys is None:
+            return walk.result()
+        walk.start(self._open_ancestor(keys, ref, target))
+        page = _DELTA_FIRST_PAGE
+        while walk.needs_more():
+            rows = self.inner.alist(self._inner_config(ref), before=walk.before(), limit=page)
+            async with _aclosing(rows):
+                seen = 0
+                async for tup in rows:
+                    seen += 1
+                    if walk.is_next(tup) and not walk.visit(self._open_ancestor(keys, ref, tup)):
+                        break
+                else:
+                    if seen < page:
+                        walk.listing_ended()
+            if walk.needs_fetch():
+                parent = await self.inner.aget_tuple(self._inner_config(ref, walk.wanted_config()))
+                walk.fetched(None if parent is None else self._open_ancestor(keys, ref, parent))
+            page = min(page * 4, _DELTA_MAX_PAGE)
+        if self.redactor is None:
+            return walk.result()
+        return await asyncio.to_thread(self._restore_history, keys, walk.result())
 
     async def alist(
         self,
@@ -446,14 +600,17 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             raise _parse_failure(f"tenant {tenant!r} (listing)", exc) from None
         yielded = 0
         arows = _ARows(_aiter(rows), tenant)
-        async for tup in arows:
-            listed = await self._aopen_listed(keys, tenant, tup, arows.drain)
-            if listed is None:
-                continue
-            yield await self._pii.arestore(keys, *listed)
-            yielded += 1
-            if limit is not None and yielded >= limit:
-                return
+        try:  # early exit releases the inner cursor and its lock at once
+            async for tup in arows:
+                listed = await self._aopen_listed(keys, tenant, tup, arows.drain)
+                if listed is None:
+                    continue
+                yield _named_tup(await self._pii.arestore(keys, *listed), config, tenant)
+                yielded += 1
+                if limit is not None and yielded >= limit:
+                    return
+        finally:
+            await arows.aclose()
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
@@ -471,22 +628,23 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         saved = await self._ainner("put", self._inner_config(ref, config), sealed, md,
                                    new_versions)
-        return self._outer(ref.tenant)(saved) or saved
+        return _named_cfg(self._outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
         ref = await self._gate.aresolve_ref(config, "put_writes")
         keys = await self.services.atenant_keys(ref.tenant)
+        optional = self._optional("put_writes", task_path=task_path)
+        path = optional.get("task_path", "")  # as the inner saver stores it
         if self.redactor is not None:  # redaction is CPU work: never on the event loop
             sealed, new_pii = await asyncio.to_thread(
-                self._prepare_writes, keys, ref, config, writes, task_id, task_path)
+                self._prepare_writes, keys, ref, config, writes, task_id, path)
         else:
-            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
-                                                   task_path)
+            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, path)
         if new_pii:
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
-                           task_path)
+                           **optional)
 
     async def adelete_thread(self, thread_id: str) -> None:
         thread_id = thread_id_of(thread_id)
@@ -567,10 +725,10 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         to listing everything (other tenants' rows are skipped, unopened)."""
         inner = self._sync_inner("list")
         if one_thread:
-            return iter(inner.list(config, filter=filter, before=before, limit=limit))
+            return self._inner_list(inner, config, filter=filter, before=before, limit=limit)
         ids = self.services.storage.thread_ids(thread_prefix(tenant))
         if ids is None:
-            return iter(inner.list(None, filter=filter, before=before))
+            return self._inner_list(inner, None, filter=filter, before=before)
         return _newest_first([builtins.list(inner.list(
             {"configurable": {"thread_id": tid}}, filter=filter, before=before, limit=limit))
             for tid in ids])
@@ -887,6 +1045,95 @@ def _row_name(tup: CheckpointTuple) -> str:
             f"{str(conf.get('checkpoint_id'))!r}")
 
 
+_DELTA_FIRST_PAGE = 16
+_DELTA_MAX_PAGE = 1024
+
+
+class _DeltaWalk:
+    """The base-class ancestor walk of ``get_delta_channel_history``, fed one opened tuple at
+    a time (newest first) so the rows can come from paged listings of the inner saver."""
+
+    def __init__(self, channels: Sequence[str]) -> None:
+        self.channels = builtins.list(channels)
+        self.collected: dict[str, builtins.list[Any]] = {c: [] for c in self.channels}
+        self.seeds: dict[str, Any] = {}
+        self.remaining = set(self.channels)
+        self.wanted: str | None = None     # the next ancestor's checkpoint id
+        self.last_seen: str | None = None  # where the next page starts (exclusive)
+        self.done = False
+        self.fetch = False
+        self.visited: builtins.set[str] = set()
+
+    def start(self, target: CheckpointTuple) -> None:
+        """Begin at the (opened) target: its own values and writes do not count."""
+        self.last_seen = target.checkpoint["id"]
+        self.wanted = _parent_id(target)
+        self.done = self.wanted is None
+
+    def needs_more(self) -> bool:
+        return not self.done and bool(self.remaining)
+
+    def before(self) -> RunnableConfig:
+        return {"configurable": {"checkpoint_id": self.last_seen}}
+
+    def is_next(self, tup: CheckpointTuple) -> bool:
+        cid = tup.config["configurable"].get("checkpoint_id")
+        self.last_seen = cid
+        return cid == self.wanted  # other rows are forks off the path
+
+    def visit(self, tup: CheckpointTuple) -> bool:
+        """Take one on-path ancestor; False when the walk is complete."""
+        cid = tup.checkpoint["id"]
+        if cid in self.visited:
+            raise TamperedDataError("the parent chain of a checkpoint loops")
+        self.visited.add(cid)
+        for write in reversed(tup.pending_writes or []):
+            if write[1] in self.remaining:
+                self.collected[write[1]].append(write)
+        values = tup.checkpoint["channel_values"]
+        for ch in builtins.list(self.remaining):
+            if ch in values:
+                self.seeds[ch] = values[ch]
+                self.remaining.discard(ch)
+        self.wanted = _parent_id(tup)
+        self.done = self.wanted is None or not self.remaining
+        return not self.done
+
+    def listing_ended(self) -> None:
+        """No older rows: a parent still wanted is fetched by id (ids need not be ordered)."""
+        self.fetch = self.needs_more()
+
+    def needs_fetch(self) -> bool:
+        return self.fetch and self.needs_more()
+
+    def wanted_config(self) -> RunnableConfig:
+        return {"configurable": {"checkpoint_id": self.wanted}}
+
+    def fetched(self, tup: CheckpointTuple | None) -> None:
+        self.fetch = False
+        if tup is None:
+            self.done = True  # the parent is not stored (pruned or lost): stop, as the base does
+            return
+        self.last_seen = tup.checkpoint["id"]
+        self.visit(tup)
+
+    def result(self) -> dict[str, DeltaChannelHistory]:
+        out: dict[str, DeltaChannelHistory] = {}
+        for ch in self.channels:
+            entry: DeltaChannelHistory = {"writes": builtins.list(reversed(self.collected[ch]))}
+            if ch in self.seeds:
+                entry["seed"] = self.seeds[ch]
+            out[ch] = entry
+        return out
+
+
+def _parent_id(tup: CheckpointTuple) -> str | None:
+    if tup.parent_config is None:
+        return None
+    return tup.parent_config["configurable"].get("checkpoint_id") or None
+
+
+
 @contextmanager
 def _tenant_pinned(tenant: str) -> Iterator[None]:
     """Inside copy_thread the resolved tenant acts for itself (scope or default alike)."""
@@ -916,6 +1163,80 @@ def _str_list(values: Sequence[str], name: str) -> list[str]:
     return [thread_id_of(v, f"each of {name}") for v in values]
 
 
+def _accepted_params(method: Callable[..., Any]) -> frozenset[str]:
+    """The parameter names in ``method``'s signature (LangGraph's test for ``task_path``:
+    named there, not merely swallowed by ``**kwargs``)."""
+    try:
+        return frozenset(inspect.signature(method).parameters)
+    except (TypeError, ValueError):  # no introspectable signature: pass nothing optional
+        return frozenset()
+
+
+def _names_tenant(config: RunnableConfig | None) -> bool:
+    """Whether the caller's own config names the tenant (then returned configs keep it)."""
+    return ((config or {}).get("configurable") or {}).get("tenant_id") is not None
+
+
+def _bridged(rows: AsyncIterator[T], loop: asyncio.AbstractEventLoop) -> Iterator[T]:
+    """Iterate an async generator from a worker thread on ``loop``; closed there, however the
+    iteration ends."""
+    try:
+        while True:
+            try:
+                yield asyncio.run_coroutine_threadsafe(
+                    rows.__anext__(), loop).result()  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                return
+    finally:
+        aclose = getattr(rows, "aclose", None)
+        if callable(aclose):
+            asyncio.run_coroutine_threadsafe(aclose(), loop).result()
+
+
+@contextmanager
+def _closing(rows: Any) -> Iterator[Any]:
+    """Close an inner saver's iterator however the loop over it ends (limit, error, caller
+    gone): SqliteSaver/PostgresSaver hold a lock and a cursor until their generator closes."""
+    try:
+        yield rows
+    finally:
+        close = getattr(rows, "close", None)
+        if callable(close):
+            close()
+
+
+@asynccontextmanager
+async def _aclosing(rows: Any) -> AsyncIterator[Any]:
+    """Async twin of :func:`_closing` (AsyncSqliteSaver/AsyncPostgresSaver generators)."""
+    try:
+        yield rows
+    finally:
+        aclose = getattr(rows, "aclose", None)
+        if callable(aclose):
+            await aclose()
+        else:
+            close = getattr(rows, "close", None)
+            if callable(close):
+                close()
+
+
+def _named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
+               ) -> CheckpointTuple:
+    """``tup`` with ``tenant_id`` in its configs when the caller's config named it."""
+    if not _names_tenant(config):
+        return tup
+    return tup._replace(config=_named_cfg(tup.config, config, tenant),
+                        parent_config=None if tup.parent_config is None
+                        else _named_cfg(tup.parent_config, config, tenant))
+
+
+def _named_cfg(out: RunnableConfig, config: RunnableConfig | None, tenant: str
+               ) -> RunnableConfig:
+    if not _names_tenant(config):
+        return out
+    return {**out, "configurable": {**out["configurable"], "tenant_id": tenant}}
+
+
 def _check_strategy(strategy: str) -> None:
     if strategy not in PRUNE_STRATEGIES:
         raise ValueError(f"unknown prune strategy {strategy!r}; use one of {PRUNE_STRATEGIES}")
@@ -931,12 +1252,13 @@ def _newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]
 
 
 async def _aiter(rows: Any) -> AsyncIterator[Any]:
-    if hasattr(rows, "__aiter__"):
-        async for row in rows:
-            yield row
-    else:
-        for row in rows:
-            yield row
+    async with _aclosing(rows):  # closing this closes the inner listing too
+        if hasattr(rows, "__aiter__"):
+            async for row in rows:
+                yield row
+        else:
+            for row in rows:
+                yield row
 
 
 # construction helpers -----------------------------------------------------------------------

@@ -86,14 +86,14 @@ class SaverServices:
         """A random id for the database behind the registry, created on first use and kept
         in ``securesaver_meta``; keyrings record the ids of the databases they serve."""
         if self._database_id is None:
-            import uuid
+            import secrets
 
             import sqlalchemy as sa
 
             from .registry import meta_table
             with self.registry.begin() as conn:
                 self.registry._insert_ignore(conn, meta_table, [
-                    {"key": "database_id", "value": uuid.uuid4().hex}])
+                    {"key": "database_id", "value": secrets.token_hex(16)}])
                 self._database_id = str(conn.execute(sa.select(meta_table.c.value).where(
                     meta_table.c.key == "database_id")).scalar_one())
         return self._database_id
