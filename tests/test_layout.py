@@ -33,8 +33,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "errors", "tenancy", "keyring", "crypto", "registry", "retention", "pii_vault",
         "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql", "backends",
         "caches", "timeargs"})),
-    ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "redaction",
-                               "redaction.*"})),
+    ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
+                               "listing", "reads", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "report_html", "scan",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "server", "demo", "demo_run", "recover"})),
@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 #: Import cycles that still exist (each a frozenset of module names relative to the package).
 KNOWN_CYCLES: set[frozenset[str]] = set()
 #: Modules still over MAX_MODULE_LINES.
-KNOWN_OVERSIZE: set[str] = {"audit", "registry", "saver"}
+KNOWN_OVERSIZE: set[str] = {"audit", "registry"}
 #: (module, private attribute) accesses that still exist.
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 #: Whether SecureSaver is still over MAX_SAVER_CLASS_LINES.

@@ -1,0 +1,272 @@
+"""Reading rows from the inner saver safely: every parse failure a stored row causes becomes
+a :class:`TamperedDataError` naming the row (never its bytes), listings are closed however
+the loop over them ends, per-thread listings merge newest first, and returned configs carry
+``tenant_id`` only when the caller's config named it.
+
+Knows the inner saver's rows and configs; nothing of keys, sealing rules or redaction.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
+
+from .errors import SecureSaverError, TamperedDataError
+from .seal import PARSE_ERRORS
+from .tenancy import ThreadRef
+
+logger = logging.getLogger("langgraph_securesaver.saver")
+
+
+def named_refusal(ref: ThreadRef, tup: CheckpointTuple, exc: TamperedDataError
+                  ) -> TamperedDataError:
+    """The refusal, naming the stored checkpoint it concerns (never a value)."""
+    conf = tup.config.get("configurable") or {}
+    return TamperedDataError(
+        f"checkpoint {str(conf.get('checkpoint_id'))!r} of tenant {ref.tenant!r} thread "
+        f"{ref.thread_id!r} namespace {str(conf.get('checkpoint_ns', '') or '')!r} (the "
+        f"checkpoints row and its writes/blobs) was refused: {exc}")
+
+
+def row_ref(ref: ThreadRef, tup: CheckpointTuple) -> ThreadRef:
+    """The ref of the row as stored (its own namespace: get_tuple may not name one)."""
+    ns = str((tup.config.get("configurable") or {}).get("checkpoint_ns", "") or "")
+    return ref if ns == ref.checkpoint_ns else ThreadRef(ref.tenant, ref.thread_id, ns)
+
+
+def parent_config(ref: ThreadRef, tup: CheckpointTuple, parent: str) -> RunnableConfig:
+    conf = tup.config.get("configurable") or {}
+    return {"configurable": {"thread_id": conf.get("thread_id", ref.inner_id),
+                             "checkpoint_ns": ref.checkpoint_ns, "checkpoint_id": parent}}
+
+
+def parse_failure(where: str, exc: BaseException) -> BaseException:
+    if isinstance(exc, SecureSaverError) and not isinstance(exc, TamperedDataError):
+        return exc  # our own typed errors (e.g. AsyncOnlySaverError) pass through unchanged
+    if isinstance(exc, TamperedDataError):
+        reason = str(exc)
+    elif isinstance(exc, json.JSONDecodeError):
+        reason = "its clear metadata is not valid JSON (altered bytes)"
+    else:
+        reason = f"it does not decode ({type(exc).__name__})"
+    return TamperedDataError(f"a stored row of {where} was refused: {reason}")
+
+
+@contextmanager
+def decoding(ref: ThreadRef, inner_config: RunnableConfig,
+              locate_in: BaseCheckpointSaver | None = None) -> Iterator[None]:
+    """Inner-saver reads: every parse failure a stored row causes is a TamperedDataError
+    naming the row (never its bytes). With ``locate_in`` (a sync SQLite/Postgres saver, on
+    sync paths only), the table and row key are looked up too."""
+    try:
+        yield
+    except PARSE_ERRORS as exc:
+        conf = inner_config.get("configurable") or {}
+        cid = conf.get("checkpoint_id")
+        ns = str(conf.get("checkpoint_ns", ref.checkpoint_ns) or "")
+        row = locate_refused(locate_in, str(conf.get("thread_id", ref.inner_id)), ns, cid)
+        where = (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace {ns!r} "
+                 + (f"checkpoint {cid!r}" if cid else "(latest checkpoint)")
+                 + (f": {row}" if row else " (inner tables: checkpoints, checkpoint_blobs, "
+                    "writes)"))
+        raise parse_failure(where, exc) from None
+
+
+def locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
+                    checkpoint_id: str | None) -> str | None:
+    if inner is None:
+        return None
+    try:
+        from .raw_tables import raw_tables_for
+        return raw_tables_for(inner).locate_refused(thread_id, ns, checkpoint_id)
+    except Exception:  # naming the row is best effort; the refusal stands
+        logger.debug("could not locate the refused row", exc_info=True)
+        return None
+
+
+def listing(tenant: str, make: Callable[[], Any]) -> Rows:
+    """The inner listing for list(), its parse failures (eager ones included) as
+    TamperedDataError."""
+    try:
+        return Rows(make(), tenant)
+    except PARSE_ERRORS as exc:
+        raise parse_failure(f"tenant {tenant!r} (listing)", exc) from None
+
+
+class Rows:
+    """An inner listing whose parse failures surface as TamperedDataError. ``drain()`` reads
+    the rest into memory and releases the inner cursor (and its lock), so a row's parent can
+    be looked up while the listing is still being consumed."""
+
+    def __init__(self, rows: Any, tenant: str) -> None:
+        self._it = iter(rows)
+        self._buf: collections.deque[CheckpointTuple] | None = None
+        self._tenant = tenant
+        self._last = "(first row)"
+
+    def __iter__(self) -> Rows:
+        return self
+
+    def _pull(self) -> CheckpointTuple:
+        try:
+            tup = next(self._it)
+        except StopIteration:
+            raise
+        except PARSE_ERRORS as exc:
+            raise parse_failure(f"tenant {self._tenant!r}, listed after {self._last}",
+                                 exc) from None
+        self._last = row_name(tup)
+        return tup
+
+    def __next__(self) -> CheckpointTuple:
+        if self._buf is None:
+            return self._pull()
+        if not self._buf:
+            raise StopIteration
+        return self._buf.popleft()
+
+    def drain(self) -> None:
+        if self._buf is None:
+            buf: collections.deque[CheckpointTuple] = collections.deque()
+            try:
+                while True:
+                    buf.append(self._pull())
+            except StopIteration:
+                pass
+            self._buf = buf
+            self.close()
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+class ARows:
+    """The async twin of :class:`Rows`."""
+
+    def __init__(self, rows: AsyncIterator[CheckpointTuple], tenant: str) -> None:
+        self._it = rows.__aiter__()
+        self._buf: collections.deque[CheckpointTuple] | None = None
+        self._tenant = tenant
+        self._last = "(first row)"
+
+    def __aiter__(self) -> ARows:
+        return self
+
+    async def _pull(self) -> CheckpointTuple:
+        try:
+            tup = await self._it.__anext__()
+        except StopAsyncIteration:
+            raise
+        except PARSE_ERRORS as exc:
+            raise parse_failure(f"tenant {self._tenant!r}, listed after {self._last}",
+                                 exc) from None
+        self._last = row_name(tup)
+        return tup
+
+    async def __anext__(self) -> CheckpointTuple:
+        if self._buf is None:
+            return await self._pull()
+        if not self._buf:
+            raise StopAsyncIteration
+        return self._buf.popleft()
+
+    async def drain(self) -> None:
+        if self._buf is None:
+            buf: collections.deque[CheckpointTuple] = collections.deque()
+            try:
+                while True:
+                    buf.append(await self._pull())
+            except StopAsyncIteration:
+                pass
+            self._buf = buf
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def row_name(tup: CheckpointTuple) -> str:
+    conf = tup.config.get("configurable") or {}
+    return (f"thread {str(conf.get('thread_id'))!r} namespace "
+            f"{str(conf.get('checkpoint_ns', ''))!r} checkpoint "
+            f"{str(conf.get('checkpoint_id'))!r}")
+
+
+
+def names_tenant(config: RunnableConfig | None) -> bool:
+    """Whether the caller's own config names the tenant (then returned configs keep it)."""
+    return ((config or {}).get("configurable") or {}).get("tenant_id") is not None
+
+
+@contextmanager
+def closing(rows: Any) -> Iterator[Any]:
+    """Close an inner saver's iterator however the loop over it ends (limit, error, caller
+    gone): SqliteSaver/PostgresSaver hold a lock and a cursor until their generator closes."""
+    try:
+        yield rows
+    finally:
+        close = getattr(rows, "close", None)
+        if callable(close):
+            close()
+
+
+@asynccontextmanager
+async def aclosing(rows: Any) -> AsyncIterator[Any]:
+    """Async twin of :func:`closing` (AsyncSqliteSaver/AsyncPostgresSaver generators)."""
+    try:
+        yield rows
+    finally:
+        aclose = getattr(rows, "aclose", None)
+        if callable(aclose):
+            await aclose()
+        else:
+            close = getattr(rows, "close", None)
+            if callable(close):
+                close()
+
+
+def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
+               ) -> CheckpointTuple:
+    """``tup`` with ``tenant_id`` in its configs when the caller's config named it."""
+    if not names_tenant(config):
+        return tup
+    return tup._replace(config=named_cfg(tup.config, config, tenant),
+                        parent_config=None if tup.parent_config is None
+                        else named_cfg(tup.parent_config, config, tenant))
+
+
+def named_cfg(out: RunnableConfig, config: RunnableConfig | None, tenant: str
+               ) -> RunnableConfig:
+    if not names_tenant(config):
+        return out
+    return {**out, "configurable": {**out["configurable"], "tenant_id": tenant}}
+
+
+def newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]
+                  ) -> Iterator[CheckpointTuple]:
+    """Merge per-thread listings (each newest first) into one, newest first, like an inner
+    ``list(None)`` orders them."""
+    import heapq
+    return heapq.merge(*per_thread, key=lambda t: str(t.config["configurable"]["checkpoint_id"]),
+                       reverse=True)
+
+
+async def aiter_rows(rows: Any) -> AsyncIterator[Any]:
+    async with aclosing(rows):  # closing this closes the inner listing too
+        if hasattr(rows, "__aiter__"):
+            async for row in rows:
+                yield row
+        else:
+            for row in rows:
+                yield row
