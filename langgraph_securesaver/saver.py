@@ -26,13 +26,12 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
     DeltaChannelHistory,
-    get_checkpoint_metadata,
 )
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from .crypto import KeyManager, TenantKeys
+from .crypto import KeyManager
 from .errors import (
     ConfigurationError,
     KeyringRequired,
@@ -71,12 +70,12 @@ from .services import SaverServices
 from .storage_ops import DELTA_METADATA_KEYS, ops_for
 from .strict_serde import install_strict_serde
 from .tenancy import (
-    ThreadRef,
     current_tenant_scope,
     thread_prefix,
     validate_tenant,
     validate_thread_id,
 )
+from .writes import WritePath
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +169,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             retention=retention, activity_resolution=activity_resolution,
             async_only=self._io.async_only)
         self._reads = ReadPath(self.services, self._io)
+        self._writes = WritePath(self.services, self._io)
 
     @property
     def codec(self) -> SealedCodec:
@@ -200,56 +200,6 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             else:
                 await asyncio.to_thread(inner_setup)
 
-    # put preparation (shared) --------------------------------------------------------------
-    def _prepare_put(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
-                     checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                     new_versions: ChannelVersions
-                     ) -> tuple[Checkpoint, dict[str, Any], builtins.list[Any]]:
-        versions = checkpoint["channel_versions"]
-        values: dict[str, Any] = {}
-        reused: dict[str, bytes] = {}
-        for ch, value in checkpoint["channel_values"].items():
-            if ch not in new_versions:
-                if self._io.versioned_blobs:
-                    continue  # stored when its version was new; the inner saver skips it
-                token = self.services.tokens.get(ref, ch, versions.get(ch))
-                if token is not None:
-                    reused[ch] = token
-                    continue
-            values[ch] = value
-        entries: builtins.list[Any] = []
-        if self.redactor is not None:
-            values = {ch: self._pii.redact_one(keys, ch, v, entries) for ch, v in values.items()}
-        sealed = self.codec.seal_checkpoint(keys, ref, checkpoint, values, reused)
-        for ch in values:
-            self.services.tokens.put(ref, ch, versions.get(ch), sealed["channel_values"][ch])
-        full = self._pii.redact_metadata(keys, get_checkpoint_metadata(config, metadata), entries)
-        parent = (config.get("configurable") or {}).get("checkpoint_id") or None
-        md = self.codec.seal_metadata(keys, ref, checkpoint, full, sealed, parent,
-                                      self._io.versioned_blobs)
-        return sealed, md, self.vault.unknown(ref.tenant, ref.thread_id, entries)
-
-    def _prepare_writes(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
-                        writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
-                        ) -> tuple[builtins.list[tuple[str, Any]], builtins.list[Any]]:
-        cid = (config.get("configurable") or {}).get("checkpoint_id")
-        if not cid:
-            raise ConfigurationError("put_writes needs config['configurable']['checkpoint_id']")
-        entries: builtins.list[Any] = []
-        if self.redactor is not None:
-            writes = [(ch, self._pii.redact_one(keys, ch, v, entries)) for ch, v in writes]
-        sealed: builtins.list[tuple[str, Any]] = builtins.list(
-            self.codec.seal_writes(keys, ref, cid, task_id, task_path, writes))
-        return sealed, self.vault.unknown(ref.tenant, ref.thread_id, entries)
-
-    def _remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
-        """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""
-        conf = raw.config["configurable"]
-        at = ThreadRef(ref.tenant, ref.thread_id, str(conf.get("checkpoint_ns", "") or ""))
-        versions = raw.checkpoint["channel_versions"]
-        for ch, token in raw.checkpoint["channel_values"].items():
-            self.services.tokens.put(at, ch, versions.get(ch), token)
-
     # --------------------------------------------------------------------------------------
     # sync API
     # --------------------------------------------------------------------------------------
@@ -265,7 +215,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
         opened = self._reads.open_checked(self.codec, keys, ref, tup, known)
-        self._remember_tokens(ref, tup)
+        self._writes.remember_tokens(ref, tup)
         return named_tup(self._pii.restore(keys, opened, known), config, ref.tenant)
 
     def list(
@@ -302,8 +252,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         ref = self._gate.resolve_ref(config, "put")
         inner = self._io.sync("put")
         keys = self.services.tenant_keys(ref.tenant)
-        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
-                                                new_versions)
+        sealed, md, new_pii = self._writes.prepare_put(self.codec, keys, ref, config, checkpoint,
+                                                       metadata, new_versions)
         if self.services.touch_due(ref):
             self.services.touch(ref)
         self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
@@ -317,8 +267,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         keys = self.services.tenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
         # sealed with the task path the inner saver stores (none if it takes none)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
-                                               optional.get("task_path", ""))
+        sealed, new_pii = self._writes.prepare_writes(self.codec, keys, ref, config, writes,
+                                                      task_id, optional.get("task_path", ""))
         self.vault.store(keys, ref.thread_id, new_pii)
         inner.put_writes(self._io.config(ref, config), sealed, task_id, **optional)
 
@@ -384,7 +334,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
         opened = await self._reads.aopen_checked(self.codec, keys, ref, tup, known)
-        self._remember_tokens(ref, tup)
+        self._writes.remember_tokens(ref, tup)
         return named_tup(await self._pii.arestore(keys, opened, known), config, ref.tenant)
 
     async def aget_delta_channel_history(
@@ -433,10 +383,11 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         keys = await self.services.atenant_keys(ref.tenant)
         if self.redactor is not None:  # redaction is CPU work: never on the event loop
             sealed, md, new_pii = await asyncio.to_thread(
-                self._prepare_put, keys, ref, config, checkpoint, metadata, new_versions)
+                self._writes.prepare_put, self.codec, keys, ref, config, checkpoint, metadata,
+                new_versions)
         else:
-            sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
-                                                    new_versions)
+            sealed, md, new_pii = self._writes.prepare_put(self.codec, keys, ref, config,
+                                                           checkpoint, metadata, new_versions)
         if self.services.touch_due(ref):
             await asyncio.to_thread(self.services.touch, ref)
         if new_pii:
@@ -453,9 +404,11 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         path = optional.get("task_path", "")  # as the inner saver stores it
         if self.redactor is not None:  # redaction is CPU work: never on the event loop
             sealed, new_pii = await asyncio.to_thread(
-                self._prepare_writes, keys, ref, config, writes, task_id, path)
+                self._writes.prepare_writes, self.codec, keys, ref, config, writes, task_id,
+                path)
         else:
-            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, path)
+            sealed, new_pii = self._writes.prepare_writes(self.codec, keys, ref, config, writes,
+                                                          task_id, path)
         if new_pii:
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._io.call("put_writes", self._io.config(ref, config), sealed, task_id,

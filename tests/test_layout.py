@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql", "backends",
         "caches", "timeargs"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
-                               "listing", "reads", "redaction", "redaction.*"})),
+                               "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "report_html", "scan",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "server", "demo", "demo_run", "recover"})),
@@ -50,7 +50,7 @@ KNOWN_OVERSIZE: set[str] = {"audit", "registry"}
 #: (module, private attribute) accesses that still exist.
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 #: Whether SecureSaver is still over MAX_SAVER_CLASS_LINES.
-SAVER_CLASS_STILL_OVERSIZE = True
+SAVER_CLASS_STILL_OVERSIZE = False
 
 
 @dataclass(frozen=True)

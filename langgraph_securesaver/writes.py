@@ -1,0 +1,93 @@
+"""The write path of a saver: what ``put`` and ``put_writes`` hand the inner saver. Channel
+values whose version did not change are skipped (savers that keep one blob per version) or
+reuse the token sealed before; the rest are redacted, then sealed with the metadata and its
+manifest; new PII originals are returned for the vault, which stores them before the tokens
+reach storage.
+
+:class:`WritePath` gets the saver's services and inner access; the sealed codec is passed per
+call (a ``with_allowlist`` clone has its own serializer). Knows nothing of reads, retention or
+the operations.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_metadata,
+)
+
+from .crypto import TenantKeys
+from .errors import ConfigurationError
+from .inner_access import InnerAccess
+from .seal import SealedCodec
+from .services import SaverServices
+from .tenancy import ThreadRef
+
+
+class WritePath:
+    """Redacting and sealing for one saver (see the module docstring)."""
+
+    def __init__(self, services: SaverServices, io: InnerAccess) -> None:
+        self.services = services
+        self.io = io
+        self.pii = services.pii
+
+    def prepare_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                    config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                    new_versions: ChannelVersions
+                    ) -> tuple[Checkpoint, dict[str, Any], builtins.list[Any]]:
+        """The sealed checkpoint, the stored metadata, and the PII vault entries to store."""
+        versions = checkpoint["channel_versions"]
+        values: dict[str, Any] = {}
+        reused: dict[str, bytes] = {}
+        for ch, value in checkpoint["channel_values"].items():
+            if ch not in new_versions:
+                if self.io.versioned_blobs:
+                    continue  # stored when its version was new; the inner saver skips it
+                token = self.services.tokens.get(ref, ch, versions.get(ch))
+                if token is not None:
+                    reused[ch] = token
+                    continue
+            values[ch] = value
+        entries: builtins.list[Any] = []
+        if self.pii.redactor is not None:
+            values = {ch: self.pii.redact_one(keys, ch, v, entries) for ch, v in values.items()}
+        sealed = codec.seal_checkpoint(keys, ref, checkpoint, values, reused)
+        for ch in values:
+            self.services.tokens.put(ref, ch, versions.get(ch), sealed["channel_values"][ch])
+        full = self.pii.redact_metadata(keys, get_checkpoint_metadata(config, metadata), entries)
+        parent = (config.get("configurable") or {}).get("checkpoint_id") or None
+        md = codec.seal_metadata(keys, ref, checkpoint, full, sealed, parent,
+                                 self.io.versioned_blobs)
+        return sealed, md, self.pii.vault.unknown(ref.tenant, ref.thread_id, entries)
+
+    def prepare_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                       config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                       task_id: str, task_path: str = ""
+                       ) -> tuple[builtins.list[tuple[str, Any]], builtins.list[Any]]:
+        """The sealed writes of one put_writes call, and the PII vault entries to store."""
+        cid = (config.get("configurable") or {}).get("checkpoint_id")
+        if not cid:
+            raise ConfigurationError("put_writes needs config['configurable']['checkpoint_id']")
+        entries: builtins.list[Any] = []
+        if self.pii.redactor is not None:
+            writes = [(ch, self.pii.redact_one(keys, ch, v, entries)) for ch, v in writes]
+        sealed: builtins.list[tuple[str, Any]] = builtins.list(
+            codec.seal_writes(keys, ref, cid, task_id, task_path, writes))
+        return sealed, self.pii.vault.unknown(ref.tenant, ref.thread_id, entries)
+
+    def remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
+        """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""
+        conf = raw.config["configurable"]
+        at = ThreadRef(ref.tenant, ref.thread_id, str(conf.get("checkpoint_ns", "") or ""))
+        versions = raw.checkpoint["channel_versions"]
+        for ch, token in raw.checkpoint["channel_values"].items():
+            self.services.tokens.put(at, ch, versions.get(ch), token)
