@@ -3,8 +3,9 @@
 This module is the checkpointer itself: construction, ``from_url``, and the contract
 (get_tuple, list, put, put_writes, delete_thread, delete_for_runs, copy_thread, prune and their
 async twins). Each call reads put -> tenancy (:mod:`.gate`) -> redaction (:mod:`.pii_layer`)
--> seal (:mod:`.seal`) -> inner saver, and back. Sync and async methods differ only in how
-they reach the inner saver and the registry (async paths never block the event loop). The
+-> seal (:mod:`.seal`; the write path is :mod:`.writes`) -> inner saver (:mod:`.inner_access`),
+and back (the read path is :mod:`.reads`). Sync and async methods differ only in how they
+reach the inner saver and the registry (async paths never block the event loop). The
 operations (retention, shredding, PII, keys, audit, scan, rotation) are inherited from
 :class:`.ops.api.SaverOperations` and reach this saver only through ``self.services``.
 """
