@@ -412,8 +412,12 @@ def _sql_inventory(dialect: str, tenants: list[str], tenant: str | None, now: fl
     where_ck = where_st = where_reg = where_pii = ""
     if tenant is not None:
         params["prefix"], params["tenant"] = thread_prefix(tenant), tenant
-        where_ck = "WHERE substr(c.thread_id, 1, :plen) = :prefix"
-        where_st = "WHERE substr(x.thread_id, 1, :plen) = :prefix"
+        # a key range on the primary key (binary collation: byte order), then the exact test
+        params["prefix_end"] = thread_prefix(tenant)[:-1] + chr(ord(":") + 1)
+        where_ck = ("WHERE c.thread_id >= :prefix AND c.thread_id < :prefix_end "
+                    "AND substr(c.thread_id, 1, :plen) = :prefix")
+        where_st = ("WHERE x.thread_id >= :prefix AND x.thread_id < :prefix_end "
+                    "AND substr(x.thread_id, 1, :plen) = :prefix")
         where_reg = "WHERE r.tenant = :tenant"
         where_pii = "WHERE r.tenant = :tenant"
         params["plen"] = PREFIX_LEN
@@ -489,8 +493,10 @@ def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
         params[f"b{k}"] = iso(b)
     where = reg_where = pii_where = ""
     if tenant is not None:
-        params.update(prefix=thread_prefix(tenant), tenant=tenant, plen=PREFIX_LEN)
-        where = "WHERE substr(x.thread_id, 1, :plen) = :prefix"
+        # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,
+        # and a range scan of the primary key under C / C.UTF-8
+        params.update(like=thread_prefix(tenant) + "%", tenant=tenant)
+        where = "WHERE x.thread_id LIKE :like"
         reg_where = pii_where = "WHERE r.tenant = :tenant"
     bucket = " ".join(f"WHEN ts > :b{k} THEN {k}" for k in range(len(bounds)))
     n_buckets = len(bounds) + 1
