@@ -21,15 +21,17 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 
 from .errors import ConfigurationError, TamperedDataError
 from .strict_serde import StrictSerializer, inspect_msgpack
 from .tenancy import tenant_tag
+
+if TYPE_CHECKING:  # (companions import this module to register sealed columns: keep it light)
+    from langgraph.checkpoint.base import BaseCheckpointSaver
 
 logger = logging.getLogger(__name__)
 
