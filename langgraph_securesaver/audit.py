@@ -351,11 +351,10 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
 
 
 # "a checkpoint row SecureSaver could not have written" (_checkpoint_unsealed) on PostgreSQL's
-# JSONB rows: the body or the metadata is not an object, the sealed metadata value is not a
-# string, or channel_values inlines a value (JSON holds no ciphertext bytes: any value there is
-# plain). 1 or 0, summed per thread.
+# JSONB rows: the body is not an object, the metadata holds no sealed string (``->`` on a NULL or
+# a non-object metadata is NULL: counted too), or channel_values inlines a value (JSON holds no
+# ciphertext bytes: any value there is plain). 1 or 0, summed per thread.
 _PG_CHECKPOINT_UNSEALED = """(CASE WHEN jsonb_typeof({x}.checkpoint) IS DISTINCT FROM 'object'
-    OR jsonb_typeof({x}.metadata) IS DISTINCT FROM 'object'
     OR jsonb_typeof({x}.metadata -> '__securesaver__') IS DISTINCT FROM 'string'
     OR (jsonb_typeof({x}.checkpoint -> 'channel_values') = 'object'
         AND {x}.checkpoint -> 'channel_values' <> '{{}}'::jsonb) THEN 1 ELSE 0 END)"""

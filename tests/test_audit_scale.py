@@ -228,6 +228,8 @@ _PG_TAMPER = [
     "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_values}', "
     "'{\"messages\": \"hello\"}') WHERE checkpoint_id = (SELECT max(checkpoint_id) "
     "FROM checkpoints WHERE thread_id LIKE '%_g-live')",
+    "UPDATE checkpoints SET metadata = '[\"__securesaver__\"]' WHERE checkpoint_id = (SELECT "
+    "max(checkpoint_id) FROM checkpoints WHERE thread_id LIKE '%_t-held')",
     "UPDATE checkpoints SET checkpoint = '[1, 2]' WHERE checkpoint_id = (SELECT min("
     "checkpoint_id) FROM checkpoints c WHERE thread_id LIKE '%_g-expired' AND "
     f"{_NO_WRITES.replace('FROM writes', 'FROM checkpoint_writes')})",
@@ -266,4 +268,62 @@ def test_sql_audit_counts_rows_securesaver_never_writes_like_the_walk_on_sqlite(
 def test_sql_audit_counts_rows_securesaver_never_writes_like_the_walk_on_postgres(
         pg_url: str, redactor) -> None:
     build(pg_url, redactor)
-    _check_unsealed(pg_url, _PG_TAMPER, {None: 6, "acme": 4, "globex": 2})
+    _check_unsealed(pg_url, _PG_TAMPER, {None: 7, "acme": 5, "globex": 2})
+
+
+_HEAVY = ("langchain_core", "langgraph.checkpoint.base", "langgraph.checkpoint.sqlite",
+          "langgraph.checkpoint.postgres", "presidio_analyzer", "spacy",
+          "langgraph_securesaver.saver")
+_LOADED = """
+import json, sys
+from langgraph_securesaver.cli import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+heavy = {heavy!r}
+print(json.dumps(sorted(m for m in sys.modules if m in heavy)), file=sys.stderr)
+"""
+
+
+def _heavy_modules_loaded(args: list[str], cwd: Path) -> tuple[list[str], str]:
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "SECURESAVER_MASTER_KEY"}
+    proc = subprocess.run([sys.executable, "-c", _LOADED.format(heavy=_HEAVY), *args],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=cwd)
+    return json.loads(proc.stderr.strip().splitlines()[-1]), proc.stdout
+
+
+def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio(
+        tmp_path: Path, redactor) -> None:
+    """The compliance commands read the registry's engine only: importing the CLI and running
+    them loads neither the saver (LangGraph, LangChain) nor the redaction stack."""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    loaded, out = _heavy_modules_loaded(["audit", "--url", url, "--format", "json"], tmp_path)
+    assert loaded == []
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        expected = audit(saver).as_dict()
+    assert [t["thread_id"] for t in json.loads(out)["threads"]] == [
+        t["thread_id"] for t in expected["threads"]]
+    loaded, out = _heavy_modules_loaded(["events", "--url", url, "--format", "json"], tmp_path)
+    assert loaded == [] and json.loads(out)
+    loaded, _ = _heavy_modules_loaded(["--help"], tmp_path)
+    assert loaded == []
+
+
+def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(
+        tmp_path: Path) -> None:
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).close()            # a file, no tables at all
+    url = f"sqlite:///{db}"
+    result = runner.invoke(app, ["audit", "--url", url, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["threads"] == [] and data["ok"] is True
+    with sqlite3.connect(db) as conn:      # the saver set the database up, as before
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"checkpoints", "writes", "securesaver_threads"} <= names
+    assert runner.invoke(app, ["events", "--url", url]).exit_code == 1   # nothing matched
