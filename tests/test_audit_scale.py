@@ -327,3 +327,29 @@ def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert {"checkpoints", "writes", "securesaver_threads"} <= names
     assert runner.invoke(app, ["events", "--url", url]).exit_code == 1   # nothing matched
+
+
+def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
+        tmp_path: Path, redactor) -> None:
+    from langgraph_securesaver import AccessDenied, tenant_scope
+    from langgraph_securesaver.audit import AuditDatabase, events
+    from langgraph_securesaver.registry import Registry
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    registry = Registry(url)
+    try:
+        view = AuditDatabase(registry)
+        assert view.has_inner_tables()
+        with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+            now = time.time()
+            for tenant in (None, "acme"):
+                assert audit(view, tenant=tenant, now=now).as_dict() == audit(
+                    saver, tenant=tenant, now=now).as_dict()
+            assert events(view) == events(saver)
+        with tenant_scope("acme"):
+            with pytest.raises(AccessDenied):
+                audit(view)
+            with pytest.raises(AccessDenied):
+                events(view, tenant="acme")
+    finally:
+        registry.dispose()
