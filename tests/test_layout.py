@@ -35,7 +35,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "caches", "timeargs"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
-    ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "report_html", "scan",
+    ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "audit_report", "audit_sql",
+                              "report_html", "scan",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "server", "demo", "demo_run", "recover"})),
     ("cli", frozenset({"cli", "cli_common", "cli_ops"})),
@@ -46,7 +47,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 #: Import cycles that still exist (each a frozenset of module names relative to the package).
 KNOWN_CYCLES: set[frozenset[str]] = set()
 #: Modules still over MAX_MODULE_LINES.
-KNOWN_OVERSIZE: set[str] = {"audit", "registry"}
+KNOWN_OVERSIZE: set[str] = {"registry"}
 #: (module, private attribute) accesses that still exist.
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 #: Whether SecureSaver is still over MAX_SAVER_CLASS_LINES.

@@ -1,0 +1,184 @@
+"""What an audit answers: per-thread and per-tenant inventories, the report and the summary
+of a streamed audit, age buckets, and the entries of the audit trail.
+
+Data types and formatting only; how they are computed is :mod:`.audit` (the row walk) and
+:mod:`.audit_sql` (the grouped statement).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any
+
+DAY = 86400.0
+AGE_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("< 1 day", DAY),
+    ("1-7 days", 7 * DAY),
+    ("7-30 days", 30 * DAY),
+    ("30-90 days", 90 * DAY),
+    ("90-365 days", 365 * DAY),
+    ("> 1 year", math.inf),
+)
+UNKNOWN_AGE = "unknown"
+
+
+def age_bucket(age: float | None) -> str:
+    if age is None:
+        return UNKNOWN_AGE
+    for label, upper in AGE_BUCKETS:
+        if age < upper:
+            return label
+    return AGE_BUCKETS[-1][0]
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    try:  # the same text as datetime.isoformat(timespec="seconds") in UTC, 4x faster
+        return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _checkpoint_epoch(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    try:
+        return datetime.fromisoformat(ts).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class ThreadAudit:
+    tenant: str
+    thread_id: str
+    created_at: float | None
+    last_activity: float | None
+    expires_at: float | None
+    legal_hold: bool
+    policy_source: str | None
+    idle_ttl: float | None
+    max_age: float | None
+    state: str | None
+    checkpoints: int = 0
+    stored_bytes: int = 0
+    key_versions: list[int] = field(default_factory=list)
+    pii: dict[str, int] = field(default_factory=dict)
+    first_checkpoint: float | None = None
+    last_checkpoint: float | None = None
+    registered: bool = True
+    overdue: bool = False          # past expiry, not held: retention is not being executed
+    held_past_ttl: bool = False    # would have expired, kept by a legal hold
+
+    def as_dict(self) -> dict[str, Any]:
+        # (by hand rather than dataclasses.asdict: the streamed audit calls this per thread)
+        out = {f.name: getattr(self, f.name) for f in _THREAD_FIELDS}
+        out["key_versions"] = list(self.key_versions)
+        out["pii"] = dict(self.pii)
+        for key in ("created_at", "last_activity", "expires_at", "first_checkpoint",
+                    "last_checkpoint"):
+            out[key] = iso(out[key])
+        return out
+
+
+_THREAD_FIELDS = fields(ThreadAudit)
+
+
+@dataclass
+class TenantAudit:
+    tenant: str
+    threads: int = 0
+    checkpoints: int = 0
+    stored_bytes: int = 0
+    key_versions: list[int] = field(default_factory=list)   # named by stored ciphertexts
+    current_data_key: int | None = None
+    data_keys: list[int] = field(default_factory=list)
+    master_versions: list[str] = field(default_factory=list)
+    pii: dict[str, int] = field(default_factory=dict)        # distinct values in the vault
+    first_created: float | None = None
+    overdue: int = 0
+    held: int = 0
+    unregistered: int = 0
+    policy: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["first_created"] = iso(out["first_created"])
+        return out
+
+
+@dataclass
+class AuditReport:
+    generated_at: float
+    backend: str
+    tenant_filter: str | None
+    tenants: list[TenantAudit]
+    threads: list[ThreadAudit]
+    orphans: list[dict[str, Any]]               # stored threads whose tag names no tenant
+    age_bytes: dict[str, dict[str, int]]        # tenant -> age bucket -> stored bytes
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def overdue(self) -> list[ThreadAudit]:
+        return [t for t in self.threads if t.overdue]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "generated_at": iso(self.generated_at), "backend": self.backend,
+            "tenant": self.tenant_filter, "problems": self.problems,
+            "tenants": [t.as_dict() for t in self.tenants],
+            "threads": [t.as_dict() for t in self.threads],
+            "orphans": self.orphans,
+            "stored_bytes_by_age": self.age_bytes,
+            "age_buckets": [label for label, _ in AGE_BUCKETS] + [UNKNOWN_AGE],
+        }
+
+
+@dataclass
+class AuditSummary:
+    """What a streamed audit knows at its end (the thread rows went to the output)."""
+
+    generated_at: float
+    backend: str
+    tenant_filter: str | None
+    tenants: list[TenantAudit]
+    orphans: list[dict[str, Any]]
+    age_bytes: dict[str, dict[str, int]]
+    problems: list[str]
+    threads: int
+    overdue: int
+    orphan_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --------------------------------------------------------------------------------------------
+# the audit trail
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrailEntry:
+    """An event (``kind`` as recorded) or a deletion receipt (``kind`` = ``receipt:<action>``)."""
+
+    at: float
+    kind: str
+    tenant: str | None
+    thread_id: str | None
+    actor: str | None
+    detail: dict[str, Any]
+    source: str            # "event" | "receipt"
+    ref: str               # event id or receipt id
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "kind": self.kind, "tenant": self.tenant,
+                "thread_id": self.thread_id, "actor": self.actor, "detail": self.detail,
+                "source": self.source, "id": self.ref}
