@@ -17,7 +17,7 @@ import builtins
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -79,8 +79,6 @@ from .tenancy import (
 from .writes import WritePath
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
     {"source", "step", "parents", "run_id", *DELTA_METADATA_KEYS}
