@@ -30,6 +30,7 @@ from .engine import (
     LANGUAGE,
     PATTERN_ENTITIES,
     empty_artifacts,
+    freeze_long_lived_heap,
     ner_entities_of,
     shared_analyzer,
 )
@@ -556,19 +557,27 @@ class Redactor:
         cache_size: entries in each of the five result caches (0 disables caching).
         cache_max_chars: approximate bound on the characters (marshal bytes for messages)
             each cache holds; the caches hold original values in memory until evicted.
+        freeze_heap: once the engine is built, move the process's long-lived objects out of
+            the cyclic garbage collector (``gc.freeze()``, once per process; see
+            :func:`~langgraph_securesaver.redaction.engine.freeze_long_lived_heap`), so that a
+            full collection triggered inside a redaction worker thread does not hold the GIL
+            (and stall an async caller's event loop) for a walk of the whole engine heap.
+            Pass ``False`` if your application manages ``gc.freeze()`` itself.
     """
 
     def __init__(self, policy: RedactionPolicy | None = None, *,
                  analyzer: AnalyzerEngine | None = None,
                  phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
                  cache_size: int = 16_384,
-                 cache_max_chars: int = 4_000_000) -> None:
+                 cache_max_chars: int = 4_000_000,
+                 freeze_heap: bool = True) -> None:
         if policy is not None and not isinstance(policy, RedactionPolicy):
             raise ConfigurationError("policy must be a RedactionPolicy")
         self.policy = policy or RedactionPolicy.default()
         self._phone_regions = tuple(phone_regions)
         self._analyzer = analyzer
         self._custom_analyzer = analyzer is not None
+        self._freeze_heap = bool(freeze_heap)
         self._setup_lock = threading.Lock()
         self._pattern_entities: tuple[str, ...] | None = None
         self._ner_entities: tuple[str, ...] = ()
@@ -621,6 +630,8 @@ class Redactor:
             self._prefilter = set(self._pattern_entities) <= set(PATTERN_ENTITIES)
             logger.debug("redactor ready: %d pattern entities, NER entities %s",
                          len(self._pattern_entities), list(self._ner_entities))
+        if self._freeze_heap:
+            freeze_long_lived_heap()
 
     @property
     def stats(self) -> RedactionStats:
