@@ -135,9 +135,10 @@ def main() -> int:
     parser.add_argument("--backends", default="sqlite,postgres")
     args = parser.parse_args()
     factories = {"sqlite": sqlite_saver, "postgres": postgres_saver}
-    targets = {"sqlite": 1.15, "postgres": 1.10}
-    full_stack_targets = {"sqlite": 1.5}
-    print(f"per-turn median latency, one-node chat graph, {args.turns} turns x {args.rounds} rounds")
+    targets = {"sqlite": 1.10, "postgres": 1.10}  # encryption only (issue 9)
+    full_stack_targets = {"sqlite": 1.5, "postgres": 1.5}  # with redaction (issues 9, 10)
+    print(f"per-turn median latency, one-node chat graph, {args.turns} turns x {args.rounds} rounds"
+          f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'backend':<10}{'variant':<24}{'ms/turn':>9}{'x raw':>8}")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +158,7 @@ def main() -> int:
                 print(f"{backend:<10}{'+redaction target':<24}{'<=':>9}"
                       f"{full_stack_targets[backend]:>8.2f}  {verdict}")
                 ok = ok and full <= full_stack_targets[backend]
+    print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0 if ok else 1
 
 
