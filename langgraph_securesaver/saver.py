@@ -251,11 +251,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         ref = self._gate.resolve_ref(config, "put")
         inner = self._io.sync("put")
         keys = self.services.tenant_keys(ref.tenant)
-        sealed, md, new_pii = self._writes.prepare_put(self.codec, keys, ref, config, checkpoint,
-                                                       metadata, new_versions)
-        if self.services.touch_due(ref):
-            self.services.touch(ref)
-        self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
+        sealed, md = self._writes.seal_put(self.codec, keys, ref, config, checkpoint, metadata,
+                                           new_versions)
         saved = inner.put(self._io.config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
         return named_cfg(self._io.outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
@@ -266,9 +263,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         keys = self.services.tenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
         # sealed with the task path the inner saver stores (none if it takes none)
-        sealed, new_pii = self._writes.prepare_writes(self.codec, keys, ref, config, writes,
-                                                      task_id, optional.get("task_path", ""))
-        self.vault.store(keys, ref.thread_id, new_pii)
+        sealed = self._writes.seal_writes(self.codec, keys, ref, config, writes, task_id,
+                                          optional.get("task_path", ""))
         inner.put_writes(self._io.config(ref, config), sealed, task_id, **optional)
 
     def delete_thread(self, thread_id: str) -> None:
@@ -380,17 +376,10 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         ref = await self._gate.aresolve_ref(config, "put")
         keys = await self.services.atenant_keys(ref.tenant)
-        if self.redactor is not None:  # redaction is CPU work: never on the event loop
-            sealed, md, new_pii = await asyncio.to_thread(
-                self._writes.prepare_put, self.codec, keys, ref, config, checkpoint, metadata,
-                new_versions)
-        else:
-            sealed, md, new_pii = self._writes.prepare_put(self.codec, keys, ref, config,
-                                                           checkpoint, metadata, new_versions)
-        if self.services.touch_due(ref):
-            await asyncio.to_thread(self.services.touch, ref)
-        if new_pii:
-            await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
+        # redaction, serialization, sealing and the registry rows: one hop off the event loop
+        sealed, md = await asyncio.to_thread(
+            self._writes.seal_put, self.codec, keys, ref, config, checkpoint, metadata,
+            new_versions)
         saved = await self._io.call("put", self._io.config(ref, config), sealed, md,
                                    new_versions)
         return named_cfg(self._io.outer(ref.tenant)(saved) or saved, config, ref.tenant)
@@ -401,15 +390,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         keys = await self.services.atenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
         path = optional.get("task_path", "")  # as the inner saver stores it
-        if self.redactor is not None:  # redaction is CPU work: never on the event loop
-            sealed, new_pii = await asyncio.to_thread(
-                self._writes.prepare_writes, self.codec, keys, ref, config, writes, task_id,
-                path)
-        else:
-            sealed, new_pii = self._writes.prepare_writes(self.codec, keys, ref, config, writes,
-                                                          task_id, path)
-        if new_pii:
-            await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
+        sealed = await asyncio.to_thread(  # one hop off the event loop, as in aput
+            self._writes.seal_writes, self.codec, keys, ref, config, writes, task_id, path)
         await self._io.call("put_writes", self._io.config(ref, config), sealed, task_id,
                            **optional)
 
@@ -576,3 +558,4 @@ def _sqlite_path(inner: BaseCheckpointSaver) -> str | None:
 # names other modules imported from here before the split (kept for compatibility)
 _Denial = Denial
 _DeniedError = DeniedError
+_SealedCodec = SealedCodec

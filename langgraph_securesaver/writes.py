@@ -84,6 +84,28 @@ class WritePath:
             codec.seal_writes(keys, ref, cid, task_id, task_path, writes))
         return sealed, self.pii.vault.unknown(ref.tenant, ref.thread_id, entries)
 
+    def seal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                 config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                 new_versions: ChannelVersions) -> tuple[Checkpoint, dict[str, Any]]:
+        """Everything a put does before the inner saver's call (CPU work and registry rows;
+        ``aput`` runs it in one worker thread): redact and seal, touch the thread's registry
+        row when due, and store new PII originals before their tokens reach storage."""
+        sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint, metadata,
+                                               new_versions)
+        if self.services.touch_due(ref):
+            self.services.touch(ref)
+        self.pii.vault.store(keys, ref.thread_id, new_pii)
+        return sealed, md
+
+    def seal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                    config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                    task_path: str = "") -> builtins.list[tuple[str, Any]]:
+        """The put_writes counterpart of :meth:`seal_put`."""
+        sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
+                                              task_path)
+        self.pii.vault.store(keys, ref.thread_id, new_pii)
+        return sealed
+
     def remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
         """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""
         conf = raw.config["configurable"]

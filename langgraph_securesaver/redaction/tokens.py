@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import marshal
 import re
 import unicodedata
+from typing import Any
 
 # --------------------------------------------------------------------------------------------
 # Tokens and markers
@@ -62,3 +64,27 @@ def make_token(token_key: bytes, kind: str, value: str) -> str:
 
 def mask_marker(kind: str) -> str:
     return f"<{_kind_label(kind)}:masked>"
+
+
+# tokens in messages read back, found on a marshal dump (restore's per-conversation cache)
+_TOKEN_BYTES_RE = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")
+
+
+def _dump_message(msg: Any) -> bytes | None:
+    """A marshal dump of a message's fields, or None if it has an unmarshalable field or is
+    nested too deeply (callers then walk it)."""
+    fields = getattr(msg, "__dict__", None)
+    if not isinstance(fields, dict):
+        return None
+    try:
+        return marshal.dumps((tuple(fields.values()),
+                              getattr(msg, "__pydantic_extra__", None)), 0)
+    except ValueError:
+        return None
+
+
+def _tokens_in_dump(dumped: bytes) -> list[str]:
+    """Tokens in a marshal dump (strings are UTF-8 there, so tokens appear verbatim)."""
+    if b"<" not in dumped:
+        return []
+    return [t.decode("ascii") for t in _TOKEN_BYTES_RE.findall(dumped)]
