@@ -193,8 +193,10 @@ def prune(
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
 
-    Exit codes: 0 done (also when nothing expired), 1 some threads failed (see the report),
-    2 could not run (bad duration, unknown tenant, unreachable database).
+    Needs the keyring (only to verify the MACs of the retention rows; nothing is decrypted).
+    Exit codes: 0 done (also when nothing expired), 1 some threads failed or their registry
+    row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
+    keyring, unreachable database).
     """
     import json
     import signal

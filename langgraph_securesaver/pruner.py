@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from .registry import ThreadRow, pairs_in
+from .errors import TamperedDataError
+from .registry import ThreadRow, _thread_ref, pairs_in
 from .retention import PruneReport
 from .storage_ops import delete_threads_in
 from .tenancy import ThreadRef, inner_thread_id
@@ -73,6 +74,10 @@ def shares_database(saver: SecureSaver) -> bool:
     return saver._ops.shares_database(saver.registry.engine)
 
 
+def _ref(row: ThreadRow) -> str:
+    return _thread_ref(row.tenant, row.thread_id)
+
+
 def _reason(row: ThreadRow, now: float) -> str:
     if row.idle_ttl is not None and row.last_activity + row.idle_ttl <= now:
         return "retention:idle_ttl"
@@ -103,14 +108,26 @@ class Sweep:
         self.report = PruneReport(self.now, dry_run)
         self._shared = False
 
+    def _verified(self, row: ThreadRow) -> tuple[bool, float | None]:
+        """(verifies, verified expiry); a row that does not verify is reported as an error."""
+        try:
+            return True, self.registry.verified_expiry(row)
+        except TamperedDataError as exc:
+            self._record_error(row, exc)
+            return False, None
+
     def run(self) -> PruneReport:
         self.report.held = [(r.tenant, r.thread_id)
-                            for r in self.registry.expired_but_held(self.now, self.tenant)]
+                            for r in self.registry.expired_but_held(self.now, self.tenant)
+                            if self._verified(r)[0]]
         total = self.registry.count_expired(self.now, self.tenant)
         if self.limit is not None:
             total = min(total, self.limit)
         if self.dry_run:
             for row in self.registry.list_expired(self.now, self.tenant, self.limit):
+                ok, expiry = self._verified(row)
+                if not ok or expiry is None or expiry > self.now:
+                    continue  # unverifiable or forged expiry: reported (errors), not listed
                 target = (self.report.would_delete if row.strategy == "delete"
                           else self.report.would_prune)
                 target.append((row.tenant, row.thread_id))
@@ -152,14 +169,23 @@ class Sweep:
         doomed: list[ThreadRow] = []
         for row in current:
             key = (row.tenant, row.thread_id)
-            if row.state == "deleting":
-                doomed.append(row)       # a crashed pruner's batch: finish it
-            elif row.legal_hold:
+            # act on the MACed fields only: a row whose MACs do not verify, or whose stored
+            # expires_at is earlier than its verified TTLs imply, is reported (errors) and
+            # left alone with its claim kept, so this sweep does not pick it up again
+            ok, expiry = self._verified(row)
+            if not ok:
+                continue
+            if row.legal_hold:
                 self.report.held.append(key)
                 release.append(row)
-            elif row.expires_at is None or row.expires_at > self.now:
+            elif expiry is None or expiry > self.now:
+                if row.expires_at is not None and row.expires_at <= self.now:
+                    self._record_error(row, _forged_expiry(row))
+                    continue
                 self.report.survived.append(key)
                 release.append(row)
+            elif row.state == "deleting":
+                doomed.append(row)       # a crashed pruner's batch: finish it
             elif row.strategy == "keep_latest":
                 self._process_safely(row)  # rare: pruned one by one, with its own re-checks
             else:
@@ -248,7 +274,7 @@ class Sweep:
             return gone
         # the registry is elsewhere: mark, delete storage, then finish in one registry
         # transaction (a kill in between leaves `deleting` rows the next sweep finishes)
-        ours = self.registry.mark_batch_state(rows, "deleting")
+        ours = self.registry.mark_batch_state(rows, "deleting", now=self.now)
         mine = [r for r in rows if (r.tenant, r.thread_id) in ours]
         if not mine:
             return []
@@ -327,15 +353,21 @@ class Sweep:
         if row is None or row.claim_token != claimed.claim_token:
             return  # deleted or taken over meanwhile
         ref = ThreadRef(row.tenant, row.thread_id)
+        # act on the MACed fields only (TamperedDataError -> reported, claim kept): a forged
+        # expires_at, TTL, created_at or last_activity never makes a thread expire early
+        expiry = self.registry.verified_expiry(row)
+        if row.legal_hold:
+            self.report.held.append(key)
+            self.registry.release_claim(row)
+            return
+        if expiry is None or expiry > self.now:
+            if row.expires_at is not None and row.expires_at <= self.now:
+                # reported; the claim is kept so this sweep does not pick the row up again
+                raise _forged_expiry(row)
+            self.report.survived.append(key)
+            self.registry.release_claim(row)
+            return
         if row.state != "deleting":
-            if row.legal_hold:
-                self.report.held.append(key)
-                self.registry.release_claim(row)
-                return
-            if row.expires_at is None or row.expires_at > self.now:
-                self.report.survived.append(key)
-                self.registry.release_claim(row)
-                return
             latest = self.saver._latest_checkpoint_time(ref)
             if latest is not None and row.idle_ttl is not None and (
                     latest + row.idle_ttl > self.now) and latest > row.last_activity:
@@ -371,6 +403,12 @@ class Sweep:
                            "expired_at": row.expires_at}}, claim_token=row.claim_token):
             self.saver._forget_touch(row.tenant, row.thread_id)
             self.report.deleted.append(key)
+
+
+def _forged_expiry(row: ThreadRow) -> TamperedDataError:
+    return TamperedDataError(
+        f"securesaver_threads row {_ref(row)}: expires_at is earlier than its verified TTLs "
+        "imply (forged expiry); the thread was kept")
 
 
 def _group_by_token(rows: list[ThreadRow]) -> dict[str, list[ThreadRow]]:

@@ -508,6 +508,7 @@ class SecureSaver(BaseCheckpointSaver):
         self.inner = inner
         self.keyring = keyring
         self.registry = self._make_registry(inner, registry)
+        self.registry.attach_keys(keyring)  # unwraps the registry MAC key (tamper evidence)
         self.keys = KeyManager(keyring, self.registry)
         self.default_tenant = validate_tenant(default_tenant) if default_tenant else None
         allow = frozenset(metadata_allowlist) if metadata_allowlist is not None else (
@@ -1481,6 +1482,9 @@ class SecureSaver(BaseCheckpointSaver):
         from .timeargs import to_epoch
         tenant = self._admin_tenant("prune_expired", tenant)
         now = to_epoch(now, "now")
+        # the sweep acts only on thread rows whose MACs verify: without the keyring it cannot
+        # tell a forged expiry from a real one, so it refuses to run (KeyringRequired)
+        self.registry.integrity.require()
         self._save_default_policy()
         report = Sweep(self, now=now, limit=limit, dry_run=dry_run, tenant=tenant,
                        **options).run()
