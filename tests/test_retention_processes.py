@@ -226,7 +226,8 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
     from langgraph_securesaver.tenancy import inner_thread_id
 
     expired = 12
-    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None,
+    ring = Keyring.generate()   # one keyring: the pruner verifies the registry MACs
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl="1h")) as saver:
         _populate(saver, expired, 2)
         store = IdempotencyStore.for_saver(saver)
@@ -242,7 +243,7 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
     assert all(c > 0 and b > 0 and w > 0 for c, b, w in before.values())
     victim = 6                      # in the second batch of 4
     # --slow: the first batch's progress lines take 4 x 0.3 s, time to lock the victim's rows
-    proc = _spawn(pg_url, later, "--batch", "4", "--lease", "1", "--slow", "0.3")
+    proc = _spawn(pg_url, later, ring, "--batch", "4", "--lease", "1", "--slow", "0.3")
     with psycopg.connect(pg_url) as lock:
         for line in proc.stdout:
             if line.startswith("progress"):
@@ -273,7 +274,7 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
                 time.sleep(0.05)
             after = {i: _stored(probe, inner[i]) for i in range(expired)}
     assert proc.returncode == -signal.SIGKILL
-    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None) as saver:
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None) as saver:
         registered = {t.thread_id for t in saver.registry.list_threads()}
         receipts: dict[str, int] = {}
         for r in saver.receipts(tenant="acme"):
