@@ -587,3 +587,171 @@ def test_receipts_of_a_shredded_tenant_still_verify(db: Db) -> None:
     shredded = db.sql("SELECT count(*) FROM securesaver_receipts WHERE tenant = :t AND "
                       "action = 'shredded'", t=GLOBEX)[0][0]
     assert shredded >= 1 and data["checked"]["securesaver_receipts"] >= 4 + shredded
+
+
+# --------------------------------------------------------------------------------------------
+# the batched pruner: MACs checked before it decides and again under the delete's locks
+# --------------------------------------------------------------------------------------------
+def _claimed_batch(saver: SecureSaver, threads: int, now: float) -> list[Any]:
+    for i in range(threads):
+        _say(saver, f"t{i}")
+    rows = saver.registry.claim_expired(now=now, owner="test", lease=300, limit=100)
+    assert sorted(r.thread_id for r in rows) == sorted(f"t{i}" for i in range(threads))
+    return rows
+
+
+def _legit_then_forged(db: Db, saver: SecureSaver, how: str, now: float) -> None:
+    """After the claim: a legitimate change that makes t2 not due (through the API, so it is
+    MACed), then a forgery of the stored columns that makes it look due again."""
+    with tenant_scope(ACME):
+        if how == "hold_removed":
+            saver.set_retention("t2", legal_hold=True)
+            db.sql("UPDATE securesaver_threads SET legal_hold = :f, expires_at = :e "
+                   "WHERE thread_id = 't2'", f=False, e=now - 60)
+        else:
+            saver.set_retention("t2", idle_ttl="30d")
+            forged = ("expires_at = :e" if how == "expiry_forged"
+                      else "state = 'deleting', expires_at = :e")
+            db.sql(f"UPDATE securesaver_threads SET {forged} WHERE thread_id = 't2'", e=now - 60)
+
+
+@pytest.mark.parametrize("how", ["hold_removed", "expiry_forged", "state_deleting"])
+def test_a_row_forged_between_claim_and_batch_delete_is_not_obeyed(db: Db, how: str) -> None:
+    """The claim saw t2 due (and it verified); then it stopped being due and the stored
+    columns were forged back. The fenced batch delete re-checks the MACs of exactly the rows
+    it deleted: the batch is rolled back, redone thread by thread, t2 reported and kept."""
+    from collections import Counter
+
+    from langgraph_securesaver.pruner import Sweep, shares_database
+    now = time.time() + 2 * HOUR
+    with db.saver(retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        rows = _claimed_batch(saver, 6, now)
+        _legit_then_forged(db, saver, how, now)
+        sweep = Sweep(saver, now=now, limit=None, dry_run=False, tenant=None, active_grace=0)
+        sweep._shared = shares_database(saver)
+        assert sweep._shared            # from_url: the one-transaction batch path
+        sweep._batch(rows)
+        report = sweep.report
+        assert sorted(report.deleted) == sorted((ACME, f"t{i}") for i in (0, 1, 3, 4, 5))
+        assert any(t == "t2" and "TamperedDataError" in e for _, t, e in report.errors), (
+            report.errors)
+        assert saver.get_tuple(_cfg("t2")) is not None
+        assert saver.registry.get_thread(ACME, "t2") is not None
+        receipts = Counter(r.thread_id for r in saver.receipts(tenant=ACME))
+        assert receipts == {f"t{i}": 1 for i in (0, 1, 3, 4, 5)}
+    code, data, output = db.verify()
+    assert code == 1, output
+    assert {p[0] for p in problems(data)} == {"securesaver_threads"}, problems(data)
+
+
+def test_marking_a_batch_deleting_re_checks_the_macs(db: Db) -> None:
+    """The path for a registry outside the inner saver's database marks the batch
+    `deleting` before it deletes storage: a forged row makes the mark roll back whole."""
+    now = time.time() + 2 * HOUR
+    with db.saver(retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        rows = _claimed_batch(saver, 4, now)
+        _legit_then_forged(db, saver, "expiry_forged", now)
+        with pytest.raises(TamperedDataError, match="securesaver_threads row"):
+            saver.registry.mark_batch_state(rows, "deleting", now=now)
+        assert {t.state for t in saver.registry.list_threads()} == {"active"}
+        assert saver.registry.mark_batch_state(
+            [r for r in rows if r.thread_id != "t2"], "deleting", now=now) == {
+            (ACME, t) for t in ("t0", "t1", "t3")}
+
+
+def test_a_batch_with_forged_rows_deletes_only_the_authentic_ones(db: Db) -> None:
+    """Forged rows inside one claimed batch (expiry, TTL, hold, transplant): reported, kept;
+    the authentic expired threads of the same batch go, one receipt each."""
+    from collections import Counter
+    with db.saver(retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        for i in range(8):
+            _say(saver, f"t{i}")
+        with tenant_scope(ACME):
+            for i in (4, 5, 6, 7):
+                saver.set_retention(f"t{i}", idle_ttl="30d")
+            saver.set_retention("t3", legal_hold=True)
+    now = time.time() + 2 * HOUR
+    db.sql("UPDATE securesaver_threads SET expires_at = :e WHERE thread_id = 't4'", e=now - 1)
+    db.sql("UPDATE securesaver_threads SET idle_ttl = 1, expires_at = last_activity + 1 "
+           "WHERE thread_id = 't5'")
+    db.sql("UPDATE securesaver_threads SET legal_hold = :f, expires_at = :e "
+           "WHERE thread_id = 't3'", f=False, e=now - 1)
+    _copy_row(db, "t0", "t6")
+    with db.saver() as saver:
+        report = saver.prune_expired(now=now, active_grace=0)
+        assert sorted(report.deleted) == [(ACME, "t0"), (ACME, "t1"), (ACME, "t2")]
+        assert {t for _, t, _e in report.errors} == {"t3", "t4", "t5", "t6"}
+        for i in range(3, 8):
+            assert saver.get_tuple(_cfg(f"t{i}")) is not None
+        assert Counter(r.thread_id for r in saver.receipts(tenant=ACME)) == {
+            "t0": 1, "t1": 1, "t2": 1}
+
+
+def test_concurrent_batched_pruners_keep_every_chain_verifiable(db: Db) -> None:
+    """Several sweeps at once over several tenants (small batches, so they interleave on the
+    chain heads): one receipt per thread, and every tenant's receipt chain verifies."""
+    import threading
+    from collections import Counter
+    tenants = [f"tenant-{k}-chain" for k in range(3)]
+    with db.saver(retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        graph = build_chat_graph(saver)
+        for tenant in tenants:
+            for i in range(8):
+                graph.invoke({"messages": [HumanMessage("hi")]}, _cfg(f"c{i}", tenant))
+    now = time.time() + 2 * HOUR
+    reports: list[Any] = []
+    failures: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            with db.saver() as saver:
+                reports.append(saver.prune_expired(now=now, batch=3, active_grace=0))
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=sweep) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=300)
+    assert not failures, failures
+    deleted = [d for r in reports for d in r.deleted]
+    assert len(deleted) == len(set(deleted)) == 24
+    assert all(r.ok for r in reports), [r.errors for r in reports]
+    with db.saver() as saver:
+        for tenant in tenants:
+            counts = Counter(r.thread_id for r in saver.receipts(tenant=tenant))
+            assert counts == {f"c{i}": 1 for i in range(8)}
+        seqs = [r[0] for r in db.sql("SELECT seq FROM securesaver_receipts WHERE tenant = :t "
+                                     "ORDER BY seq", t=tenants[0])]
+        assert seqs == list(range(1, 9))
+    code, data, output = db.verify()
+    assert code == 0, output
+
+
+@pytest.mark.parametrize("edit", ["deleted", "altered", "reordered"])
+def test_receipts_written_by_a_batch_are_chained(db: Db, edit: str) -> None:
+    """A batch's receipts (one bulk insert) are links of the tenant's chain: deleting,
+    altering or reordering one of them is named by `events --verify`."""
+    with db.saver(retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        for i in range(5):
+            _say(saver, f"b{i}")
+        report = saver.prune_expired(now=time.time() + 2 * HOUR, active_grace=0)
+        assert len(report.deleted) == 5
+    assert db.verify()[0] == 0
+    ids = chain_ids(db, "securesaver_receipts")
+    assert len(ids) == 5
+    victim = ids[2]
+    if edit == "deleted":
+        db.sql("DELETE FROM securesaver_receipts WHERE id = :i", i=victim)
+        named = f"id={ids[3]}"
+    elif edit == "altered":
+        db.sql("UPDATE securesaver_receipts SET reason = :r WHERE id = :i", r=FORGED, i=victim)
+        named = f"id={victim}"
+    else:
+        db.sql("UPDATE securesaver_receipts SET seq = -seq WHERE id IN (:a, :b)",
+               a=victim, b=ids[3])
+        db.sql("UPDATE securesaver_receipts SET seq = CASE WHEN id = :a THEN :sb ELSE :sa END "
+               "WHERE id IN (:a, :b)", a=victim, b=ids[3], sa=3, sb=4)
+        named = f"id={victim}"
+    assert_named(db, "securesaver_receipts", named)

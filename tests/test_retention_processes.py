@@ -86,6 +86,9 @@ def test_three_pruners_and_writers_on_postgres(pg_url: str) -> None:
             assert len(humans) == writes[i]
         assert {t.thread_id for t in saver.registry.list_threads()} == {
             f"live-{i}" for i in range(live)}
+        # three pruners appended to one tenant's receipt chain at once: it still verifies
+        integrity = saver.registry.verify_integrity()
+        assert integrity.ok, integrity.problems
 
 
 def test_pruner_killed_mid_sweep_is_finished_by_the_next(tmp_path: Path) -> None:
@@ -299,5 +302,7 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
             counts[r.thread_id] = counts.get(r.thread_id, 0) + 1
         assert counts == {f"old-{i}": 1 for i in range(expired)}
         assert {t.thread_id for t in saver.registry.list_threads()} == {"live-0", "live-1"}
+        integrity = saver.registry.verify_integrity()   # the rolled-back batch left no link
+        assert integrity.ok, integrity.problems
     with psycopg.connect(pg_url, autocommit=True) as probe:
         assert all(_stored(probe, inner[i]) == (0, 0, 0) for i in range(expired))
