@@ -216,6 +216,10 @@ def prune(
     if interval is not None and interval <= 0:
         raise fail("--every must be a positive duration (e.g. 10m)")
     ring: Any = load_keyring(keyring) if keyring else _env_keyring_or_none() or NoKeys()
+    if isinstance(ring, NoKeys):  # checked before connecting: nothing is touched
+        raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
+                   "verifies the MACs of the retention rows before it deletes anything (it "
+                   "decrypts nothing)")
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:

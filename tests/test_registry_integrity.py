@@ -423,6 +423,19 @@ def test_the_pruner_refuses_to_run_without_the_keyring(db: Db) -> None:
         assert saver.receipts() == []
 
 
+def test_cli_prune_without_the_keyring_exits_2_with_one_line(db: Db) -> None:
+    _retention_setup(db)
+    for extra in ([], ["--dry-run"]):
+        result = runner.invoke(app, ["prune", "--url", db.url, *extra],
+                               env={"SECURESAVER_MASTER_KEY": ""})
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and "--keyring" in lines[0] and "SECURESAVER_MASTER_KEY" in (
+            lines[0]), result.output
+    with db.saver() as saver:
+        assert saver.receipts() == [] and saver.get_tuple(_cfg("old")) is not None
+
+
 def test_set_retention_refuses_to_re_mac_a_forged_row(db: Db) -> None:
     _retention_setup(db)
     db.sql("UPDATE securesaver_threads SET created_at = 0 WHERE thread_id = 'live'")
