@@ -261,7 +261,8 @@ class Sweep:
             with self.registry.begin() as conn:
                 for token, group in _group_by_token(rows).items():
                     gone += self.registry.delete_claimed(
-                        conn, token, [(r.tenant, r.thread_id) for r in group], self.now)
+                        conn, token, [(r.tenant, r.thread_id) for r in group], self.now,
+                        known=by_key)  # verified by _batch: unchanged rows are not re-MACed
                 inner = {inner_thread_id(t, th): (t, th) for t, th in gone}
                 if inner:
                     checkpoints = delete_threads_in(conn, self.registry.dialect, list(inner))
