@@ -160,13 +160,15 @@ def test_cli_prune_dry_run_json_then_real_run(tmp_path: Path) -> None:
 ])
 def test_cli_prune_bad_input_exits_2_and_deletes_nothing(tmp_path: Path, args, message) -> None:
     url = f"sqlite:///{tmp_path / 'agent.db'}"
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None,
+    ring = Keyring.generate()
+    ring_path = ring.save(tmp_path / "keyring.json")
+    with SecureSaver.from_url(url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl=1)) as saver:
         _populate(saver, 2, 0)
     time.sleep(1.1)
-    result = runner.invoke(app, ["prune", "--url", url, *args])
+    result = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path), *args])
     assert result.exit_code == 2 and message in result.output
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         assert saver.receipts() == [] and len(saver.registry.list_threads()) == 2
 
 
