@@ -9,6 +9,14 @@ lease and one fencing token, returning the rows as they are under its locks), on
 the latest checkpoint time of every thread of the batch, then set-based deletes whose
 registry-row delete re-checks the claim token, expiry and hold in the same statement.
 
+Registry integrity: the sweep acts on MACed fields only. Every claimed row's MACs are checked
+before anything is decided (a forged row is reported in ``errors``, its claim kept, its thread
+untouched), and the rows the fenced delete returns — as they are under its locks — are
+checked again (compared with their verified copy, or MACed): one that does not verify or is
+not due by its verified TTLs raises ``TamperedDataError`` inside the batch transaction, which
+rolls back whole and is redone thread by thread. Receipts extend each tenant's hash chain
+once per batch, as the transaction's last statement (``Registry.insert_receipts``).
+
 When the registry and the inner saver share a database (``from_url``), a batch's
 checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
 deleted and its receipts written in ONE transaction: a kill at any point leaves each thread
