@@ -719,7 +719,7 @@ def test_concurrent_batched_pruners_keep_every_chain_verifiable(db: Db) -> None:
         try:
             with db.saver() as saver:
                 reports.append(saver.prune_expired(now=now, batch=3, active_grace=0))
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
+        except BaseException as exc:  # surfaced below
             failures.append(exc)
 
     workers = [threading.Thread(target=sweep) for _ in range(3)]
@@ -738,7 +738,7 @@ def test_concurrent_batched_pruners_keep_every_chain_verifiable(db: Db) -> None:
         seqs = [r[0] for r in db.sql("SELECT seq FROM securesaver_receipts WHERE tenant = :t "
                                      "ORDER BY seq", t=tenants[0])]
         assert seqs == list(range(1, 9))
-    code, data, output = db.verify()
+    code, _data, output = db.verify()
     assert code == 0, output
 
 
