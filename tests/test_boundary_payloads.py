@@ -175,7 +175,9 @@ def test_payload_in_every_decoded_column_executes_nothing(database, column: str,
     untouched()
 
     # the pruner needs the keyring (to verify the registry rows' MACs) but never opens values
-    with SecureSaver.from_url(url, keyring=ring, redaction=None) as pruner:
+    # (the keyring file, as rotate-keys above left it)
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
+                              redaction=None) as pruner:
         swept = pruner.prune_expired(now=time.time() + 7200)
     untouched()
     refused_t1 = [e for e in swept.errors if e[1] == "t1"]
