@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import inspect
+import itertools
 import json
 import logging
 import re
@@ -30,6 +32,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.memory import InMemorySaver
@@ -408,26 +411,58 @@ class _SealedCodec:
 
     def _verify_writes(self, keys: TenantKeys, ref: ThreadRef, cid: str, tup: CheckpointTuple
                        ) -> builtins.list[tuple[str, str, bytes]]:
+        """Authenticate a checkpoint's pending writes; (task id, channel, plaintext) in
+        ``writes_sort_key`` order of what was sealed.
+
+        A task may have several put_writes calls (LangGraph saves its interrupts, resumes and
+        errors apart from its other writes, a null task's writes accumulate, a caller may save
+        an interrupt again under the same task id, with or without its task path): the inner
+        savers key a write by (task id, idx), keep the first regular write of a key and upsert
+        a special one. Whatever the sequence, a task's stored rows are unique in idx, and the
+        sealed idx is the stored one. Per task:
+
+        * no sealed idx twice (a copied row);
+        * every idx a stored write's call claimed is present (a dropped write; an upsert
+          replaces a row at the same idx, it never removes one);
+        * the savers return ``writes_sort_key`` order of the stored (task path, idx), so swapped
+          idx values put sealed keys out of order: the sealed (task path, idx) of the task's
+          regular writes strictly increases in the returned order (a regular row's stored path
+          is always its sealed one), and when all of the task's writes were sealed with one
+          path (every write LangGraph makes), the sealed idx of all of them does. (A special
+          write upserted by a call naming another path keeps its first path on PostgreSQL;
+          reads return the sealed order, so moving such a row changes nothing returned.)
+
+        A task whose every write was deleted looks like a task that never saved (re-run)."""
         rows = tup.pending_writes or []
         if not rows:
             return []
         parsed = []
-        last: dict[str, int] = {}
-        present: dict[str, builtins.set[int]] = {}
+        order: dict[str, builtins.list[int]] = {}
+        paths: dict[str, builtins.set[str]] = {}
         claimed: dict[str, builtins.set[int]] = {}
+        regular: dict[str, tuple[str, int]] = {}
         for row in rows:
             task_id, ch, tok = row
             path, idx, n, specials, body = self.split_write(
                 keys.open(tok, self.write_aad(ref, cid, task_id, ch)))
-            if task_id in last and idx <= last[task_id]:
-                raise TamperedDataError(
-                    f"pending writes of task {task_id!r} are duplicated or reordered")
-            last[task_id] = idx
-            present.setdefault(task_id, builtins.set()).add(idx)
+            if idx >= 0:
+                if task_id in regular and (path, idx) <= regular[task_id]:
+                    raise TamperedDataError(
+                        f"pending writes of task {task_id!r} are duplicated or reordered")
+                regular[task_id] = (path, idx)
+            order.setdefault(task_id, []).append(idx)
+            paths.setdefault(task_id, builtins.set()).add(path)
             claimed.setdefault(task_id, builtins.set()).update(_call_indexes(n, specials))
             parsed.append((path, task_id, idx, ch, body))
-        for task_id, wanted in claimed.items():
-            if not wanted <= present[task_id]:
+        for task_id, idxs in order.items():
+            present = builtins.set(idxs)
+            if len(present) != len(idxs):
+                raise TamperedDataError(
+                    f"pending writes of task {task_id!r} are duplicated or reordered")
+            if len(paths[task_id]) == 1 and any(a >= b for a, b in itertools.pairwise(idxs)):
+                raise TamperedDataError(
+                    f"pending writes of task {task_id!r} are duplicated or reordered")
+            if not claimed[task_id] <= present:
                 raise TamperedDataError(f"a pending write of task {task_id!r} was dropped")
         parsed.sort(key=lambda p: (p[0], p[1], p[2]))
         return [(task_id, ch, body) for _path, task_id, _idx, ch, body in parsed]
@@ -531,6 +566,7 @@ class SecureSaver(BaseCheckpointSaver):
         self._touched: dict[tuple[str, str], float] = {}
         self._async_only = _is_async_only(inner)
         self._sync_only = _is_sync_only(inner)
+        self._accepted: dict[str, frozenset[str]] = {}
 
     # construction helpers -----------------------------------------------------------------
     @staticmethod
@@ -702,10 +738,32 @@ class SecureSaver(BaseCheckpointSaver):
                     "graph.ainvoke/astream) instead of the sync API, or wrap a sync saver")
         return self.inner
 
+    def _inner_list(self, inner: BaseCheckpointSaver, config: RunnableConfig | None,
+                    **kwargs: Any) -> Iterator[CheckpointTuple]:
+        """The inner saver's listing for the sync API. An async-only saver's own sync bridge
+        abandons its async generator when closed early (finalized later, in whatever thread);
+        here it is driven on its loop and closed there."""
+        if not self._async_only:
+            return inner.list(config, **kwargs)
+        return _bridged(inner.alist(config, **kwargs), self.inner.loop)  # type: ignore[attr-defined]
+
     async def _ainner(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._sync_only:
             return await asyncio.to_thread(getattr(self.inner, name), *args, **kwargs)
         return await getattr(self.inner, "a" + name)(*args, **kwargs)
+
+    def _optional(self, operation: str, **params: Any) -> dict[str, Any]:
+        """The optional BaseCheckpointSaver parameters the inner saver's method accepts.
+
+        Decided from the method's signature, as LangGraph decides for ``task_path``
+        (``put_writes_accepts_task_path``): a saver written before a parameter existed keeps
+        working wrapped exactly as it does raw. The sync-only path of the async API calls the
+        sync method, so that one's signature counts there."""
+        name = operation if self._sync_only else "a" + operation
+        accepted = self._accepted.get(name)
+        if accepted is None:
+            accepted = self._accepted[name] = _accepted_params(getattr(self.inner, name))
+        return {k: v for k, v in params.items() if k in accepted}
 
     @staticmethod
     def _inner_config(ref: ThreadRef, config: RunnableConfig | None = None,
@@ -719,6 +777,11 @@ class SecureSaver(BaseCheckpointSaver):
         return {"configurable": out}
 
     def _outer(self, tenant: str) -> Callable[[RunnableConfig | None], RunnableConfig | None]:
+        """Configs as the caller sees them: the inner saver's, with the thread id unprefixed.
+        Tenant namespacing stays invisible (``tenant_id`` is added back by :func:`_named_tup`
+        / :func:`_named_cfg` only when the caller's own config named it: LangGraph merges
+        returned configs into the run config and copies configurable scalars into later
+        checkpoints' metadata, so anything added here would spread)."""
         def convert(config: RunnableConfig | None) -> RunnableConfig | None:
             if config is None:
                 return None
@@ -727,7 +790,6 @@ class SecureSaver(BaseCheckpointSaver):
             if thread is None:
                 raise TamperedDataError("inner saver returned a thread of another tenant")
             conf["thread_id"] = thread
-            conf["tenant_id"] = tenant
             return {"configurable": conf}
         return convert
 
@@ -951,7 +1013,7 @@ class SecureSaver(BaseCheckpointSaver):
             {} if self.redactor is not None else None)
         opened = self._open_checked(keys, ref, tup, known)
         self._remember_tokens(ref, tup)
-        return self._restore(keys, opened, known)
+        return _named_tup(self._restore(keys, opened, known), config, ref.tenant)
 
     def list(
         self,
@@ -970,14 +1032,17 @@ class SecureSaver(BaseCheckpointSaver):
         yielded = 0
         rows = _listing(tenant, lambda: self._inner_rows(
             tenant, inner_config, inner_filter, inner_before, limit, one_thread))
-        for tup in rows:
-            listed = self._open_listed(keys, tenant, tup, rows.drain)
-            if listed is None:
-                continue
-            yield self._restore(keys, *listed)
-            yielded += 1
-            if limit is not None and yielded >= limit:
-                return
+        try:  # early exit (limit, error, caller stops) releases the inner cursor at once
+            for tup in rows:
+                listed = self._open_listed(keys, tenant, tup, rows.drain)
+                if listed is None:
+                    continue
+                yield _named_tup(self._restore(keys, *listed), config, tenant)
+                yielded += 1
+                if limit is not None and yielded >= limit:
+                    return
+        finally:
+            rows.close()
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -990,16 +1055,19 @@ class SecureSaver(BaseCheckpointSaver):
             self._touch(ref)
         self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
         saved = inner.put(self._inner_config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
-        return self._outer(ref.tenant)(saved) or saved
+        return _named_cfg(self._outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
         ref = self._scoped(lambda: self._ref(config, "put_writes"))
         inner = self._sync_inner("put_writes")
         keys = self._keys(ref.tenant)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, task_path)
+        optional = self._optional("put_writes", task_path=task_path)
+        # sealed with the task path the inner saver stores (none if it takes none)
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
+                                               optional.get("task_path", ""))
         self.vault.store(keys, ref.thread_id, new_pii)
-        inner.put_writes(self._inner_config(ref, config), sealed, task_id, task_path)
+        inner.put_writes(self._inner_config(ref, config), sealed, task_id, **optional)
 
     def delete_thread(self, thread_id: str) -> None:
         thread_id = _thread_id(thread_id)
@@ -1051,6 +1119,89 @@ class SecureSaver(BaseCheckpointSaver):
     def get_next_version(self, current: Any, channel: None) -> Any:
         return self.inner.get_next_version(current, channel)
 
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
+                                  ) -> Mapping[str, DeltaChannelHistory]:
+        """The base-class contract, walked over pages of the inner saver's own listing.
+
+        The base class would call ``get_tuple`` (a query, a key lookup, every value decrypted
+        and PII restored) once per ancestor. Here each page of ancestors is one inner listing,
+        each on-path ancestor is authenticated as a read would, and PII is restored once for
+        the writes and seeds returned. (The inner saver's own ``get_delta_channel_history``
+        returns writes without their checkpoint id and seeds without their version, which
+        the sealed values are bound to, so its answer cannot be authenticated.)"""
+        if not channels:
+            return {}
+        ref = self._scoped(lambda: self._ref(config, "get_delta_channel_history"))
+        inner = self._sync_inner("get_delta_channel_history")
+        walk = _DeltaWalk(channels)
+        keys = self.keys.keys_for(ref.tenant, create=False)
+        target = inner.get_tuple(self._inner_config(ref, config))
+        if target is None or keys is None:
+            return walk.result()
+        walk.start(self._open_ancestor(keys, ref, target))
+        page = _DELTA_FIRST_PAGE
+        while walk.needs_more():
+            rows = self._inner_list(inner, self._inner_config(ref), before=walk.before(),
+                                    limit=page)
+            with _closing(rows):
+                seen = 0
+                for tup in rows:
+                    seen += 1
+                    if walk.is_next(tup) and not walk.visit(self._open_ancestor(keys, ref, tup)):
+                        break
+                else:
+                    if seen < page:
+                        walk.listing_ended()
+            if walk.needs_fetch():  # a parent the listing does not reach (ids out of order)
+                parent = inner.get_tuple(self._inner_config(ref, walk.wanted_config()))
+                walk.fetched(None if parent is None else self._open_ancestor(keys, ref, parent))
+            page = min(page * 4, _DELTA_MAX_PAGE)
+        return self._restore_history(keys, walk.result())
+
+    def _open_ancestor(self, keys: TenantKeys, ref: ThreadRef, tup: CheckpointTuple
+                       ) -> CheckpointTuple:
+        at = self._ref_of(ref.tenant, tup)
+        if at is None or at.thread_id != ref.thread_id:
+            raise TamperedDataError("inner saver returned a checkpoint of another thread")
+        return self._open_checked(keys, at, tup, None)
+
+    def _restore_history(self, keys: TenantKeys, history: dict[str, DeltaChannelHistory]
+                         ) -> dict[str, DeltaChannelHistory]:
+        """PII back in the returned writes and seeds: one vault query for all of them."""
+        if self.redactor is None:
+            return history
+        found: dict[int, builtins.list[str]] = {}
+        values = [v for entry in history.values()
+                  for v in ([w[2] for w in entry["writes"]]
+                            + ([entry["seed"]] if "seed" in entry else []))]
+        for value in values:
+            tokens = self.redactor.find_tokens(value)
+            if tokens:
+                found[id(value)] = tokens
+        if not found:
+            return history
+        originals = self.vault.lookup(keys, builtins.list(
+            dict.fromkeys(t for tokens in found.values() for t in tokens)))
+
+        def lookup(wanted: Sequence[str]) -> Mapping[str, str]:
+            return self.vault.lookup(keys, wanted)
+
+        def restore(value: Any) -> Any:
+            tokens = found.get(id(value))
+            if not tokens:
+                return value
+            return self.redactor.restore_value(
+                value, lookup, originals={t: originals[t] for t in tokens if t in originals})
+
+        out: dict[str, DeltaChannelHistory] = {}
+        for ch, entry in history.items():
+            restored: DeltaChannelHistory = {
+                "writes": [(t, c, restore(v)) for t, c, v in entry["writes"]]}
+            if "seed" in entry:
+                restored["seed"] = restore(entry["seed"])
+            out[ch] = restored
+        return out
+
     # --------------------------------------------------------------------------------------
     # async API
     # --------------------------------------------------------------------------------------
@@ -1068,7 +1219,43 @@ class SecureSaver(BaseCheckpointSaver):
             {} if self.redactor is not None else None)
         opened = await self._aopen_checked(keys, ref, tup, known)
         self._remember_tokens(ref, tup)
-        return await self._arestore(keys, opened, known)
+        return _named_tup(await self._arestore(keys, opened, known), config, ref.tenant)
+
+    async def aget_delta_channel_history(
+            self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Async twin of :meth:`get_delta_channel_history` (vault lookups off the loop)."""
+        if not channels:
+            return {}
+        if self._sync_only:
+            return await asyncio.to_thread(
+                lambda: self.get_delta_channel_history(config=config, channels=channels))
+        ref = await self._ascoped(lambda: self._ref(config, "get_delta_channel_history"))
+        walk = _DeltaWalk(channels)
+        keys = await self._akeys_existing(ref.tenant)
+        target = await self.inner.aget_tuple(self._inner_config(ref, config))
+        if target is None or keys is None:
+            return walk.result()
+        walk.start(self._open_ancestor(keys, ref, target))
+        page = _DELTA_FIRST_PAGE
+        while walk.needs_more():
+            rows = self.inner.alist(self._inner_config(ref), before=walk.before(), limit=page)
+            async with _aclosing(rows):
+                seen = 0
+                async for tup in rows:
+                    seen += 1
+                    if walk.is_next(tup) and not walk.visit(self._open_ancestor(keys, ref, tup)):
+                        break
+                else:
+                    if seen < page:
+                        walk.listing_ended()
+            if walk.needs_fetch():
+                parent = await self.inner.aget_tuple(self._inner_config(ref, walk.wanted_config()))
+                walk.fetched(None if parent is None else self._open_ancestor(keys, ref, parent))
+            page = min(page * 4, _DELTA_MAX_PAGE)
+        if self.redactor is None:
+            return walk.result()
+        return await asyncio.to_thread(self._restore_history, keys, walk.result())
 
     async def alist(
         self,
@@ -1093,14 +1280,17 @@ class SecureSaver(BaseCheckpointSaver):
             raise _parse_failure(f"tenant {tenant!r} (listing)", exc) from None
         yielded = 0
         arows = _ARows(_aiter(rows), tenant)
-        async for tup in arows:
-            listed = await self._aopen_listed(keys, tenant, tup, arows.drain)
-            if listed is None:
-                continue
-            yield await self._arestore(keys, *listed)
-            yielded += 1
-            if limit is not None and yielded >= limit:
-                return
+        try:  # early exit releases the inner cursor and its lock at once
+            async for tup in arows:
+                listed = await self._aopen_listed(keys, tenant, tup, arows.drain)
+                if listed is None:
+                    continue
+                yield _named_tup(await self._arestore(keys, *listed), config, tenant)
+                yielded += 1
+                if limit is not None and yielded >= limit:
+                    return
+        finally:
+            await arows.aclose()
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
@@ -1118,22 +1308,23 @@ class SecureSaver(BaseCheckpointSaver):
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         saved = await self._ainner("put", self._inner_config(ref, config), sealed, md,
                                    new_versions)
-        return self._outer(ref.tenant)(saved) or saved
+        return _named_cfg(self._outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
         ref = await self._ascoped(lambda: self._ref(config, "put_writes"))
         keys = await self._akeys(ref.tenant)
+        optional = self._optional("put_writes", task_path=task_path)
+        path = optional.get("task_path", "")  # as the inner saver stores it
         if self.redactor is not None:  # redaction is CPU work: never on the event loop
             sealed, new_pii = await asyncio.to_thread(
-                self._prepare_writes, keys, ref, config, writes, task_id, task_path)
+                self._prepare_writes, keys, ref, config, writes, task_id, path)
         else:
-            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
-                                                   task_path)
+            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, path)
         if new_pii:
             await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
-                           task_path)
+                           **optional)
 
     async def adelete_thread(self, thread_id: str) -> None:
         thread_id = _thread_id(thread_id)
@@ -1221,10 +1412,10 @@ class SecureSaver(BaseCheckpointSaver):
         to listing everything (other tenants' rows are skipped, unopened)."""
         inner = self._sync_inner("list")
         if one_thread:
-            return iter(inner.list(config, filter=filter, before=before, limit=limit))
+            return self._inner_list(inner, config, filter=filter, before=before, limit=limit)
         ids = self._ops.thread_ids(thread_prefix(tenant))
         if ids is None:
-            return iter(inner.list(None, filter=filter, before=before))
+            return self._inner_list(inner, None, filter=filter, before=before)
         return _newest_first([builtins.list(inner.list(
             {"configurable": {"thread_id": tid}}, filter=filter, before=before, limit=limit))
             for tid in ids])
@@ -1707,14 +1898,14 @@ class SecureSaver(BaseCheckpointSaver):
         cached: str | None = self.__dict__.get("_database_id")
         if cached is not None:
             return cached
-        import uuid
+        import secrets
 
         import sqlalchemy as sa
 
         from .registry import meta_table
         with self.registry.begin() as conn:
             self.registry._insert_ignore(conn, meta_table, [
-                {"key": "database_id", "value": uuid.uuid4().hex}])
+                {"key": "database_id", "value": secrets.token_hex(16)}])
             found = str(conn.execute(sa.select(meta_table.c.value).where(
                 meta_table.c.key == "database_id")).scalar_one())
         self.__dict__["_database_id"] = found
@@ -2022,6 +2213,94 @@ def _row_name(tup: CheckpointTuple) -> str:
             f"{str(conf.get('checkpoint_id'))!r}")
 
 
+_DELTA_FIRST_PAGE = 16
+_DELTA_MAX_PAGE = 1024
+
+
+class _DeltaWalk:
+    """The base-class ancestor walk of ``get_delta_channel_history``, fed one opened tuple at
+    a time (newest first) so the rows can come from paged listings of the inner saver."""
+
+    def __init__(self, channels: Sequence[str]) -> None:
+        self.channels = builtins.list(channels)
+        self.collected: dict[str, builtins.list[Any]] = {c: [] for c in self.channels}
+        self.seeds: dict[str, Any] = {}
+        self.remaining = set(self.channels)
+        self.wanted: str | None = None     # the next ancestor's checkpoint id
+        self.last_seen: str | None = None  # where the next page starts (exclusive)
+        self.done = False
+        self.fetch = False
+        self.visited: builtins.set[str] = set()
+
+    def start(self, target: CheckpointTuple) -> None:
+        """Begin at the (opened) target: its own values and writes do not count."""
+        self.last_seen = target.checkpoint["id"]
+        self.wanted = _parent_id(target)
+        self.done = self.wanted is None
+
+    def needs_more(self) -> bool:
+        return not self.done and bool(self.remaining)
+
+    def before(self) -> RunnableConfig:
+        return {"configurable": {"checkpoint_id": self.last_seen}}
+
+    def is_next(self, tup: CheckpointTuple) -> bool:
+        cid = tup.config["configurable"].get("checkpoint_id")
+        self.last_seen = cid
+        return cid == self.wanted  # other rows are forks off the path
+
+    def visit(self, tup: CheckpointTuple) -> bool:
+        """Take one on-path ancestor; False when the walk is complete."""
+        cid = tup.checkpoint["id"]
+        if cid in self.visited:
+            raise TamperedDataError("the parent chain of a checkpoint loops")
+        self.visited.add(cid)
+        for write in reversed(tup.pending_writes or []):
+            if write[1] in self.remaining:
+                self.collected[write[1]].append(write)
+        values = tup.checkpoint["channel_values"]
+        for ch in builtins.list(self.remaining):
+            if ch in values:
+                self.seeds[ch] = values[ch]
+                self.remaining.discard(ch)
+        self.wanted = _parent_id(tup)
+        self.done = self.wanted is None or not self.remaining
+        return not self.done
+
+    def listing_ended(self) -> None:
+        """No older rows: a parent still wanted is fetched by id (ids need not be ordered)."""
+        self.fetch = self.needs_more()
+
+    def needs_fetch(self) -> bool:
+        return self.fetch and self.needs_more()
+
+    def wanted_config(self) -> RunnableConfig:
+        return {"configurable": {"checkpoint_id": self.wanted}}
+
+    def fetched(self, tup: CheckpointTuple | None) -> None:
+        self.fetch = False
+        if tup is None:
+            self.done = True  # the parent is not stored (pruned or lost): stop, as the base does
+            return
+        self.last_seen = tup.checkpoint["id"]
+        self.visit(tup)
+
+    def result(self) -> dict[str, DeltaChannelHistory]:
+        out: dict[str, DeltaChannelHistory] = {}
+        for ch in self.channels:
+            entry: DeltaChannelHistory = {"writes": builtins.list(reversed(self.collected[ch]))}
+            if ch in self.seeds:
+                entry["seed"] = self.seeds[ch]
+            out[ch] = entry
+        return out
+
+
+def _parent_id(tup: CheckpointTuple) -> str | None:
+    if tup.parent_config is None:
+        return None
+    return tup.parent_config["configurable"].get("checkpoint_id") or None
+
+
 class _DeniedError(Exception):
     def __init__(self, denial: _Denial) -> None:
         super().__init__(denial)
@@ -2072,6 +2351,80 @@ def _str_list(values: Sequence[str], name: str) -> list[str]:
     return [_thread_id(v, f"each of {name}") for v in values]
 
 
+def _accepted_params(method: Callable[..., Any]) -> frozenset[str]:
+    """The parameter names in ``method``'s signature (LangGraph's test for ``task_path``:
+    named there, not merely swallowed by ``**kwargs``)."""
+    try:
+        return frozenset(inspect.signature(method).parameters)
+    except (TypeError, ValueError):  # no introspectable signature: pass nothing optional
+        return frozenset()
+
+
+def _names_tenant(config: RunnableConfig | None) -> bool:
+    """Whether the caller's own config names the tenant (then returned configs keep it)."""
+    return ((config or {}).get("configurable") or {}).get("tenant_id") is not None
+
+
+def _bridged(rows: AsyncIterator[T], loop: asyncio.AbstractEventLoop) -> Iterator[T]:
+    """Iterate an async generator from a worker thread on ``loop``; closed there, however the
+    iteration ends."""
+    try:
+        while True:
+            try:
+                yield asyncio.run_coroutine_threadsafe(
+                    rows.__anext__(), loop).result()  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                return
+    finally:
+        aclose = getattr(rows, "aclose", None)
+        if callable(aclose):
+            asyncio.run_coroutine_threadsafe(aclose(), loop).result()
+
+
+@contextmanager
+def _closing(rows: Any) -> Iterator[Any]:
+    """Close an inner saver's iterator however the loop over it ends (limit, error, caller
+    gone): SqliteSaver/PostgresSaver hold a lock and a cursor until their generator closes."""
+    try:
+        yield rows
+    finally:
+        close = getattr(rows, "close", None)
+        if callable(close):
+            close()
+
+
+@asynccontextmanager
+async def _aclosing(rows: Any) -> AsyncIterator[Any]:
+    """Async twin of :func:`_closing` (AsyncSqliteSaver/AsyncPostgresSaver generators)."""
+    try:
+        yield rows
+    finally:
+        aclose = getattr(rows, "aclose", None)
+        if callable(aclose):
+            await aclose()
+        else:
+            close = getattr(rows, "close", None)
+            if callable(close):
+                close()
+
+
+def _named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
+               ) -> CheckpointTuple:
+    """``tup`` with ``tenant_id`` in its configs when the caller's config named it."""
+    if not _names_tenant(config):
+        return tup
+    return tup._replace(config=_named_cfg(tup.config, config, tenant),
+                        parent_config=None if tup.parent_config is None
+                        else _named_cfg(tup.parent_config, config, tenant))
+
+
+def _named_cfg(out: RunnableConfig, config: RunnableConfig | None, tenant: str
+               ) -> RunnableConfig:
+    if not _names_tenant(config):
+        return out
+    return {**out, "configurable": {**out["configurable"], "tenant_id": tenant}}
+
+
 def _check_strategy(strategy: str) -> None:
     if strategy not in PRUNE_STRATEGIES:
         raise ValueError(f"unknown prune strategy {strategy!r}; use one of {PRUNE_STRATEGIES}")
@@ -2087,12 +2440,13 @@ def _newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]
 
 
 async def _aiter(rows: Any) -> AsyncIterator[Any]:
-    if hasattr(rows, "__aiter__"):
-        async for row in rows:
-            yield row
-    else:
-        for row in rows:
-            yield row
+    async with _aclosing(rows):  # closing this closes the inner listing too
+        if hasattr(rows, "__aiter__"):
+            async for row in rows:
+                yield row
+        else:
+            for row in rows:
+                yield row
 
 
 def _stores_versioned_blobs(inner: BaseCheckpointSaver) -> bool:

@@ -530,7 +530,10 @@ class Scanner:
             except TamperedDataError as exc:
                 self._violation("write_moved", table, where, str(exc))
                 return
-            if idx != row.idx or path != row.task_path:
+            # PostgreSQL's upsert of a special write (interrupt, resume, error) keeps the
+            # row's first task path when a later call under the task id names another; reads
+            # order those by the sealed path, so only a regular write's path must match
+            if idx != row.idx or (path != row.task_path and row.idx >= 0):
                 self._violation("write_moved", table, where,
                                 "sealed for idx/task path "
                                 + ("(idx differs)" if idx != row.idx else "(task path differs)"))

@@ -84,3 +84,179 @@ def test_copy_thread_keeps_the_delta_chain(saver: SecureSaver) -> None:
     assert graph.get_state(_cfg("dst")).values["items"] == [f"item-{i}" for i in range(5)]
     graph.invoke({"items": [], "count": 0}, _cfg("dst"))
     assert graph.get_state(_cfg("dst")).values["items"][-1] == "item-5"
+
+
+# --- get_delta_channel_history: the fast path answers what the base-class walk answers --------
+
+def _base_walk(saver: SecureSaver, config: dict, channels: list[str]) -> Any:
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    return BaseCheckpointSaver.get_delta_channel_history(saver, config=config, channels=channels)
+
+
+async def _abase_walk(saver: SecureSaver, config: dict, channels: list[str]) -> Any:
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    return await BaseCheckpointSaver.aget_delta_channel_history(saver, config=config,
+                                                                channels=channels)
+
+
+def _forked_history(saver: SecureSaver, thread: str) -> list[dict]:
+    """A thread with snapshots, a fork (update_state on an old checkpoint) and runs after it;
+    returns configs of checkpoints worth asking about (latest, fork, old)."""
+    graph = _graph(saver)
+    for _ in range(8):
+        graph.invoke({"items": [], "count": 0}, _cfg(thread))
+    history = list(saver.list(_cfg(thread)))
+    old = history[len(history) // 2].config
+    fork = graph.update_state(old, {"items": ["forked"], "count": 1})
+    graph.invoke(None, fork)
+    graph.invoke({"items": [], "count": 0}, _cfg(thread))
+    latest = saver.get_tuple(_cfg(thread)).config
+    return [latest, fork, old, history[-1].config]
+
+
+def test_delta_history_equals_the_base_class_walk_across_forks(saver: SecureSaver) -> None:
+    configs = _forked_history(saver, "f")
+    for config in configs:
+        for channels in (["items"], ["items", "count"], ["count"]):
+            assert saver.get_delta_channel_history(config=config, channels=channels) == \
+                _base_walk(saver, config, channels)
+    assert saver.get_delta_channel_history(config=configs[0], channels=[]) == {}
+    missing = {"configurable": {"thread_id": "nope", "tenant_id": "acme"}}
+    assert saver.get_delta_channel_history(config=missing, channels=["items"]) == \
+        {"items": {"writes": []}}
+
+
+async def test_adelta_history_equals_the_base_class_walk(tmp_path: Path,
+                                                         request: pytest.FixtureRequest) -> None:
+    for url in (f"sqlite:///{tmp_path / 'a.db'}", request.getfixturevalue("pg_url"), None):
+        if url is None:
+            saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
+            await _acheck(saver)
+            continue
+        async with SecureSaver.afrom_url(url, keyring=Keyring.generate(), redaction=None) as s:
+            await _acheck(s)
+
+
+async def _acheck(saver: SecureSaver) -> None:
+    graph = _graph(saver)
+    for _ in range(8):
+        await graph.ainvoke({"items": [], "count": 0}, _cfg("a"))
+    rows = [t async for t in saver.alist(_cfg("a"))]
+    fork = await graph.aupdate_state(rows[4].config, {"items": ["forked"], "count": 1})
+    await graph.ainvoke(None, fork)
+    latest = (await saver.aget_tuple(_cfg("a"))).config
+    for config in (latest, fork, rows[4].config):
+        assert await saver.aget_delta_channel_history(config=config, channels=["items"]) == \
+            await _abase_walk(saver, config, ["items"])
+    state = await graph.aget_state(_cfg("a"))
+    assert state.values["items"][-2] == "forked"
+
+
+def test_delta_history_reads_the_inner_saver_in_pages_not_per_ancestor() -> None:
+    calls = {"get_tuple": 0, "list": 0}
+
+    class Counting(InMemorySaver):
+        def get_tuple(self, config):
+            calls["get_tuple"] += 1
+            return super().get_tuple(config)
+
+        def list(self, config, **kw):
+            calls["list"] += 1
+            return super().list(config, **kw)
+
+    class Sparse(TypedDict):
+        items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=1000)]
+        count: Annotated[int, operator.add]
+
+    saver = SecureSaver(Counting(), keyring=Keyring.generate(), redaction=None)
+    builder = StateGraph(Sparse)
+    builder.add_node("add", lambda s: {"items": [f"item-{s.get('count', 0)}"], "count": 1})
+    builder.add_edge(START, "add")
+    graph = builder.compile(checkpointer=saver)
+    for _ in range(40):  # 80 checkpoints, no snapshot: the walk goes to the root
+        graph.invoke({"items": [], "count": 0}, _cfg("p"))
+    latest = saver.get_tuple(_cfg("p")).config
+    calls.update(get_tuple=0, list=0)
+    history = saver.get_delta_channel_history(config=latest, channels=["items"])
+    assert calls["get_tuple"] == 1 and calls["list"] <= 4  # pages of 16, 64, ...
+    assert [v for _t, _c, v in history["items"]["writes"] if v] == \
+        [[f"item-{i}"] for i in range(40)]
+    assert history == _base_walk(saver, latest, ["items"])
+
+
+def test_delta_history_refuses_a_tampered_ancestor() -> None:
+    from langgraph_securesaver import TamperedDataError
+
+    inner = InMemorySaver()
+    saver = SecureSaver(inner, keyring=Keyring.generate(), redaction=None)
+    graph = _graph(saver)
+    for _ in range(2):
+        graph.invoke({"items": [], "count": 0}, _cfg("x"))
+    latest = saver.get_tuple(_cfg("x")).config
+    parent = saver.get_tuple(latest).parent_config["configurable"]["checkpoint_id"]
+    # swap a sealed write of the first ancestor with one stored at another checkpoint
+    at_parent = next(k for k in inner.writes if k[2] == parent and inner.writes[k])
+    other = next(k for k in inner.writes if k[2] != parent and inner.writes[k])
+    a, b = inner.writes[at_parent], inner.writes[other]
+    ka, kb = next(iter(a)), next(iter(b))
+    a[ka], b[kb] = (a[ka][0], a[ka][1], b[kb][2], a[ka][3]), (b[kb][0], b[kb][1], a[ka][2], b[kb][3])
+    with pytest.raises(TamperedDataError):
+        saver.get_delta_channel_history(config=latest, channels=["items", "count"])
+
+
+def test_delta_history_restores_redacted_pii() -> None:
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate())  # redaction on (default)
+
+    def add(state: State) -> dict[str, Any]:
+        return {"items": [f"mail bob{state.get('count', 0)}@example.com"], "count": 1}
+
+    builder = StateGraph(State)
+    builder.add_node("add", add)
+    builder.add_edge(START, "add")
+    graph = builder.compile(checkpointer=saver)
+    for _ in range(5):
+        graph.invoke({"items": [], "count": 0}, _cfg("pii"))
+    latest = saver.get_tuple(_cfg("pii")).config
+    history = saver.get_delta_channel_history(config=latest, channels=["items"])
+    text = repr(history)
+    assert "bob4@example.com" in text or "bob3@example.com" in text
+    assert "<EMAIL_ADDRESS:" not in text
+    assert history == _base_walk(saver, latest, ["items"])
+    assert graph.get_state(_cfg("pii")).values["items"][-1] == "mail bob4@example.com"
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_delta_history_follows_parents_whose_ids_sort_after_their_children(
+        backend: str, tmp_path: Path) -> None:
+    """Migrated or hand-written histories need not have time-ordered ids: the walk follows
+    parent links, not id order (a parent the paged listing cannot reach is fetched by id)."""
+    from contextlib import ExitStack
+
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    with ExitStack() as stack:
+        if backend == "memory":
+            saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
+        else:
+            saver = stack.enter_context(SecureSaver.from_url(
+                f"sqlite:///{tmp_path / 'o.db'}", keyring=Keyring.generate(), redaction=None))
+        parent: str | None = None
+        for i, cid in enumerate(["9", "5", "7", "1"]):  # root 9 -> 5 -> 7 -> 1 (target)
+            ckpt = empty_checkpoint()
+            ckpt["id"] = cid
+            if parent is None:
+                ckpt["channel_values"] = {"items": ["seed"]}
+                ckpt["channel_versions"] = {"items": 1}
+            conf: dict[str, Any] = {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": ""}
+            if parent is not None:
+                conf["checkpoint_id"] = parent
+            saved = saver.put({"configurable": conf}, ckpt, {"step": i},
+                              dict(ckpt["channel_versions"]))
+            saver.put_writes(saved, [("items", [f"w{i}"])], f"task-{i}")
+            parent = cid
+        target = {"configurable": {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": "",
+                                   "checkpoint_id": "1"}}
+        history = saver.get_delta_channel_history(config=target, channels=["items"])
+        assert history == _base_walk(saver, target, ["items"])
+        assert history["items"]["seed"] == ["seed"]
+        assert [w[2] for w in history["items"]["writes"]] == [["w0"], ["w1"], ["w2"]]

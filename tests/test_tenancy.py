@@ -151,7 +151,12 @@ def test_unscoped_list_none_raises_and_scoped_list_is_filtered(call: Caller) -> 
         call("list", None)
     with tenant_scope("acme"):
         rows = call("list", None)
-    assert rows and {t.config["configurable"]["tenant_id"] for t in rows} == {"acme"}
+    assert rows
+    # tenant namespacing is invisible: no tenant_id in configs the caller did not put there
+    assert all("tenant_id" not in t.config["configurable"] for t in rows)
+    texts = [m.content for t in rows for m in t.checkpoint["channel_values"].get("messages", [])]
+    assert texts and all("acme" in c for c in texts if "says" in c)
+    assert not any("globex" in c for c in texts)
     with tenant_scope("acme"):
         assert len(call("list", None, limit=2)) == 2
 
@@ -201,3 +206,124 @@ def test_copy_thread_onto_itself_is_refused() -> None:
                         default_tenant="acme")
     with pytest.raises(ConfigurationError, match="different"):
         saver.copy_thread("t", "t")
+
+
+# --- returned configs are the inner saver's: tenant namespacing is invisible ---------------------
+
+def _strip_ids(value: Any) -> Any:
+    """Configs/metadata with the (run-specific) checkpoint ids and run ids blanked."""
+    if isinstance(value, dict):
+        return {k: ("<id>" if k in ("checkpoint_id", "run_id") else _strip_ids(v))
+                for k, v in value.items()}
+    return value
+
+
+def _history(graph: Any, config: dict) -> list[tuple[Any, Any, Any]]:
+    return [(_strip_ids(s.config), _strip_ids(s.parent_config), _strip_ids(s.metadata))
+            for s in graph.get_state_history(config)]
+
+
+@pytest.mark.parametrize("how", ["default", "scope"])
+def test_configs_and_metadata_equal_the_raw_savers_when_the_tenant_is_not_in_the_config(
+        how: str) -> None:
+    raw_graph = build_chat_graph(InMemorySaver())
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                        default_tenant="solo" if how == "default" else None)
+    graph = build_chat_graph(saver)
+    cfg = _cfg("t1")
+
+    def run(g: Any) -> None:
+        for text in ("one", "two", "three"):  # later turns resume from a loaded checkpoint
+            g.invoke({"messages": [HumanMessage(text)]}, cfg)
+
+    run(raw_graph)
+    if how == "scope":
+        with tenant_scope("acme"):
+            run(graph)
+            history, state = _history(graph, cfg), graph.get_state(cfg)
+            listed = list(saver.list(cfg))
+            saved = saver.put(listed[0].config, listed[0].checkpoint, listed[0].metadata, {})
+    else:
+        run(graph)
+        history, state = _history(graph, cfg), graph.get_state(cfg)
+        listed = list(saver.list(cfg))
+        saved = saver.put(listed[0].config, listed[0].checkpoint, listed[0].metadata, {})
+    assert history == _history(raw_graph, cfg)
+    assert "tenant_id" not in state.config["configurable"]
+    for tup in listed:
+        assert "tenant_id" not in tup.config["configurable"]
+        assert "tenant_id" not in (tup.parent_config or {"configurable": {}})["configurable"]
+        assert "tenant_id" not in tup.metadata  # never copied into a later checkpoint
+    assert "tenant_id" not in saved["configurable"]
+    assert set(saved["configurable"]) == {"thread_id", "checkpoint_ns", "checkpoint_id"}
+
+
+def test_stream_checkpoints_match_get_state_under_a_default_tenant() -> None:
+    """The upstream failure shape: the checkpoint event a run pauses on (built from the run
+    config) equals get_state's config."""
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+
+    class State(TypedDict):
+        x: int
+
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                        default_tenant="solo")
+    graph = (StateGraph(State).add_node("one", lambda s: {"x": 1})
+             .add_node("two", lambda s: {"x": 2}).add_edge(START, "one").add_edge("one", "two")
+             .compile(checkpointer=saver, interrupt_after=["one"]))
+    cfg = _cfg("t2")
+    events = list(graph.stream({"x": 0}, cfg, stream_mode="checkpoints"))
+    assert events[-1]["config"] == graph.get_state(cfg).config
+    assert events[-1]["next"] == ["two"]
+
+
+def test_a_tenant_the_caller_named_is_kept_in_returned_configs(call: Caller) -> None:
+    saver = call.saver
+    tup = call("get_tuple", _cfg("shared", "acme"))
+    assert tup.config["configurable"]["tenant_id"] == "acme"
+    assert tup.parent_config["configurable"]["tenant_id"] == "acme"
+    assert all(t.config["configurable"]["tenant_id"] == "acme"
+               for t in call("list", _cfg("shared", "acme")))
+    saved = call("put", tup.config, tup.checkpoint, tup.metadata, {})
+    assert saved["configurable"]["tenant_id"] == "acme"
+    # ... and the same calls without it (tenant from a scope) return configs without it
+    with tenant_scope("acme"):
+        bare = call("get_tuple", _cfg("shared"))
+        assert "tenant_id" not in bare.config["configurable"]
+        assert "tenant_id" not in bare.parent_config["configurable"]
+        assert all("tenant_id" not in t.config["configurable"]
+                   for t in call("list", _cfg("shared")))
+        saved = call("put", bare.config, bare.checkpoint, bare.metadata, {})
+        assert "tenant_id" not in saved["configurable"]
+        assert saver.get_tuple(saved).checkpoint["id"] == bare.checkpoint["id"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_graph_run_draws_the_same_uuid4s_wrapped_as_raw(backend: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangGraph's message/tool ids come from uuid.uuid4 (its tests pin the sequence): a
+    drop-in saver must not draw from it (issue 11's database id once did, on first use)."""
+    import uuid
+    from contextlib import ExitStack
+
+    real = uuid.uuid4
+    drawn: list[int] = []
+    monkeypatch.setattr(uuid, "uuid4", lambda: drawn.append(1) or real())
+
+    def run(saver: Any) -> int:
+        drawn.clear()
+        build_chat_graph(saver).invoke({"messages": [HumanMessage("hi")]}, _cfg("u", "acme"))
+        return len(drawn)
+
+    with ExitStack() as stack:
+        if backend == "memory":
+            raw, wrapped = InMemorySaver(), SecureSaver(InMemorySaver(),
+                                                        keyring=Keyring.generate(), redaction=None)
+        else:
+            from langgraph.checkpoint.sqlite import SqliteSaver
+            raw = stack.enter_context(SqliteSaver.from_conn_string(str(tmp_path / "raw.db")))
+            wrapped = stack.enter_context(SecureSaver.from_url(
+                f"sqlite:///{tmp_path / 'w.db'}", keyring=Keyring.generate(), redaction=None))
+        assert run(wrapped) == run(raw)

@@ -1,0 +1,29 @@
+# --- appended by langgraph-securesaver's upstream harness (tests/upstream/run_langgraph_suite.py) ---
+# Redefines the two checkpointer fixtures (a later definition in a conftest wins) so their params
+# come from LG_SYNC_CKPTS / LG_ASYNC_CKPTS (comma-separated names from SS_SYNC_CKPTS /
+# SS_ASYNC_CKPTS in conftest_checkpointer.py). An empty list skips that kind of test.
+from tests.conftest_checkpointer import SS_ASYNC_CKPTS, SS_SYNC_CKPTS
+
+
+def _ss_names(env: str) -> list:
+    raw = os.environ.get(env, "")  # noqa: F821
+    return [n for n in (p.strip() for p in raw.split(",")) if n]
+
+
+@pytest.fixture(scope="function", params=_ss_names("LG_SYNC_CKPTS"))  # noqa: F821
+def sync_checkpointer(request):
+    with SS_SYNC_CKPTS[request.param]() as checkpointer:
+        yield checkpointer
+
+
+@pytest.fixture(scope="function", params=_ss_names("LG_ASYNC_CKPTS"))  # noqa: F821
+async def async_checkpointer(request):
+    factory = SS_ASYNC_CKPTS[request.param]
+    cm = factory()
+    if hasattr(cm, "__aenter__"):
+        async with cm as checkpointer:
+            yield checkpointer
+    else:
+        with cm as checkpointer:
+            yield checkpointer
+
