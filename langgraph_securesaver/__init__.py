@@ -2,25 +2,19 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .crypto import TenantKeys
-from .errors import (
-    AccessDenied,
-    AsyncOnlySaverError,
-    ConfigurationError,
-    DeltaChannelPruneError,
-    KeyringRequired,
-    SecureSaverError,
-    TamperedDataError,
-    TenantRequired,
-    UnsupportedFilterError,
-)
-from .keyring import KeyProvider, Keyring, WrappedKey
-from .registry import Registry
-from .retention import PruneReport, RetentionPolicy
-from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
-from .tenancy import current_tenant_scope, tenant_scope
-
 if TYPE_CHECKING:
+    from .crypto import TenantKeys
+    from .errors import (
+        AccessDenied,
+        AsyncOnlySaverError,
+        ConfigurationError,
+        DeltaChannelPruneError,
+        KeyringRequired,
+        SecureSaverError,
+        TamperedDataError,
+        TenantRequired,
+        UnsupportedFilterError,
+    )
     from .idempotency import (
         IdempotencyConflict,
         IdempotencyKeyReused,
@@ -34,25 +28,48 @@ if TYPE_CHECKING:
         recover_stalled,
         run_once,
     )
+    from .keyring import KeyProvider, Keyring, WrappedKey
+    from .registry import Registry
+    from .retention import PruneReport, RetentionPolicy
+    from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
+    from .tenancy import current_tenant_scope, tenant_scope
 
 __version__ = "0.1.0"
 
-# the idempotency API, importable from here too; loaded on first use (it pulls in
-# langgraph.prebuilt, which doubles the import time of the package)
-_IDEMPOTENCY_EXPORTS = frozenset({
-    "IdempotencyConflict", "IdempotencyKeyReused", "IdempotencyPolicy", "IdempotentToolCalls",
-    "arecover_stalled", "current_idempotency_key", "idempotent", "is_replaying",
-    "mark_recoverable", "recover_stalled", "run_once",
-})
+# Every public name is loaded on first use (PEP 562): importing a submodule -- the CLI, the
+# audit -- does not pay for LangGraph, LangChain and SQLAlchemy unless it uses them (the
+# idempotency API alone pulls in langgraph.prebuilt, which doubles the import time).
+_EXPORTS: dict[str, str] = {
+    "TenantKeys": "crypto",
+    **dict.fromkeys(("AccessDenied", "AsyncOnlySaverError", "ConfigurationError",
+                     "DeltaChannelPruneError", "KeyringRequired", "SecureSaverError",
+                     "TamperedDataError", "TenantRequired", "UnsupportedFilterError"),
+                    "errors"),
+    **dict.fromkeys(("IdempotencyConflict", "IdempotencyKeyReused", "IdempotencyPolicy",
+                     "IdempotentToolCalls", "arecover_stalled", "current_idempotency_key",
+                     "idempotent", "is_replaying", "mark_recoverable", "recover_stalled",
+                     "run_once"), "idempotency"),
+    **dict.fromkeys(("KeyProvider", "Keyring", "WrappedKey"), "keyring"),
+    "Registry": "registry",
+    **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
+    **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),
+    **dict.fromkeys(("current_tenant_scope", "tenant_scope"), "tenancy"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _IDEMPOTENCY_EXPORTS:
-        from . import idempotency
-        value = getattr(idempotency, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "DEFAULT_METADATA_ALLOWLIST",

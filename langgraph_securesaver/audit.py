@@ -24,13 +24,21 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import sqlalchemy as sa
 
-from .crypto import from_text, is_token, token_key_version
+from .crypto import MIN_TOKEN_BYTES, from_text, is_token, token_key_version
 from .errors import ConfigurationError, TamperedDataError
-from .raw_tables import CheckpointRow, TenantIndex, raw_tables_for
 from .tenancy import thread_prefix
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from .raw_tables import CheckpointRow, TenantIndex
+    from .registry import Registry
     from .saver import SecureSaver
+
+    _Source: TypeAlias = "SecureSaver | AuditDatabase"   # what the audit and the trail read
+
+# (raw_tables, and through it LangGraph, is imported by the Python walk only: the grouped
+# statement needs the registry's engine and nothing else)
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +211,7 @@ class _StorageWalk:
 
     def __init__(self, saver: SecureSaver, index: TenantIndex, tenant: str | None, now: float,
                  progress: Callable[[int, int], None] | None) -> None:
+        from .raw_tables import raw_tables_for
         self.raw = raw_tables_for(saver.inner)
         self.index = index
         self.tenant = tenant
@@ -295,7 +304,7 @@ class _StorageWalk:
         self._age(self._tenant_key(row.thread_id), row.size, ts)
 
 
-def _vault_kinds(saver: SecureSaver, tenant: str | None) -> dict[str, dict[str, int]]:
+def _vault_kinds(saver: _Source, tenant: str | None) -> dict[str, dict[str, int]]:
     from .pii_vault import pii_vault
     q = sa.select(pii_vault.c.tenant, pii_vault.c.kind, sa.func.count()).group_by(
         pii_vault.c.tenant, pii_vault.c.kind)
@@ -341,6 +350,21 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
 """  # noqa: S608
 
 
+# "a checkpoint row SecureSaver could not have written" (_checkpoint_unsealed) on PostgreSQL's
+# JSONB rows: the body is not an object, the metadata holds no sealed string (``->`` on a NULL or
+# a non-object metadata is NULL: counted too), or channel_values inlines a value (JSON holds no
+# ciphertext bytes: any value there is plain). 1 or 0, summed per thread.
+_PG_CHECKPOINT_UNSEALED = """(CASE WHEN jsonb_typeof({x}.checkpoint) IS DISTINCT FROM 'object'
+    OR jsonb_typeof({x}.metadata -> '__securesaver__') IS DISTINCT FROM 'string'
+    OR (jsonb_typeof({x}.checkpoint -> 'channel_values') = 'object'
+        AND {x}.checkpoint -> 'channel_values' <> '{{}}'::jsonb) THEN 1 ELSE 0 END)"""
+# a blob or write that is not a typed-bytes ciphertext (_value_unsealed); NULL values are not
+# stored bytes and are not counted
+_PG_VALUE_UNSEALED = ("(CASE WHEN x.blob IS NOT NULL AND (x.type IS DISTINCT FROM 'bytes' OR "
+                      "length(x.blob) < {n} OR substring(x.blob from 1 for 3) <> "
+                      "'\\x535301'::bytea) THEN 1 ELSE 0 END)")
+
+
 def _sql_inventory(dialect: str, tenants: list[str], tenant: str | None, now: float
                    ) -> tuple[str, dict[str, Any]]:
     """One grouped statement: registry rows joined with per-thread storage aggregates and PII
@@ -368,6 +392,7 @@ def _sql_inventory(dialect: str, tenants: list[str], tenant: str | None, now: fl
         magic = "substring({0} from 1 for 3) = '\\x535301'::bytea"
         agg = "string_agg(DISTINCT {0}, ',')"
         kinds = "string_agg(p.kind || chr(30) || p.n, chr(31))"
+        ck_unsealed = _PG_CHECKPOINT_UNSEALED.format(x="c")
     else:
         size = "(length(c.checkpoint) + coalesce(length(c.metadata), 0))"
         ts = "securesaver_ckpt_ts(c.type, c.checkpoint)"
@@ -380,11 +405,18 @@ def _sql_inventory(dialect: str, tenants: list[str], tenant: str | None, now: fl
         magic = "substr({0}, 1, 3) = X'535301'"
         agg = "group_concat(DISTINCT {0})"
         kinds = "group_concat(p.kind || char(30) || p.n, char(31))"
+        # the checkpoint body is msgpack: only the strict serializer can tell a foreign
+        # payload, so the row predicate itself runs as a scalar function inside this pass
+        ck_unsealed = "securesaver_ckpt_unsealed(c.type, c.checkpoint, c.metadata)"
     where_ck = where_st = where_reg = where_pii = ""
     if tenant is not None:
         params["prefix"], params["tenant"] = thread_prefix(tenant), tenant
-        where_ck = "WHERE substr(c.thread_id, 1, :plen) = :prefix"
-        where_st = "WHERE substr(x.thread_id, 1, :plen) = :prefix"
+        # a key range on the primary key (binary collation: byte order), then the exact test
+        params["prefix_end"] = thread_prefix(tenant)[:-1] + chr(ord(":") + 1)
+        where_ck = ("WHERE c.thread_id >= :prefix AND c.thread_id < :prefix_end "
+                    "AND substr(c.thread_id, 1, :plen) = :prefix")
+        where_st = ("WHERE x.thread_id >= :prefix AND x.thread_id < :prefix_end "
+                    "AND substr(x.thread_id, 1, :plen) = :prefix")
         where_reg = "WHERE r.tenant = :tenant"
         where_pii = "WHERE r.tenant = :tenant"
         params["plen"] = PREFIX_LEN
@@ -402,11 +434,14 @@ def _sql_inventory(dialect: str, tenants: list[str], tenant: str | None, now: fl
         length = blob_len.format(col)
         version = (f"CASE WHEN {length} >= 35 AND {magic.format(col)} "
                    f"THEN {hexv.format(col)} END")
-        return (f"SELECT x.thread_id, sum({length}) AS bytes, {agg.format(version)} AS v "  # noqa: S608
-                f"FROM {table} x {where_st} GROUP BY x.thread_id")
+        unsealed = (f"CASE WHEN {col} IS NOT NULL AND (x.type IS NULL OR x.type <> 'bytes' "
+                    f"OR {length} < {MIN_TOKEN_BYTES} OR NOT ({magic.format(col)})) "
+                    "THEN 1 ELSE 0 END")
+        return (f"SELECT x.thread_id, sum({length}) AS bytes, {agg.format(version)} AS v, "  # noqa: S608
+                f"sum({unsealed}) AS u FROM {table} x {where_st} GROUP BY x.thread_id")
 
     blobs = side("checkpoint_blobs", "blob") if pg else (
-        "SELECT NULL AS thread_id, NULL AS bytes, NULL AS v WHERE 0")
+        "SELECT NULL AS thread_id, NULL AS bytes, NULL AS v, NULL AS u WHERE 0")
     writes = side("checkpoint_writes", "blob") if pg else side("writes", "value")
     first, last = (f"min(CASE WHEN {ts_ok} THEN {ts} END)", f"max(CASE WHEN {ts_ok} THEN {ts} END)")
     sql = f"""
@@ -415,7 +450,7 @@ ck AS (
     SELECT c.thread_id, count(*) AS n, sum({size}) AS bytes, {first} AS first_ts,
            {last} AS last_ts, {", ".join(buckets)},
            sum(CASE WHEN NOT ({ts_ok}) OR {ts} IS NULL THEN {size} END) AS au,
-           {agg.format(token_v)} AS mv, {ck_versions} AS cv
+           {agg.format(token_v)} AS mv, {ck_versions} AS cv, sum({ck_unsealed}) AS uc
     FROM checkpoints c {where_ck} GROUP BY c.thread_id),
 bl AS ({blobs}),
 wr AS ({writes}),
@@ -423,7 +458,8 @@ ids AS (SELECT thread_id FROM ck UNION SELECT thread_id FROM bl UNION SELECT thr
 st AS (
     SELECT ids.thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, ck.first_ts, ck.last_ts,
            {", ".join(f"ck.a{k}" for k in range(len(bounds) + 1))}, ck.au, ck.mv, ck.cv,
-           bl.bytes AS bl_bytes, bl.v AS bv, wr.bytes AS wr_bytes, wr.v AS wv
+           bl.bytes AS bl_bytes, bl.v AS bv, wr.bytes AS wr_bytes, wr.v AS wv, ck.uc,
+           bl.u AS ub, wr.u AS uw
     FROM ids LEFT JOIN ck ON ck.thread_id = ids.thread_id
     LEFT JOIN bl ON bl.thread_id = ids.thread_id LEFT JOIN wr ON wr.thread_id = ids.thread_id),
 reg AS (
@@ -456,8 +492,10 @@ def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
         params[f"b{k}"] = iso(b)
     where = reg_where = pii_where = ""
     if tenant is not None:
-        params.update(prefix=thread_prefix(tenant), tenant=tenant, plen=PREFIX_LEN)
-        where = "WHERE substr(x.thread_id, 1, :plen) = :prefix"
+        # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,
+        # and a range scan of the primary key under C / C.UTF-8
+        params.update(like=thread_prefix(tenant) + "%", tenant=tenant)
+        where = "WHERE x.thread_id LIKE :like"
         reg_where = pii_where = "WHERE r.tenant = :tenant"
     bucket = " ".join(f"WHEN ts > :b{k} THEN {k}" for k in range(len(bounds)))
     n_buckets = len(bounds) + 1
@@ -470,9 +508,11 @@ def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
         return f"""
     SELECT thread_id, 0 AS n, 0 AS ckb, {"size" if kind == "bl" else "0"} AS blb,
            {"size" if kind == "wr" else "0"} AS wrb, NULL::text AS ts, NULL::int AS bk,
-           {version} AS v
+           {version} AS v, 0 AS uc, {"bad" if kind == "bl" else "0"} AS ub,
+           {"bad" if kind == "wr" else "0"} AS uw
     FROM (SELECT x.thread_id, length(x.blob) AS size,
-                 CASE WHEN length(x.blob) >= 35 THEN substring(x.blob from 1 for 7) END AS vb
+                 CASE WHEN length(x.blob) >= 35 THEN substring(x.blob from 1 for 7) END AS vb,
+                 {_PG_VALUE_UNSEALED.format(n=MIN_TOKEN_BYTES)} AS bad
           FROM {table} x {where} OFFSET 0) y"""  # noqa: S608
 
     sql = f"""
@@ -480,14 +520,15 @@ WITH tags(tenant, prefix) AS (SELECT * FROM (VALUES {", ".join(values)}) AS v(te
 u AS (
     SELECT thread_id, 1 AS n, size AS ckb, 0 AS blb, 0 AS wrb, ts,
            CASE WHEN ts IS NULL THEN {n_buckets} {bucket} ELSE {n_buckets - 1} END AS bk,
-           {version} AS v
-    FROM (SELECT thread_id, size, CASE WHEN t LIKE '____-__-__T%' THEN t END AS ts,
+           {version} AS v, uc, 0 AS ub, 0 AS uw
+    FROM (SELECT thread_id, size, uc, CASE WHEN t LIKE '____-__-__T%' THEN t END AS ts,
                  CASE WHEN m ~ '^ss1\\.[A-Za-z0-9_-]{{12}}'
                       THEN decode(translate(substr(m, 5, 12), '-_', '+/'), 'base64') END AS vb
           FROM (SELECT x.thread_id,
                        pg_column_size(x.checkpoint) + pg_column_size(x.metadata) AS size,
                        (x.checkpoint ->> 'ts') COLLATE "C" AS t,
-                       x.metadata ->> '__securesaver__' AS m
+                       x.metadata ->> '__securesaver__' AS m,
+                       {_PG_CHECKPOINT_UNSEALED.format(x="x")} AS uc
                 FROM checkpoints x {where} OFFSET 0) c0
           OFFSET 0) c1
     UNION ALL {binary("checkpoint_blobs", "bl")}
@@ -498,7 +539,8 @@ st AS (
            {", ".join(f"sum(ckb) FILTER (WHERE bk = {k}) AS a{k}" for k in range(n_buckets))},
            sum(ckb) FILTER (WHERE bk = {n_buckets}) AS au,
            bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
-           array_agg(v) FILTER (WHERE v >= 63) AS vbig
+           array_agg(v) FILTER (WHERE v >= 63) AS vbig,
+           sum(uc) AS uc, sum(ub) AS ub, sum(uw) AS uw
     FROM u GROUP BY thread_id),
 reg AS (
     SELECT r.tenant, r.thread_id, r.created_at, r.last_activity, r.expires_at, r.legal_hold,
@@ -569,6 +611,19 @@ def _sqlite_functions(conn: Any) -> None:
     raw.create_function("securesaver_ckpt_ts", 2, _msgpack_ts, deterministic=True)
     raw.create_function("securesaver_token_versions", 1, _msgpack_token_versions,
                         deterministic=True)
+    raw.create_function("securesaver_ckpt_unsealed", 3, _sqlite_checkpoint_unsealed,
+                        deterministic=True)
+
+
+def _sqlite_checkpoint_unsealed(type_: Any, checkpoint: Any, metadata: Any) -> int:
+    """_checkpoint_unsealed of a SQLite checkpoints row, decoded exactly as the Python walk
+    decodes it (strict serializer, inert placeholders; nothing is evaluated)."""
+    from .raw_tables import decode_sqlite_checkpoint
+    try:
+        row = decode_sqlite_checkpoint(("", "", "", None, type_, checkpoint, metadata))
+        return 1 if _checkpoint_unsealed(row) else 0
+    except Exception:  # noqa: BLE001 - a row this cannot even look at is not SecureSaver's
+        return 1
 
 
 def _msgpack_ts(type_: Any, blob: Any) -> float | None:
@@ -621,8 +676,8 @@ def _msgpack_token_versions(blob: Any) -> str | None:
 class _Totals:
     """Per-tenant totals, age buckets, orphans and problems, accumulated as threads stream."""
 
-    def __init__(self, saver: SecureSaver, tenants: list[str], tenant: str | None,
-                 now: float) -> None:
+    def __init__(self, saver: _Source, tenants: list[str],
+                 tenant: str | None, now: float) -> None:
         self.saver = saver
         self.now = now
         self.tenant = tenant
@@ -633,6 +688,10 @@ class _Totals:
         self._slots: dict[str, list[int]] = {}
         self.orphans: list[dict[str, Any]] = []
         self.orphan_count = 0
+        # rows holding what SecureSaver never writes, per table (counted by the statement)
+        self.unsealed: dict[str, int] = {}
+        self.writes_table = "checkpoint_writes" if saver.registry.dialect == "postgresql" \
+            else "writes"
         self.threads = 0
         self.overdue = 0
         self.unregistered = 0
@@ -668,6 +727,13 @@ class _Totals:
         t.unregistered += not th.registered
         self.overdue += th.overdue
         self.unregistered += not th.registered
+
+    def unsealed_rows(self, r: Any) -> None:
+        for column, table in (("uc", "checkpoints"), ("ub", "checkpoint_blobs"),
+                              ("uw", self.writes_table)):
+            n = int(r[column] or 0)
+            if n:
+                self.unsealed[table] = self.unsealed.get(table, 0) + n
 
     def orphan(self, inner_id: str, checkpoints: int, stored_bytes: int) -> None:
         self.orphan_count += 1
@@ -715,7 +781,7 @@ class _Totals:
         return out, problems
 
 
-def _iter_sql(saver: SecureSaver, tenants: list[str], tenant: str | None, now: float,
+def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float,
               totals: _Totals, progress: Callable[[int, int], None] | None
               ) -> Iterator[ThreadAudit]:
     """Stream ThreadAudits from the grouped statement (server-side cursor on PostgreSQL)."""
@@ -755,6 +821,7 @@ def _iter_sql(saver: SecureSaver, tenants: list[str], tenant: str | None, now: f
             first, last = _epoch(r["first_ts"]), _epoch(r["last_ts"])
             if r["inner_id"] is not None:
                 _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last)
+                totals.unsealed_rows(r)
             if owner is None:
                 totals.orphan(r["thread"], checkpoints, stored)
                 continue
@@ -835,7 +902,44 @@ class AuditSummary:
         return not self.problems
 
 
-def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = None,
+class AuditDatabase:
+    """The audit's and the trail's view of a database opened by URL, where the registry and
+    the inner saver's tables live together (what the CLI opens): the registry's engine only.
+    No inner saver, no keyring, no LangGraph import -- the grouped statements need none.
+    Operator access: it refuses to run inside a tenant scope (use a SecureSaver there)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def _admin_tenant(self, operation: str, tenant: Any = None) -> str | None:
+        from .errors import AccessDenied
+        from .tenancy import current_tenant_scope, validate_tenant
+        if current_tenant_scope() is not None:
+            raise AccessDenied(f"{operation} on an AuditDatabase is operator access; inside a "
+                               "tenant scope use the SecureSaver's own methods")
+        return None if tenant is None else validate_tenant(tenant)
+
+    @staticmethod
+    def inner_tables(dialect: str) -> tuple[str, ...]:
+        """The inner saver's tables the grouped statements read."""
+        if dialect == "postgresql":
+            return ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
+        return ("checkpoints", "writes")
+
+    def has_inner_tables(self) -> bool:
+        inspector = sa.inspect(self.registry.engine)
+        return all(inspector.has_table(name)
+                   for name in self.inner_tables(self.registry.dialect))
+
+
+def _shares_database(saver: _Source) -> bool:
+    if isinstance(saver, AuditDatabase):
+        return True
+    from .pruner import shares_database
+    return shares_database(saver)
+
+
+def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None = None,
                progress: Callable[[int, int], None] | None = None
                ) -> tuple[Iterator[ThreadAudit], Callable[[], AuditSummary]]:
     """The inventory as a stream: ``(threads, finish)``. Iterate ``threads`` (sorted by tenant
@@ -844,7 +948,6 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
     With the registry in the inner saver's database (``from_url``) everything is aggregated
     by one grouped statement and streamed with a server-side cursor: memory stays flat however
     many threads there are. Otherwise the rows are walked in Python (see :func:`audit`)."""
-    from .pruner import shares_database
     from .timeargs import to_epoch
     tenant = saver._admin_tenant("audit", tenant)
     now = time.time() if now is None else float(to_epoch(now, "now") or 0.0)
@@ -852,8 +955,7 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
     all_tenants = registry.tenants()
     if tenant is not None and tenant not in all_tenants:
         raise ConfigurationError(f"unknown tenant {tenant!r}: it has no threads or keys here")
-    raw = raw_tables_for(saver.inner)
-    if not shares_database(saver):
+    if not isinstance(saver, AuditDatabase) and not _shares_database(saver):
         report = _audit_walk(saver, all_tenants, tenant, now, progress)
 
         def finish_walk() -> AuditSummary:
@@ -861,43 +963,17 @@ def iter_audit(saver: SecureSaver, *, tenant: str | None = None, now: float | No
                                 report.orphans, report.age_bytes, report.problems,
                                 len(report.threads), len(report.overdue), len(report.orphans))
         return iter(report.threads), finish_walk
+    backend = "postgres" if registry.dialect == "postgresql" else "sqlite"
     totals = _Totals(saver, all_tenants, tenant, now)
     stream = _iter_sql(saver, all_tenants, tenant, now, totals, progress)
 
     def finish() -> AuditSummary:
         tenants, problems = totals.finish()
-        problems += _unsealed_problems(_unsealed_rows(raw, TenantIndex(all_tenants), tenant))
-        return AuditSummary(now, raw.backend, tenant, tenants, totals.orphans,
+        problems += _unsealed_problems(totals.unsealed)
+        return AuditSummary(now, backend, tenant, tenants, totals.orphans,
                             totals.age_bytes, problems, totals.threads, totals.overdue,
                             totals.orphan_count)
     return stream, finish
-
-
-def _unsealed_rows(raw: Any, index: TenantIndex, tenant: str | None) -> dict[str, int]:
-    """Rows that hold something SecureSaver never writes, per table (counted, never decoded
-    beyond the strict serde's inert placeholders). The grouped SQL cannot see inside a
-    checkpoint body, so this pass reads the rows once more, keeping nothing but counts."""
-    counts: dict[str, int] = {}
-
-    def wanted(thread_id: str) -> bool:
-        return tenant is None or index.split(thread_id)[0] == tenant
-
-    for rows in raw.checkpoints():
-        for row in rows:
-            if wanted(row.thread_id) and _checkpoint_unsealed(row):
-                counts["checkpoints"] = counts.get("checkpoints", 0) + 1
-    for blobs in raw.blobs():
-        for blob in blobs:
-            if (wanted(blob.thread_id) and blob.blob is not None
-                    and _value_unsealed(blob.type, blob.blob)):
-                counts["checkpoint_blobs"] = counts.get("checkpoint_blobs", 0) + 1
-    writes_table = "checkpoint_writes" if raw.has_blobs else "writes"
-    for writes in raw.writes():
-        for w in writes:
-            if (wanted(w.thread_id) and w.value is not None
-                    and _value_unsealed(w.type, w.value)):
-                counts[writes_table] = counts.get(writes_table, 0) + 1
-    return counts
 
 
 def _unsealed_problems(unsealed: dict[str, int]) -> list[str]:
@@ -906,7 +982,7 @@ def _unsealed_problems(unsealed: dict[str, int]) -> list[str]:
             for table, n in sorted(unsealed.items())]
 
 
-def audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = None,
+def audit(saver: _Source, *, tenant: str | None = None, now: float | None = None,
           progress: Callable[[int, int], None] | None = None) -> AuditReport:
     """Inventory of the database behind ``saver`` (optionally one tenant). Reads only.
     Inside a tenant scope it covers that tenant only (see SecureSaver._admin_tenant).
@@ -919,7 +995,7 @@ def audit(saver: SecureSaver, *, tenant: str | None = None, now: float | None = 
                        threads, summary.orphans, summary.age_bytes, summary.problems)
 
 
-def audit_stream(saver: SecureSaver, out: TextIO, *, tenant: str | None = None,
+def audit_stream(saver: _Source, out: TextIO, *, tenant: str | None = None,
                  now: float | None = None,
                  progress: Callable[[int, int], None] | None = None) -> AuditSummary:
     """Write the inventory as one JSON object, streamed: ``threads`` first (one thread per
@@ -951,6 +1027,7 @@ def _audit_walk(saver: SecureSaver, all_tenants: list[str], tenant: str | None, 
     """The inventory when the registry is not in the inner saver's database: one pass over
     the raw rows in Python (memory grows with the number of threads)."""
     registry = saver.registry
+    from .raw_tables import TenantIndex
     index = TenantIndex(all_tenants)
     walk = _StorageWalk(saver, index, tenant, now, progress)
     walk.run()
@@ -1056,7 +1133,7 @@ def _kind_matches(kind: str, wanted: str | None) -> bool:
     return wanted is None or kind == wanted or kind.split(":", 1)[0] == wanted
 
 
-def events(saver: SecureSaver, *, tenant: str | None = None, thread_id: str | None = None,
+def events(saver: _Source, *, tenant: str | None = None, thread_id: str | None = None,
            kind: str | None = None, since: float | None = None, until: float | None = None,
            limit: int | None = None) -> list[TrailEntry]:
     """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind

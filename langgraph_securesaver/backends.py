@@ -5,11 +5,12 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
-
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:  # (the URL helpers here are used by the CLI before LangGraph is needed)
+    from langgraph.checkpoint.base import BaseCheckpointSaver
 
 POSTGRES_EXTRA_HINT = (
     "PostgreSQL support needs the postgres extra: pip install 'langgraph-securesaver[postgres]'"

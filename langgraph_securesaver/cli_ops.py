@@ -84,6 +84,37 @@ def opened(url: str, ring: Any) -> Iterator[Any]:
 
 
 @contextmanager
+def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
+    """What ``audit`` and ``events`` read: the registry's engine on ``url`` alone
+    (:class:`~langgraph_securesaver.audit.AuditDatabase`) when the database already holds the
+    inner saver's tables -- no inner saver, no LangGraph import, a second less to start.
+    Otherwise (a database SecureSaver never set up) a full SecureSaver, as :func:`opened`."""
+    from .cli import check_url, database_errors, db_error
+    check_url(url)
+    try:
+        from .audit import AuditDatabase
+        from .backends import registry_url_for
+        from .registry import Registry
+        registry = Registry(registry_url_for(url))
+        try:
+            registry.setup()
+            light = AuditDatabase(registry)
+            if light.has_inner_tables():
+                yield light
+                return
+        finally:
+            registry.dispose()
+    except typer.Exit:
+        raise
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
+    with opened(url, ring) as saver:
+        yield saver
+
+
+@contextmanager
 def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
     """A progress callback ``(done, total)`` drawing a transient bar on stderr (only when
     stderr is a terminal: logs and pipes get no control characters)."""
@@ -178,7 +209,7 @@ def audit(
     ring = _keyring_or_none(keyring)
     if output is not AuditFormat.table:
         _stream_audit(url, ring, tenant, output, out)
-    with opened(url, ring) as saver:
+    with opened_for_audit(url, ring) as saver:
         try:
             with progress_bar("audit") as advance:
                 report = run_audit(saver, tenant=tenant, progress=advance)
@@ -195,7 +226,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
 
     from .audit import audit_stream, iter_audit
     from .report_html import write_html
-    with opened(url, ring) as saver:
+    with opened_for_audit(url, ring) as saver:
         try:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
@@ -539,7 +570,7 @@ def events(
         raise fail("--kind must be an event kind of at most 64 characters")
     start = parse_when(since, what="--since")
     end = parse_when(until, what="--until")
-    with opened(url, _keyring_or_none(keyring)) as saver:
+    with opened_for_audit(url, _keyring_or_none(keyring)) as saver:
         entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
                                until=end, limit=limit)
     if output is OutputFormat.json:

@@ -21,15 +21,17 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy.engine import Engine
 
 from .errors import ConfigurationError, TamperedDataError
 from .strict_serde import StrictSerializer, inspect_msgpack
 from .tenancy import tenant_tag
+
+if TYPE_CHECKING:  # (companions import this module to register sealed columns: keep it light)
+    from langgraph.checkpoint.base import BaseCheckpointSaver
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +235,42 @@ class TenantIndex:
         return None, inner_id
 
 
+def decode_sqlite_checkpoint(row: tuple[Any, ...], serde: StrictSerializer | None = None
+                             ) -> CheckpointRow:
+    """A SQLite ``checkpoints`` row ``(thread_id, ns, id, parent, type, checkpoint, metadata)``
+    as a CheckpointRow, decoded as plain containers only (the audit's SQL counting function
+    uses this too, so both see the same rows as foreign or undecodable)."""
+    serde = serde if serde is not None else StrictSerializer()
+    thread_id, ns, cid, parent, type_, raw_ckpt, raw_md = row
+    size = len(raw_ckpt or b"") + len(raw_md or b"")
+    checkpoint: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    error = None
+    foreign = None
+    try:
+        try:
+            loaded = serde.loads_typed((type_, raw_ckpt))
+        except TamperedDataError as exc:
+            if type_ != "msgpack" or not isinstance(raw_ckpt, bytes):
+                raise
+            loaded, foreign = inspect_msgpack(raw_ckpt), str(exc)
+        checkpoint = loaded if isinstance(loaded, dict) else None
+        if checkpoint is None:
+            error = "checkpoint is not a mapping"
+    except Exception as exc:  # noqa: BLE001 - an undecodable row is reported, never fatal
+        error = (f"checkpoint undecodable: {exc}" if isinstance(exc, TamperedDataError)
+                 else f"checkpoint undecodable ({type(exc).__name__})")
+    try:
+        loaded_md = json.loads(raw_md) if raw_md is not None else {}
+        metadata = loaded_md if isinstance(loaded_md, dict) else None
+        if metadata is None:
+            error = error or "metadata is not a JSON object"
+    except (TypeError, ValueError, UnicodeDecodeError):
+        error = error or "metadata is not JSON"
+    return CheckpointRow(thread_id, ns, cid, parent, checkpoint, metadata, size,
+                         raw_ckpt, raw_md, type_, error, foreign)
+
+
 # --------------------------------------------------------------------------------------------
 # inner tables
 # --------------------------------------------------------------------------------------------
@@ -311,34 +349,7 @@ class SqliteRawTables(RawTables):
                     "writes": int(conn.execute(SQLITE_COUNT_WRITES).fetchone()[0])}
 
     def _decode(self, row: tuple[Any, ...]) -> CheckpointRow:
-        thread_id, ns, cid, parent, type_, raw_ckpt, raw_md = row
-        size = len(raw_ckpt or b"") + len(raw_md or b"")
-        checkpoint: dict[str, Any] | None = None
-        metadata: dict[str, Any] | None = None
-        error = None
-        foreign = None
-        try:
-            try:
-                loaded = self.serde.loads_typed((type_, raw_ckpt))
-            except TamperedDataError as exc:
-                if type_ != "msgpack" or not isinstance(raw_ckpt, bytes):
-                    raise
-                loaded, foreign = inspect_msgpack(raw_ckpt), str(exc)
-            checkpoint = loaded if isinstance(loaded, dict) else None
-            if checkpoint is None:
-                error = "checkpoint is not a mapping"
-        except Exception as exc:  # noqa: BLE001 - an undecodable row is reported, never fatal
-            error = (f"checkpoint undecodable: {exc}" if isinstance(exc, TamperedDataError)
-                     else f"checkpoint undecodable ({type(exc).__name__})")
-        try:
-            loaded_md = json.loads(raw_md) if raw_md is not None else {}
-            metadata = loaded_md if isinstance(loaded_md, dict) else None
-            if metadata is None:
-                error = error or "metadata is not a JSON object"
-        except (TypeError, ValueError, UnicodeDecodeError):
-            error = error or "metadata is not JSON"
-        return CheckpointRow(thread_id, ns, cid, parent, checkpoint, metadata, size,
-                             raw_ckpt, raw_md, type_, error, foreign)
+        return decode_sqlite_checkpoint(row, self.serde)
 
     def checkpoints(self, page: int = DEFAULT_PAGE) -> Iterator[list[CheckpointRow]]:
         after: tuple[Any, ...] = _SQLITE_START

@@ -197,3 +197,159 @@ def test_events_of_one_tenant_and_window_come_from_the_index_on_postgres(pg_url:
     assert "ix_securesaver_events_tenant_at" in plans[0], plans[0]
     assert "ix_securesaver_receipts_tenant_at" in plans[1], plans[1]
     assert len(entries) == 2 * len([n for n in range(100, 5000) if n % 50 == 7])
+
+
+_NO_WRITES = ("NOT EXISTS (SELECT 1 FROM writes w WHERE w.thread_id = c.thread_id AND "
+              "w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id)")
+# rows SecureSaver never writes, one of each kind the predicates name, per backend
+_SQLITE_TAMPER = [
+    # metadata without the sealed value
+    "UPDATE checkpoints SET metadata = '{\"step\": 1}' WHERE rowid = (SELECT min(rowid) "
+    "FROM checkpoints WHERE thread_id LIKE '%_t-plain')",
+    # a checkpoint body that does not decode
+    # (bodies are replaced on checkpoints without pending writes: a write is aged by its own
+    # checkpoint's timestamp in the walk, by the thread's latest in SQL)
+    "UPDATE checkpoints SET checkpoint = X'c1c1' WHERE rowid = (SELECT max(rowid) "
+    f"FROM checkpoints c WHERE thread_id LIKE '%_t-plain' AND {_NO_WRITES})",
+    # a body holding a msgpack extension (a constructor payload): foreign
+    "UPDATE checkpoints SET checkpoint = X'81a178c70301616263' WHERE rowid = (SELECT min(rowid) "
+    f"FROM checkpoints c WHERE thread_id LIKE '%_g-live' AND {_NO_WRITES})",
+    # a pending write in the clear, and one typed bytes that is no ciphertext
+    "UPDATE writes SET type = 'json', value = CAST('{\"a\": 1}' AS BLOB) WHERE rowid = "
+    "(SELECT min(rowid) FROM writes WHERE thread_id LIKE '%_t-pii')",
+    "UPDATE writes SET type = 'bytes', value = X'5353' WHERE rowid = (SELECT max(rowid) "
+    "FROM writes WHERE thread_id LIKE '%_g-expired')",
+]
+_PG_TAMPER = [
+    "UPDATE checkpoints SET metadata = metadata - '__securesaver__' WHERE checkpoint_id = "
+    "(SELECT min(checkpoint_id) FROM checkpoints WHERE thread_id LIKE '%_t-plain')",
+    "UPDATE checkpoints SET metadata = jsonb_set(metadata, '{__securesaver__}', '7') WHERE "
+    "checkpoint_id = (SELECT max(checkpoint_id) FROM checkpoints WHERE thread_id LIKE '%_t-pii')",
+    "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_values}', "
+    "'{\"messages\": \"hello\"}') WHERE checkpoint_id = (SELECT max(checkpoint_id) "
+    "FROM checkpoints WHERE thread_id LIKE '%_g-live')",
+    "UPDATE checkpoints SET metadata = '[\"__securesaver__\"]' WHERE checkpoint_id = (SELECT "
+    "max(checkpoint_id) FROM checkpoints WHERE thread_id LIKE '%_t-held')",
+    "UPDATE checkpoints SET checkpoint = '[1, 2]' WHERE checkpoint_id = (SELECT min("
+    "checkpoint_id) FROM checkpoints c WHERE thread_id LIKE '%_g-expired' AND "
+    f"{_NO_WRITES.replace('FROM writes', 'FROM checkpoint_writes')})",
+    "UPDATE checkpoint_blobs SET blob = convert_to('plain text', 'UTF8') WHERE (thread_id, "
+    "channel, version) = (SELECT thread_id, channel, version FROM checkpoint_blobs WHERE "
+    "thread_id LIKE '%_t-held' AND type = 'bytes' ORDER BY version LIMIT 1)",
+    "UPDATE checkpoint_writes SET type = 'json' WHERE (thread_id, checkpoint_id, task_id, idx) "
+    "= (SELECT thread_id, checkpoint_id, task_id, idx FROM checkpoint_writes WHERE thread_id "
+    "LIKE '%_t-pii' ORDER BY checkpoint_id LIMIT 1)",
+]
+
+
+def _check_unsealed(url: str, statements: list[str], expected: dict[str | None, int]) -> None:
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            for sql in statements:
+                assert conn.execute(sa.text(sql)).rowcount == 1, sql
+        tenants = saver.registry.tenants()
+        now = time.time()
+        for tenant, n in expected.items():
+            new = audit(saver, tenant=tenant, now=now).as_dict()
+            old = _audit_walk(saver, tenants, tenant, now, None).as_dict()
+            assert new == old, tenant
+            counted = [p for p in new["problems"] if "never writes" in p]
+            assert sum(int(p.split()[0]) for p in counted) == n, (tenant, counted)
+
+
+def test_sql_audit_counts_rows_securesaver_never_writes_like_the_walk_on_sqlite(
+        tmp_path: Path, redactor) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    _check_unsealed(url, _SQLITE_TAMPER, {None: 5, "acme": 3, "globex": 2})
+
+
+@pytest.mark.postgres
+def test_sql_audit_counts_rows_securesaver_never_writes_like_the_walk_on_postgres(
+        pg_url: str, redactor) -> None:
+    build(pg_url, redactor)
+    _check_unsealed(pg_url, _PG_TAMPER, {None: 7, "acme": 5, "globex": 2})
+
+
+_HEAVY = ("langchain_core", "langgraph.checkpoint.base", "langgraph.checkpoint.sqlite",
+          "langgraph.checkpoint.postgres", "presidio_analyzer", "spacy",
+          "langgraph_securesaver.saver")
+_LOADED = """
+import json, sys
+from langgraph_securesaver.cli import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+heavy = {heavy!r}
+print(json.dumps(sorted(m for m in sys.modules if m in heavy)), file=sys.stderr)
+"""
+
+
+def _heavy_modules_loaded(args: list[str], cwd: Path) -> tuple[list[str], str]:
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "SECURESAVER_MASTER_KEY"}
+    proc = subprocess.run([sys.executable, "-c", _LOADED.format(heavy=_HEAVY), *args],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=cwd)
+    return json.loads(proc.stderr.strip().splitlines()[-1]), proc.stdout
+
+
+def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio(
+        tmp_path: Path, redactor) -> None:
+    """The compliance commands read the registry's engine only: importing the CLI and running
+    them loads neither the saver (LangGraph, LangChain) nor the redaction stack."""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    loaded, out = _heavy_modules_loaded(["audit", "--url", url, "--format", "json"], tmp_path)
+    assert loaded == []
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        expected = audit(saver).as_dict()
+    assert [t["thread_id"] for t in json.loads(out)["threads"]] == [
+        t["thread_id"] for t in expected["threads"]]
+    loaded, out = _heavy_modules_loaded(["events", "--url", url, "--format", "json"], tmp_path)
+    assert loaded == [] and json.loads(out)
+    loaded, _ = _heavy_modules_loaded(["--help"], tmp_path)
+    assert loaded == []
+
+
+def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(
+        tmp_path: Path) -> None:
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).close()            # a file, no tables at all
+    url = f"sqlite:///{db}"
+    result = runner.invoke(app, ["audit", "--url", url, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["threads"] == [] and data["ok"] is True
+    with sqlite3.connect(db) as conn:      # the saver set the database up, as before
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"checkpoints", "writes", "securesaver_threads"} <= names
+    assert runner.invoke(app, ["events", "--url", url]).exit_code == 1   # nothing matched
+
+
+def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
+        tmp_path: Path, redactor) -> None:
+    from langgraph_securesaver import AccessDenied, tenant_scope
+    from langgraph_securesaver.audit import AuditDatabase, events
+    from langgraph_securesaver.registry import Registry
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    registry = Registry(url)
+    try:
+        view = AuditDatabase(registry)
+        assert view.has_inner_tables()
+        with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+            now = time.time()
+            for tenant in (None, "acme"):
+                assert audit(view, tenant=tenant, now=now).as_dict() == audit(
+                    saver, tenant=tenant, now=now).as_dict()
+            assert events(view) == events(saver)
+        with tenant_scope("acme"):
+            with pytest.raises(AccessDenied):
+                audit(view)
+            with pytest.raises(AccessDenied):
+                events(view, tenant="acme")
+    finally:
+        registry.dispose()

@@ -7,47 +7,114 @@ ToolNode wrapper, a durability guard, replay-aware tracing, and stalled-run reco
 See docs/idempotency.md.
 """
 
-from .context import (
-    current_fencing_token,
-    current_idempotency_key,
-    is_replaying,
-)
-from .decorators import (
-    REPLAYED_FLAG,
-    IdempotentToolCalls,
-    arun_once,
-    idempotent,
-    idempotent_tool_node,
-    mark_replayed,
-    run_once,
-    step_key,
-)
-from .errors import (
-    DurabilityError,
-    IdempotencyAttemptsExhausted,
-    IdempotencyConflict,
-    IdempotencyError,
-    IdempotencyKeyReused,
-    IdempotencyLeaseLost,
-    IdempotencyOutcomeUnknown,
-    IdempotencyStoreUnavailable,
-    NoIdempotencyContext,
-)
-from .keys import KeyScope, canonical_json, strip_task_ids
-from .policy import IdempotencyPolicy
-from .recovery import (
-    DeadLetter,
-    RecoveryReport,
-    amark_recoverable,
-    arecover_stalled,
-    dead_letters_of,
-    mark_recoverable,
-    recover_main,
-    recover_stalled,
-    recovery_state,
-    unmark_recoverable,
-)
-from .store import Claim, Hit, IdempotencyRecord, IdempotencyStore, Outcome
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import (
+        current_fencing_token,
+        current_idempotency_key,
+        is_replaying,
+    )
+    from .decorators import (
+        REPLAYED_FLAG,
+        IdempotentToolCalls,
+        arun_once,
+        idempotent,
+        idempotent_tool_node,
+        mark_replayed,
+        run_once,
+        step_key,
+    )
+    from .errors import (
+        DurabilityError,
+        IdempotencyAttemptsExhausted,
+        IdempotencyConflict,
+        IdempotencyError,
+        IdempotencyKeyReused,
+        IdempotencyLeaseLost,
+        IdempotencyOutcomeUnknown,
+        IdempotencyStoreUnavailable,
+        NoIdempotencyContext,
+    )
+    from .keys import KeyScope, canonical_json, strip_task_ids
+    from .policy import IdempotencyPolicy
+    from .recovery import (
+        DeadLetter,
+        RecoveryReport,
+        amark_recoverable,
+        arecover_stalled,
+        dead_letters_of,
+        mark_recoverable,
+        recover_main,
+        recover_stalled,
+        recovery_state,
+        unmark_recoverable,
+    )
+    from .store import Claim, Hit, IdempotencyRecord, IdempotencyStore, Outcome
+
+# loaded on first use (PEP 562): the registry imports .schema to create the tables, which must
+# not pull in LangGraph and LangChain for commands that never run a graph
+_EXPORTS: dict[str, str] = {
+    "current_fencing_token": "context",
+    "current_idempotency_key": "context",
+    "is_replaying": "context",
+    "IdempotentToolCalls": "decorators",
+    "REPLAYED_FLAG": "decorators",
+    "arun_once": "decorators",
+    "idempotent": "decorators",
+    "idempotent_tool_node": "decorators",
+    "mark_replayed": "decorators",
+    "run_once": "decorators",
+    "step_key": "decorators",
+    "DurabilityError": "errors",
+    "IdempotencyAttemptsExhausted": "errors",
+    "IdempotencyConflict": "errors",
+    "IdempotencyError": "errors",
+    "IdempotencyKeyReused": "errors",
+    "IdempotencyLeaseLost": "errors",
+    "IdempotencyOutcomeUnknown": "errors",
+    "IdempotencyStoreUnavailable": "errors",
+    "NoIdempotencyContext": "errors",
+    "KeyScope": "keys",
+    "canonical_json": "keys",
+    "strip_task_ids": "keys",
+    "IdempotencyPolicy": "policy",
+    "DeadLetter": "recovery",
+    "RecoveryReport": "recovery",
+    "amark_recoverable": "recovery",
+    "arecover_stalled": "recovery",
+    "dead_letters_of": "recovery",
+    "mark_recoverable": "recovery",
+    "recover_main": "recovery",
+    "recover_stalled": "recovery",
+    "recovery_state": "recovery",
+    "unmark_recoverable": "recovery",
+    "Claim": "store",
+    "Hit": "store",
+    "IdempotencyRecord": "store",
+    "IdempotencyStore": "store",
+    "Outcome": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule (idempotency.store, ...)
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "REPLAYED_FLAG",
