@@ -11,266 +11,55 @@ import logging
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import StaticPool
 
+from . import integrity as mac
 from .crypto import KeyRow
-from .errors import ConfigurationError
+from .errors import ConfigurationError, KeyringRequired, TamperedDataError
+from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
+from .registry_claims import RegistryClaims
+from .registry_schema import (  # noqa: F401 - the schema names are importable from here
+    _ADOPTED,
+    _V2_COLUMNS,
+    LATER_INDEXES,
+    SCHEMA_VERSION,
+    Event,
+    Receipt,
+    ThreadRow,
+    _create_all,
+    _migrate_indexes,
+    _policy_ref,
+    _register_companion_tables,
+    _thread_ref,
+    chain_heads,
+    create_registry_engine,
+    engine_lock,
+    events,
+    expires_expr,
+    meta_table,
+    metadata,
+    normalize_url,
+    pairs_in,
+    policies,
+    receipts,
+    tenant_keys,
+    threads,
+)
+from .registry_verify import (  # noqa: F401 - IntegrityReport was defined here
+    IntegrityReport,
+    RegistryVerification,
+)
 from .retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
 
-metadata = sa.MetaData()
-
-meta_table = sa.Table(
-    "securesaver_meta", metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.String(256), nullable=False),
-)
-
-tenant_keys = sa.Table(
-    "securesaver_tenant_keys", metadata,
-    sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("purpose", sa.String(16), primary_key=True),
-    sa.Column("version", sa.Integer, primary_key=True),
-    sa.Column("master_version", sa.String(64), nullable=False, index=True),
-    sa.Column("wrapped", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-)
-
-threads = sa.Table(
-    "securesaver_threads", metadata,
-    sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("last_activity", sa.Float, nullable=False),
-    # effective retention (copied from the thread override, tenant or default policy)
-    sa.Column("idle_ttl", sa.Float, nullable=True),
-    sa.Column("max_age", sa.Float, nullable=True),
-    sa.Column("strategy", sa.String(16), nullable=False, default="delete"),
-    sa.Column("legal_hold", sa.Boolean, nullable=False, default=False, index=True),
-    sa.Column("policy_source", sa.String(16), nullable=False, default="default"),
-    sa.Column("expires_at", sa.Float, nullable=True, index=True),
-    sa.Column("state", sa.String(16), nullable=False, default="active"),
-    # pruner claims (lease + fencing token)
-    sa.Column("claim_owner", sa.String(128), nullable=True),
-    sa.Column("claim_token", sa.String(64), nullable=True),
-    sa.Column("claim_expires", sa.Float, nullable=True),
-)
-
-policies = sa.Table(
-    "securesaver_policies", metadata,
-    sa.Column("tenant", sa.String(255), primary_key=True),  # "*" = the saver default
-    sa.Column("idle_ttl", sa.Float, nullable=True),
-    sa.Column("max_age", sa.Float, nullable=True),
-    sa.Column("strategy", sa.String(16), nullable=False),
-    sa.Column("legal_hold", sa.Boolean, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-)
-
-receipts = sa.Table(
-    "securesaver_receipts", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("receipt_id", sa.String(64), nullable=False, unique=True),
-    sa.Column("tenant", sa.String(255), nullable=False, index=True),
-    sa.Column("thread_id", sa.String(512), nullable=True),
-    sa.Column("deleted_at", sa.Float, nullable=False, index=True),
-    sa.Column("action", sa.String(16), nullable=False),  # deleted | pruned | shredded
-    sa.Column("reason", sa.String(64), nullable=False),
-    sa.Column("requested_by", sa.String(255), nullable=True),
-    sa.Column("detail", sa.Text, nullable=False, default="{}"),
-)
-
-events = sa.Table(
-    "securesaver_events", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("at", sa.Float, nullable=False, index=True),
-    sa.Column("kind", sa.String(32), nullable=False, index=True),
-    sa.Column("tenant", sa.String(255), nullable=True, index=True),
-    sa.Column("thread_id", sa.String(512), nullable=True),
-    sa.Column("actor", sa.String(255), nullable=True),
-    sa.Column("detail", sa.Text, nullable=False, default="{}"),
-)
-
-
-# Indexes added after tables existed: ``setup()`` creates them on existing databases too
-# (``_migrate_indexes``). They are additive, so the schema version is unchanged.
-LATER_INDEXES = (
-    # events / receipts of one tenant in a time window (``securesaver events --tenant``)
-    sa.Index("ix_securesaver_events_tenant_at", events.c.tenant, events.c.at),
-    sa.Index("ix_securesaver_receipts_tenant_at", receipts.c.tenant, receipts.c.deleted_at),
-)
-# (no index on claim_token: a batch is found by its primary keys, and claim updates of
-# unindexed columns stay heap-only on PostgreSQL)
-
-
-def expires_expr(created: Any, last: Any, idle: Any, max_age: Any, hold: Any) -> Any:
-    """SQL for the expiry a thread row's TTLs imply (NULL when held or without TTLs)."""
-    by_idle = last + idle
-    by_age = created + max_age
-    return sa.case(
-        (hold.is_(True), sa.null()),
-        (sa.and_(idle.is_(None), max_age.is_(None)), sa.null()),
-        (idle.is_(None), by_age),
-        (max_age.is_(None), by_idle),
-        (by_idle < by_age, by_idle),
-        else_=by_age,
-    )
-
-
-@dataclass(frozen=True)
-class ThreadRow:
-    tenant: str
-    thread_id: str
-    created_at: float
-    last_activity: float
-    idle_ttl: float | None = None
-    max_age: float | None = None
-    strategy: str = "delete"
-    legal_hold: bool = False
-    policy_source: str = "default"
-    expires_at: float | None = None
-    state: str = "active"
-    claim_owner: str | None = None
-    claim_token: str | None = None
-    claim_expires: float | None = None
-
-
-@dataclass(frozen=True)
-class Receipt:
-    receipt_id: str
-    tenant: str
-    thread_id: str | None
-    deleted_at: float
-    action: str
-    reason: str
-    requested_by: str | None
-    detail: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Event:
-    id: int
-    at: float
-    kind: str
-    tenant: str | None
-    thread_id: str | None
-    actor: str | None
-    detail: dict[str, Any]
-
-
-def pairs_in(dialect: str, first: Any, second: Any, pairs: Sequence[tuple[str, str]]) -> Any:
-    """``(first, second) IN pairs``: on PostgreSQL two array parameters unnested together
-    (a batch of 500 pairs is 2 parameters, not 1,000), elsewhere an expanding IN."""
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import ARRAY
-        a = sa.literal([p[0] for p in pairs], ARRAY(sa.Text()))
-        b = sa.literal([p[1] for p in pairs], ARRAY(sa.Text()))
-        return sa.tuple_(first, second).in_(sa.select(sa.func.unnest(a), sa.func.unnest(b)))
-    return sa.tuple_(first, second).in_(list(pairs))
-
-
-def _by_token(rows: Sequence[ThreadRow]) -> dict[str, list[tuple[str, str]]]:
-    out: dict[str, list[tuple[str, str]]] = {}
-    for r in rows:
-        if r.claim_token is not None:
-            out.setdefault(r.claim_token, []).append((r.tenant, r.thread_id))
-    return out
-
-
-def normalize_url(url: str) -> str:
-    """Accept the URLs users already have (``postgresql://``, ``sqlite:///``) for SQLAlchemy."""
-    if url.startswith(("postgres://", "postgresql://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def create_registry_engine(url: str) -> Engine:
-    url = normalize_url(url)
-    if url.startswith("sqlite"):
-        in_memory = url in ("sqlite://", "sqlite:///:memory:")
-        engine = sa.create_engine(
-            url,
-            connect_args={"check_same_thread": False, "timeout": 30},
-            poolclass=StaticPool if in_memory else None,
-        )
-
-        @sa.event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        return engine
-    if url.startswith("postgresql"):
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
-    raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
-
-
-_engine_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
-_engine_locks_guard = threading.Lock()
-
-
-def engine_lock(engine: Engine) -> AbstractContextManager[Any]:
-    """Serializes transactions on an engine whose pool is ONE shared connection (the in-memory
-    registry): sqlite3 cannot run two transactions at once on a connection. Engines that pool
-    a connection per thread need no lock."""
-    if not isinstance(engine.pool, StaticPool):
-        return nullcontext()
-    with _engine_locks_guard:
-        lock = _engine_locks.get(engine)
-        if lock is None:
-            lock = _engine_locks[engine] = threading.RLock()
-    return lock
-
-
-def _create_all(engine: Engine) -> None:
-    """create_all, tolerating another process creating the same tables at the same moment."""
-    for attempt in range(5):
-        try:
-            metadata.create_all(engine, checkfirst=True)
-            return
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
-            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
-                raise
-            logger.debug("concurrent schema creation (attempt %d): %s", attempt + 1, exc)
-            time.sleep(0.05 * (attempt + 1))
-    metadata.create_all(engine, checkfirst=True)
-
-
-def _migrate_indexes(engine: Engine) -> None:
-    """Create indexes that later versions added, on tables that already existed (idempotent;
-    tolerates another process creating the same index at the same moment)."""
-    for index in LATER_INDEXES:
-        try:
-            with engine_lock(engine), engine.begin() as conn:
-                index.create(conn, checkfirst=True)
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
-            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
-                raise
-            logger.debug("index %s created concurrently: %s", index.name, exc)
-
-
-def _register_companion_tables() -> None:
-    """Companion modules define their tables on ``metadata``; import them so setup creates all."""
-    import importlib
-    for module in ("langgraph_securesaver.pii_vault", "langgraph_securesaver.idempotency.schema"):
-        try:
-            importlib.import_module(module)
-        except ImportError:  # an optional component that is not installed
-            logger.debug("companion tables %s not available", module)
-
-
-class Registry:
+class Registry(RegistryClaims, RegistryVerification):
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
 
     def __init__(self, engine: Engine | str) -> None:
@@ -278,6 +67,15 @@ class Registry:
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False
+        # MACs on retention rows, receipts, events (integrity.py); keyed once a keyring is
+        # attached with attach_keys()
+        self.integrity = RegistryIntegrity(self, None, has_macs=self._has_macs)
+
+    def attach_keys(self, provider: Any) -> None:
+        """Use ``provider`` (the saver's keyring) to unwrap the registry MAC key."""
+        self.integrity.attach(provider)
+        if self._is_setup and self.integrity.available:
+            self._adopt_legacy_rows()
 
     @classmethod
     def in_memory(cls) -> Registry:
@@ -297,6 +95,7 @@ class Registry:
                 return
             _register_companion_tables()
             _create_all(self.engine)
+            self._add_missing_columns()
             _migrate_indexes(self.engine)
             with engine_lock(self.engine), self.engine.begin() as conn:
                 current = conn.execute(
@@ -310,7 +109,116 @@ class Registry:
                         f"registry schema v{current} is newer than this library "
                         f"(v{SCHEMA_VERSION}); upgrade langgraph-securesaver"
                     )
+                elif int(current) < SCHEMA_VERSION:  # older library versions now refuse it
+                    conn.execute(meta_table.update().where(
+                        meta_table.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
             self._is_setup = True
+        if self.integrity.available:
+            self._adopt_legacy_rows()
+
+    def _add_missing_columns(self) -> None:
+        """Schema v1 -> v2: add the MAC columns to tables created by older versions
+        (tolerating another process adding them at the same moment)."""
+        inspector = sa.inspect(self.engine)
+        existing = set(inspector.get_table_names())
+        for table, column, type_ in _V2_COLUMNS:
+            if table not in existing or column in {
+                    c["name"] for c in inspector.get_columns(table)}:
+                continue
+            ddl = (f"ALTER TABLE {table} ADD COLUMN {column} "
+                   f"{type_.compile(dialect=self.engine.dialect)}")
+            try:
+                with engine_lock(self.engine), self.engine.begin() as conn:
+                    conn.exec_driver_sql(ddl)
+            except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+                if "duplicate column" not in str(exc) and "already exists" not in str(exc):
+                    raise
+            logger.info("registry migration: added %s.%s", table, column)
+
+    def _has_macs(self) -> bool:
+        with engine_lock(self.engine), self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.literal(1)).select_from(chain_heads).limit(1)
+                                ).first() is not None or conn.execute(
+                sa.select(sa.literal(1)).select_from(threads).where(
+                    threads.c.policy_mac.is_not(None)).limit(1)).first() is not None
+
+    def _adopt_legacy_rows(self) -> None:
+        """Rows written before schema v2 carry no MACs. The first process that has the keyring
+        MACs them once (trust on first use; recorded as a ``registry_rows_adopted`` event);
+        from then on a row without a MAC is reported by ``events --verify``, never adopted."""
+        with engine_lock(self.engine), self.engine.connect() as conn:
+            if conn.execute(sa.select(meta_table.c.key).where(meta_table.c.key == _ADOPTED)
+                            ).first() is not None:
+                return  # done once; never again (that would launder inserted rows)
+        integ = self.integrity
+        try:
+            integ.require()
+        except (KeyringRequired, TamperedDataError) as exc:  # e.g. another keyring
+            logger.warning("registry integrity: rows not adopted: %s", exc)
+            return
+        stmt = self._upsert(meta_table).values(key=_ADOPTED, value="schema-v2"
+                                               ).on_conflict_do_nothing().returning(
+            meta_table.c.key)
+        with engine_lock(self.engine), self.engine.begin() as conn:
+            if conn.execute(stmt).first() is None:
+                return  # adopted before (or by a concurrent process right now)
+            counts = {"threads": 0, "policies": 0, "receipts": 0, "events": 0,
+                      "idempotency": 0}
+            legacy = conn.execute(sa.select(threads).where(sa.or_(
+                threads.c.policy_mac.is_(None), threads.c.activity_mac.is_(None)))
+            ).mappings().all()
+            if legacy:
+                conn.execute(threads.update().where(
+                    threads.c.tenant == sa.bindparam("b_tenant"),
+                    threads.c.thread_id == sa.bindparam("b_thread"),
+                ).values(policy_mac=sa.bindparam("b_pmac"), activity_mac=sa.bindparam("b_amac")),
+                    [{"b_tenant": r["tenant"], "b_thread": r["thread_id"],
+                      "b_pmac": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(r)),
+                      "b_amac": integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(r))}
+                     for r in legacy])
+            counts["threads"] = len(legacy)
+            for r in conn.execute(sa.select(policies).where(policies.c.mac.is_(None))
+                                  ).mappings().all():
+                conn.execute(policies.update().where(policies.c.tenant == r["tenant"]).values(
+                    mac=integ.mac(mac.POLICY, *mac.policy_parts(r))))
+                counts["policies"] += 1
+            for table, name in ((receipts, "receipts"), (events, "events")):
+                rows = [dict(r) for r in conn.execute(sa.select(table).where(
+                    table.c.mac.is_(None)).order_by(table.c.id)).mappings()]
+                if not rows:
+                    continue
+                self._chain(conn, table, rows)
+                conn.execute(table.update().where(table.c.id == sa.bindparam("b_id")).values(
+                    seq=sa.bindparam("b_seq"), prev_mac=sa.bindparam("b_prev"),
+                    mac=sa.bindparam("b_mac")),
+                    [{"b_id": r["id"], "b_seq": r["seq"], "b_prev": r["prev_mac"],
+                      "b_mac": r["mac"]} for r in rows])
+                counts[name] = len(rows)
+            counts["idempotency"] = self._adopt_idempotency(conn)
+            if any(counts.values()):
+                logger.warning("registry integrity: adopted %s rows written before schema v2",
+                               counts)
+                self._append_chained(conn, events, [{
+                    "at": time.time(), "kind": "registry_rows_adopted", "tenant": None,
+                    "thread_id": None, "actor": None,
+                    "detail": json.dumps(counts, sort_keys=True)}])
+
+    def _adopt_idempotency(self, conn: Connection) -> int:
+        table = metadata.tables.get("securesaver_idempotency")
+        if table is None or "fp_mac" not in table.c:
+            return 0
+        rows = conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
+                                      table.c.fingerprint).where(table.c.fp_mac.is_(None))
+                            ).all()
+        if rows:
+            conn.execute(table.update().where(
+                table.c.tenant == sa.bindparam("b_tenant"),
+                table.c.thread_id == sa.bindparam("b_thread"),
+                table.c.key == sa.bindparam("b_key")).values(fp_mac=sa.bindparam("b_mac")),
+                [{"b_tenant": r.tenant, "b_thread": r.thread_id, "b_key": r.key,
+                  "b_mac": self.integrity.mac(mac.IDEMPOTENCY, *mac.idempotency_parts(
+                      r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
+        return len(rows)
 
     # dialect helpers --------------------------------------------------------------------------
     def _insert_ignore(self, conn: Connection, table: sa.Table,
@@ -372,17 +280,24 @@ class Registry:
                      policy: RetentionPolicy | None = None) -> None:
         """Register a thread (first write, with the given effective policy) or move its last
         activity forward and recompute its expiry from its stored TTLs."""
-        now = time.time() if now is None else now
+        now = float(time.time() if now is None else now)
         policy = policy or NO_RETENTION
+        integ = self._keyed()
         row = {"tenant": tenant, "thread_id": thread_id, "created_at": now, "last_activity": now,
                **policy.as_row(), "policy_source": "default",
                "expires_at": policy.expires_at(now, now), "state": "active"}
+        row["policy_mac"] = integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(row))
+        row["activity_mac"] = integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(row))
         stmt = self._upsert(threads).values(**row)
         last = self._greatest(threads.c.last_activity, stmt.excluded.last_activity)
         stmt = stmt.on_conflict_do_update(
             index_elements=[threads.c.tenant, threads.c.thread_id],
             set_={
                 "last_activity": last,
+                # the MAC moves with the value it covers (SET sees the old row on both backends)
+                "activity_mac": sa.case(
+                    (stmt.excluded.last_activity > threads.c.last_activity,
+                     stmt.excluded.activity_mac), else_=threads.c.activity_mac),
                 "expires_at": expires_expr(threads.c.created_at, last, threads.c.idle_ttl,
                                            threads.c.max_age, threads.c.legal_hold),
                 "state": sa.case((threads.c.state == "deleting", "deleting"), else_="active"),
@@ -408,6 +323,7 @@ class Registry:
         with self.begin() as conn:
             found = set(conn.execute(sa.select(threads.c.tenant).distinct()).scalars())
             found |= set(conn.execute(sa.select(tenant_keys.c.tenant).distinct()).scalars())
+        found.discard(RESERVED_TENANT)  # the registry MAC key, not a tenant
         return sorted(found)
 
     def forget_thread(self, tenant: str, thread_id: str) -> None:
@@ -419,20 +335,33 @@ class Registry:
     def set_policy(self, tenant: str, policy: RetentionPolicy | None) -> None:
         """Store the default (tenant ``"*"``) or a tenant's policy and re-derive the expiry of
         every thread that follows it (threads with their own override keep it)."""
+        integ = self._keyed()
         with self.begin() as conn:
             conn.execute(policies.delete().where(policies.c.tenant == tenant))
             if policy is not None:
-                conn.execute(policies.insert().values(tenant=tenant, updated_at=time.time(),
-                                                      **policy.as_row()))
+                row = {"tenant": tenant, **policy.as_row()}
+                conn.execute(policies.insert().values(
+                    updated_at=time.time(), mac=integ.mac(mac.POLICY, *mac.policy_parts(row)),
+                    **row))
             self._reapply(conn, tenant)
 
     def get_policy(self, tenant: str) -> RetentionPolicy | None:
+        """A stored policy; with the keyring attached, one whose MAC does not verify is
+        refused with TamperedDataError (key-less readers such as audit get it unverified)."""
         with self.begin() as conn:
             r = conn.execute(sa.select(policies).where(policies.c.tenant == tenant)
                              ).mappings().first()
         if r is None:
             return None
+        self._check_policy(r)
         return RetentionPolicy(r["idle_ttl"], r["max_age"], r["strategy"], r["legal_hold"])
+
+    def _check_policy(self, r: Any) -> None:
+        if self.integrity.available and not self.integrity.check(
+                r["mac"], mac.POLICY, *mac.policy_parts(r)):
+            raise TamperedDataError(
+                f"securesaver_policies row {_policy_ref(r['tenant'])} does not verify (altered "
+                "or inserted without the registry key); refusing to apply it")
 
     def effective_policy(self, tenant: str) -> tuple[RetentionPolicy, str]:
         own = self.get_policy(tenant)
@@ -455,210 +384,95 @@ class Registry:
             row = conn.execute(sa.select(policies).where(
                 policies.c.tenant == DEFAULT_POLICY_KEY)).mappings().first()
             source = "default"
+        if row is not None:
+            self._check_policy(row)
         values = ({"idle_ttl": row["idle_ttl"], "max_age": row["max_age"],
-                   "strategy": row["strategy"], "legal_hold": row["legal_hold"]}
+                   "strategy": row["strategy"], "legal_hold": bool(row["legal_hold"])}
                   if row is not None else NO_RETENTION.as_row())
-        conn.execute(threads.update().where(where).values(policy_source=source, **values))
-        conn.execute(threads.update().where(where).values(expires_at=expires_expr(
-            threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
-            threads.c.max_age, threads.c.legal_hold)))
+        # only rows that change are rewritten (and re-MACed); a row whose MAC does not verify
+        # is left as it is (reported by `events --verify`, refused by the pruner): re-MACing
+        # it would launder a forged created_at
+        changed = sa.or_(threads.c.policy_source != source, threads.c.policy_mac.is_(None),
+                         *(threads.c[k].is_distinct_from(v) for k, v in values.items()))
+        integ = self.integrity
+        updates = []
+        for r in conn.execute(sa.select(threads).where(where, changed)).mappings():
+            if not integ.check(r["policy_mac"], mac.THREAD_POLICY, *mac.thread_policy_parts(r)):
+                logger.error("securesaver_threads row %s does not verify; its retention was "
+                             "not re-applied", _thread_ref(r["tenant"], r["thread_id"]))
+                continue
+            new = {**r, **values, "policy_source": source}
+            updates.append({"b_tenant": r["tenant"], "b_thread": r["thread_id"],
+                            "b_mac": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(new))})
+        if updates:
+            pk = (threads.c.tenant == sa.bindparam("b_tenant"),
+                  threads.c.thread_id == sa.bindparam("b_thread"))
+            conn.execute(threads.update().where(*pk).values(
+                policy_source=source, policy_mac=sa.bindparam("b_mac"), **values), updates)
+            conn.execute(threads.update().where(*pk).values(expires_at=expires_expr(
+                threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
+                threads.c.max_age, threads.c.legal_hold)),
+                [{"b_tenant": u["b_tenant"], "b_thread": u["b_thread"]} for u in updates])
 
     def set_thread_retention(self, tenant: str, thread_id: str, **changes: Any) -> ThreadRow:
-        """Per-thread override of idle_ttl / max_age / strategy / legal_hold."""
+        """Per-thread override of idle_ttl / max_age / strategy / legal_hold. A row whose MAC
+        does not verify is refused (re-MACing it would launder the forged fields)."""
+        integ = self._keyed()
+        pk = (threads.c.tenant == tenant, threads.c.thread_id == thread_id)
         with self.begin() as conn:
-            found = conn.execute(threads.update().where(
-                threads.c.tenant == tenant, threads.c.thread_id == thread_id,
-            ).values(policy_source="thread", **changes)).rowcount
-            if not found:
+            q = sa.select(threads).where(*pk)
+            if self.dialect == "postgresql":
+                q = q.with_for_update()
+            current = conn.execute(q).mappings().first()
+            if current is None:
                 raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
-            conn.execute(threads.update().where(
-                threads.c.tenant == tenant, threads.c.thread_id == thread_id,
-            ).values(expires_at=expires_expr(threads.c.created_at, threads.c.last_activity,
-                                             threads.c.idle_ttl, threads.c.max_age,
-                                             threads.c.legal_hold)))
+            if not integ.check(current["policy_mac"], mac.THREAD_POLICY,
+                               *mac.thread_policy_parts(current)):
+                raise TamperedDataError(
+                    f"securesaver_threads row {_thread_ref(tenant, thread_id)} does not verify "
+                    "(altered or inserted without the registry key); refusing to change it")
+            new = {**current, **changes, "policy_source": "thread"}
+            conn.execute(threads.update().where(*pk).values(
+                policy_source="thread", **changes,
+                policy_mac=integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(new))))
+            conn.execute(threads.update().where(*pk).values(expires_at=expires_expr(
+                threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
+                threads.c.max_age, threads.c.legal_hold)))
         row = self.get_thread(tenant, thread_id)
         if row is None:  # deleted concurrently
             raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
         return row
-
-    # pruner claims ----------------------------------------------------------------------------
-    def claim_expired(self, *, now: float, owner: str, lease: float, limit: int,
-                      tenant: str | None = None) -> list[ThreadRow]:
-        """Atomically claim up to ``limit`` expired threads not claimed by a live pruner."""
-        wall = time.time()
-        token = uuid.uuid4().hex
-        candidates = sa.select(threads.c.tenant, threads.c.thread_id).where(
-            threads.c.expires_at <= now,
-            sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall),
-        ).order_by(threads.c.expires_at).limit(limit)
-        if tenant is not None:
-            candidates = candidates.where(threads.c.tenant == tenant)
-        if self.dialect == "postgresql":
-            candidates = candidates.with_for_update(skip_locked=True)
-        stmt = threads.update().where(
-            sa.tuple_(threads.c.tenant, threads.c.thread_id).in_(candidates)
-        ).values(claim_owner=owner, claim_token=token, claim_expires=wall + lease
-                 ).returning(*threads.c)
-        with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(stmt).mappings()]
-
-    def release_claim(self, row: ThreadRow) -> None:
-        with self.begin() as conn:
-            conn.execute(threads.update().where(
-                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
-                threads.c.claim_token == row.claim_token,
-            ).values(claim_owner=None, claim_token=None, claim_expires=None))
-
-    def extend_claim(self, row: ThreadRow, seconds: float) -> None:
-        with self.begin() as conn:
-            conn.execute(threads.update().where(
-                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
-                threads.c.claim_token == row.claim_token,
-            ).values(claim_expires=time.time() + seconds))
-
-    def mark_state(self, row: ThreadRow, state: str) -> bool:
-        with self.begin() as conn:
-            return bool(conn.execute(threads.update().where(
-                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
-                threads.c.claim_token == row.claim_token,
-            ).values(state=state)).rowcount)
-
-    # batches of claimed threads (one claim token per claim_expired call) ----------------------
-    def _batch_where(self, token: str, pairs: Sequence[tuple[str, str]]) -> list[Any]:
-        return [threads.c.claim_token == token,
-                pairs_in(self.dialect, threads.c.tenant, threads.c.thread_id, pairs)]
-
-    def claimed(self, token: str, pairs: Sequence[tuple[str, str]]) -> list[ThreadRow]:
-        """Re-read the rows of a batch that still carry the claim token (one query)."""
-        if not pairs:
-            return []
-        with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(
-                sa.select(threads).where(*self._batch_where(token, pairs))).mappings()]
-
-    def release_claims(self, rows: Sequence[ThreadRow]) -> None:
-        self._update_claims(rows, claim_owner=None, claim_token=None, claim_expires=None)
-
-    def extend_claims(self, rows: Sequence[ThreadRow], seconds: float) -> None:
-        self._update_claims(rows, claim_expires=time.time() + seconds)
-
-    def mark_batch_state(self, rows: Sequence[ThreadRow], state: str) -> set[tuple[str, str]]:
-        """Set ``state`` on the rows still claimed by their token; returns those rows."""
-        done: set[tuple[str, str]] = set()
-        with self.begin() as conn:
-            for token, pairs in _by_token(rows).items():
-                stmt = threads.update().where(*self._batch_where(token, pairs)).values(
-                    state=state).returning(threads.c.tenant, threads.c.thread_id)
-                done |= {(t, th) for t, th in conn.execute(stmt)}
-        return done
-
-    def _update_claims(self, rows: Sequence[ThreadRow], **values: Any) -> None:
-        if not rows:
-            return
-        with self.begin() as conn:
-            for token, pairs in _by_token(rows).items():
-                conn.execute(threads.update().where(*self._batch_where(token, pairs)
-                                                    ).values(**values))
-
-    def delete_claimed(self, conn: Connection, token: str, pairs: Sequence[tuple[str, str]],
-                       now: float | None = None) -> list[tuple[str, str]]:
-        """Inside the caller's transaction: drop the registry rows of a batch still fenced by
-        ``token`` and, given ``now``, still due (expired and not held, or already being
-        deleted): the re-check happens in the statement that deletes. Returns the
-        (tenant, thread) pairs dropped (only those get receipts)."""
-        if not pairs:
-            return []
-        where = self._batch_where(token, pairs)
-        if now is not None:
-            where.append(sa.or_(threads.c.state == "deleting", sa.and_(
-                threads.c.expires_at <= now, threads.c.legal_hold.is_(False))))
-        stmt = threads.delete().where(*where).returning(threads.c.tenant, threads.c.thread_id)
-        return [(t, th) for t, th in conn.execute(stmt)]
-
-    def finish_pruned(self, row: ThreadRow, receipt: dict[str, Any]) -> bool:
-        """keep_latest done: clear expiry until the next write, release, write the receipt."""
-        with self.begin() as conn:
-            done = conn.execute(threads.update().where(
-                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
-                threads.c.claim_token == row.claim_token,
-            ).values(state="pruned", expires_at=None, claim_owner=None, claim_token=None,
-                     claim_expires=None)).rowcount
-            if done:
-                self._insert_receipt(conn, receipt)
-        return bool(done)
-
-    def finish_deleted(self, tenant: str, thread_id: str, receipt: dict[str, Any],
-                       claim_token: str | None = None) -> bool:
-        """Drop the registry row and write the receipt in one transaction (fenced by the claim
-        token when a pruner holds one): a thread is receipted exactly once."""
-        with self.begin() as conn:
-            where = [threads.c.tenant == tenant, threads.c.thread_id == thread_id]
-            if claim_token is not None:
-                where.append(threads.c.claim_token == claim_token)
-            done = conn.execute(threads.delete().where(*where)).rowcount
-            if done or claim_token is None:
-                self._insert_receipt(conn, receipt)
-        return bool(done) or claim_token is None
-
-    def expired_but_held(self, now: float, tenant: str | None = None) -> list[ThreadRow]:
-        over = sa.or_(threads.c.last_activity + threads.c.idle_ttl <= now,
-                      threads.c.created_at + threads.c.max_age <= now)
-        q = sa.select(threads).where(threads.c.legal_hold.is_(True), over)
-        if tenant is not None:
-            q = q.where(threads.c.tenant == tenant)
-        with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(q).mappings()]
-
-    def list_expired(self, now: float, tenant: str | None = None,
-                     limit: int | None = None) -> list[ThreadRow]:
-        q = sa.select(threads).where(threads.c.expires_at <= now).order_by(threads.c.expires_at)
-        if tenant is not None:
-            q = q.where(threads.c.tenant == tenant)
-        if limit is not None:
-            q = q.limit(limit)
-        with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(q).mappings()]
-
-    def forget_tenant(self, tenant: str) -> None:
-        with self.begin() as conn:
-            conn.execute(threads.delete().where(threads.c.tenant == tenant))
-            conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant))
-            conn.execute(policies.delete().where(policies.c.tenant == tenant))
-
-    def count_expired(self, now: float, tenant: str | None = None) -> int:
-        q = sa.select(sa.func.count()).select_from(threads).where(threads.c.expires_at <= now)
-        if tenant is not None:
-            q = q.where(threads.c.tenant == tenant)
-        with self.begin() as conn:
-            return int(conn.execute(q).scalar() or 0)
 
     # receipts ---------------------------------------------------------------------------------
     def _insert_receipt(self, conn: Connection, receipt: dict[str, Any]) -> None:
         self.insert_receipts(conn, [receipt])
 
     def insert_receipts(self, conn: Connection, batch: Sequence[dict[str, Any]]) -> None:
-        """Every receipt is written here, inside the caller's transaction: one statement for
-        a whole batch (the pruner writes hundreds at once)."""
+        """Every receipt is written here, inside the caller's transaction: one chain step per
+        tenant and one statement for a whole batch (the pruner writes hundreds at once).
+
+        The per-tenant chain heads are locked (and advanced) here, so call this as the LAST
+        statement before the commit: concurrent pruners then hold a head only for the insert
+        and the commit. Call ``_keyed()`` before opening the transaction."""
         if not batch:
             return
         now = time.time()
         rows = []
         for receipt in batch:
-            receipt = dict(receipt)
-            detail = receipt.pop("detail", {})
+            fields = dict(receipt)
+            detail = fields.pop("detail", {})
             rows.append({"receipt_id": uuid.uuid4().hex, "deleted_at": now,
-                         "tenant": receipt.pop("tenant"),
-                         "thread_id": receipt.pop("thread_id", None),
-                         "action": receipt.pop("action"), "reason": receipt.pop("reason"),
-                         "requested_by": receipt.pop("requested_by", None),
-                         "detail": json.dumps(detail, default=str, sort_keys=True), **receipt})
+                         "thread_id": None, "requested_by": None, **fields,
+                         "detail": json.dumps(detail, default=str, sort_keys=True)})
+        names = [c.name for c in receipts.columns if c.name != "id"]
+        extra = {k for r in rows for k in r} - set(names)
+        if extra:
+            raise ConfigurationError(f"unknown receipt fields {sorted(extra)}")
+        self._chain(conn, receipts, rows)  # gives each row seq, prev_mac and mac
         if self.dialect == "postgresql" and len(rows) > 1:
-            # one statement, one array parameter per column (not 9 parameters per receipt)
+            # one statement, one array parameter per column (not 12 parameters per receipt);
+            # unnest keeps the order, so ids follow the chain order within a batch
             from sqlalchemy.dialects.postgresql import ARRAY
-            names = [c.name for c in receipts.columns if c.name != "id"]
-            extra = {k for r in rows for k in r} - set(names)
-            if extra:
-                raise ConfigurationError(f"unknown receipt fields {sorted(extra)}")
             arrays = [sa.literal([r.get(n) for r in rows], ARRAY(receipts.c[n].type))
                       for n in names]
             conn.execute(receipts.insert().from_select(
@@ -667,8 +481,109 @@ class Registry:
         conn.execute(receipts.insert(), rows)
 
     def add_receipt(self, **receipt: Any) -> None:
+        self.add_receipts([receipt])
+
+    def add_receipts(self, batch: Sequence[dict[str, Any]]) -> None:
+        """Write several receipts in one transaction (each a dict like add_receipt's kwargs)."""
+        if not batch:
+            return
+        self._keyed()
         with self.begin() as conn:
-            self._insert_receipt(conn, receipt)
+            self.insert_receipts(conn, batch)
+
+    # hash chains ------------------------------------------------------------------------------
+    def _keyed(self) -> RegistryIntegrity:
+        """The integrity helper with its key loaded (before a transaction is opened: loading
+        may create the key row, which must not wait on our own write lock)."""
+        self.integrity.require()
+        return self.integrity
+
+    def _append_chained(self, conn: Connection, table: sa.Table,
+                        rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        self._chain(conn, table, rows)
+        conn.execute(table.insert(), rows)
+
+    def _chain(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        """Give ``rows`` (in order) their chain position, previous MAC and MAC, per tenant.
+
+        The chain head rows are the lock: an upsert (a no-op update when the head exists)
+        returns them, taking the database write lock on SQLite before anything is read and the
+        heads' row locks on PostgreSQL until commit. Heads are locked in sorted chain order, so
+        concurrent batches cannot deadlock on each other; appends to one chain are serialized,
+        so each chain's order is total (``seq``) whatever the number of writers. On
+        PostgreSQL a batch's heads are locked and advanced with one statement each (not two
+        per tenant)."""
+        integ = self.integrity
+        domain, parts = ((mac.EVENT, mac.event_parts) if table is events
+                         else (mac.RECEIPT, mac.receipt_parts))
+        by_chain: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_chain.setdefault(row.get("tenant") or "", []).append(row)
+        chains = sorted(by_chain)
+        heads = self._lock_heads(conn, table.name, chains)
+        advanced: list[tuple[str, int, str, str]] = []
+        for chain in chains:
+            seq, prev, head_mac = heads[chain]
+            if not integ.check(head_mac, mac.HEAD,
+                               *mac.head_parts(table.name, chain, seq, prev)):
+                # never build on a forged head (it could hide deleted rows): the next row
+                # carries a marked prev_mac, so `events --verify` reports the break there
+                logger.error("the chain head of %s chain %s does not verify", table.name,
+                             row_tag(chain))
+                prev = "!" + prev[:63]
+            for row in by_chain[chain]:
+                seq += 1
+                row["seq"], row["prev_mac"] = seq, prev
+                row["mac"] = prev = integ.mac(domain, *parts(row))
+            advanced.append((chain, seq, prev, integ.mac(
+                mac.HEAD, *mac.head_parts(table.name, chain, seq, prev))))
+        self._store_heads(conn, table.name, advanced)
+
+    def _lock_heads(self, conn: Connection, tbl: str, chains: list[str]
+                    ) -> dict[str, tuple[int, str, str]]:
+        """Lock (creating at position 0 when missing) the heads of ``chains`` (sorted);
+        returns chain -> (seq, mac, head_mac) as committed by the previous appender."""
+        integ = self.integrity
+        genesis = [integ.mac(mac.HEAD, *mac.head_parts(tbl, c, 0, GENESIS)) for c in chains]
+        found: dict[str, tuple[int, str, str]] = {}
+        if self.dialect == "postgresql" and len(chains) > 1:
+            result = conn.execute(sa.text(
+                "INSERT INTO securesaver_chain_heads (tbl, chain, seq, mac, head_mac) "
+                "SELECT :tbl, u.c, 0, '', u.h FROM unnest(CAST(:chains AS text[]), "
+                "CAST(:genesis AS text[])) AS u(c, h) ORDER BY u.c "
+                "ON CONFLICT (tbl, chain) DO UPDATE SET seq = securesaver_chain_heads.seq "
+                "RETURNING chain, seq, mac, head_mac"),
+                {"tbl": tbl, "chains": chains, "genesis": genesis})
+            for chain, seq, prev, head_mac in result:
+                found[chain] = (int(seq), str(prev), str(head_mac))
+            return found
+        for chain, first in zip(chains, genesis, strict=True):
+            head = conn.execute(self._upsert(chain_heads).values(
+                tbl=tbl, chain=chain, seq=0, mac=GENESIS, head_mac=first,
+            ).on_conflict_do_update(
+                index_elements=[chain_heads.c.tbl, chain_heads.c.chain],
+                set_={"seq": chain_heads.c.seq},
+            ).returning(chain_heads.c.seq, chain_heads.c.mac, chain_heads.c.head_mac)).one()
+            found[chain] = (int(head.seq), str(head.mac), str(head.head_mac))
+        return found
+
+    def _store_heads(self, conn: Connection, tbl: str,
+                     heads: list[tuple[str, int, str, str]]) -> None:
+        if self.dialect == "postgresql" and len(heads) > 1:
+            conn.execute(sa.text(
+                "UPDATE securesaver_chain_heads h SET seq = u.s, mac = u.m, head_mac = u.hm "
+                "FROM unnest(CAST(:chains AS text[]), CAST(:seqs AS bigint[]), "
+                "CAST(:macs AS text[]), CAST(:hmacs AS text[])) AS u(c, s, m, hm) "
+                "WHERE h.tbl = :tbl AND h.chain = u.c"),
+                {"tbl": tbl, "chains": [h[0] for h in heads], "seqs": [h[1] for h in heads],
+                 "macs": [h[2] for h in heads], "hmacs": [h[3] for h in heads]})
+            return
+        for chain, seq, last, head_mac in heads:
+            conn.execute(chain_heads.update().where(
+                chain_heads.c.tbl == tbl, chain_heads.c.chain == chain).values(
+                seq=seq, mac=last, head_mac=head_mac))
 
     def list_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
                       since: float | None = None, until: float | None = None) -> list[Receipt]:
@@ -689,10 +604,11 @@ class Registry:
     # events -----------------------------------------------------------------------------------
     def record_event(self, kind: str, *, tenant: str | None = None, thread_id: str | None = None,
                      actor: str | None = None, **detail: Any) -> None:
+        self._keyed()
         with self.begin() as conn:
-            conn.execute(events.insert().values(
-                at=time.time(), kind=kind, tenant=tenant, thread_id=thread_id, actor=actor,
-                detail=json.dumps(detail, default=str, sort_keys=True)))
+            self._append_chained(conn, events, [{
+                "at": time.time(), "kind": kind, "tenant": tenant, "thread_id": thread_id,
+                "actor": actor, "detail": json.dumps(detail, default=str, sort_keys=True)}])
 
     def list_events(self, *, kind: str | None = None, tenant: str | None = None,
                     thread_id: str | None = None, since: float | None = None,

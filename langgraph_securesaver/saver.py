@@ -148,6 +148,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         self.inner = inner
         self.keyring = keyring
         self.registry = _registry_for(inner, registry)
+        self.registry.attach_keys(keyring)  # unwraps the registry MAC key (tamper evidence)
         self.keys = KeyManager(keyring, self.registry)
         self.default_tenant = validate_tenant(default_tenant) if default_tenant else None
         allow = frozenset(metadata_allowlist) if metadata_allowlist is not None else (

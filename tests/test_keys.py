@@ -88,14 +88,15 @@ def test_master_rotation_old_data_reads_new_data_uses_new_version(tmp_path: Path
         rows = {(r.tenant, r.master_version) for t in ("acme", "globex")
                 for r in saver.registry.load_key_rows(t)}
         assert rows == {("acme", "1"), ("globex", "2")}
-        assert saver.master_versions_in_use() == {"1": 2, "2": 2}
+        # the registry MAC key row was wrapped under "1" with acme's keys
+        assert saver.master_versions_in_use() == {"1": 3, "2": 2}
         # a keyring holding only the new version cannot read data keys still under v1
         only_new = Keyring({"2": ring._masters["2"]})
         with pytest.raises(TamperedDataError):
             SecureSaver(saver.inner, keyring=only_new, registry=saver.registry,
                         redaction=None).get_tuple(_cfg("t", "acme"))
-        assert saver.rewrap_keys() == 2
-        assert saver.master_versions_in_use() == {"2": 4}
+        assert saver.rewrap_keys() == 3
+        assert saver.master_versions_in_use() == {"2": 5}
         ring.retire_version("1")
         after = SecureSaver(saver.inner, keyring=ring, registry=saver.registry, redaction=None)
         assert {"before rotation", "after rotation"} <= set(_texts(after, "acme", "t"))

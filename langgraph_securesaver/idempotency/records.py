@@ -85,6 +85,7 @@ class _Row:
     holder_start: Any = None
     holder_nonce: Any = None
     holder_lock: Any = None
+    fp_mac: str | None = None
 
 
 @dataclass(frozen=True)

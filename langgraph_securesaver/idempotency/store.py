@@ -41,6 +41,7 @@ from .errors import (
     IdempotencyOutcomeUnknown,
     IdempotencyStoreUnavailable,
 )
+from .heartbeat import _Heartbeat
 from .keys import KeyScope
 from .liveness import (
     Holder,
@@ -73,59 +74,6 @@ _T = idempotency_records
 _for_saver_lock = threading.Lock()
 _MAX_POLL = 0.5
 _COMPLETE_RETRIES = (0.05, 0.2, 0.5)
-
-
-class _Heartbeat:
-    """One daemon thread per store renewing the leases of the claims whose effects still run."""
-
-    def __init__(self, store: IdempotencyStore) -> None:
-        self._store = store
-        self._claims: dict[str, tuple[Claim, float]] = {}
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def track(self, claim: Claim) -> Iterator[None]:
-        with self._lock:
-            self._claims[claim.claim_id] = (claim, time.monotonic() + claim.lease / 3)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="securesaver-idem-lease",
-                                                daemon=True)
-                self._thread.start()
-        self._wake.set()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._claims.pop(claim.claim_id, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._claims:
-                    self._thread = None
-                    return
-                now = time.monotonic()
-                due = [c for c, at in self._claims.values() if at <= now]
-                wait = min(at for _c, at in self._claims.values()) - now
-            if due and self._store._session is not None:
-                self._store._session.ping()
-            for claim in due:
-                try:
-                    ok = self._store.renew(claim)
-                except IdempotencyStoreUnavailable:
-                    logger.warning("could not renew the lease of %s (store unavailable)",
-                                   claim.scope.key)
-                    ok = True  # try again next round; the lease may still be valid
-                with self._lock:
-                    if claim.claim_id in self._claims:
-                        self._claims[claim.claim_id] = (claim, time.monotonic() + claim.lease / 3)
-                if not ok:
-                    logger.warning("lease of idempotency key %s was lost (taken over)",
-                                   claim.scope.key)
-            self._wake.wait(timeout=max(0.01, wait) if not due else 0.01)
-            self._wake.clear()
 
 
 RESULT_CHANNEL = "__idempotency__"  # the channel name results are redacted under (policies)
@@ -182,6 +130,11 @@ class IdempotencyStore(RecordAdmin):
             session = self._session = PgSessionLock(engine)
             sa.event.listen(engine, "engine_disposed", lambda _engine: session.close())
 
+    @property
+    def pg_session(self) -> PgSessionLock | None:
+        """The PostgreSQL session lock tying this store's claims to a connection (or None)."""
+        return self._session
+
     # construction -------------------------------------------------------------------------
     @classmethod
     def for_saver(cls, saver: SaverLike, **options: Any) -> IdempotencyStore:
@@ -216,6 +169,9 @@ class IdempotencyStore(RecordAdmin):
         with self._setup_lock:
             if self._is_setup:
                 return
+            setup_registry = getattr(self.keys.store, "setup", None)
+            if callable(setup_registry):
+                setup_registry()  # migrations of the shared tables (the fp_mac column)
             with self._serial, self._db("setup"):
                 try:
                     schema.metadata.create_all(self.engine, checkfirst=True)
@@ -349,7 +305,7 @@ class IdempotencyStore(RecordAdmin):
         q = self._stmt("select", lambda: sa.select(
             _T.c.state, _T.c.fingerprint, _T.c.fencing_token, _T.c.attempts,
             _T.c.lease_expires_at, self._now.label("now"), _T.c.result,
-            *(_T.c[name] for name in schema.HOLDER_COLUMNS)).where(stmts.pk()))
+            *(_T.c[name] for name in schema.HOLDER_COLUMNS), _T.c.fp_mac).where(stmts.pk()))
         with self._begin("reading a key") as conn:
             r = conn.execute(q, stmts.pk_params(scope)).first()
         if r is None:
@@ -357,7 +313,33 @@ class IdempotencyStore(RecordAdmin):
         return _Row(r.state, r.fingerprint, int(r.fencing_token), int(r.attempts),
                     r.lease_expires_at, float(r.now),
                     bytes(r.result) if r.result is not None else None,
-                    r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock)
+                    r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock,
+                    r.fp_mac)
+
+    # tamper evidence (integrity.py): the fingerprint is MACed with the registry key --------
+    def _fp_mac(self, scope: KeyScope, fp: str | None) -> str:
+        from ..integrity import IDEMPOTENCY, idempotency_parts, integrity_of
+        integ = self.__dict__.get("_integrity")
+        if integ is None:
+            integ = self.__dict__["_integrity"] = integrity_of(self.keys.store,
+                                                               self.keys.provider)
+        return str(integ.mac(IDEMPOTENCY, *idempotency_parts(scope.tenant, scope.thread_id,
+                                                             scope.key, fp)))
+
+    def _check_row(self, scope: KeyScope, row: _Row) -> None:
+        """Refuse a record whose fingerprint was altered (or that was inserted), and a stored
+        result on a record not completed (a completed record never leaves that state)."""
+        import hmac
+        if row.fp_mac is None or not hmac.compare_digest(
+                row.fp_mac, self._fp_mac(scope, row.fingerprint)):
+            raise TamperedDataError(
+                f"securesaver_idempotency record {scope.key} ({scope.name}): its argument "
+                "fingerprint does not verify (altered, or the record was inserted); refusing "
+                "to replay or execute")
+        if row.result is not None and row.state != COMPLETED:
+            raise TamperedDataError(
+                f"securesaver_idempotency record {scope.key} ({scope.name}) holds a result "
+                f"but is in state {row.state!r}: its state was altered; refusing to execute")
 
     def _try_insert(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
                     ) -> Claim | None:
@@ -365,7 +347,7 @@ class IdempotencyStore(RecordAdmin):
         params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
                   "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
                   "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
-                  **self._holder_params()}
+                  "v_fp_mac": self._fp_mac(scope, fp), **self._holder_params()}
         claim = Claim(scope, 1, 1, self.owner, policy.lease, registered=True)
         register_running(_ident(claim))
         try:
@@ -426,6 +408,7 @@ class IdempotencyStore(RecordAdmin):
             row = self._select_row(scope)
             if row is None:  # deleted in between (delete_thread); try again
                 return _Wait("the record vanished while claiming")
+        self._check_row(scope, row)
         if row.fingerprint is not None and fp is not None and row.fingerprint != fp:
             raise IdempotencyKeyReused(
                 f"idempotency key {scope.key} ({scope.name}) was first used with different "

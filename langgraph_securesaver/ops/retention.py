@@ -65,6 +65,9 @@ def prune_expired(services: SaverServices, now: Any = None, *, limit: int | None
     from ..timeargs import to_epoch
     tenant = services.gate.admin_tenant("prune_expired", tenant)
     now = to_epoch(now, "now")
+    # the sweep acts only on thread rows whose MACs verify: without the keyring it cannot
+    # tell a forged expiry from a real one, so it refuses to run (KeyringRequired)
+    services.registry.integrity.require()
     services.save_default_policy()
     report = Sweep(services, now=now, limit=limit, dry_run=dry_run, tenant=tenant,
                    **options).run()
