@@ -353,3 +353,20 @@ def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
                 events(view, tenant="acme")
     finally:
         registry.dispose()
+
+
+def test_thread_json_is_json_dumps_of_as_dict() -> None:
+    """The streamed audit writes each thread with ``thread_json``: byte for byte the text of
+    ``json.dumps(th.as_dict(), default=str)``, on every field type and awkward value."""
+    from langgraph_securesaver.audit import ThreadAudit, thread_json
+    cases = [
+        ThreadAudit("acme", "t-1", 1.7e9, 1.7e9 + 0.5, None, False, "default", 86400.0, None,
+                    "active", 10, 4096, [1, 2, 70], {"EMAIL": 2, "PHONE": 1}, 1.7e9, 1.7e9 + 9,
+                    registered=True, overdue=True, held_past_ttl=False),
+        ThreadAudit('qu"ote\\s', "ünï\u2028cødé\n\t", None, None, 0.0, True, None, None,
+                    1e300, None, 0, 0, [], {}, None, None, registered=False),
+        ThreadAudit("x", "y", -1.0, 2.5e9, 1e-3, True, "tenant", float("nan"), float("inf"),
+                    "held", 2**70, -1, [0], {"k\u00e9y": 3}, 0.0, 1.0),
+    ]
+    for th in cases:
+        assert thread_json(th) == json.dumps(th.as_dict(), default=str)
