@@ -549,7 +549,7 @@ def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
     bounds = _bucket_bounds(now)
     # width_bucket counts the thresholds <= ts; ``b + chr(1)`` is the least text above b, so
     # that count is the number of bounds with ts > bound (the SQLite statement's test)
-    params["thresholds"] = [iso(b) + "\x01" for b in reversed(bounds)]
+    params["thresholds"] = [f"{iso(b)}\x01" for b in reversed(bounds)]
     where = reg_where = pii_where = ""
     if tenant is not None:
         # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,

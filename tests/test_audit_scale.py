@@ -370,3 +370,33 @@ def test_thread_json_is_json_dumps_of_as_dict() -> None:
     ]
     for th in cases:
         assert thread_json(th) == json.dumps(th.as_dict(), default=str)
+
+
+def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
+    """``audit``/``events`` open the registry with ``ready_for_reading``: True only when every
+    table and index setup() creates exists at this library's schema version; it creates and
+    migrates nothing (a fresh file stays empty), and anything missing sends them to setup()."""
+    from langgraph_securesaver.registry import Registry
+    path = tmp_path / "r.db"
+    sqlite3.connect(path).close()
+    url = f"sqlite:///{path}"
+    fresh = Registry(url)
+    assert fresh.ready_for_reading() is False
+    fresh.dispose()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+    done = Registry(url)
+    done.setup()
+    done.dispose()
+    ready = Registry(url)
+    assert ready.ready_for_reading() is True
+    assert ready.ready_for_reading(["checkpoints"]) is False   # an inner table it lacks
+    ready.dispose()
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"DROP INDEX {LATER_INDEXES[0].name}")
+    assert Registry(url).ready_for_reading() is False
+    Registry(url).setup()
+    assert Registry(url).ready_for_reading() is True
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE securesaver_meta SET value = '0' WHERE key = 'schema_version'")
+    assert Registry(url).ready_for_reading() is False
