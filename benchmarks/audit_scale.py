@@ -110,6 +110,27 @@ FROM generate_series(1, %(receipts)s) AS r
 """
 
 
+def mac_rows(saver: SecureSaver, conn: psycopg.Connection) -> None:
+    """Give the bulk-inserted thread rows the registry MACs touch_thread would have written
+    (the pruner refuses rows without them): computed here, written in one UPDATE."""
+    from langgraph_securesaver import integrity as mac
+    integ = saver.registry.integrity
+    integ.require()
+    cols = ("tenant", "thread_id", "created_at", "last_activity", "idle_ttl", "max_age",
+            "strategy", "legal_hold", "policy_source")
+    cur = conn.execute(f"SELECT {', '.join(cols)} FROM securesaver_threads")
+    tenants, ids, pmacs, amacs = [], [], [], []
+    for values in cur:
+        r = dict(zip(cols, values, strict=True))
+        tenants.append(r["tenant"])
+        ids.append(r["thread_id"])
+        pmacs.append(integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(r)))
+        amacs.append(integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(r)))
+    conn.execute("UPDATE securesaver_threads t SET policy_mac = m.p, activity_mac = m.a "
+                 "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS m(t, th, p, a) "
+                 "WHERE t.tenant = m.t AND t.thread_id = m.th", (tenants, ids, pmacs, amacs))
+
+
 def _spread(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.2f} s"
@@ -173,6 +194,7 @@ def main() -> int:
                 for sql in (FILL_THREADS, FILL_CHECKPOINTS, FILL_BLOBS, FILL_WRITES, FILL_PII,
                             FILL_EVENTS, FILL_RECEIPTS):
                     conn.execute(sql, params)
+                mac_rows(saver, conn)
                 conn.execute("ANALYZE")
             print(f"built {args.threads} threads x {args.checkpoints} checkpoints over "
                   f"{args.tenants} tenants ({args.events} events, {args.receipts} receipts) in "

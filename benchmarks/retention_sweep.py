@@ -18,8 +18,8 @@ import uuid
 
 import psycopg
 
-from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.keyring import NoKeys
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver import integrity as mac
 from langgraph_securesaver.tenancy import thread_prefix
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -27,10 +27,30 @@ PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:
 FILL_THREADS = """
 INSERT INTO securesaver_threads (tenant, thread_id, created_at, last_activity, idle_ttl,
     max_age, strategy, legal_hold, policy_source, expires_at, state)
-SELECT 'acme', 'thread-' || i, %(t0)s, %(t0)s, 3600, NULL, 'delete', false, 'default',
-       CASE WHEN i %% 2 = 0 THEN %(past)s ELSE %(future)s END, 'active'
+SELECT 'acme', 'thread-' || i, %(t0)s,
+       CASE WHEN i %% 2 = 0 THEN %(t0)s ELSE %(future)s - 3600 END, 3600, NULL, 'delete',
+       false, 'default', CASE WHEN i %% 2 = 0 THEN %(t0)s + 3600 ELSE %(future)s END, 'active'
 FROM generate_series(1, %(n)s) AS i
 """
+
+
+def mac_rows(saver: SecureSaver) -> None:
+    """Give the bulk-inserted thread rows their registry MACs (the sweep refuses rows
+    without them), as touch_thread would have."""
+    import sqlalchemy as sa
+
+    from langgraph_securesaver.registry import threads
+    integ = saver.registry.integrity
+    integ.require()
+    with saver.registry.engine.begin() as conn:
+        rows = conn.execute(sa.select(threads)).mappings().all()
+        conn.execute(threads.update().where(
+            threads.c.tenant == sa.bindparam("b_t"), threads.c.thread_id == sa.bindparam("b_th")
+        ).values(policy_mac=sa.bindparam("b_p"), activity_mac=sa.bindparam("b_a")), [
+            {"b_t": r["tenant"], "b_th": r["thread_id"],
+             "b_p": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(r)),
+             "b_a": integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(r))}
+            for r in rows])
 FILL_CHECKPOINTS = """
 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type,
     checkpoint, metadata)
@@ -60,7 +80,7 @@ def main() -> int:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
     try:
-        with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
             now = time.time()
             start = time.perf_counter()
             with psycopg.connect(url, autocommit=True) as conn:
@@ -69,6 +89,8 @@ def main() -> int:
                 conn.execute(FILL_THREADS, params)
                 conn.execute(FILL_CHECKPOINTS, params)
                 conn.execute(FILL_WRITES, params)
+            mac_rows(saver)
+            with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("ANALYZE")
             print(f"built {args.threads} threads x {args.checkpoints} checkpoints "
                   f"in {time.perf_counter() - start:.1f}s")

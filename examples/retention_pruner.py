@@ -3,9 +3,11 @@
 Shows: a default policy, a stricter tenant policy, a per-thread legal hold, and a pruner loop
 that sweeps every few seconds in the background of an asyncio service (``aprune_expired``),
 with deletion receipts afterwards. In production run the same sweep from cron or a
-Kubernetes CronJob instead — it needs no keys and several may run at once:
+Kubernetes CronJob instead — several may run at once. It needs the keyring (it decrypts
+nothing, but it verifies the MACs of the retention rows, so a forged expiry or a removed legal
+hold is reported, never obeyed); without one it exits 2 and touches nothing:
 
-    securesaver prune --url sqlite:///retention.db --every 10m        # or one sweep from cron
+    securesaver prune --url sqlite:///retention.db --keyring keyring.json --every 10m
 
 The example pretends 40 days have passed (``clock``) so the sweep has something to do.
 

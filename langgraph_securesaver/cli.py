@@ -193,8 +193,10 @@ def prune(
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
 
-    Exit codes: 0 done (also when nothing expired), 1 some threads failed (see the report),
-    2 could not run (bad duration, unknown tenant, unreachable database).
+    Needs the keyring (only to verify the MACs of the retention rows; nothing is decrypted).
+    Exit codes: 0 done (also when nothing expired), 1 some threads failed or their registry
+    row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
+    keyring, unreachable database).
     """
     import json
     import signal
@@ -214,6 +216,10 @@ def prune(
     if interval is not None and interval <= 0:
         raise fail("--every must be a positive duration (e.g. 10m)")
     ring: Any = load_keyring(keyring) if keyring else _env_keyring_or_none() or NoKeys()
+    if isinstance(ring, NoKeys):  # checked before connecting: nothing is touched
+        raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
+                   "verifies the MACs of the retention rows before it deletes anything (it "
+                   "decrypts nothing)")
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:

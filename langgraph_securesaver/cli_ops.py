@@ -549,12 +549,24 @@ def events(
                                               help="Only the latest N entries.")] = None,
     keyring: KeyringOption = None,
     output: FormatOption = OutputFormat.table,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Check the MACs of every registry row and the hash chains of events "
+        "and receipts (needs the keyring); exit 1 naming each broken row.")] = False,
+    anchor: Annotated[Path | None, typer.Option(
+        "--anchor", help="With --verify: a JSON anchor saved by an earlier --verify (kept "
+        "outside the database); detects deleted newest rows.", dir_okay=False)] = None,
+    save_anchor: Annotated[Path | None, typer.Option(
+        "--save-anchor", help="With --verify: write the verified chain heads to this file.",
+        dir_okay=False)] = None,
 ) -> None:
     """The audit trail: security events (denied access, key operations, retention changes)
     and deletion receipts, oldest first.
 
-    Exit codes: 0 entries found, 1 nothing matched, 2 could not run.
+    Exit codes: 0 entries found, 1 nothing matched, 2 could not run. With --verify: 0 every
+    row verifies, 1 something does not (each broken row named), 2 could not run.
     """
+    if verify:
+        _verify_registry(url, keyring, anchor, save_anchor, output)
     from .audit import events as list_entries
     tenant = tenant_arg(tenant)
     thread = thread_arg(thread)
@@ -578,6 +590,50 @@ def events(
                           escape(json.dumps(e.detail, sort_keys=True, default=str)))
         console.print(table)
     raise typer.Exit(EXIT_OK if entries else EXIT_FOUND)
+
+
+def _verify_registry(url: str, keyring: Path | None, anchor: Path | None,
+                     save_anchor: Path | None, output: OutputFormat) -> None:
+    from .errors import KeyringRequired, TamperedDataError
+    ring = _keyring_or_none(keyring)
+    if ring is None:
+        raise fail("--verify needs the keyring (--keyring or $SECURESAVER_MASTER_KEY): the "
+                   "registry MAC key is wrapped by it")
+    mark = None
+    if anchor is not None:
+        try:
+            mark = json.loads(anchor.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise fail(f"cannot read the anchor {anchor}: {exc}") from None
+        mark = mark.get("anchor", mark) if isinstance(mark, dict) else None
+        if not isinstance(mark, dict) or not isinstance(mark.get("heads"), list):
+            raise fail(f"{anchor} is not a chain anchor written by --save-anchor")
+    with opened(url, ring) as saver:
+        try:
+            report = saver.registry.verify_integrity(anchor=mark)
+        except KeyringRequired as exc:
+            raise fail(str(exc)) from None
+        except TamperedDataError as exc:  # the registry MAC key row itself is gone or forged
+            from .registry import IntegrityReport
+            report = IntegrityReport({}, [("securesaver_tenant_keys", "purpose=registry",
+                                           str(exc))], [])
+    data = report.as_dict()
+    if save_anchor is not None and report.ok:
+        save_anchor.write_text(json.dumps(data["anchor"], indent=2), encoding="utf-8")
+    if output is OutputFormat.json:
+        _echo_json(data)
+    else:
+        table = Table("table", "row", "problem",
+                      title=f"{len(report.problems)} problem(s) in "
+                            f"{sum(report.checked.values())} rows")
+        for name, row, problem in report.problems[:MAX_ROWS_SHOWN]:
+            table.add_row(escape(name), escape(row), escape(problem))
+        if report.problems:
+            console.print(table)
+        else:
+            console.print("[bold green]registry verifies[/]: "
+                          + ", ".join(f"{n} {t}" for t, n in sorted(report.checked.items())))
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
 __all__ = ["EXIT_CANNOT_RUN", "audit", "events", "parse_when", "rotate_keys", "scan"]

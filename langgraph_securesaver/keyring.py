@@ -453,7 +453,10 @@ class Keyring:
 
 
 class NoKeys:
-    """A provider with no keys, for jobs that never decrypt (the retention pruner).
+    """A provider with no keys, for read-only jobs that never decrypt (audit, scan listings).
+
+    It cannot unwrap the registry MAC key either, so such a job cannot verify or write
+    registry rows: the retention pruner refuses to run with it.
 
     Any attempt to wrap or unwrap fails closed with :class:`KeyringRequired`.
     """

@@ -77,6 +77,8 @@ class PiiVault:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._epochs: dict[str, int] = {}  # tenant -> erasure epoch its cached values are from
+        # (tenant, thread, token) -> set once the store() writing it has finished
+        self._writing: dict[tuple[str, str, str], threading.Event] = {}
         self._epoch_sql: str | None = None
 
     # writing ----------------------------------------------------------------------------------
@@ -86,22 +88,59 @@ class PiiVault:
             return [e for e in entries if (tenant, thread_id, e.token) not in self._known]
 
     def store(self, keys: TenantKeys, thread_id: str, entries: Sequence[Any]) -> None:
-        """Seal and insert the originals (idempotent), then record the thread's references."""
+        """Seal and insert the originals (idempotent), then record the thread's references.
+
+        When this returns, every entry is committed: by this call, or by a concurrent call
+        of this process that was already writing it (LangGraph runs a step's ``put`` and
+        ``put_writes`` in parallel, and they usually carry the same new tokens), which this
+        call waits for instead of writing the same rows again; if that call failed, this
+        one writes them itself."""
         if not entries:
             return
-        tenant, now = keys.tenant, time.time()
+        tenant = keys.tenant
         unique = {e.token: e for e in entries}
+        mine: list[Any] = []
+        theirs: list[tuple[Any, threading.Event]] = []
+        done = threading.Event()
+        with self._lock:
+            for token, e in unique.items():
+                key = (tenant, thread_id, token)
+                if key in self._known:
+                    continue
+                other = self._writing.get(key)
+                if other is not None:
+                    theirs.append((e, other))
+                else:
+                    self._writing[key] = done
+                    mine.append(e)
+        try:
+            if mine:
+                self._write(keys, thread_id, mine)
+        finally:
+            with self._lock:
+                for e in mine:
+                    self._writing.pop((tenant, thread_id, e.token), None)
+            done.set()
+        for _e, other in theirs:
+            other.wait()
+        with self._lock:
+            failed = [e for e, _other in theirs if (tenant, thread_id, e.token) not in self._known]
+        if failed:  # the other writer raised: write them here (or raise the same way)
+            self._write(keys, thread_id, failed)
+
+    def _write(self, keys: TenantKeys, thread_id: str, entries: Sequence[Any]) -> None:
+        tenant, now = keys.tenant, time.time()
         vault_rows = [{"tenant": tenant, "token": e.token, "kind": e.kind,
                        "sealed": keys.seal(e.value.encode("utf-8", "surrogatepass"),
                                            _aad(tenant, e.token)), "created_at": now}
-                      for e in unique.values()]
+                      for e in entries]
         ref_rows = [{"tenant": tenant, "thread_id": thread_id, "token": e.token, "kind": e.kind,
-                     "first_seen": now} for e in unique.values()]
+                     "first_seen": now} for e in entries]
         with self.registry.begin() as conn:
             self.registry._insert_ignore(conn, pii_vault, vault_rows)
             self.registry._insert_ignore(conn, pii_refs, ref_rows)
         with self._lock:
-            for e in unique.values():
+            for e in entries:
                 self._known[(tenant, thread_id, e.token)] = None
                 self._values[(tenant, e.token)] = e.value
             self._trim()

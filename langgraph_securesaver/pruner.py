@@ -9,6 +9,14 @@ lease and one fencing token, returning the rows as they are under its locks), on
 the latest checkpoint time of every thread of the batch, then set-based deletes whose
 registry-row delete re-checks the claim token, expiry and hold in the same statement.
 
+Registry integrity: the sweep acts on MACed fields only. Every claimed row's MACs are checked
+before anything is decided (a forged row is reported in ``errors``, its claim kept, its thread
+untouched), and the rows the fenced delete returns — as they are under its locks — are
+checked again (compared with their verified copy, or MACed): one that does not verify or is
+not due by its verified TTLs raises ``TamperedDataError`` inside the batch transaction, which
+rolls back whole and is redone thread by thread. Receipts extend each tenant's hash chain
+once per batch, as the transaction's last statement (``Registry.insert_receipts``).
+
 When the registry and the inner saver share a database (``from_url``), a batch's
 checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
 deleted and its receipts written in ONE transaction: a kill at any point leaves each thread
@@ -32,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from .registry import ThreadRow, pairs_in
+from .errors import TamperedDataError
+from .registry import ThreadRow, _thread_ref, pairs_in
 from .retention import PruneReport
 from .storage_ops import delete_threads_in
 from .tenancy import ThreadRef, inner_thread_id
@@ -73,6 +82,10 @@ def shares_database(saver: SecureSaver) -> bool:
     return saver._ops.shares_database(saver.registry.engine)
 
 
+def _ref(row: ThreadRow) -> str:
+    return _thread_ref(row.tenant, row.thread_id)
+
+
 def _reason(row: ThreadRow, now: float) -> str:
     if row.idle_ttl is not None and row.last_activity + row.idle_ttl <= now:
         return "retention:idle_ttl"
@@ -103,14 +116,26 @@ class Sweep:
         self.report = PruneReport(self.now, dry_run)
         self._shared = False
 
+    def _verified(self, row: ThreadRow) -> tuple[bool, float | None]:
+        """(verifies, verified expiry); a row that does not verify is reported as an error."""
+        try:
+            return True, self.registry.verified_expiry(row)
+        except TamperedDataError as exc:
+            self._record_error(row, exc)
+            return False, None
+
     def run(self) -> PruneReport:
         self.report.held = [(r.tenant, r.thread_id)
-                            for r in self.registry.expired_but_held(self.now, self.tenant)]
+                            for r in self.registry.expired_but_held(self.now, self.tenant)
+                            if self._verified(r)[0]]
         total = self.registry.count_expired(self.now, self.tenant)
         if self.limit is not None:
             total = min(total, self.limit)
         if self.dry_run:
             for row in self.registry.list_expired(self.now, self.tenant, self.limit):
+                ok, expiry = self._verified(row)
+                if not ok or expiry is None or expiry > self.now:
+                    continue  # unverifiable or forged expiry: reported (errors), not listed
                 target = (self.report.would_delete if row.strategy == "delete"
                           else self.report.would_prune)
                 target.append((row.tenant, row.thread_id))
@@ -152,14 +177,23 @@ class Sweep:
         doomed: list[ThreadRow] = []
         for row in current:
             key = (row.tenant, row.thread_id)
-            if row.state == "deleting":
-                doomed.append(row)       # a crashed pruner's batch: finish it
-            elif row.legal_hold:
+            # act on the MACed fields only: a row whose MACs do not verify, or whose stored
+            # expires_at is earlier than its verified TTLs imply, is reported (errors) and
+            # left alone with its claim kept, so this sweep does not pick it up again
+            ok, expiry = self._verified(row)
+            if not ok:
+                continue
+            if row.legal_hold:
                 self.report.held.append(key)
                 release.append(row)
-            elif row.expires_at is None or row.expires_at > self.now:
+            elif expiry is None or expiry > self.now:
+                if row.expires_at is not None and row.expires_at <= self.now:
+                    self._record_error(row, _forged_expiry(row))
+                    continue
                 self.report.survived.append(key)
                 release.append(row)
+            elif row.state == "deleting":
+                doomed.append(row)       # a crashed pruner's batch: finish it
             elif row.strategy == "keep_latest":
                 self._process_safely(row)  # rare: pruned one by one, with its own re-checks
             else:
@@ -235,7 +269,8 @@ class Sweep:
             with self.registry.begin() as conn:
                 for token, group in _group_by_token(rows).items():
                     gone += self.registry.delete_claimed(
-                        conn, token, [(r.tenant, r.thread_id) for r in group], self.now)
+                        conn, token, [(r.tenant, r.thread_id) for r in group], self.now,
+                        known=by_key)  # verified by _batch: unchanged rows are not re-MACed
                 inner = {inner_thread_id(t, th): (t, th) for t, th in gone}
                 if inner:
                     checkpoints = delete_threads_in(conn, self.registry.dialect, list(inner))
@@ -248,7 +283,7 @@ class Sweep:
             return gone
         # the registry is elsewhere: mark, delete storage, then finish in one registry
         # transaction (a kill in between leaves `deleting` rows the next sweep finishes)
-        ours = self.registry.mark_batch_state(rows, "deleting")
+        ours = self.registry.mark_batch_state(rows, "deleting", now=self.now)
         mine = [r for r in rows if (r.tenant, r.thread_id) in ours]
         if not mine:
             return []
@@ -327,15 +362,21 @@ class Sweep:
         if row is None or row.claim_token != claimed.claim_token:
             return  # deleted or taken over meanwhile
         ref = ThreadRef(row.tenant, row.thread_id)
+        # act on the MACed fields only (TamperedDataError -> reported, claim kept): a forged
+        # expires_at, TTL, created_at or last_activity never makes a thread expire early
+        expiry = self.registry.verified_expiry(row)
+        if row.legal_hold:
+            self.report.held.append(key)
+            self.registry.release_claim(row)
+            return
+        if expiry is None or expiry > self.now:
+            if row.expires_at is not None and row.expires_at <= self.now:
+                # reported; the claim is kept so this sweep does not pick the row up again
+                raise _forged_expiry(row)
+            self.report.survived.append(key)
+            self.registry.release_claim(row)
+            return
         if row.state != "deleting":
-            if row.legal_hold:
-                self.report.held.append(key)
-                self.registry.release_claim(row)
-                return
-            if row.expires_at is None or row.expires_at > self.now:
-                self.report.survived.append(key)
-                self.registry.release_claim(row)
-                return
             latest = self.saver._latest_checkpoint_time(ref)
             if latest is not None and row.idle_ttl is not None and (
                     latest + row.idle_ttl > self.now) and latest > row.last_activity:
@@ -371,6 +412,12 @@ class Sweep:
                            "expired_at": row.expires_at}}, claim_token=row.claim_token):
             self.saver._forget_touch(row.tenant, row.thread_id)
             self.report.deleted.append(key)
+
+
+def _forged_expiry(row: ThreadRow) -> TamperedDataError:
+    return TamperedDataError(
+        f"securesaver_threads row {_ref(row)}: expires_at is earlier than its verified TTLs "
+        "imply (forged expiry); the thread was kept")
 
 
 def _group_by_token(rows: list[ThreadRow]) -> dict[str, list[ThreadRow]]:

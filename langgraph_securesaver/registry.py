@@ -21,13 +21,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
+from . import integrity as mac
 from .crypto import KeyRow
-from .errors import ConfigurationError
+from .errors import ConfigurationError, KeyringRequired, TamperedDataError
+from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
 from .retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: MACs on retention rows, hash-chained receipts and events
 
 metadata = sa.MetaData()
 
@@ -65,6 +67,9 @@ threads = sa.Table(
     sa.Column("claim_owner", sa.String(128), nullable=True),
     sa.Column("claim_token", sa.String(64), nullable=True),
     sa.Column("claim_expires", sa.Float, nullable=True),
+    # registry MACs (integrity.py): over the retention fields, and over last_activity
+    sa.Column("policy_mac", sa.String(64), nullable=True),
+    sa.Column("activity_mac", sa.String(64), nullable=True),
 )
 
 policies = sa.Table(
@@ -75,6 +80,7 @@ policies = sa.Table(
     sa.Column("strategy", sa.String(16), nullable=False),
     sa.Column("legal_hold", sa.Boolean, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("mac", sa.String(64), nullable=True),
 )
 
 receipts = sa.Table(
@@ -88,6 +94,10 @@ receipts = sa.Table(
     sa.Column("reason", sa.String(64), nullable=False),
     sa.Column("requested_by", sa.String(255), nullable=True),
     sa.Column("detail", sa.Text, nullable=False, default="{}"),
+    # hash chain per tenant: position, MAC of the previous row, MAC of this row
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("prev_mac", sa.String(64), nullable=True),
+    sa.Column("mac", sa.String(64), nullable=True),
 )
 
 events = sa.Table(
@@ -99,7 +109,35 @@ events = sa.Table(
     sa.Column("thread_id", sa.String(512), nullable=True),
     sa.Column("actor", sa.String(255), nullable=True),
     sa.Column("detail", sa.Text, nullable=False, default="{}"),
+    # hash chain per tenant ("" for tenant-less events)
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("prev_mac", sa.String(64), nullable=True),
+    sa.Column("mac", sa.String(64), nullable=True),
 )
+
+chain_heads = sa.Table(
+    "securesaver_chain_heads", metadata,
+    sa.Column("tbl", sa.String(64), primary_key=True),      # securesaver_events | _receipts
+    sa.Column("chain", sa.String(255), primary_key=True),   # the tenant, "" for none
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("mac", sa.String(64), nullable=False),        # MAC of the chain's last row
+    sa.Column("head_mac", sa.String(64), nullable=False),
+)
+
+#: columns added by schema v2 (ALTER TABLE ADD COLUMN on databases set up by v1)
+_V2_COLUMNS: tuple[tuple[str, str, Any], ...] = (
+    ("securesaver_threads", "policy_mac", sa.String(64)),
+    ("securesaver_threads", "activity_mac", sa.String(64)),
+    ("securesaver_policies", "mac", sa.String(64)),
+    ("securesaver_receipts", "seq", sa.BigInteger()),
+    ("securesaver_receipts", "prev_mac", sa.String(64)),
+    ("securesaver_receipts", "mac", sa.String(64)),
+    ("securesaver_events", "seq", sa.BigInteger()),
+    ("securesaver_events", "prev_mac", sa.String(64)),
+    ("securesaver_events", "mac", sa.String(64)),
+    ("securesaver_idempotency", "fp_mac", sa.String(64)),
+)
+_ADOPTED = "integrity_adopted"
 
 
 # Indexes added after tables existed: ``setup()`` creates them on existing databases too
@@ -143,6 +181,8 @@ class ThreadRow:
     claim_owner: str | None = None
     claim_token: str | None = None
     claim_expires: float | None = None
+    policy_mac: str | None = None
+    activity_mac: str | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +225,41 @@ def _by_token(rows: Sequence[ThreadRow]) -> dict[str, list[tuple[str, str]]]:
         if r.claim_token is not None:
             out.setdefault(r.claim_token, []).append((r.tenant, r.thread_id))
     return out
+
+
+def _thread_ref(tenant: str, thread_id: str) -> str:
+    """Names a thread row in errors and reports without its values (digests of the ids)."""
+    return f"tenant#{row_tag(tenant)} thread#{row_tag(tenant, thread_id)}"
+
+
+def _policy_ref(tenant: str) -> str:
+    return "default" if tenant == DEFAULT_POLICY_KEY else f"tenant#{row_tag(tenant)}"
+
+
+@dataclass
+class IntegrityReport:
+    """What ``verify_integrity`` found. Problems name a table and a row (row ids, chain
+    positions, digests of tenant/thread ids), never stored values."""
+
+    checked: dict[str, int]
+    problems: list[tuple[str, str, str]]          # (table, row, what is wrong)
+    heads: list[dict[str, Any]]                   # anchor: the chain heads as verified
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checked": self.checked,
+                "problems": [{"table": t, "row": r, "problem": p} for t, r, p in self.problems],
+                "anchor": {"format": "securesaver-chain-anchor/1", "heads": self.heads}}
+
+
+def _maced(row: ThreadRow) -> tuple[Any, ...]:
+    """Everything a thread row's two MACs cover, and the MACs."""
+    r = row.__dict__
+    return (*mac.thread_policy_parts(r), *mac.thread_activity_parts(r), row.policy_mac,
+            row.activity_mac)
 
 
 def normalize_url(url: str) -> str:
@@ -278,6 +353,15 @@ class Registry:
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False
+        # MACs on retention rows, receipts, events (integrity.py); keyed once a keyring is
+        # attached with attach_keys()
+        self.integrity = RegistryIntegrity(self, None, has_macs=self._has_macs)
+
+    def attach_keys(self, provider: Any) -> None:
+        """Use ``provider`` (the saver's keyring) to unwrap the registry MAC key."""
+        self.integrity.attach(provider)
+        if self._is_setup and self.integrity.available:
+            self._adopt_legacy_rows()
 
     @classmethod
     def in_memory(cls) -> Registry:
@@ -297,6 +381,7 @@ class Registry:
                 return
             _register_companion_tables()
             _create_all(self.engine)
+            self._add_missing_columns()
             _migrate_indexes(self.engine)
             with engine_lock(self.engine), self.engine.begin() as conn:
                 current = conn.execute(
@@ -310,7 +395,116 @@ class Registry:
                         f"registry schema v{current} is newer than this library "
                         f"(v{SCHEMA_VERSION}); upgrade langgraph-securesaver"
                     )
+                elif int(current) < SCHEMA_VERSION:  # older library versions now refuse it
+                    conn.execute(meta_table.update().where(
+                        meta_table.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
             self._is_setup = True
+        if self.integrity.available:
+            self._adopt_legacy_rows()
+
+    def _add_missing_columns(self) -> None:
+        """Schema v1 -> v2: add the MAC columns to tables created by older versions
+        (tolerating another process adding them at the same moment)."""
+        inspector = sa.inspect(self.engine)
+        existing = set(inspector.get_table_names())
+        for table, column, type_ in _V2_COLUMNS:
+            if table not in existing or column in {
+                    c["name"] for c in inspector.get_columns(table)}:
+                continue
+            ddl = (f"ALTER TABLE {table} ADD COLUMN {column} "
+                   f"{type_.compile(dialect=self.engine.dialect)}")
+            try:
+                with engine_lock(self.engine), self.engine.begin() as conn:
+                    conn.exec_driver_sql(ddl)
+            except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+                if "duplicate column" not in str(exc) and "already exists" not in str(exc):
+                    raise
+            logger.info("registry migration: added %s.%s", table, column)
+
+    def _has_macs(self) -> bool:
+        with engine_lock(self.engine), self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.literal(1)).select_from(chain_heads).limit(1)
+                                ).first() is not None or conn.execute(
+                sa.select(sa.literal(1)).select_from(threads).where(
+                    threads.c.policy_mac.is_not(None)).limit(1)).first() is not None
+
+    def _adopt_legacy_rows(self) -> None:
+        """Rows written before schema v2 carry no MACs. The first process that has the keyring
+        MACs them once (trust on first use; recorded as a ``registry_rows_adopted`` event);
+        from then on a row without a MAC is reported by ``events --verify``, never adopted."""
+        with engine_lock(self.engine), self.engine.connect() as conn:
+            if conn.execute(sa.select(meta_table.c.key).where(meta_table.c.key == _ADOPTED)
+                            ).first() is not None:
+                return  # done once; never again (that would launder inserted rows)
+        integ = self.integrity
+        try:
+            integ.require()
+        except (KeyringRequired, TamperedDataError) as exc:  # e.g. another keyring
+            logger.warning("registry integrity: rows not adopted: %s", exc)
+            return
+        stmt = self._upsert(meta_table).values(key=_ADOPTED, value="schema-v2"
+                                               ).on_conflict_do_nothing().returning(
+            meta_table.c.key)
+        with engine_lock(self.engine), self.engine.begin() as conn:
+            if conn.execute(stmt).first() is None:
+                return  # adopted before (or by a concurrent process right now)
+            counts = {"threads": 0, "policies": 0, "receipts": 0, "events": 0,
+                      "idempotency": 0}
+            legacy = conn.execute(sa.select(threads).where(sa.or_(
+                threads.c.policy_mac.is_(None), threads.c.activity_mac.is_(None)))
+            ).mappings().all()
+            if legacy:
+                conn.execute(threads.update().where(
+                    threads.c.tenant == sa.bindparam("b_tenant"),
+                    threads.c.thread_id == sa.bindparam("b_thread"),
+                ).values(policy_mac=sa.bindparam("b_pmac"), activity_mac=sa.bindparam("b_amac")),
+                    [{"b_tenant": r["tenant"], "b_thread": r["thread_id"],
+                      "b_pmac": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(r)),
+                      "b_amac": integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(r))}
+                     for r in legacy])
+            counts["threads"] = len(legacy)
+            for r in conn.execute(sa.select(policies).where(policies.c.mac.is_(None))
+                                  ).mappings().all():
+                conn.execute(policies.update().where(policies.c.tenant == r["tenant"]).values(
+                    mac=integ.mac(mac.POLICY, *mac.policy_parts(r))))
+                counts["policies"] += 1
+            for table, name in ((receipts, "receipts"), (events, "events")):
+                rows = [dict(r) for r in conn.execute(sa.select(table).where(
+                    table.c.mac.is_(None)).order_by(table.c.id)).mappings()]
+                if not rows:
+                    continue
+                self._chain(conn, table, rows)
+                conn.execute(table.update().where(table.c.id == sa.bindparam("b_id")).values(
+                    seq=sa.bindparam("b_seq"), prev_mac=sa.bindparam("b_prev"),
+                    mac=sa.bindparam("b_mac")),
+                    [{"b_id": r["id"], "b_seq": r["seq"], "b_prev": r["prev_mac"],
+                      "b_mac": r["mac"]} for r in rows])
+                counts[name] = len(rows)
+            counts["idempotency"] = self._adopt_idempotency(conn)
+            if any(counts.values()):
+                logger.warning("registry integrity: adopted %s rows written before schema v2",
+                               counts)
+                self._append_chained(conn, events, [{
+                    "at": time.time(), "kind": "registry_rows_adopted", "tenant": None,
+                    "thread_id": None, "actor": None,
+                    "detail": json.dumps(counts, sort_keys=True)}])
+
+    def _adopt_idempotency(self, conn: Connection) -> int:
+        table = metadata.tables.get("securesaver_idempotency")
+        if table is None or "fp_mac" not in table.c:
+            return 0
+        rows = conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
+                                      table.c.fingerprint).where(table.c.fp_mac.is_(None))
+                            ).all()
+        if rows:
+            conn.execute(table.update().where(
+                table.c.tenant == sa.bindparam("b_tenant"),
+                table.c.thread_id == sa.bindparam("b_thread"),
+                table.c.key == sa.bindparam("b_key")).values(fp_mac=sa.bindparam("b_mac")),
+                [{"b_tenant": r.tenant, "b_thread": r.thread_id, "b_key": r.key,
+                  "b_mac": self.integrity.mac(mac.IDEMPOTENCY, *mac.idempotency_parts(
+                      r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
+        return len(rows)
 
     def ready_for_reading(self, also: Sequence[str] = ()) -> bool:
         """For read-only commands: True when every table and index :meth:`setup` creates (and
@@ -401,17 +595,24 @@ class Registry:
                      policy: RetentionPolicy | None = None) -> None:
         """Register a thread (first write, with the given effective policy) or move its last
         activity forward and recompute its expiry from its stored TTLs."""
-        now = time.time() if now is None else now
+        now = float(time.time() if now is None else now)
         policy = policy or NO_RETENTION
+        integ = self._keyed()
         row = {"tenant": tenant, "thread_id": thread_id, "created_at": now, "last_activity": now,
                **policy.as_row(), "policy_source": "default",
                "expires_at": policy.expires_at(now, now), "state": "active"}
+        row["policy_mac"] = integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(row))
+        row["activity_mac"] = integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(row))
         stmt = self._upsert(threads).values(**row)
         last = self._greatest(threads.c.last_activity, stmt.excluded.last_activity)
         stmt = stmt.on_conflict_do_update(
             index_elements=[threads.c.tenant, threads.c.thread_id],
             set_={
                 "last_activity": last,
+                # the MAC moves with the value it covers (SET sees the old row on both backends)
+                "activity_mac": sa.case(
+                    (stmt.excluded.last_activity > threads.c.last_activity,
+                     stmt.excluded.activity_mac), else_=threads.c.activity_mac),
                 "expires_at": expires_expr(threads.c.created_at, last, threads.c.idle_ttl,
                                            threads.c.max_age, threads.c.legal_hold),
                 "state": sa.case((threads.c.state == "deleting", "deleting"), else_="active"),
@@ -437,6 +638,7 @@ class Registry:
         with self.begin() as conn:
             found = set(conn.execute(sa.select(threads.c.tenant).distinct()).scalars())
             found |= set(conn.execute(sa.select(tenant_keys.c.tenant).distinct()).scalars())
+        found.discard(RESERVED_TENANT)  # the registry MAC key, not a tenant
         return sorted(found)
 
     def forget_thread(self, tenant: str, thread_id: str) -> None:
@@ -448,20 +650,33 @@ class Registry:
     def set_policy(self, tenant: str, policy: RetentionPolicy | None) -> None:
         """Store the default (tenant ``"*"``) or a tenant's policy and re-derive the expiry of
         every thread that follows it (threads with their own override keep it)."""
+        integ = self._keyed()
         with self.begin() as conn:
             conn.execute(policies.delete().where(policies.c.tenant == tenant))
             if policy is not None:
-                conn.execute(policies.insert().values(tenant=tenant, updated_at=time.time(),
-                                                      **policy.as_row()))
+                row = {"tenant": tenant, **policy.as_row()}
+                conn.execute(policies.insert().values(
+                    updated_at=time.time(), mac=integ.mac(mac.POLICY, *mac.policy_parts(row)),
+                    **row))
             self._reapply(conn, tenant)
 
     def get_policy(self, tenant: str) -> RetentionPolicy | None:
+        """A stored policy; with the keyring attached, one whose MAC does not verify is
+        refused with TamperedDataError (key-less readers such as audit get it unverified)."""
         with self.begin() as conn:
             r = conn.execute(sa.select(policies).where(policies.c.tenant == tenant)
                              ).mappings().first()
         if r is None:
             return None
+        self._check_policy(r)
         return RetentionPolicy(r["idle_ttl"], r["max_age"], r["strategy"], r["legal_hold"])
+
+    def _check_policy(self, r: Any) -> None:
+        if self.integrity.available and not self.integrity.check(
+                r["mac"], mac.POLICY, *mac.policy_parts(r)):
+            raise TamperedDataError(
+                f"securesaver_policies row {_policy_ref(r['tenant'])} does not verify (altered "
+                "or inserted without the registry key); refusing to apply it")
 
     def effective_policy(self, tenant: str) -> tuple[RetentionPolicy, str]:
         own = self.get_policy(tenant)
@@ -484,27 +699,60 @@ class Registry:
             row = conn.execute(sa.select(policies).where(
                 policies.c.tenant == DEFAULT_POLICY_KEY)).mappings().first()
             source = "default"
+        if row is not None:
+            self._check_policy(row)
         values = ({"idle_ttl": row["idle_ttl"], "max_age": row["max_age"],
-                   "strategy": row["strategy"], "legal_hold": row["legal_hold"]}
+                   "strategy": row["strategy"], "legal_hold": bool(row["legal_hold"])}
                   if row is not None else NO_RETENTION.as_row())
-        conn.execute(threads.update().where(where).values(policy_source=source, **values))
-        conn.execute(threads.update().where(where).values(expires_at=expires_expr(
-            threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
-            threads.c.max_age, threads.c.legal_hold)))
+        # only rows that change are rewritten (and re-MACed); a row whose MAC does not verify
+        # is left as it is (reported by `events --verify`, refused by the pruner): re-MACing
+        # it would launder a forged created_at
+        changed = sa.or_(threads.c.policy_source != source, threads.c.policy_mac.is_(None),
+                         *(threads.c[k].is_distinct_from(v) for k, v in values.items()))
+        integ = self.integrity
+        updates = []
+        for r in conn.execute(sa.select(threads).where(where, changed)).mappings():
+            if not integ.check(r["policy_mac"], mac.THREAD_POLICY, *mac.thread_policy_parts(r)):
+                logger.error("securesaver_threads row %s does not verify; its retention was "
+                             "not re-applied", _thread_ref(r["tenant"], r["thread_id"]))
+                continue
+            new = {**r, **values, "policy_source": source}
+            updates.append({"b_tenant": r["tenant"], "b_thread": r["thread_id"],
+                            "b_mac": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(new))})
+        if updates:
+            pk = (threads.c.tenant == sa.bindparam("b_tenant"),
+                  threads.c.thread_id == sa.bindparam("b_thread"))
+            conn.execute(threads.update().where(*pk).values(
+                policy_source=source, policy_mac=sa.bindparam("b_mac"), **values), updates)
+            conn.execute(threads.update().where(*pk).values(expires_at=expires_expr(
+                threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
+                threads.c.max_age, threads.c.legal_hold)),
+                [{"b_tenant": u["b_tenant"], "b_thread": u["b_thread"]} for u in updates])
 
     def set_thread_retention(self, tenant: str, thread_id: str, **changes: Any) -> ThreadRow:
-        """Per-thread override of idle_ttl / max_age / strategy / legal_hold."""
+        """Per-thread override of idle_ttl / max_age / strategy / legal_hold. A row whose MAC
+        does not verify is refused (re-MACing it would launder the forged fields)."""
+        integ = self._keyed()
+        pk = (threads.c.tenant == tenant, threads.c.thread_id == thread_id)
         with self.begin() as conn:
-            found = conn.execute(threads.update().where(
-                threads.c.tenant == tenant, threads.c.thread_id == thread_id,
-            ).values(policy_source="thread", **changes)).rowcount
-            if not found:
+            q = sa.select(threads).where(*pk)
+            if self.dialect == "postgresql":
+                q = q.with_for_update()
+            current = conn.execute(q).mappings().first()
+            if current is None:
                 raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
-            conn.execute(threads.update().where(
-                threads.c.tenant == tenant, threads.c.thread_id == thread_id,
-            ).values(expires_at=expires_expr(threads.c.created_at, threads.c.last_activity,
-                                             threads.c.idle_ttl, threads.c.max_age,
-                                             threads.c.legal_hold)))
+            if not integ.check(current["policy_mac"], mac.THREAD_POLICY,
+                               *mac.thread_policy_parts(current)):
+                raise TamperedDataError(
+                    f"securesaver_threads row {_thread_ref(tenant, thread_id)} does not verify "
+                    "(altered or inserted without the registry key); refusing to change it")
+            new = {**current, **changes, "policy_source": "thread"}
+            conn.execute(threads.update().where(*pk).values(
+                policy_source="thread", **changes,
+                policy_mac=integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(new))))
+            conn.execute(threads.update().where(*pk).values(expires_at=expires_expr(
+                threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
+                threads.c.max_age, threads.c.legal_hold)))
         row = self.get_thread(tenant, thread_id)
         if row is None:  # deleted concurrently
             raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
@@ -571,15 +819,49 @@ class Registry:
     def extend_claims(self, rows: Sequence[ThreadRow], seconds: float) -> None:
         self._update_claims(rows, claim_expires=time.time() + seconds)
 
-    def mark_batch_state(self, rows: Sequence[ThreadRow], state: str) -> set[tuple[str, str]]:
-        """Set ``state`` on the rows still claimed by their token; returns those rows."""
+    def mark_batch_state(self, rows: Sequence[ThreadRow], state: str,
+                         now: float | None = None) -> set[tuple[str, str]]:
+        """Set ``state`` on the rows still claimed by their token; returns those rows. Given
+        ``now``, only rows still due (see :meth:`delete_claimed`) are marked, and each marked
+        row must verify (else TamperedDataError and nothing is marked)."""
         done: set[tuple[str, str]] = set()
         with self.begin() as conn:
             for token, pairs in _by_token(rows).items():
-                stmt = threads.update().where(*self._batch_where(token, pairs)).values(
-                    state=state).returning(threads.c.tenant, threads.c.thread_id)
-                done |= {(t, th) for t, th in conn.execute(stmt)}
+                where = self._batch_where(token, pairs)
+                if now is not None:
+                    where.append(self._still_due(now))
+                stmt = threads.update().where(*where).values(state=state).returning(*threads.c)
+                for r in conn.execute(stmt).mappings():
+                    if now is not None:
+                        self._refuse_undue(r, now)
+                    done.add((r["tenant"], r["thread_id"]))
         return done
+
+    @staticmethod
+    def _still_due(now: float) -> Any:
+        """The stored columns say the row is due (or a crashed pruner's batch): a cheap SQL
+        filter; the decision is made on the MACed fields (``_refuse_undue``)."""
+        return sa.or_(threads.c.state == "deleting", sa.and_(
+            threads.c.expires_at <= now, threads.c.legal_hold.is_(False)))
+
+    def _refuse_undue(self, r: Any, now: float,
+                      known: dict[tuple[str, str], ThreadRow] | None = None) -> None:
+        """Raise TamperedDataError unless the row's MACs verify, it is not held and its
+        verified TTLs have expired by ``now``: the caller's transaction is rolled back, so a
+        forged expiry, a removed hold or a forged ``deleting`` state is never obeyed.
+        ``known``: rows the caller verified already; a row identical to its verified copy in
+        every MACed field and MAC is not MACed again (an equality test, not two HMACs)."""
+        row = r if isinstance(r, ThreadRow) else ThreadRow(**r)
+        seen = known.get((row.tenant, row.thread_id)) if known else None
+        if seen is not None and _maced(seen) == _maced(row):
+            expiry = mac.expiry_of(row.__dict__)
+        else:
+            expiry = self.verified_expiry(row)
+        if row.legal_hold or expiry is None or expiry > now:
+            raise TamperedDataError(
+                f"securesaver_threads row {_thread_ref(row.tenant, row.thread_id)}: its stored "
+                "expiry, hold or state says 'due' but its verified fields do not (forged); "
+                "the batch was rolled back and the thread kept")
 
     def _update_claims(self, rows: Sequence[ThreadRow], **values: Any) -> None:
         if not rows:
@@ -590,7 +872,9 @@ class Registry:
                                                     ).values(**values))
 
     def delete_claimed(self, conn: Connection, token: str, pairs: Sequence[tuple[str, str]],
-                       now: float | None = None) -> list[tuple[str, str]]:
+                       now: float | None = None,
+                       known: dict[tuple[str, str], ThreadRow] | None = None
+                       ) -> list[tuple[str, str]]:
         """Inside the caller's transaction: drop the registry rows of a batch still fenced by
         ``token`` and, given ``now``, still due (expired and not held, or already being
         deleted): the re-check happens in the statement that deletes. Returns the
@@ -598,14 +882,23 @@ class Registry:
         if not pairs:
             return []
         where = self._batch_where(token, pairs)
-        if now is not None:
-            where.append(sa.or_(threads.c.state == "deleting", sa.and_(
-                threads.c.expires_at <= now, threads.c.legal_hold.is_(False))))
-        stmt = threads.delete().where(*where).returning(threads.c.tenant, threads.c.thread_id)
-        return [(t, th) for t, th in conn.execute(stmt)]
+        if now is None:
+            stmt = threads.delete().where(*where).returning(threads.c.tenant,
+                                                            threads.c.thread_id)
+            return [(t, th) for t, th in conn.execute(stmt)]
+        # the re-check under the claim: the SQL filter on the stored columns, then the MACs of
+        # exactly the rows this statement deleted (as they were under its locks); one that
+        # does not verify raises, rolling the caller's whole transaction back
+        where.append(self._still_due(now))
+        gone = []
+        for r in conn.execute(threads.delete().where(*where).returning(*threads.c)).mappings():
+            self._refuse_undue(r, now, known)
+            gone.append((r["tenant"], r["thread_id"]))
+        return gone
 
     def finish_pruned(self, row: ThreadRow, receipt: dict[str, Any]) -> bool:
         """keep_latest done: clear expiry until the next write, release, write the receipt."""
+        self._keyed()
         with self.begin() as conn:
             done = conn.execute(threads.update().where(
                 threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
@@ -620,6 +913,7 @@ class Registry:
                        claim_token: str | None = None) -> bool:
         """Drop the registry row and write the receipt in one transaction (fenced by the claim
         token when a pruner holds one): a thread is receipted exactly once."""
+        self._keyed()
         with self.begin() as conn:
             where = [threads.c.tenant == tenant, threads.c.thread_id == thread_id]
             if claim_token is not None:
@@ -666,28 +960,31 @@ class Registry:
         self.insert_receipts(conn, [receipt])
 
     def insert_receipts(self, conn: Connection, batch: Sequence[dict[str, Any]]) -> None:
-        """Every receipt is written here, inside the caller's transaction: one statement for
-        a whole batch (the pruner writes hundreds at once)."""
+        """Every receipt is written here, inside the caller's transaction: one chain step per
+        tenant and one statement for a whole batch (the pruner writes hundreds at once).
+
+        The per-tenant chain heads are locked (and advanced) here, so call this as the LAST
+        statement before the commit: concurrent pruners then hold a head only for the insert
+        and the commit. Call ``_keyed()`` before opening the transaction."""
         if not batch:
             return
         now = time.time()
         rows = []
         for receipt in batch:
-            receipt = dict(receipt)
-            detail = receipt.pop("detail", {})
+            fields = dict(receipt)
+            detail = fields.pop("detail", {})
             rows.append({"receipt_id": uuid.uuid4().hex, "deleted_at": now,
-                         "tenant": receipt.pop("tenant"),
-                         "thread_id": receipt.pop("thread_id", None),
-                         "action": receipt.pop("action"), "reason": receipt.pop("reason"),
-                         "requested_by": receipt.pop("requested_by", None),
-                         "detail": json.dumps(detail, default=str, sort_keys=True), **receipt})
+                         "thread_id": None, "requested_by": None, **fields,
+                         "detail": json.dumps(detail, default=str, sort_keys=True)})
+        names = [c.name for c in receipts.columns if c.name != "id"]
+        extra = {k for r in rows for k in r} - set(names)
+        if extra:
+            raise ConfigurationError(f"unknown receipt fields {sorted(extra)}")
+        self._chain(conn, receipts, rows)  # gives each row seq, prev_mac and mac
         if self.dialect == "postgresql" and len(rows) > 1:
-            # one statement, one array parameter per column (not 9 parameters per receipt)
+            # one statement, one array parameter per column (not 12 parameters per receipt);
+            # unnest keeps the order, so ids follow the chain order within a batch
             from sqlalchemy.dialects.postgresql import ARRAY
-            names = [c.name for c in receipts.columns if c.name != "id"]
-            extra = {k for r in rows for k in r} - set(names)
-            if extra:
-                raise ConfigurationError(f"unknown receipt fields {sorted(extra)}")
             arrays = [sa.literal([r.get(n) for r in rows], ARRAY(receipts.c[n].type))
                       for n in names]
             conn.execute(receipts.insert().from_select(
@@ -696,8 +993,109 @@ class Registry:
         conn.execute(receipts.insert(), rows)
 
     def add_receipt(self, **receipt: Any) -> None:
+        self.add_receipts([receipt])
+
+    def add_receipts(self, batch: Sequence[dict[str, Any]]) -> None:
+        """Write several receipts in one transaction (each a dict like add_receipt's kwargs)."""
+        if not batch:
+            return
+        self._keyed()
         with self.begin() as conn:
-            self._insert_receipt(conn, receipt)
+            self.insert_receipts(conn, batch)
+
+    # hash chains ------------------------------------------------------------------------------
+    def _keyed(self) -> RegistryIntegrity:
+        """The integrity helper with its key loaded (before a transaction is opened: loading
+        may create the key row, which must not wait on our own write lock)."""
+        self.integrity.require()
+        return self.integrity
+
+    def _append_chained(self, conn: Connection, table: sa.Table,
+                        rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        self._chain(conn, table, rows)
+        conn.execute(table.insert(), rows)
+
+    def _chain(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        """Give ``rows`` (in order) their chain position, previous MAC and MAC, per tenant.
+
+        The chain head rows are the lock: an upsert (a no-op update when the head exists)
+        returns them, taking the database write lock on SQLite before anything is read and the
+        heads' row locks on PostgreSQL until commit. Heads are locked in sorted chain order, so
+        concurrent batches cannot deadlock on each other; appends to one chain are serialized,
+        so each chain's order is total (``seq``) whatever the number of writers. On
+        PostgreSQL a batch's heads are locked and advanced with one statement each (not two
+        per tenant)."""
+        integ = self.integrity
+        domain, parts = ((mac.EVENT, mac.event_parts) if table is events
+                         else (mac.RECEIPT, mac.receipt_parts))
+        by_chain: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_chain.setdefault(row.get("tenant") or "", []).append(row)
+        chains = sorted(by_chain)
+        heads = self._lock_heads(conn, table.name, chains)
+        advanced: list[tuple[str, int, str, str]] = []
+        for chain in chains:
+            seq, prev, head_mac = heads[chain]
+            if not integ.check(head_mac, mac.HEAD,
+                               *mac.head_parts(table.name, chain, seq, prev)):
+                # never build on a forged head (it could hide deleted rows): the next row
+                # carries a marked prev_mac, so `events --verify` reports the break there
+                logger.error("the chain head of %s chain %s does not verify", table.name,
+                             row_tag(chain))
+                prev = "!" + prev[:63]
+            for row in by_chain[chain]:
+                seq += 1
+                row["seq"], row["prev_mac"] = seq, prev
+                row["mac"] = prev = integ.mac(domain, *parts(row))
+            advanced.append((chain, seq, prev, integ.mac(
+                mac.HEAD, *mac.head_parts(table.name, chain, seq, prev))))
+        self._store_heads(conn, table.name, advanced)
+
+    def _lock_heads(self, conn: Connection, tbl: str, chains: list[str]
+                    ) -> dict[str, tuple[int, str, str]]:
+        """Lock (creating at position 0 when missing) the heads of ``chains`` (sorted);
+        returns chain -> (seq, mac, head_mac) as committed by the previous appender."""
+        integ = self.integrity
+        genesis = [integ.mac(mac.HEAD, *mac.head_parts(tbl, c, 0, GENESIS)) for c in chains]
+        found: dict[str, tuple[int, str, str]] = {}
+        if self.dialect == "postgresql" and len(chains) > 1:
+            result = conn.execute(sa.text(
+                "INSERT INTO securesaver_chain_heads (tbl, chain, seq, mac, head_mac) "
+                "SELECT :tbl, u.c, 0, '', u.h FROM unnest(CAST(:chains AS text[]), "
+                "CAST(:genesis AS text[])) AS u(c, h) ORDER BY u.c "
+                "ON CONFLICT (tbl, chain) DO UPDATE SET seq = securesaver_chain_heads.seq "
+                "RETURNING chain, seq, mac, head_mac"),
+                {"tbl": tbl, "chains": chains, "genesis": genesis})
+            for chain, seq, prev, head_mac in result:
+                found[chain] = (int(seq), str(prev), str(head_mac))
+            return found
+        for chain, first in zip(chains, genesis, strict=True):
+            head = conn.execute(self._upsert(chain_heads).values(
+                tbl=tbl, chain=chain, seq=0, mac=GENESIS, head_mac=first,
+            ).on_conflict_do_update(
+                index_elements=[chain_heads.c.tbl, chain_heads.c.chain],
+                set_={"seq": chain_heads.c.seq},
+            ).returning(chain_heads.c.seq, chain_heads.c.mac, chain_heads.c.head_mac)).one()
+            found[chain] = (int(head.seq), str(head.mac), str(head.head_mac))
+        return found
+
+    def _store_heads(self, conn: Connection, tbl: str,
+                     heads: list[tuple[str, int, str, str]]) -> None:
+        if self.dialect == "postgresql" and len(heads) > 1:
+            conn.execute(sa.text(
+                "UPDATE securesaver_chain_heads h SET seq = u.s, mac = u.m, head_mac = u.hm "
+                "FROM unnest(CAST(:chains AS text[]), CAST(:seqs AS bigint[]), "
+                "CAST(:macs AS text[]), CAST(:hmacs AS text[])) AS u(c, s, m, hm) "
+                "WHERE h.tbl = :tbl AND h.chain = u.c"),
+                {"tbl": tbl, "chains": [h[0] for h in heads], "seqs": [h[1] for h in heads],
+                 "macs": [h[2] for h in heads], "hmacs": [h[3] for h in heads]})
+            return
+        for chain, seq, last, head_mac in heads:
+            conn.execute(chain_heads.update().where(
+                chain_heads.c.tbl == tbl, chain_heads.c.chain == chain).values(
+                seq=seq, mac=last, head_mac=head_mac))
 
     def list_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
                       since: float | None = None, until: float | None = None) -> list[Receipt]:
@@ -718,10 +1116,11 @@ class Registry:
     # events -----------------------------------------------------------------------------------
     def record_event(self, kind: str, *, tenant: str | None = None, thread_id: str | None = None,
                      actor: str | None = None, **detail: Any) -> None:
+        self._keyed()
         with self.begin() as conn:
-            conn.execute(events.insert().values(
-                at=time.time(), kind=kind, tenant=tenant, thread_id=thread_id, actor=actor,
-                detail=json.dumps(detail, default=str, sort_keys=True)))
+            self._append_chained(conn, events, [{
+                "at": time.time(), "kind": kind, "tenant": tenant, "thread_id": thread_id,
+                "actor": actor, "detail": json.dumps(detail, default=str, sort_keys=True)}])
 
     def list_events(self, *, kind: str | None = None, tenant: str | None = None,
                     thread_id: str | None = None, since: float | None = None,
@@ -740,6 +1139,158 @@ class Registry:
         with self.begin() as conn:
             return [Event(r["id"], r["at"], r["kind"], r["tenant"], r["thread_id"], r["actor"],
                           json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
+
+    # verification -------------------------------------------------------------------------------
+    def verified_expiry(self, row: ThreadRow) -> float | None:
+        """The expiry a thread row's MACed fields imply (None: held, or no TTL). Raises
+        TamperedDataError naming the row when its MACs do not verify: the pruner acts on
+        this value, never on the stored ``expires_at``."""
+        integ = self._keyed()
+        r = row.__dict__
+        if not integ.check(row.policy_mac, mac.THREAD_POLICY, *mac.thread_policy_parts(r)):
+            raise TamperedDataError(
+                f"securesaver_threads row {_thread_ref(row.tenant, row.thread_id)}: its retention "
+                "fields (TTLs, strategy, legal hold, created_at) do not verify; not obeyed")
+        if not integ.check(row.activity_mac, mac.THREAD_ACTIVITY,
+                           *mac.thread_activity_parts(r)):
+            raise TamperedDataError(
+                f"securesaver_threads row {_thread_ref(row.tenant, row.thread_id)}: its last "
+                "activity does not verify; not obeyed")
+        return mac.expiry_of(r)
+
+    def verify_integrity(self, anchor: dict[str, Any] | None = None) -> IntegrityReport:
+        """Check every MACed registry row and both hash chains (``securesaver events --verify``).
+
+        ``anchor`` is the ``anchor`` of an earlier report (kept outside the database): each
+        chain must still hold the rows it recorded, which detects deleting the newest rows of
+        a chain together with restoring an older head."""
+        integ = self._keyed()
+        report = IntegrityReport({}, [], [])
+        problem = report.problems.append
+        with self.begin() as conn:
+            for table, domain, parts in ((events, mac.EVENT, mac.event_parts),
+                                         (receipts, mac.RECEIPT, mac.receipt_parts)):
+                self._verify_chain(conn, table, domain, parts, report, anchor)
+            n = 0
+            for r in conn.execute(sa.select(threads)).mappings():
+                n += 1
+                ref = _thread_ref(r["tenant"], r["thread_id"])
+                if not integ.check(r["policy_mac"], mac.THREAD_POLICY,
+                                   *mac.thread_policy_parts(r)):
+                    problem((threads.name, ref, "retention fields (TTLs, strategy, legal hold, "
+                             "created_at) do not verify: altered, or inserted"))
+                    continue
+                if not integ.check(r["activity_mac"], mac.THREAD_ACTIVITY,
+                                   *mac.thread_activity_parts(r)):
+                    problem((threads.name, ref, "last_activity does not verify: altered"))
+                    continue
+                want, got = mac.expiry_of(r), r["expires_at"]
+                if got is None and r["state"] == "pruned":
+                    continue  # keep_latest clears the expiry until the next write
+                # the SQL and Python compute the same IEEE sums: any difference is an edit
+                if (want is None) != (got is None) or (
+                        want is not None and abs(float(got) - want) > 1e-3):
+                    problem((threads.name, ref, "expires_at does not match the thread's verified "
+                             "TTLs (a forged expiry; the pruner ignores it)"))
+            report.checked[threads.name] = n
+            n = 0
+            for r in conn.execute(sa.select(policies)).mappings():
+                n += 1
+                if not integ.check(r["mac"], mac.POLICY, *mac.policy_parts(r)):
+                    problem((policies.name, _policy_ref(r["tenant"]),
+                             "does not verify: altered, or inserted"))
+            report.checked[policies.name] = n
+            self._verify_idempotency(conn, report)
+        return report
+
+    def _verify_idempotency(self, conn: Connection, report: IntegrityReport) -> None:
+        table = metadata.tables.get("securesaver_idempotency")
+        if table is None or "fp_mac" not in table.c:
+            return
+        n = 0
+        for r in conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
+                                        table.c.fingerprint, table.c.fp_mac)):
+            n += 1
+            if not self.integrity.check(r.fp_mac, mac.IDEMPOTENCY, *mac.idempotency_parts(
+                    r.tenant, r.thread_id, r.key, r.fingerprint)):
+                report.problems.append((table.name, f"{_thread_ref(r.tenant, r.thread_id)} "
+                                        f"key={str(r.key)[:16]}", "the argument fingerprint "
+                                        "does not verify: altered, or inserted"))
+        report.checked[table.name] = n
+
+    def _verify_chain(self, conn: Connection, table: sa.Table, domain: str, parts: Any,
+                      report: IntegrityReport, anchor: dict[str, Any] | None) -> None:
+        integ = self.integrity
+        problem = report.problems.append
+        chains: dict[str, list[dict[str, Any]]] = {}
+        n = 0
+        for r in conn.execute(sa.select(table).order_by(table.c.id)).mappings():
+            n += 1
+            row = dict(r)
+            if row["mac"] is None or row["seq"] is None:
+                problem((table.name, f"id={row['id']}", "has no MAC: written without the "
+                         "registry key (an older version, or inserted directly)"))
+                continue
+            if not integ.check(row["mac"], domain, *parts(row)):
+                problem((table.name, f"id={row['id']} seq={row['seq']}",
+                         "altered: its MAC does not verify"))
+            chains.setdefault(row["tenant"] or "", []).append(row)
+        report.checked[table.name] = n
+        heads = {h.chain: h for h in conn.execute(
+            sa.select(chain_heads).where(chain_heads.c.tbl == table.name))}
+        anchored = {(a.get("table"), a.get("chain")): a
+                    for a in (anchor or {}).get("heads", []) if isinstance(a, dict)}
+        for chain in sorted(set(chains) | set(heads)):
+            tag = row_tag(chain)
+            rows = sorted(chains.get(chain, []), key=lambda x: int(x["seq"]))
+            by_seq = {int(x["seq"]): x for x in rows}
+            expect_seq, expect_prev = 1, GENESIS
+            for row in rows:
+                seq = int(row["seq"])
+                ref = f"id={row['id']} seq={seq}"
+                if seq < expect_seq:
+                    problem((table.name, ref, "a second row holds this chain position (a copy, "
+                             "or a reordered row)"))
+                    continue
+                if seq > expect_seq:
+                    problem((table.name, ref, f"{seq - expect_seq} row(s) before it in the "
+                             "chain are missing (deleted)"))
+                elif row["prev_mac"] != expect_prev:
+                    problem((table.name, ref, "appended after a chain head that did not verify"
+                             if str(row["prev_mac"]).startswith("!") else
+                             "does not follow the previous row (reordered, replaced or moved)"))
+                expect_seq, expect_prev = seq + 1, str(row["mac"])
+            last = expect_seq - 1
+            head = heads.get(chain)
+            where = f"chain#{tag}"
+            if head is None:
+                if rows:
+                    problem((chain_heads.name, f"{table.name} {where}", "the chain head is "
+                             "missing (deleted)"))
+            elif not integ.check(head.head_mac, mac.HEAD,
+                                 *mac.head_parts(table.name, chain, int(head.seq), head.mac)):
+                problem((chain_heads.name, f"{table.name} {where}", "the chain head does not "
+                         "verify: altered"))
+            elif int(head.seq) > last:
+                problem((table.name, where, f"the newest {int(head.seq) - last} row(s) of the "
+                         "chain are missing (deleted)"))
+            elif int(head.seq) < last or head.mac != expect_prev:
+                problem((chain_heads.name, f"{table.name} {where}", "the chain head is behind "
+                         "its rows (restored from an older copy)"))
+            else:
+                report.heads.append({"table": table.name, "chain": tag, "seq": last,
+                                     "mac": expect_prev})
+            mark = anchored.pop((table.name, tag), None)
+            if mark is not None:
+                kept = by_seq.get(int(mark.get("seq", 0)))
+                if kept is None or kept["mac"] != mark.get("mac"):
+                    problem((table.name, f"{where} seq={mark.get('seq')}", "the anchored row is "
+                             "gone or changed: rows were deleted or the chain rewritten since "
+                             "the anchor was taken"))
+        for (tbl, gone), mark in anchored.items():
+            if tbl == table.name:
+                problem((table.name, f"chain#{gone} seq={mark.get('seq')}", "the anchored chain "
+                         "is gone: every row of it was deleted since the anchor was taken"))
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -543,6 +543,7 @@ class SecureSaver(BaseCheckpointSaver):
         self.inner = inner
         self.keyring = keyring
         self.registry = self._make_registry(inner, registry)
+        self.registry.attach_keys(keyring)  # unwraps the registry MAC key (tamper evidence)
         self.keys = KeyManager(keyring, self.registry)
         self.default_tenant = validate_tenant(default_tenant) if default_tenant else None
         allow = frozenset(metadata_allowlist) if metadata_allowlist is not None else (
@@ -873,6 +874,27 @@ class SecureSaver(BaseCheckpointSaver):
             self.codec.seal_writes(keys, ref, cid, task_id, task_path, writes))
         return sealed, self.vault.unknown(ref.tenant, ref.thread_id, entries)
 
+    def _seal_put(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
+                  checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                  new_versions: ChannelVersions) -> tuple[Checkpoint, dict[str, Any]]:
+        """Everything a put does before the inner saver's call (CPU work and registry rows;
+        ``aput`` runs it in one worker thread): redact and seal, touch the thread's registry
+        row when due, and store new PII originals before their tokens reach storage."""
+        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
+                                                new_versions)
+        if self._touch_due(ref):
+            self._touch(ref)
+        self.vault.store(keys, ref.thread_id, new_pii)
+        return sealed, md
+
+    def _seal_writes(self, keys: TenantKeys, ref: ThreadRef, config: RunnableConfig,
+                     writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+                     ) -> builtins.list[tuple[str, Any]]:
+        """The put_writes counterpart of :meth:`_seal_put`."""
+        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, task_path)
+        self.vault.store(keys, ref.thread_id, new_pii)
+        return sealed
+
     def _remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
         """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""
         conf = raw.config["configurable"]
@@ -1048,11 +1070,7 @@ class SecureSaver(BaseCheckpointSaver):
         ref = self._scoped(lambda: self._ref(config, "put"))
         inner = self._sync_inner("put")
         keys = self._keys(ref.tenant)
-        sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
-                                                new_versions)
-        if self._touch_due(ref):
-            self._touch(ref)
-        self.vault.store(keys, ref.thread_id, new_pii)  # before the tokens reach storage
+        sealed, md = self._seal_put(keys, ref, config, checkpoint, metadata, new_versions)
         saved = inner.put(self._inner_config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
         return _named_cfg(self._outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
@@ -1063,9 +1081,8 @@ class SecureSaver(BaseCheckpointSaver):
         keys = self._keys(ref.tenant)
         optional = self._optional("put_writes", task_path=task_path)
         # sealed with the task path the inner saver stores (none if it takes none)
-        sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id,
-                                               optional.get("task_path", ""))
-        self.vault.store(keys, ref.thread_id, new_pii)
+        sealed = self._seal_writes(keys, ref, config, writes, task_id,
+                                   optional.get("task_path", ""))
         inner.put_writes(self._inner_config(ref, config), sealed, task_id, **optional)
 
     def delete_thread(self, thread_id: str) -> None:
@@ -1295,16 +1312,9 @@ class SecureSaver(BaseCheckpointSaver):
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         ref = await self._ascoped(lambda: self._ref(config, "put"))
         keys = await self._akeys(ref.tenant)
-        if self.redactor is not None:  # redaction is CPU work: never on the event loop
-            sealed, md, new_pii = await asyncio.to_thread(
-                self._prepare_put, keys, ref, config, checkpoint, metadata, new_versions)
-        else:
-            sealed, md, new_pii = self._prepare_put(keys, ref, config, checkpoint, metadata,
-                                                    new_versions)
-        if self._touch_due(ref):
-            await asyncio.to_thread(self._touch, ref)
-        if new_pii:
-            await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
+        # redaction, serialization, sealing and the registry rows: one hop off the event loop
+        sealed, md = await asyncio.to_thread(
+            self._seal_put, keys, ref, config, checkpoint, metadata, new_versions)
         saved = await self._ainner("put", self._inner_config(ref, config), sealed, md,
                                    new_versions)
         return _named_cfg(self._outer(ref.tenant)(saved) or saved, config, ref.tenant)
@@ -1315,13 +1325,8 @@ class SecureSaver(BaseCheckpointSaver):
         keys = await self._akeys(ref.tenant)
         optional = self._optional("put_writes", task_path=task_path)
         path = optional.get("task_path", "")  # as the inner saver stores it
-        if self.redactor is not None:  # redaction is CPU work: never on the event loop
-            sealed, new_pii = await asyncio.to_thread(
-                self._prepare_writes, keys, ref, config, writes, task_id, path)
-        else:
-            sealed, new_pii = self._prepare_writes(keys, ref, config, writes, task_id, path)
-        if new_pii:
-            await asyncio.to_thread(self.vault.store, keys, ref.thread_id, new_pii)
+        sealed = await asyncio.to_thread(  # one hop off the event loop, as in aput
+            self._seal_writes, keys, ref, config, writes, task_id, path)
         await self._ainner("put_writes", self._inner_config(ref, config), sealed, task_id,
                            **optional)
 
@@ -1672,6 +1677,9 @@ class SecureSaver(BaseCheckpointSaver):
         from .timeargs import to_epoch
         tenant = self._admin_tenant("prune_expired", tenant)
         now = to_epoch(now, "now")
+        # the sweep acts only on thread rows whose MACs verify: without the keyring it cannot
+        # tell a forged expiry from a real one, so it refuses to run (KeyringRequired)
+        self.registry.integrity.require()
         self._save_default_policy()
         report = Sweep(self, now=now, limit=limit, dry_run=dry_run, tenant=tenant,
                        **options).run()

@@ -28,7 +28,6 @@ from langgraph_securesaver import (
     cli_ops,  # noqa: F401  (registers the commands)
 )
 from langgraph_securesaver.cli import app
-from langgraph_securesaver.keyring import NoKeys
 from langgraph_securesaver.retention import RetentionPolicy
 
 from .boundary_helpers import (
@@ -175,12 +174,15 @@ def test_payload_in_every_decoded_column_executes_nothing(database, column: str,
     assert json.loads(rotate.stdout)["reencrypt"]["errors"]
     untouched()
 
-    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as keyless:
-        swept = keyless.prune_expired(now=time.time() + 7200)
+    # the pruner needs the keyring (to verify the registry rows' MACs) but never opens values
+    # (the keyring file, as rotate-keys above left it)
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
+                              redaction=None) as pruner:
+        swept = pruner.prune_expired(now=time.time() + 7200)
     untouched()
     refused_t1 = [e for e in swept.errors if e[1] == "t1"]
     deleted_t1 = ("acme", "t1") in swept.deleted
-    # a key-less sweep never opens values: it refuses the row it cannot parse, or (plain JSON
+    # the sweep never opens values: it refuses the row it cannot parse, or (plain JSON
     # columns) deletes the expired thread without evaluating anything
     # (the batched pruner deletes set-based, so a binary column is never parsed either: the
     # expired thread goes by retention, the payload unevaluated — the marker check above)

@@ -88,14 +88,15 @@ def test_master_rotation_old_data_reads_new_data_uses_new_version(tmp_path: Path
         rows = {(r.tenant, r.master_version) for t in ("acme", "globex")
                 for r in saver.registry.load_key_rows(t)}
         assert rows == {("acme", "1"), ("globex", "2")}
-        assert saver.master_versions_in_use() == {"1": 2, "2": 2}
+        # the registry MAC key row was wrapped under "1" with acme's keys
+        assert saver.master_versions_in_use() == {"1": 3, "2": 2}
         # a keyring holding only the new version cannot read data keys still under v1
         only_new = Keyring({"2": ring._masters["2"]})
         with pytest.raises(TamperedDataError):
             SecureSaver(saver.inner, keyring=only_new, registry=saver.registry,
                         redaction=None).get_tuple(_cfg("t", "acme"))
-        assert saver.rewrap_keys() == 2
-        assert saver.master_versions_in_use() == {"2": 4}
+        assert saver.rewrap_keys() == 3
+        assert saver.master_versions_in_use() == {"2": 5}
         ring.retire_version("1")
         after = SecureSaver(saver.inner, keyring=ring, registry=saver.registry, redaction=None)
         assert {"before rotation", "after rotation"} <= set(_texts(after, "acme", "t"))
@@ -286,3 +287,44 @@ def test_persisting_keeps_databases_other_processes_recorded(tmp_path: Path) -> 
     assert Keyring.from_file(path).databases() == {"db-app": "sqlite:///app.db"}
     assert Keyring.from_file(path).versions() == ["1", "2"]
     assert operator.other_databases("db-ops") == {"db-app": "sqlite:///app.db"}
+
+
+def test_gcm_nonces_are_unique_across_threads_and_never_shared_with_a_forked_child() -> None:
+    import threading
+
+    from langgraph_securesaver import crypto
+
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def draw() -> None:
+        mine = [crypto._nonce() for _ in range(2_000)]
+        with lock:
+            seen.extend(mine)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 8_000 and len(set(seen)) == 8_000
+    assert all(len(n) == 12 for n in seen)
+    if not hasattr(os, "fork"):
+        return
+    crypto._nonce()  # the pool now holds unused nonces a careless child would hand out again
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report its next nonces, then leave without running atexit hooks
+        os.close(read)
+        os.write(write, b"".join(crypto._nonce() for _ in range(50)))
+        os._exit(0)
+    os.close(write)
+    child = b""
+    while chunk := os.read(read, 4096):
+        child += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    parent = [crypto._nonce() for _ in range(50)]
+    child_nonces = {child[i:i + 12] for i in range(0, len(child), 12)}
+    assert len(child_nonces) == 50
+    assert child_nonces.isdisjoint(parent)

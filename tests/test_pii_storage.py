@@ -163,3 +163,77 @@ def test_restore_with_known_originals_matches_the_two_pass_restore(redactor) -> 
     assert EMAIL in one_pass[0].content and CN_ID not in one_pass[0].content
     assert one_pass[1].tool_calls[0]["args"]["to"] == EMAIL
     assert one_pass[2] is redacted[2]  # untouched messages are shared, not copied
+
+
+def test_concurrent_stores_of_the_same_new_pii_write_it_once_and_each_returns_committed(
+        tmp_path: Path) -> None:
+    """LangGraph runs a step's put and put_writes side by side with the same new tokens: one
+    vault write, and no call returns before the rows are committed (or after the other
+    writer failed without writing them itself)."""
+    import threading
+    import time as _time
+
+    import sqlalchemy as sa
+
+    from langgraph_securesaver.pii_vault import pii_refs, pii_vault
+    from langgraph_securesaver.redaction import VaultEntry
+
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'v.db'}",
+                              keyring=Keyring.generate(), redaction=None) as saver:
+        keys = saver._keys("acme")
+        vault = saver.vault
+        entries = [VaultEntry(f"<EMAIL_ADDRESS:{i:032x}>", "EMAIL_ADDRESS", f"p{i}@example.com")
+                   for i in range(3)]
+        writes: list[int] = []
+        real_write = vault._write
+        fail_first = {"on": False}
+
+        def slow_write(k, thread_id, es):
+            writes.append(len(es))
+            _time.sleep(0.2)  # the other callers arrive while this one is writing
+            if fail_first["on"]:
+                fail_first["on"] = False
+                raise RuntimeError("disk full")
+            return real_write(k, thread_id, es)
+
+        vault._write = slow_write  # type: ignore[method-assign]
+
+        def committed(thread: str) -> int:
+            with vault.registry.begin() as conn:
+                return conn.execute(sa.select(sa.func.count()).select_from(pii_refs).where(
+                    pii_refs.c.thread_id == thread)).scalar_one()
+
+        results: dict[int, int] = {}
+        errors: list[BaseException] = []
+
+        def call(i: int, thread: str) -> None:
+            try:
+                vault.store(keys, thread, entries)
+                results[i] = committed(thread)  # what this caller can rely on on return
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call, args=(i, "t1")) for i in range(3)]
+        for t in threads:
+            t.start()
+            _time.sleep(0.02)
+        for t in threads:
+            t.join()
+        assert not errors
+        assert writes == [3]  # one write for the three calls
+        assert results == {0: 3, 1: 3, 2: 3}
+
+        writes.clear()
+        results.clear()
+        fail_first["on"] = True
+        threads = [threading.Thread(target=call, args=(i, "t2")) for i in range(2)]
+        for t in threads:
+            t.start()
+            _time.sleep(0.02)
+        for t in threads:
+            t.join()
+        assert len(errors) == 1 and "disk full" in str(errors[0])  # the writer's own error
+        assert writes == [3, 3]  # the waiter wrote the rows itself
+        assert results == {1: 3}
+        with vault.registry.begin() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(pii_vault)).scalar_one() == 3

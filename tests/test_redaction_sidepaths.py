@@ -340,6 +340,68 @@ def test_async_redaction_never_runs_on_the_event_loop_thread(tmp_path: Path) -> 
     assert loop_thread not in redactor.threads
 
 
+@pytest.mark.parametrize("redaction", ["default", "off"])
+def test_aput_and_aput_writes_do_their_cpu_work_off_the_event_loop_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redaction: str) -> None:
+    """A large value's redaction, serialization, metadata/manifest sealing, encryption and
+    vault rows all happen in worker threads, for checkpoints and for pending writes, with and
+    without redaction; the value still round-trips and no original is stored in clear."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from langgraph_securesaver.crypto import TenantKeys
+    from langgraph_securesaver.pii_vault import PiiVault
+    from langgraph_securesaver.saver import _SealedCodec
+
+    seen: dict[str, set[int]] = {}
+
+    def recording(cls: Any, name: str) -> None:
+        original = getattr(cls, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            seen.setdefault(name, set()).add(threading.get_ident())
+            return original(*args, **kwargs)
+        monkeypatch.setattr(cls, name, wrapper)
+
+    recording(TenantKeys, "seal")
+    recording(_SealedCodec, "dump")
+    recording(_SealedCodec, "seal_metadata")
+    recording(_SealedCodec, "seal_writes")
+    recording(PiiVault, "store")
+    recording(Redactor, "redact_value")
+    big = ("lorem ipsum 1.2.1.2. " * 15_000) + f" mail {PLANTED['send']}"
+
+    async def main() -> tuple[int, Any, list[Any]]:
+        loop_thread = threading.get_ident()
+        async with SecureSaver.afrom_url(
+                f"sqlite:///{tmp_path / 'big.db'}", keyring=Keyring.generate(),
+                **({} if redaction == "default" else {"redaction": None})) as saver:
+            cp = empty_checkpoint()
+            cp["channel_values"] = {"note": big}
+            cp["channel_versions"] = {"note": 1}
+            config = {"configurable": {"thread_id": "t", "tenant_id": TENANT,
+                                       "checkpoint_ns": ""}}
+            saved = await saver.aput(config, cp, {"source": "input", "step": -1}, {"note": 1})
+            seen_after_put = {k: set(v) for k, v in seen.items()}
+            await saver.aput_writes(saved, [("note", big)], "task-1")
+            tup = await saver.aget_tuple(saved)
+        assert tup is not None
+        for name in ("seal", "dump", "seal_metadata"):
+            assert seen_after_put.get(name), f"aput never called {name}"
+        return loop_thread, tup, list(tup.pending_writes or [])
+
+    loop_thread, tup, writes = asyncio.run(main())
+    expected = {"seal", "dump", "seal_metadata", "seal_writes"}
+    if redaction == "default":
+        expected |= {"redact_value", "store"}  # the e-mail's original goes to the vault
+    assert expected <= set(seen), f"not exercised: {expected - set(seen)}"
+    on_loop = sorted(name for name, threads in seen.items() if loop_thread in threads)
+    assert not on_loop, f"ran on the event loop's thread: {on_loop}"
+    assert tup.checkpoint["channel_values"]["note"] == big  # behaviour unchanged
+    assert [(ch, v) for _task, ch, v in writes] == [("note", big)]
+    raw = (tmp_path / "big.db").read_bytes()
+    assert PLANTED["send"].encode() not in raw and b"lorem ipsum" not in raw
+
+
 def test_aput_keeps_the_event_loop_responsive_while_redacting(tmp_path: Path) -> None:
     """Behaviour, not timing: a ticker coroutine gets to run while a large put is redacted
     (it could not if redaction ran on the loop)."""

@@ -140,9 +140,12 @@ def test_keep_latest_leaves_a_thread_the_graph_continues(db: Path) -> None:
 def test_thread_written_a_moment_ago_survives(saver: SecureSaver, db: Path) -> None:
     """The registry lags (activity updates are coalesced); the sweep re-checks storage."""
     _say(saver, "t")
-    with sqlite3.connect(db) as conn:  # the registry heard of it 3 hours ago
-        conn.execute("UPDATE securesaver_threads SET last_activity = ?, expires_at = ?",
-                     (time.time() - 3 * HOUR, time.time() - 2 * HOUR))
+    # the registry heard of it 3 hours ago (re-registered through the API: a raw edit of the
+    # row would no longer verify, and the pruner would refuse it)
+    saver.registry.forget_thread("acme", "t")
+    saver.registry.touch_thread("acme", "t", now=time.time() - 3 * HOUR,
+                                policy=saver._policy_for("acme"))
+    assert saver.registry.get_thread("acme", "t").expires_at < time.time()
     report = saver.prune_expired(now=time.time() + 0.5 * HOUR)
     assert report.survived == [("acme", "t")] and report.deleted == []
     assert saver.registry.get_thread("acme", "t").expires_at > time.time() + 0.5 * HOUR

@@ -41,15 +41,17 @@ def _populate(saver: SecureSaver, expired: int, live: int) -> None:
             saver.set_retention(f"live-{i}", idle_ttl="30d")
 
 
-def _spawn(url: str, now: float, *extra: str) -> subprocess.Popen:
+def _spawn(url: str, now: float, ring: Keyring, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([*WORKER, url, str(now), *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SECURESAVER_MASTER_KEY": ring.to_json()})
 
 
 @pytest.mark.postgres
 def test_three_pruners_and_writers_on_postgres(pg_url: str) -> None:
     expired, live = 60, 10
-    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None,
+    ring = Keyring.generate()
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl="1h")) as saver:
         _populate(saver, expired, live)
         later = time.time() + 2 * HOUR
@@ -67,7 +69,7 @@ def test_three_pruners_and_writers_on_postgres(pg_url: str) -> None:
 
         thread = threading.Thread(target=writer)
         thread.start()
-        procs = [_spawn(pg_url, later, "--batch", "3") for _ in range(3)]
+        procs = [_spawn(pg_url, later, ring, "--batch", "3") for _ in range(3)]
         outputs = [p.communicate(timeout=300) for p in procs]
         stop.set()
         thread.join()
@@ -84,6 +86,9 @@ def test_three_pruners_and_writers_on_postgres(pg_url: str) -> None:
             assert len(humans) == writes[i]
         assert {t.thread_id for t in saver.registry.list_threads()} == {
             f"live-{i}" for i in range(live)}
+        # three pruners appended to one tenant's receipt chain at once: it still verifies
+        integrity = saver.registry.verify_integrity()
+        assert integrity.ok, integrity.problems
 
 
 def test_pruner_killed_mid_sweep_is_finished_by_the_next(tmp_path: Path) -> None:
@@ -94,7 +99,7 @@ def test_pruner_killed_mid_sweep_is_finished_by_the_next(tmp_path: Path) -> None
                               retention=RetentionPolicy(idle_ttl="1h")) as saver:
         _populate(saver, expired, 3)
     later = time.time() + 2 * HOUR
-    proc = _spawn(url, later, "--batch", "4", "--lease", "1", "--slow", "0.05")
+    proc = _spawn(url, later, ring, "--batch", "4", "--lease", "1", "--slow", "0.05")
     seen = 0
     for line in proc.stdout:
         if line.startswith("progress"):
@@ -124,18 +129,28 @@ runner = CliRunner()
 
 def test_cli_prune_dry_run_json_then_real_run(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'agent.db'}"
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None,
+    ring_path = Keyring.generate().save(tmp_path / "keyring.json")
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path), redaction=None,
                               retention=RetentionPolicy(idle_ttl=1)) as saver:
         _populate(saver, 3, 1)
     time.sleep(1.1)
-    dry = runner.invoke(app, ["prune", "--url", url, "--dry-run", "--json"])
+    # without the keyring the pruner cannot verify the retention rows: it refuses to run
+    keyless = runner.invoke(app, ["prune", "--url", url, "--json"],
+                            env={"SECURESAVER_MASTER_KEY": ""})
+    assert keyless.exit_code == 2 and "keyring" in keyless.output
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
+                              redaction=None) as saver:
+        assert saver.receipts() == []
+    dry = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path), "--dry-run",
+                              "--json"])
     assert dry.exit_code == 0, dry.output
     report = json.loads(dry.stdout)
     assert len(report["would_delete"]) == 3 and report["deleted"] == []
-    real = runner.invoke(app, ["prune", "--url", url, "--json", "--active-grace", "1s"])
+    real = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path), "--json",
+                               "--active-grace", "1s"])
     assert real.exit_code == 0, real.output
     assert len(json.loads(real.stdout)["deleted"]) == 3
-    again = runner.invoke(app, ["prune", "--url", url])
+    again = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path)])
     assert again.exit_code == 0 and "nothing expired" in again.stdout
 
 
@@ -145,13 +160,15 @@ def test_cli_prune_dry_run_json_then_real_run(tmp_path: Path) -> None:
 ])
 def test_cli_prune_bad_input_exits_2_and_deletes_nothing(tmp_path: Path, args, message) -> None:
     url = f"sqlite:///{tmp_path / 'agent.db'}"
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None,
+    ring = Keyring.generate()
+    ring_path = ring.save(tmp_path / "keyring.json")
+    with SecureSaver.from_url(url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl=1)) as saver:
         _populate(saver, 2, 0)
     time.sleep(1.1)
-    result = runner.invoke(app, ["prune", "--url", url, *args])
+    result = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path), *args])
     assert result.exit_code == 2 and message in result.output
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         assert saver.receipts() == [] and len(saver.registry.list_threads()) == 2
 
 
@@ -162,12 +179,14 @@ def test_cli_prune_unreachable_database_exits_2() -> None:
 
 def test_cli_prune_every_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'agent.db'}"
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None):
+    ring = Keyring.generate()
+    with SecureSaver.from_url(url, keyring=ring, redaction=None):
         pass
     proc = subprocess.Popen([sys.executable, "-m", "langgraph_securesaver.cli", "prune",
                              "--url", url, "--every", "1h"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "120"})
+                            env={**os.environ, "COLUMNS": "120",
+                                 "SECURESAVER_MASTER_KEY": ring.to_json()})
     for line in proc.stdout:
         if "nothing expired" in line:
             break
@@ -212,7 +231,8 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
     from langgraph_securesaver.tenancy import inner_thread_id
 
     expired = 12
-    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None,
+    ring = Keyring.generate()   # one keyring: the pruner verifies the registry MACs
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl="1h")) as saver:
         _populate(saver, expired, 2)
         store = IdempotencyStore.for_saver(saver)
@@ -228,7 +248,7 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
     assert all(c > 0 and b > 0 and w > 0 for c, b, w in before.values())
     victim = 6                      # in the second batch of 4
     # --slow: the first batch's progress lines take 4 x 0.3 s, time to lock the victim's rows
-    proc = _spawn(pg_url, later, "--batch", "4", "--lease", "1", "--slow", "0.3")
+    proc = _spawn(pg_url, later, ring, "--batch", "4", "--lease", "1", "--slow", "0.3")
     with psycopg.connect(pg_url) as lock:
         for line in proc.stdout:
             if line.startswith("progress"):
@@ -259,7 +279,7 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
                 time.sleep(0.05)
             after = {i: _stored(probe, inner[i]) for i in range(expired)}
     assert proc.returncode == -signal.SIGKILL
-    with SecureSaver.from_url(pg_url, keyring=Keyring.generate(), redaction=None) as saver:
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None) as saver:
         registered = {t.thread_id for t in saver.registry.list_threads()}
         receipts: dict[str, int] = {}
         for r in saver.receipts(tenant="acme"):
@@ -284,5 +304,7 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
             counts[r.thread_id] = counts.get(r.thread_id, 0) + 1
         assert counts == {f"old-{i}": 1 for i in range(expired)}
         assert {t.thread_id for t in saver.registry.list_threads()} == {"live-0", "live-1"}
+        integrity = saver.registry.verify_integrity()   # the rolled-back batch left no link
+        assert integrity.ok, integrity.problems
     with psycopg.connect(pg_url, autocommit=True) as probe:
         assert all(_stored(probe, inner[i]) == (0, 0, 0) for i in range(expired))

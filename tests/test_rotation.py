@@ -145,8 +145,9 @@ def test_master_rotation_rewraps_and_retires_without_rewriting_data(db, tmp_path
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["master_version"] == "2" and not report["resumed"]
-    assert report["rewrapped_key_rows"] == 4 and report["retired"] == ["1"]
-    assert report["master_versions_in_use"] == {"2": 4} and report["reencrypt"] is None
+    # 2 tenants x (data, index) + the registry MAC key row
+    assert report["rewrapped_key_rows"] == 5 and report["retired"] == ["1"]
+    assert report["master_versions_in_use"] == {"2": 5} and report["reencrypt"] is None
     new_ring = Keyring.from_file(ring_path)
     assert new_ring.versions() == ["2"]
     assert versions() == rows_before == Counter({1: sum(rows_before.values())})  # no rewrite
@@ -329,7 +330,7 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
     report = json.loads(again.stdout)
     assert report["resumed"] and report["master_version"] == "2"
     assert report["rotated_tenants"] == []            # not rotated a second time
-    assert report["retired"] == ["1"] and report["master_versions_in_use"] == {"2": 6}
+    assert report["retired"] == ["1"] and report["master_versions_in_use"] == {"2": 7}
     assert report["reencrypt"]["already_current"] >= 1   # the killed run's work was kept
     after = versions()
     assert set(after) == {2} and sum(after.values()) == total
@@ -340,7 +341,7 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
                                "--format", "json"])
     assert scan.exit_code == 0, scan.output
     data = json.loads(scan.stdout)
-    assert data["master_versions_in_use"] == {"2": 6}
+    assert data["master_versions_in_use"] == {"2": 6}  # scan counts tenant key rows only
     assert {v for per in data["data_key_versions"].values() for v in per} == {"2"}
 
 

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from langchain_core.runnables import RunnableConfig
 
 from ..crypto import associated_data
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TamperedDataError
 from .context import CONFIG_KEY_CHECKPOINTER
 from .errors import NoIdempotencyContext
 from .schema import dead_letters, recoverable_threads
@@ -270,6 +270,8 @@ def recover_stalled(graph: Any, saver: SecureSaver | None = None, *, older_than:
             config = _resume_config(store, claimed)
             _recover_one(graph, store, claimed, config, report, older_than=older_than,
                          max_attempts=max_attempts, durability=durability)
+        except _ForgedOptIn as exc:
+            _refuse(claimed, report, exc)
         except Exception:
             logger.exception("recovery of %s/%s failed outside the run", ten, thread_id)
             claimed.release()
@@ -293,16 +295,34 @@ def _candidates(store: IdempotencyStore, tenant: str | None,
 
 
 def _resume_config(store: IdempotencyStore, claimed: _Lease) -> RunnableConfig:
-    """The run config of the resumed thread: its sealed configurable extras, opened."""
+    """The run config of the resumed thread: its sealed configurable extras, opened.
+
+    The sealed configurable is the proof of the opt-in (AES-GCM bound to tenant and thread):
+    a row without one, or with one that does not open, was not written by mark_recoverable
+    and raises :class:`_ForgedOptIn` (the thread is reported as failed, never resumed)."""
     import json
     ten, thread_id = claimed.tenant, claimed.thread_id
-    extras: dict[str, Any] = {}
-    if claimed.sealed_conf is not None:
+    try:
+        if claimed.sealed_conf is None:
+            raise TamperedDataError("the opt-in row has no sealed configurable")
         keys = store.tenant_keys(ten)
-        extras = json.loads(keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
-        if store.saver is not None:  # tokenized PII back for the owning tenant
-            extras = store.saver._restore_for_store(keys, extras)
+        extras: dict[str, Any] = json.loads(
+            keys.open(claimed.sealed_conf, _conf_aad(ten, thread_id)))
+    except (TamperedDataError, ValueError) as exc:
+        raise _ForgedOptIn(f"securesaver_recoverable row refused: {exc}") from None
+    if store.saver is not None:  # tokenized PII back for the owning tenant
+        extras = store.saver._restore_for_store(keys, extras)
     return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten}}
+
+
+class _ForgedOptIn(TamperedDataError):
+    """A recovery opt-in row that does not authenticate."""
+
+
+def _refuse(claimed: _Lease, report: RecoveryReport, exc: _ForgedOptIn) -> None:
+    logger.error("recovery of tenant %r thread %r: %s", claimed.tenant, claimed.thread_id, exc)
+    report.failed.append((claimed.tenant, claimed.thread_id))
+    claimed.release()
 
 
 def _precheck(store: IdempotencyStore, claimed: _Lease, snap: Any, report: RecoveryReport,
@@ -395,7 +415,11 @@ async def arecover_stalled(graph: Any, saver: SecureSaver | None = None, *,
             report.skipped_busy += 1
             continue
         try:
-            config = await asyncio.to_thread(_resume_config, store, claimed)
+            try:
+                config = await asyncio.to_thread(_resume_config, store, claimed)
+            except _ForgedOptIn as exc:
+                await asyncio.to_thread(_refuse, claimed, report, exc)
+                continue
             await _arecover_one(graph, store, claimed, config, report, older_than=older_than,
                                 max_attempts=max_attempts, durability=durability)
         except Exception:

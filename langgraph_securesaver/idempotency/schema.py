@@ -37,6 +37,8 @@ idempotency_records = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.Column("result", sa.LargeBinary, nullable=True),      # sealed, bound to tenant/thread/key
     sa.Column("error", sa.LargeBinary, nullable=True),       # sealed error text of the last try
+    # registry MAC over (tenant, thread_id, key, fingerprint): a forged fingerprint is refused
+    sa.Column("fp_mac", sa.String(64), nullable=True),
     sa.Index("ix_securesaver_idempotency_state", "tenant", "state"),
     # the holder of the current claim (see liveness.py); NULL on rows of older versions
     *(sa.Column(name, type_, nullable=True) for name, type_ in (

@@ -140,6 +140,7 @@ class _Row:
     holder_start: Any = None
     holder_nonce: Any = None
     holder_lock: Any = None
+    fp_mac: str | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,9 @@ class IdempotencyStore:
         with self._setup_lock:
             if self._is_setup:
                 return
+            setup_registry = getattr(self.keys.store, "setup", None)
+            if callable(setup_registry):
+                setup_registry()  # migrations of the shared tables (the fp_mac column)
             with self._serial, self._db("setup"):
                 try:
                     schema.metadata.create_all(self.engine, checkfirst=True)
@@ -426,7 +430,7 @@ class IdempotencyStore:
     def _build_insert(self) -> Any:
         now = self._now
         values: dict[str, Any] = {c: sa.bindparam(f"v_{c}") for c in (
-            "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner")}
+            "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner", "fp_mac")}
         values.update(state=IN_PROGRESS, fencing_token=1, attempts=1,
                       lease_expires_at=self._lease_param(), created_at=now, updated_at=now,
                       **self._holder_values())
@@ -488,7 +492,7 @@ class IdempotencyStore:
         q = self._stmt("select", lambda: sa.select(
             _T.c.state, _T.c.fingerprint, _T.c.fencing_token, _T.c.attempts,
             _T.c.lease_expires_at, self._now.label("now"), _T.c.result,
-            *(_T.c[name] for name in schema.HOLDER_COLUMNS)).where(self._pk()))
+            *(_T.c[name] for name in schema.HOLDER_COLUMNS), _T.c.fp_mac).where(self._pk()))
         with self._begin("reading a key") as conn:
             r = conn.execute(q, self._pk_params(scope)).first()
         if r is None:
@@ -496,7 +500,33 @@ class IdempotencyStore:
         return _Row(r.state, r.fingerprint, int(r.fencing_token), int(r.attempts),
                     r.lease_expires_at, float(r.now),
                     bytes(r.result) if r.result is not None else None,
-                    r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock)
+                    r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock,
+                    r.fp_mac)
+
+    # tamper evidence (integrity.py): the fingerprint is MACed with the registry key --------
+    def _fp_mac(self, scope: KeyScope, fp: str | None) -> str:
+        from ..integrity import IDEMPOTENCY, idempotency_parts, integrity_of
+        integ = self.__dict__.get("_integrity")
+        if integ is None:
+            integ = self.__dict__["_integrity"] = integrity_of(self.keys.store,
+                                                               self.keys.provider)
+        return str(integ.mac(IDEMPOTENCY, *idempotency_parts(scope.tenant, scope.thread_id,
+                                                             scope.key, fp)))
+
+    def _check_row(self, scope: KeyScope, row: _Row) -> None:
+        """Refuse a record whose fingerprint was altered (or that was inserted), and a stored
+        result on a record not completed (a completed record never leaves that state)."""
+        import hmac
+        if row.fp_mac is None or not hmac.compare_digest(
+                row.fp_mac, self._fp_mac(scope, row.fingerprint)):
+            raise TamperedDataError(
+                f"securesaver_idempotency record {scope.key} ({scope.name}): its argument "
+                "fingerprint does not verify (altered, or the record was inserted); refusing "
+                "to replay or execute")
+        if row.result is not None and row.state != COMPLETED:
+            raise TamperedDataError(
+                f"securesaver_idempotency record {scope.key} ({scope.name}) holds a result "
+                f"but is in state {row.state!r}: its state was altered; refusing to execute")
 
     def _try_insert(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
                     ) -> Claim | None:
@@ -504,7 +534,7 @@ class IdempotencyStore:
         params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
                   "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
                   "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
-                  **self._holder_params()}
+                  "v_fp_mac": self._fp_mac(scope, fp), **self._holder_params()}
         claim = Claim(scope, 1, 1, self.owner, policy.lease, registered=True)
         register_running(_ident(claim))
         try:
@@ -565,6 +595,7 @@ class IdempotencyStore:
             row = self._select_row(scope)
             if row is None:  # deleted in between (delete_thread); try again
                 return _Wait("the record vanished while claiming")
+        self._check_row(scope, row)
         if row.fingerprint is not None and fp is not None and row.fingerprint != fp:
             raise IdempotencyKeyReused(
                 f"idempotency key {scope.key} ({scope.name}) was first used with different "

@@ -12,6 +12,7 @@ is refused with :class:`RedactionError`; this module never downloads one.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -176,6 +177,29 @@ def ner_entities_of(analyzer: AnalyzerEngine, language: str = LANGUAGE) -> froze
 
 _SHARED: dict[tuple[str, ...], AnalyzerEngine] = {}
 _SHARED_LOCK = threading.Lock()
+_HEAP_FROZEN = False
+
+
+def freeze_long_lived_heap() -> bool:
+    """Once per process: collect, then move every object alive now into the collector's
+    permanent generation (``gc.freeze()``).
+
+    Called after the analysis engine is built (its recognizers, the phone metadata and the
+    public-suffix snapshot are ~200k objects that live as long as the process). Without it
+    every full (generation-2) collection walks them all while holding the GIL: 40-200 ms
+    during which no other thread runs, so an ``aput`` whose redaction happens to trigger one
+    in its worker thread stalls the caller's event loop that long. Frozen objects are still
+    freed by reference counting; only cyclic garbage among them is never collected (undo with
+    ``gc.unfreeze()``). Returns whether this call froze the heap."""
+    global _HEAP_FROZEN
+    with _SHARED_LOCK:
+        if _HEAP_FROZEN or not gc.isenabled():
+            return False
+        gc.collect()
+        gc.freeze()
+        _HEAP_FROZEN = True
+    logger.debug("froze %d long-lived objects out of the cyclic collector", gc.get_freeze_count())
+    return True
 
 
 def shared_analyzer(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> AnalyzerEngine:

@@ -30,6 +30,7 @@ from .engine import (
     LANGUAGE,
     PATTERN_ENTITIES,
     empty_artifacts,
+    freeze_long_lived_heap,
     ner_entities_of,
     shared_analyzer,
 )
@@ -556,19 +557,27 @@ class Redactor:
         cache_size: entries in each of the five result caches (0 disables caching).
         cache_max_chars: approximate bound on the characters (marshal bytes for messages)
             each cache holds; the caches hold original values in memory until evicted.
+        freeze_heap: once the engine is built, move the process's long-lived objects out of
+            the cyclic garbage collector (``gc.freeze()``, once per process; see
+            :func:`~langgraph_securesaver.redaction.engine.freeze_long_lived_heap`), so that a
+            full collection triggered inside a redaction worker thread does not hold the GIL
+            (and stall an async caller's event loop) for a walk of the whole engine heap.
+            Pass ``False`` if your application manages ``gc.freeze()`` itself.
     """
 
     def __init__(self, policy: RedactionPolicy | None = None, *,
                  analyzer: AnalyzerEngine | None = None,
                  phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
                  cache_size: int = 16_384,
-                 cache_max_chars: int = 4_000_000) -> None:
+                 cache_max_chars: int = 4_000_000,
+                 freeze_heap: bool = True) -> None:
         if policy is not None and not isinstance(policy, RedactionPolicy):
             raise ConfigurationError("policy must be a RedactionPolicy")
         self.policy = policy or RedactionPolicy.default()
         self._phone_regions = tuple(phone_regions)
         self._analyzer = analyzer
         self._custom_analyzer = analyzer is not None
+        self._freeze_heap = bool(freeze_heap)
         self._setup_lock = threading.Lock()
         self._pattern_entities: tuple[str, ...] | None = None
         self._ner_entities: tuple[str, ...] = ()
@@ -621,6 +630,8 @@ class Redactor:
             self._prefilter = set(self._pattern_entities) <= set(PATTERN_ENTITIES)
             logger.debug("redactor ready: %d pattern entities, NER entities %s",
                          len(self._pattern_entities), list(self._ner_entities))
+        if self._freeze_heap:
+            freeze_long_lived_heap()
 
     @property
     def stats(self) -> RedactionStats:
@@ -770,8 +781,62 @@ class Redactor:
                                         len(dumped) + len(restored_dump) + 256)
             return restored
 
-        walker = Walker(on_str, max_depth=self.policy.max_depth, on_message=on_message)
+        def on_message_list(messages: list[Any], depth: int) -> list[Any]:
+            found_per = self._tokens_per_message(messages)
+            if found_per is None:  # a message that marshal cannot copy: one at a time
+                out = [on_message(m, depth + 1) for m in messages]
+            else:
+                keys = originals.keys()
+                out = [m if keys.isdisjoint(found) else on_message(m, depth + 1)
+                       for m, found in zip(messages, found_per, strict=True)]
+            return messages if all(a is b for a, b in zip(out, messages, strict=True)) else out
+
+        walker = Walker(on_str, max_depth=self.policy.max_depth, on_message=on_message,
+                        on_message_list=on_message_list)
         return walker.walk(value)
+
+    def _tokens_per_message(self, messages: list[Any]) -> list[list[str]] | None:
+        """The tokens in each message of a list (the ``messages`` channel read back), reusing
+        the previous read's answers for the longest prefix whose fields equal a deep (marshal)
+        snapshot taken then: a conversation read every turn is scanned only in its new tail.
+        None when some message cannot be snapshotted (the caller then checks each one)."""
+        try:
+            values = [(tuple(m.__dict__.values()), m.__pydantic_extra__) for m in messages]
+        except AttributeError:
+            return None
+        first = messages[0]
+        head = values[0][0]
+        key = ("restore-list", type(first), getattr(first, "id", None),
+               head[0] if head and type(head[0]) is str else None)
+        state = self._list_cache.get(key)
+        prefix = 0
+        if state is not None:
+            old_values = state[0]
+            n = len(old_values)
+            if n <= len(values) and values[:n] == old_values:
+                prefix = n
+            else:
+                for i, (new, old) in enumerate(zip(values, old_values, strict=False)):
+                    if new != old:
+                        break
+                    prefix = i + 1
+        if state is not None and prefix == len(values):
+            return list(state[1][:prefix])
+        try:  # a private deep copy of the new tail: later in-place edits cannot match it
+            tail_blob = marshal.dumps(values[prefix:], 0)
+        except ValueError:
+            return None
+        found_per: list[list[str]] = list(state[1][:prefix]) if state is not None else []
+        for m in messages[prefix:]:
+            dumped = _dump_message(m)
+            if dumped is None:
+                return None
+            found_per.append(_tokens_in_dump(dumped))
+        tail = marshal.loads(tail_blob)  # noqa: S302 - bytes this process just wrote
+        snapshot = (list(state[0][:prefix]) if state is not None else []) + tail
+        size = (state[2] if state is not None and prefix == len(state[0]) else 0) + len(tail_blob)
+        self._list_cache.put(key, (snapshot, found_per, size), size + 64)
+        return found_per
 
     # -- internals ---------------------------------------------------------------------------
     def _check_key(self, token_key: bytes | None, required: bool = False) -> bytes:

@@ -12,7 +12,7 @@ import sys
 import time
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.keyring import NoKeys
+from langgraph_securesaver.keyring import Keyring
 
 
 def main() -> int:
@@ -29,7 +29,9 @@ def main() -> int:
         if args.slow:
             time.sleep(args.slow)
 
-    with SecureSaver.from_url(args.url, keyring=NoKeys(), redaction=None) as saver:
+    # the pruner needs the keyring (from SECURESAVER_MASTER_KEY) to verify the registry rows'
+    # MACs; it never decrypts checkpoints
+    with SecureSaver.from_url(args.url, keyring=Keyring.from_env(), redaction=None) as saver:
         report = saver.prune_expired(now=args.now, batch=args.batch, lease=args.lease,
                                      progress=progress)
     print("report " + json.dumps(report.as_dict()), flush=True)
