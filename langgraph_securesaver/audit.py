@@ -535,21 +535,18 @@ pii AS (
 
 def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
                       ) -> tuple[str, dict[str, Any]]:
-    """PostgreSQL: each storage table is folded by its own aggregate, in two steps: first per
-    (thread, age bucket, ciphertext header) -- plain grouping the planner can run in parallel,
-    every per-row expression written once (a grouping key is computed once per row) -- then
-    per thread over those few groups, where the key version is read from the header. The
-    three per-thread results are joined on the thread id. Key versions are a bit mask
-    (versions < 63) plus a list of larger ones."""
+    """PostgreSQL: every stored row is projected once (size, timestamp, age bucket, key
+    version from the ciphertext header) and folded by ONE hash aggregate per thread (no
+    DISTINCT aggregates, so the planner can hash and parallelize); key versions are a bit
+    mask (versions < 63) plus a list of larger ones."""
     params: dict[str, Any] = {}
     values = []
     for i, name in enumerate(tenants):
         params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
         values.append(f"(:tn{i}, :tp{i})")
     bounds = _bucket_bounds(now)
-    # width_bucket counts the thresholds <= ts; ``b + chr(1)`` is the least text above b, so
-    # that count is the number of bounds with ts > bound (the SQLite statement's test)
-    params["thresholds"] = [f"{iso(b)}\x01" for b in reversed(bounds)]
+    for k, b in enumerate(bounds):
+        params[f"b{k}"] = iso(b)
     where = reg_where = pii_where = ""
     if tenant is not None:
         # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,
@@ -557,61 +554,51 @@ def _sql_inventory_pg(tenants: list[str], tenant: str | None, now: float
         params.update(like=thread_prefix(tenant) + "%", tenant=tenant)
         where = "WHERE x.thread_id LIKE :like"
         reg_where = pii_where = "WHERE r.tenant = :tenant"
+    bucket = " ".join(f"WHEN ts > :b{k} THEN {k}" for k in range(len(bounds)))
     n_buckets = len(bounds) + 1
     version = ("CASE WHEN vb IS NOT NULL AND length(vb) >= 7 AND "
                "substring(vb from 1 for 3) = '\\x535301'::bytea THEN "
                "(get_byte(vb, 3)::bigint << 24) | (get_byte(vb, 4) << 16) | "
                "(get_byte(vb, 5) << 8) | get_byte(vb, 6) END")
-    vmask = "bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask"
-    vbig = "array_agg(DISTINCT v) FILTER (WHERE v >= 63) AS vbig"
 
-    def binary(table: str) -> str:
+    def binary(table: str, kind: str) -> str:
         return f"""
-    SELECT thread_id, sum(bytes) AS bytes, {vmask}, {vbig}, sum(u) AS u
-    FROM (SELECT thread_id, bytes, u, {version} AS v
-          FROM (SELECT x.thread_id,
-                       CASE WHEN length(x.blob) >= 35 THEN substring(x.blob from 1 for 7)
-                       END AS vb,
-                       sum(length(x.blob)) AS bytes,
-                       sum({_PG_VALUE_UNSEALED.format(n=MIN_TOKEN_BYTES)}) AS u
-                FROM {table} x {where} GROUP BY 1, 2) g OFFSET 0) h
-    GROUP BY thread_id"""  # noqa: S608
+    SELECT thread_id, 0 AS n, 0 AS ckb, {"size" if kind == "bl" else "0"} AS blb,
+           {"size" if kind == "wr" else "0"} AS wrb, NULL::text AS ts, NULL::int AS bk,
+           {version} AS v, 0 AS uc, {"bad" if kind == "bl" else "0"} AS ub,
+           {"bad" if kind == "wr" else "0"} AS uw
+    FROM (SELECT x.thread_id, length(x.blob) AS size,
+                 CASE WHEN length(x.blob) >= 35 THEN substring(x.blob from 1 for 7) END AS vb,
+                 {_PG_VALUE_UNSEALED.format(n=MIN_TOKEN_BYTES)} AS bad
+          FROM {table} x {where} OFFSET 0) y"""  # noqa: S608
 
-    t = "(x.checkpoint ->> 'ts') COLLATE \"C\""
-    ts = f"(CASE WHEN {t} LIKE '____-__-__T%' THEN {t} END)"
-    md = "(x.metadata ->> '__securesaver__')"
     sql = f"""
 WITH tags(tenant, prefix) AS (SELECT * FROM (VALUES {", ".join(values)}) AS v(tenant, prefix)),
-ck AS (
-    SELECT thread_id, sum(n) AS n, sum(bytes) AS ck_bytes, min(first_ts) AS first_ts,
-           max(last_ts) AS last_ts,
-           {", ".join(f"sum(bytes) FILTER (WHERE bk = {k}) AS a{k}" for k in range(n_buckets))},
-           sum(bytes) FILTER (WHERE bk = {n_buckets}) AS au, {vmask}, {vbig}, sum(uc) AS uc
-    FROM (SELECT g.*, {version} AS v
+u AS (
+    SELECT thread_id, 1 AS n, size AS ckb, 0 AS blb, 0 AS wrb, ts,
+           CASE WHEN ts IS NULL THEN {n_buckets} {bucket} ELSE {n_buckets - 1} END AS bk,
+           {version} AS v, uc, 0 AS ub, 0 AS uw
+    FROM (SELECT thread_id, size, uc, CASE WHEN t LIKE '____-__-__T%' THEN t END AS ts,
+                 CASE WHEN m ~ '^ss1\\.[A-Za-z0-9_-]{{12}}'
+                      THEN decode(translate(substr(m, 5, 12), '-_', '+/'), 'base64') END AS vb
           FROM (SELECT x.thread_id,
-                       coalesce({n_buckets - 1} - width_bucket({ts},
-                                CAST(:thresholds AS text[])), {n_buckets}) AS bk,
-                       CASE WHEN {md} ~ '^ss1\\.[A-Za-z0-9_-]{{12}}' THEN
-                            decode(translate(substr({md}, 5, 12), '-_', '+/'), 'base64')
-                       END AS vb,
-                       count(*) AS n,
-                       sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
-                       min({ts}) AS first_ts, max({ts}) AS last_ts,
-                       sum({_PG_CHECKPOINT_UNSEALED.format(x="x")}) AS uc
-                FROM checkpoints x {where} GROUP BY 1, 2, 3) g OFFSET 0) h
-    GROUP BY thread_id),
-bl AS ({binary("checkpoint_blobs")}),
-wr AS ({binary("checkpoint_writes")}),
+                       pg_column_size(x.checkpoint) + pg_column_size(x.metadata) AS size,
+                       (x.checkpoint ->> 'ts') COLLATE "C" AS t,
+                       x.metadata ->> '__securesaver__' AS m,
+                       {_PG_CHECKPOINT_UNSEALED.format(x="x")} AS uc
+                FROM checkpoints x {where} OFFSET 0) c0
+          OFFSET 0) c1
+    UNION ALL {binary("checkpoint_blobs", "bl")}
+    UNION ALL {binary("checkpoint_writes", "wr")}),
 st AS (
-    SELECT coalesce(ck.thread_id, bl.thread_id, wr.thread_id) AS inner_id, ck.n, ck.ck_bytes,
-           bl.bytes AS bl_bytes, wr.bytes AS wr_bytes, ck.first_ts, ck.last_ts,
-           {", ".join(f"ck.a{k}" for k in range(n_buckets))}, ck.au,
-           CASE WHEN ck.vmask IS NULL AND bl.vmask IS NULL AND wr.vmask IS NULL THEN NULL
-                ELSE coalesce(ck.vmask, 0) | coalesce(bl.vmask, 0) | coalesce(wr.vmask, 0)
-           END AS vmask,
-           ck.vbig || bl.vbig || wr.vbig AS vbig, ck.uc, bl.u AS ub, wr.u AS uw
-    FROM ck FULL JOIN bl ON bl.thread_id = ck.thread_id
-    FULL JOIN wr ON wr.thread_id = coalesce(ck.thread_id, bl.thread_id)),
+    SELECT thread_id AS inner_id, sum(n) AS n, sum(ckb) AS ck_bytes, sum(blb) AS bl_bytes,
+           sum(wrb) AS wr_bytes, min(ts) AS first_ts, max(ts) AS last_ts,
+           {", ".join(f"sum(ckb) FILTER (WHERE bk = {k}) AS a{k}" for k in range(n_buckets))},
+           sum(ckb) FILTER (WHERE bk = {n_buckets}) AS au,
+           bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
+           array_agg(v) FILTER (WHERE v >= 63) AS vbig,
+           sum(uc) AS uc, sum(ub) AS ub, sum(uw) AS uw
+    FROM u GROUP BY thread_id),
 reg AS (
     SELECT r.tenant, r.thread_id, r.created_at, r.last_activity, r.expires_at, r.legal_hold,
            r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
@@ -851,46 +838,6 @@ class _Totals:
         return out, problems
 
 
-class _Row:
-    """A result row read by column name through a shared name -> position map (cheaper per
-    field than SQLAlchemy's RowMapping on 100,000 rows)."""
-
-    __slots__ = ("_index", "_values")
-
-    def __init__(self, index: dict[str, int], values: Any) -> None:
-        self._index, self._values = index, values
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[self._index[name]]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._index
-
-
-def _stream_rows(conn: Any, sql: str, params: dict[str, Any]) -> Iterator[_Row]:
-    """The audit statement's rows as they arrive. On PostgreSQL through the driver's own
-    streaming (rows fetched in chunks as the one statement runs to completion): unlike a
-    server-side cursor (SQLAlchemy's ``stream_results``), that lets PostgreSQL run the scans
-    and partial aggregates in parallel workers. Memory stays flat either way."""
-    if conn.dialect.name == "postgresql":
-        compiled = sa.text(sql).compile(dialect=conn.dialect)
-        bound = {name: params[name] for name in compiled.params}
-        raw = conn.connection.driver_connection
-        with raw.cursor() as cur:
-            stream = cur.stream(str(compiled), bound, size=2000)
-            index: dict[str, int] | None = None
-            for values in stream:
-                if index is None:
-                    index = {d.name: i for i, d in enumerate(cur.description or ())}
-                yield _Row(index, values)
-        return
-    result = conn.execution_options(stream_results=True, yield_per=2000).execute(
-        sa.text(sql), params)
-    index = {name: i for i, name in enumerate(result.keys())}
-    for values in result:
-        yield _Row(index, values)
-
-
 def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float,
               totals: _Totals, progress: Callable[[int, int], None] | None
               ) -> Iterator[ThreadAudit]:
@@ -919,7 +866,9 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
             # sort memory keeps the ordering off disk
             conn.exec_driver_sql("SET LOCAL jit = off")
             conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
-        for r in _stream_rows(conn, sql, params):
+        result = conn.execution_options(stream_results=True, yield_per=2000).execute(
+            sa.text(sql), params)
+        for r in result.mappings():
             done += 1
             if progress and done % 1000 == 0:
                 progress(done, max(total, done))
