@@ -511,6 +511,8 @@ class Registry:
         the relations named in ``also``) exists and the stored schema version is this
         library's -- then nothing is created or migrated and the registry counts as set up.
         Two catalog reads, no DDL. False: call :meth:`setup` (it creates or migrates)."""
+        if self.integrity.available:   # keyed: setup() also adopts rows older than v2
+            return False
         _register_companion_tables()
         names = sorted({*metadata.tables, *(i.name for i in LATER_INDEXES if i.name), *also})
         with engine_lock(self.engine), self.engine.connect() as conn:
