@@ -32,6 +32,7 @@ from .audit_report import (  # noqa: F401 - the report types are importable from
     _checkpoint_epoch,
     age_bucket,
     iso,
+    thread_json,
 )
 from .audit_sql import (  # noqa: F401
     MAX_ORPHANS_LISTED,
@@ -258,7 +259,7 @@ def audit_stream(saver: _Source, out: TextIO, *, tenant: str | None = None,
     first = True
     for th in stream:
         out.write("\n" if first else ",\n")
-        out.write(json.dumps(th.as_dict(), default=str))
+        out.write(thread_json(th))
         first = False
     summary = finish()
     tail = {

@@ -98,6 +98,10 @@ def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
         from .registry import Registry
         registry = Registry(registry_url_for(url))
         try:
+            inner = AuditDatabase.inner_tables(registry.dialect)
+            if registry.ready_for_reading(inner):   # current schema: no DDL, no migration
+                yield AuditDatabase(registry)
+                return
             registry.setup()
             light = AuditDatabase(registry)
             if light.has_inner_tables():

@@ -220,6 +220,37 @@ class Registry(RegistryClaims, RegistryVerification):
                       r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
         return len(rows)
 
+    def ready_for_reading(self, also: Sequence[str] = ()) -> bool:
+        """For read-only commands: True when every table and index :meth:`setup` creates (and
+        the relations named in ``also``) exists and the stored schema version is this
+        library's -- then nothing is created or migrated and the registry counts as set up.
+        Two catalog reads, no DDL. False: call :meth:`setup` (it creates or migrates)."""
+        if self.integrity.available:   # keyed: setup() also adopts rows older than v2
+            return False
+        _register_companion_tables()
+        names = sorted({*metadata.tables, *(i.name for i in LATER_INDEXES if i.name), *also})
+        with engine_lock(self.engine), self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                found = conn.execute(sa.text(
+                    "SELECT relname FROM pg_catalog.pg_class WHERE relname = ANY(:names) "
+                    "AND pg_catalog.pg_table_is_visible(oid)"), {"names": names}).scalars()
+            elif self.dialect == "sqlite":
+                found = conn.execute(sa.text(
+                    "SELECT name FROM sqlite_master WHERE name IN :names").bindparams(
+                        sa.bindparam("names", expanding=True)), {"names": names}).scalars()
+            else:
+                return False
+            if set(found) != set(names):
+                return False
+            current = conn.execute(
+                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+            ).scalar()
+        if current is None or str(current) != str(SCHEMA_VERSION):
+            return False
+        with self._setup_lock:
+            self._is_setup = True
+        return True
+
     # dialect helpers --------------------------------------------------------------------------
     def _insert_ignore(self, conn: Connection, table: sa.Table,
                        rows: Sequence[dict[str, Any]]) -> None:

@@ -353,3 +353,50 @@ def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
                 events(view, tenant="acme")
     finally:
         registry.dispose()
+
+
+def test_thread_json_is_json_dumps_of_as_dict() -> None:
+    """The streamed audit writes each thread with ``thread_json``: byte for byte the text of
+    ``json.dumps(th.as_dict(), default=str)``, on every field type and awkward value."""
+    from langgraph_securesaver.audit import ThreadAudit, thread_json
+    cases = [
+        ThreadAudit("acme", "t-1", 1.7e9, 1.7e9 + 0.5, None, False, "default", 86400.0, None,
+                    "active", 10, 4096, [1, 2, 70], {"EMAIL": 2, "PHONE": 1}, 1.7e9, 1.7e9 + 9,
+                    registered=True, overdue=True, held_past_ttl=False),
+        ThreadAudit('qu"ote\\s', "ünï\u2028cødé\n\t", None, None, 0.0, True, None, None,
+                    1e300, None, 0, 0, [], {}, None, None, registered=False),
+        ThreadAudit("x", "y", -1.0, 2.5e9, 1e-3, True, "tenant", float("nan"), float("inf"),
+                    "held", 2**70, -1, [0], {"k\u00e9y": 3}, 0.0, 1.0),
+    ]
+    for th in cases:
+        assert thread_json(th) == json.dumps(th.as_dict(), default=str)
+
+
+def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
+    """``audit``/``events`` open the registry with ``ready_for_reading``: True only when every
+    table and index setup() creates exists at this library's schema version; it creates and
+    migrates nothing (a fresh file stays empty), and anything missing sends them to setup()."""
+    from langgraph_securesaver.registry import Registry
+    path = tmp_path / "r.db"
+    sqlite3.connect(path).close()
+    url = f"sqlite:///{path}"
+    fresh = Registry(url)
+    assert fresh.ready_for_reading() is False
+    fresh.dispose()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+    done = Registry(url)
+    done.setup()
+    done.dispose()
+    ready = Registry(url)
+    assert ready.ready_for_reading() is True
+    assert ready.ready_for_reading(["checkpoints"]) is False   # an inner table it lacks
+    ready.dispose()
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"DROP INDEX {LATER_INDEXES[0].name}")
+    assert Registry(url).ready_for_reading() is False
+    Registry(url).setup()
+    assert Registry(url).ready_for_reading() is True
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE securesaver_meta SET value = '0' WHERE key = 'schema_version'")
+    assert Registry(url).ready_for_reading() is False
