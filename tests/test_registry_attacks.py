@@ -112,16 +112,35 @@ def test_forged_unmaced_event_policy_and_fingerprint_are_not_adopted(db: Db) -> 
 def test_a_registry_reset_to_v1_is_not_adopted(db: Db) -> None:
     _retention_setup(db)
     _forge_held_row_unmaced(db)
+    _reset_to_v1(db)
+    with db.saver() as saver:
+        report = saver.prune_expired(now=time.time() + 2 * HOUR, active_grace=0)
+        assert (ACME, "held") not in report.deleted
+
+
+def _reset_to_v1(db: Db) -> None:
     db.sql("UPDATE securesaver_threads SET policy_mac = NULL, activity_mac = NULL")
     db.sql("UPDATE securesaver_policies SET mac = NULL")
+    db.sql("UPDATE securesaver_idempotency SET fp_mac = NULL")
     for table in ("securesaver_events", "securesaver_receipts"):
         db.sql(f"UPDATE {table} SET seq = NULL, prev_mac = NULL, mac = NULL")
     db.sql("DELETE FROM securesaver_tenant_keys WHERE purpose = 'registry'")
     for statement in RESETS["marker_version_heads_adopted_events"]:
         db.sql(statement)
+
+
+def test_a_full_reset_to_v1_is_caught_by_an_anchor_kept_outside(db: Db, tmp_path: Path) -> None:
+    """The documented limit above, and what does catch it: an anchor saved before."""
+    populate(db)
+    anchor = tmp_path / "anchor.json"
+    assert db.verify("--save-anchor", str(anchor))[0] == 0
+    _reset_to_v1(db)
     with db.saver() as saver:
-        report = saver.prune_expired(now=time.time() + 2 * HOUR, active_grace=0)
-        assert (ACME, "held") not in report.deleted
+        assert len(saver.registry.list_events(kind="registry_rows_adopted")) == 1
+    assert db.verify()[0] == 0  # consistent on its own: that is the limit
+    code, data, output = db.verify("--anchor", str(anchor))
+    assert code == 1, output
+    assert {p[0] for p in problems(data)} >= {"securesaver_events", "securesaver_receipts"}
 
 
 # --------------------------------------------------------------------------------------------
