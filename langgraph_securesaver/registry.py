@@ -423,10 +423,7 @@ class Registry:
 
     def _has_macs(self) -> bool:
         with engine_lock(self.engine), self.engine.connect() as conn:
-            return conn.execute(sa.select(sa.literal(1)).select_from(chain_heads).limit(1)
-                                ).first() is not None or conn.execute(
-                sa.select(sa.literal(1)).select_from(threads).where(
-                    threads.c.policy_mac.is_not(None)).limit(1)).first() is not None
+            return self._maced_rows_exist(conn)
 
     @staticmethod
     def _maced_rows_exist(conn: Connection) -> bool:

@@ -25,12 +25,33 @@ from langgraph_securesaver.idempotency.keys import fingerprint
 from langgraph_securesaver.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
-from tests.test_registry_integrity import (  # noqa: F401  (db is a fixture)
-    ACME, FORGED, GLOBEX, HOUR, Calls, Db, _cfg, _retention_setup, _say, assert_named,
-    chain_ids, db, populate, problems, runner,
+from tests.test_registry_integrity import (
+    ACME,
+    BACKENDS,
+    FORGED,
+    GLOBEX,
+    HOUR,
+    Calls,
+    Db,
+    _cfg,
+    _retention_setup,
+    _say,
+    assert_named,
+    chain_ids,
+    populate,
+    problems,
+    runner,
 )
 
 HELD = f"thread#{row_tag(ACME, 'held')}"
+
+
+@pytest.fixture(params=BACKENDS)
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Db:
+    url = (f"sqlite:///{tmp_path / 'agent.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("pg_url"))
+    ring = Keyring.generate()
+    return Db(url, ring, ring.save(tmp_path / "keyring.json"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,3 +357,17 @@ def test_more_chain_edits_exit_1_naming_the_row(db: Db, edit: str) -> None:
     table, row = MORE_CHAIN_EDITS[edit](db)
     found = assert_named(db, table, row)
     assert all(FORGED not in json.dumps(p) for p in found)
+
+
+def test_a_deleted_key_row_with_only_event_macs_left_is_not_replaced(db: Db) -> None:
+    """Deleting the registry key row after stripping the thread MACs and chain heads (what the
+    key-row check looked at) still leaves MACed events: no new key is made."""
+    populate(db)
+    db.sql("UPDATE securesaver_threads SET policy_mac = NULL, activity_mac = NULL")
+    db.sql("DELETE FROM securesaver_chain_heads")
+    db.sql("DELETE FROM securesaver_tenant_keys WHERE purpose = 'registry'")
+    with pytest.raises(TamperedDataError, match="registry MAC key row"):
+        with db.saver() as saver:
+            saver.prune_expired(active_grace=0)
+    assert db.sql("SELECT count(*) FROM securesaver_tenant_keys WHERE purpose = 'registry'"
+                  ) == [(0,)]
