@@ -137,10 +137,21 @@ class Registry(RegistryClaims, RegistryVerification):
 
     def _has_macs(self) -> bool:
         with engine_lock(self.engine), self.engine.connect() as conn:
-            return conn.execute(sa.select(sa.literal(1)).select_from(chain_heads).limit(1)
-                                ).first() is not None or conn.execute(
-                sa.select(sa.literal(1)).select_from(threads).where(
-                    threads.c.policy_mac.is_not(None)).limit(1)).first() is not None
+            return self._maced_rows_exist(conn)
+
+    @staticmethod
+    def _maced_rows_exist(conn: Connection) -> bool:
+        """Any row anywhere carrying a MAC (or a chain head): the database is not pre-v2."""
+        probes: list[Any] = [sa.select(sa.literal(1)).select_from(chain_heads)]
+        for table, column in ((threads, "policy_mac"), (threads, "activity_mac"),
+                              (policies, "mac"), (receipts, "mac"), (events, "mac")):
+            probes.append(sa.select(sa.literal(1)).select_from(table).where(
+                table.c[column].is_not(None)))
+        idem = metadata.tables.get("securesaver_idempotency")
+        if idem is not None and "fp_mac" in idem.c:
+            probes.append(sa.select(sa.literal(1)).select_from(idem).where(
+                idem.c.fp_mac.is_not(None)))
+        return any(conn.execute(probe.limit(1)).first() is not None for probe in probes)
 
     def _adopt_legacy_rows(self) -> None:
         """Rows written before schema v2 carry no MACs. The first process that has the keyring
@@ -162,6 +173,15 @@ class Registry(RegistryClaims, RegistryVerification):
         with engine_lock(self.engine), self.engine.begin() as conn:
             if conn.execute(stmt).first() is None:
                 return  # adopted before (or by a concurrent process right now)
+            if self._maced_rows_exist(conn):
+                # a database some keyed process already wrote MACs into lost its adoption
+                # marker (deleted, or schema_version reset to 1): adopting now would MAC rows
+                # forged since then, so nothing is adopted; --verify reports them
+                logger.error("registry integrity: the adoption marker (securesaver_meta "
+                             "'%s') was missing although MACed registry rows exist; rows "
+                             "without a MAC are NOT adopted (events --verify reports them)",
+                             _ADOPTED)
+                return
             counts = {"threads": 0, "policies": 0, "receipts": 0, "events": 0,
                       "idempotency": 0}
             legacy = conn.execute(sa.select(threads).where(sa.or_(
