@@ -253,7 +253,7 @@ def test_forged_rows_are_not_obeyed_when_the_registry_is_elsewhere(
             saver.set_retention("held", legal_hold=True)
         saver.registry.forget_thread(ACME, "old")
         saver.registry.touch_thread(ACME, "old", now=time.time() - 3 * HOUR,
-                                    policy=saver._policy_for(ACME))
+                                    policy=saver.services.policy_for(ACME))
         engine = sa.create_engine(registry_url)
 
         def sql(statement: str, **params: Any) -> None:
