@@ -400,3 +400,60 @@ def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
     with sqlite3.connect(path) as raw:
         raw.execute("UPDATE securesaver_meta SET value = '0' WHERE key = 'schema_version'")
     assert Registry(url).ready_for_reading() is False
+
+
+def _reheader(token: bytes, version: int) -> bytes:
+    """The same ciphertext under another key version in its header (the audit reads headers
+    only; nothing is decrypted)."""
+    return token[:3] + version.to_bytes(4, "big") + token[7:]
+
+
+@pytest.mark.postgres
+def test_key_versions_past_the_bit_mask_come_from_text_and_binary_headers(
+        pg_url: str, redactor) -> None:
+    """Versions are read from text tokens (checkpoint metadata, base64 in JSONB) and binary
+    ones (blobs, writes); a mask holds versions below 63, a list the rest: versions on both
+    sides of that line, and one past 2**31, come out as the row walk reads them."""
+    from langgraph_securesaver.crypto import from_text, to_text
+    build(pg_url, redactor)
+    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT thread_id, checkpoint_id, metadata ->> '__securesaver__' FROM checkpoints "
+                "WHERE thread_id LIKE '%_t-plain' ORDER BY checkpoint_id")).all()
+            for (thread_id, checkpoint_id, text), version in zip(rows, (62, 63, 2**31 + 5),
+                                                                    strict=False):
+                sealed = to_text(_reheader(from_text(text), version))
+                conn.execute(sa.text(
+                    "UPDATE checkpoints SET metadata = jsonb_set(metadata, '{__securesaver__}', "
+                    "to_jsonb(CAST(:t AS text))) WHERE thread_id = :th AND checkpoint_id = :c"),
+                    {"t": sealed, "th": thread_id, "c": checkpoint_id})
+            blob = conn.execute(sa.text(
+                "SELECT thread_id, channel, version, blob FROM checkpoint_blobs WHERE thread_id "
+                "LIKE '%_g-live' AND type = 'bytes' ORDER BY version LIMIT 1")).one()
+            conn.execute(sa.text(
+                "UPDATE checkpoint_blobs SET blob = :b WHERE thread_id = :th AND channel = :ch "
+                "AND version = :v"), {"b": _reheader(bytes(blob[3]), 64), "th": blob[0],
+                                      "ch": blob[1], "v": blob[2]})
+        tenants = saver.registry.tenants()
+        now = time.time()
+        new = audit(saver, now=now)
+        assert new.as_dict() == _audit_walk(saver, tenants, None, now, None).as_dict()
+    versions = {t.thread_id: set(t.key_versions) for t in new.threads}
+    assert {62, 63, 2**31 + 5} <= versions["t-plain"]
+    assert 64 in versions["g-live"]
+
+
+@pytest.mark.postgres
+def test_an_audit_abandoned_midway_leaves_the_database_usable(pg_url: str, redactor) -> None:
+    """The rows arrive through libpq's chunked mode: leaving the stream after one thread
+    (a closed pipe, an exception in the caller) must end the statement, not wedge the pool."""
+    build(pg_url, redactor)
+    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+        for _ in range(3):
+            stream, _finish = iter_audit(saver)
+            first = next(stream)
+            stream.close()                       # what a broken consumer leaves behind
+            assert first.tenant == "acme"
+        whole = audit(saver)
+    assert len(whole.threads) == 5

@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "audit_report", "audit_sql",
+                              "audit_statements",
                               "report_html", "scan",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "server", "demo", "demo_run", "recover"})),

@@ -1,0 +1,260 @@
+"""The audit's inventory statement, one form per dialect, as named constants: registry rows
+joined with per-thread storage aggregates of the inner saver's tables and the PII kinds,
+ordered by (tenant, thread). Values are bound parameters; only constants are formatted in.
+
+Knows the tables' layouts and the token format; nothing of keys, sealing or the saver.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from .audit_report import AGE_BUCKETS, iso
+from .crypto import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
+from .tenancy import thread_prefix
+
+PREFIX_LEN = len(thread_prefix("x"))     # "t" + 24 hex + ":"
+SEP_KIND, SEP_ITEM = "\x1e", "\x1f"   # between a PII kind and its count, between kinds
+
+
+def bucket_bounds(now: float) -> list[float]:
+    """Epoch lower bounds of the age buckets (a row at ts falls in bucket k when
+    ts > bounds[k] and ts <= bounds[k-1])."""
+    return [now - upper for _label, upper in AGE_BUCKETS[:-1]]
+
+
+# the part of the audit statement both dialects share: registered and unregistered threads
+# with their storage aggregates and PII kinds, owner then thread
+_AUDIT_ROWS = f"""rows AS (
+    SELECT reg.tenant AS owner, reg.thread_id AS thread, 1 AS registered, reg.created_at,
+           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
+           reg.max_age, reg.state, st.*
+    FROM reg LEFT JOIN st ON st.inner_id = reg.inner_id
+    UNION ALL
+    SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
+           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread, 0 AS registered,
+           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, st.*
+    FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
+    WHERE NOT EXISTS (SELECT 1 FROM reg WHERE reg.inner_id = st.inner_id))
+SELECT rows.*, pii.kinds FROM rows
+LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
+ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
+"""  # noqa: S608
+
+
+def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
+                          ) -> tuple[str, dict[str, Any]]:
+    """SQLite: one grouped statement, registry rows joined with per-thread storage aggregates
+    and PII kinds, ordered by (tenant, thread). Runs on the registry's engine when it shares
+    the inner saver's database (see :func:`~langgraph_securesaver.pruner.shares_database`)."""
+    params: dict[str, Any] = {}
+    values = []
+    for i, name in enumerate(tenants):
+        params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
+        values.append(f"(:tn{i}, :tp{i})")
+    # every fragment below is a constant of this function; values are bound parameters
+    tags = "VALUES " + ", ".join(values)
+    bounds = bucket_bounds(now)
+    size = "(length(c.checkpoint) + coalesce(length(c.metadata), 0))"
+    ts = "securesaver_ckpt_ts(c.type, c.checkpoint)"
+    ts_ok = f"{ts} IS NOT NULL"
+    for k, b in enumerate(bounds):
+        params[f"b{k}"] = b
+    md_text = "json_extract(CAST(c.metadata AS TEXT), '$.__securesaver__')"
+    ck_versions = "group_concat(DISTINCT securesaver_token_versions(c.checkpoint))"
+    blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
+    magic = "substr({0}, 1, 3) = X'535301'"
+    agg = "group_concat(DISTINCT {0})"
+    kinds = "group_concat(p.kind || char(30) || p.n, char(31))"
+    # the checkpoint body is msgpack: only the strict serializer can tell a foreign
+    # payload, so the row predicate itself runs as a scalar function inside this pass
+    ck_unsealed = "securesaver_ckpt_unsealed(c.type, c.checkpoint, c.metadata)"
+    where_ck = where_st = where_reg = where_pii = ""
+    if tenant is not None:
+        params["prefix"], params["tenant"] = thread_prefix(tenant), tenant
+        # a key range on the primary key (binary collation: byte order), then the exact test
+        params["prefix_end"] = thread_prefix(tenant)[:-1] + chr(ord(":") + 1)
+        where_ck = ("WHERE c.thread_id >= :prefix AND c.thread_id < :prefix_end "
+                    "AND substr(c.thread_id, 1, :plen) = :prefix")
+        where_st = ("WHERE x.thread_id >= :prefix AND x.thread_id < :prefix_end "
+                    "AND substr(x.thread_id, 1, :plen) = :prefix")
+        where_reg = "WHERE r.tenant = :tenant"
+        where_pii = "WHERE r.tenant = :tenant"
+        params["plen"] = PREFIX_LEN
+    buckets = []
+    for k in range(len(bounds)):
+        lower = f"{ts} > :b{k}"
+        upper = f" AND {ts} <= :b{k - 1}" if k else ""
+        buckets.append(f"sum(CASE WHEN {ts_ok} AND {lower}{upper} THEN {size} END) AS a{k}")
+    buckets.append(f"sum(CASE WHEN {ts_ok} AND {ts} <= :b{len(bounds) - 1} THEN {size} END)"
+                   f" AS a{len(bounds)}")
+    token_v = f"CASE WHEN {md_text} LIKE 'ss1.%' THEN substr({md_text}, 5, 12) END"
+
+    def side(table: str, column: str) -> str:
+        col = f"x.{column}"
+        length = blob_len.format(col)
+        version = (f"CASE WHEN {length} >= 35 AND {magic.format(col)} "
+                   f"THEN {hexv.format(col)} END")
+        unsealed = (f"CASE WHEN {col} IS NOT NULL AND (x.type IS NULL OR x.type <> 'bytes' "
+                    f"OR {length} < {MIN_TOKEN_BYTES} OR NOT ({magic.format(col)})) "
+                    "THEN 1 ELSE 0 END")
+        return (f"SELECT x.thread_id, sum({length}) AS bytes, {agg.format(version)} AS v, "  # noqa: S608
+                f"sum({unsealed}) AS u FROM {table} x {where_st} GROUP BY x.thread_id")
+
+    # SQLite's saver keeps channel values inside the checkpoint row: no blobs table
+    blobs = "SELECT NULL AS thread_id, NULL AS bytes, NULL AS v, NULL AS u WHERE 0"
+    writes = side("writes", "value")
+    first, last = (f"min(CASE WHEN {ts_ok} THEN {ts} END)", f"max(CASE WHEN {ts_ok} THEN {ts} END)")
+    sql = f"""
+WITH tags(tenant, prefix) AS ({tags}),
+ck AS (
+    SELECT c.thread_id, count(*) AS n, sum({size}) AS bytes, {first} AS first_ts,
+           {last} AS last_ts, {", ".join(buckets)},
+           sum(CASE WHEN NOT ({ts_ok}) OR {ts} IS NULL THEN {size} END) AS au,
+           {agg.format(token_v)} AS mv, {ck_versions} AS cv, sum({ck_unsealed}) AS uc
+    FROM checkpoints c {where_ck} GROUP BY c.thread_id),
+bl AS ({blobs}),
+wr AS ({writes}),
+ids AS (SELECT thread_id FROM ck UNION SELECT thread_id FROM bl UNION SELECT thread_id FROM wr),
+st AS (
+    SELECT ids.thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, ck.first_ts, ck.last_ts,
+           {", ".join(f"ck.a{k}" for k in range(len(bounds) + 1))}, ck.au, ck.mv, ck.cv,
+           bl.bytes AS bl_bytes, bl.v AS bv, wr.bytes AS wr_bytes, wr.v AS wv, ck.uc,
+           bl.u AS ub, wr.u AS uw
+    FROM ids LEFT JOIN ck ON ck.thread_id = ids.thread_id
+    LEFT JOIN bl ON bl.thread_id = ids.thread_id LEFT JOIN wr ON wr.thread_id = ids.thread_id),
+reg AS (
+    SELECT r.tenant, r.thread_id, r.created_at, r.last_activity, r.expires_at, r.legal_hold,
+           r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
+    FROM securesaver_threads r JOIN tags ON tags.tenant = r.tenant {where_reg}),
+pii AS (
+    SELECT p.tenant, p.thread_id, {kinds} AS kinds FROM (
+        SELECT r.tenant, r.thread_id, r.kind, count(*) AS n FROM securesaver_pii_refs r
+        JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {where_pii}
+        GROUP BY r.tenant, r.thread_id, r.kind) p
+    GROUP BY p.tenant, p.thread_id),
+{_AUDIT_ROWS}"""  # noqa: S608
+    return sql, params
+
+
+# PostgreSQL's statement. Each inner table is folded per thread on its own (a parallel partial
+# aggregate: no OFFSET fences, no DISTINCT aggregates), every costly expression is written once:
+# the checkpoint body is read through one jsonb_to_record (its ts and channel_values), the
+# sealed metadata through one ``->>`` whose first 16 characters are a grouping key (its key
+# version is decoded per thread, from the few distinct prefixes), and the age bucket is one
+# width_bucket over the bucket bounds. Then the three are joined by thread id.
+_PG_HEADER_VERSION = (  # the 4 version bytes of a binary ciphertext header, or NULL
+    "CASE WHEN length({0}) >= 7 AND substring({0} from 1 for 3) = '\\x535301'::bytea "
+    "THEN (get_byte({0}, 3)::bigint << 24) | (get_byte({0}, 4) << 16) | "
+    "(get_byte({0}, 5) << 8) | get_byte({0}, 6) END")
+# a text token (``ss1.`` + base64url of the binary one) starts with this: the prefix, then
+# the magic's three bytes as four characters
+SEALED_TEXT_PREFIX = TEXT_PREFIX + base64.urlsafe_b64encode(MAGIC).decode()
+_PG_CHECKPOINTS = """ck AS (
+    SELECT thread_id, sum(n) AS n, sum(bytes) AS bytes, min(first_ts) AS first_ts,
+           max(last_ts) AS last_ts, {buckets}, sum(bytes) FILTER (WHERE wb IS NULL) AS au,
+           array_agg(substr(k, 9, 8)) FILTER (WHERE k LIKE :sealed_like) AS mv,
+           coalesce(sum(u) FILTER (WHERE k LIKE :sealed_like), 0)
+           + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
+    FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
+                 substr(x.metadata ->> '__securesaver__', 1, 16) AS k, count(*) AS n,
+                 sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
+                 min(j.ts) AS first_ts, max(j.ts) AS last_ts,
+                 sum(CASE WHEN jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
+                     OR (jsonb_typeof(j.cv) = 'object' AND j.cv <> '{{}}'::jsonb)
+                     THEN 1 ELSE 0 END) AS u
+          FROM checkpoints x
+          CROSS JOIN LATERAL (
+              SELECT CASE WHEN r.ts LIKE '____-__-__T%' THEN r.ts COLLATE "C" END,
+                     r.channel_values
+              FROM jsonb_to_record(CASE WHEN jsonb_typeof(x.checkpoint) = 'object'
+                                   THEN x.checkpoint ELSE '{{}}' END)
+                   AS r(ts text, channel_values jsonb)) AS j(ts, cv)
+          {where} GROUP BY 1, 2, 3) c
+    GROUP BY thread_id)"""
+_PG_BINARY = """SELECT thread_id, sum(bytes) AS bytes,
+           bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
+           array_agg(v) FILTER (WHERE v >= 63) AS vbig, sum(u) AS u
+    FROM (SELECT x.thread_id, {version} AS v, sum(length(x.blob)) AS bytes,
+                 sum(CASE WHEN x.blob IS NOT NULL AND (x.type IS DISTINCT FROM 'bytes'
+                     OR length(x.blob) < {min_bytes}
+                     OR substring(x.blob from 1 for 3) <> '\\x535301'::bytea)
+                     THEN 1 ELSE 0 END) AS u
+          FROM {table} x {where} GROUP BY 1, 2) y
+    GROUP BY thread_id"""
+_PG_INVENTORY = """
+WITH tags(tenant, prefix) AS (SELECT * FROM (VALUES {tags}) AS v(tenant, prefix)),
+{checkpoints},
+bl AS ({blobs}),
+wr AS ({writes}),
+st AS (
+    SELECT thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, bl.bytes AS bl_bytes,
+           wr.bytes AS wr_bytes, ck.first_ts, ck.last_ts, {ages}, ck.au,
+           coalesce(bl.vmask, 0) | coalesce(wr.vmask, 0) AS vmask,
+           array_cat(bl.vbig, wr.vbig) AS vbig, ck.mv, ck.u AS uc, bl.u AS ub, wr.u AS uw
+    FROM ck FULL JOIN bl USING (thread_id) FULL JOIN wr USING (thread_id)),
+reg AS (
+    SELECT r.tenant, r.thread_id, r.created_at, r.last_activity, r.expires_at, r.legal_hold,
+           r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
+    FROM securesaver_threads r JOIN tags ON tags.tenant = r.tenant {reg_where}),
+pii AS (
+    SELECT p.tenant, p.thread_id, string_agg(p.kind || chr(30) || p.n, chr(31)) AS kinds
+    FROM (SELECT r.tenant, r.thread_id, r.kind, count(*) AS n FROM securesaver_pii_refs r
+          JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {reg_where}
+          GROUP BY r.tenant, r.thread_id, r.kind) p
+    GROUP BY p.tenant, p.thread_id),
+{rows}"""
+
+
+# PostgreSQL's rows: one FULL JOIN of the registry with the storage aggregates (nothing is
+# materialized twice); a stored thread with no registry row is owned by the tenant its tag names
+_PG_AUDIT_ROWS = f"""rows AS (
+    SELECT coalesce(reg.tenant, tg.tenant) AS owner,
+           CASE WHEN reg.tenant IS NOT NULL THEN reg.thread_id
+                WHEN tg.tenant IS NULL THEN st.inner_id
+                ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread,
+           CASE WHEN reg.tenant IS NULL THEN 0 ELSE 1 END AS registered, reg.created_at,
+           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
+           reg.max_age, reg.state, st.*
+    FROM reg FULL JOIN st ON st.inner_id = reg.inner_id
+    LEFT JOIN tags tg ON reg.tenant IS NULL AND tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN}))
+SELECT rows.*, pii.kinds FROM rows
+LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
+ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
+"""  # noqa: S608
+
+
+def inventory_pg(tenants: list[str], tenant: str | None, now: float
+                      ) -> tuple[str, dict[str, Any]]:
+    """PostgreSQL's form of the inventory statement (see the constants above)."""
+    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%"}
+    values = []
+    for i, name in enumerate(tenants):
+        params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
+        values.append(f"(:tn{i}, :tp{i})")
+    bounds = bucket_bounds(now)            # newest first
+    # width_bucket wants the lower bounds ascending: age bucket k is width bucket n - k, and
+    # the ISO texts compare in byte order (the ts column is COLLATE "C")
+    params["bounds"] = [iso(b) for b in reversed(bounds)]
+    n = len(bounds)
+    where = reg_where = ""
+    if tenant is not None:
+        # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,
+        # and a range scan of the primary key under C / C.UTF-8
+        params.update(like=thread_prefix(tenant) + "%", tenant=tenant)
+        where = "WHERE x.thread_id LIKE :like"
+        reg_where = "WHERE r.tenant = :tenant"
+    checkpoints = _PG_CHECKPOINTS.format(
+        buckets=", ".join(f"sum(bytes) FILTER (WHERE wb = {n - k}) AS a{k}"
+                          for k in range(n + 1)), where=where)
+
+    def binary(table: str) -> str:
+        return _PG_BINARY.format(version=_PG_HEADER_VERSION.format("x.blob"), table=table,
+                                 min_bytes=MIN_TOKEN_BYTES, where=where)
+
+    sql = _PG_INVENTORY.format(
+        tags=", ".join(values), checkpoints=checkpoints, blobs=binary("checkpoint_blobs"),
+        writes=binary("checkpoint_writes"), ages=", ".join(f"ck.a{k}" for k in range(n + 1)),
+        reg_where=reg_where, rows=_PG_AUDIT_ROWS)
+    return sql, params
