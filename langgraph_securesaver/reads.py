@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import AsyncExitStack, ExitStack
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
@@ -37,6 +46,8 @@ from .tenancy import ThreadRef, thread_prefix
 
 DELTA_FIRST_PAGE = 16
 DELTA_MAX_PAGE = 1024
+DELTA_OPERATION = "get_delta_channel_history"
+DeltaSteps = Generator[tuple[str, Any], Any, Mapping[str, DeltaChannelHistory]]
 
 
 class ReadPath:
@@ -48,23 +59,31 @@ class ReadPath:
         self.gate = services.gate
         self.pii = services.pii
 
-    def delta_history(self, codec: SealedCodec, config: RunnableConfig,
-                      channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
-        """The base-class contract, walked over pages of the inner saver's own listing.
+    def delta_steps(self, codec: SealedCodec, config: RunnableConfig,
+                    channels: Sequence[str]) -> DeltaSteps:
+        """The base-class contract, walked over pages of the inner saver's own listing: one
+        body for both APIs, yielding the I/O it needs (driven by :meth:`delta_history` and
+        :meth:`adelta_history`).
 
         The base class would call ``get_tuple`` (a query, a key lookup, every value decrypted
         and PII restored) once per ancestor. Here each page of ancestors is one inner listing,
         each on-path ancestor is authenticated as a read would, and PII is restored once for
         the writes and seeds returned. (The inner saver's own ``get_delta_channel_history``
         returns writes without their checkpoint id and seeds without their version, which
-        the sealed values are bound to, so its answer cannot be authenticated.)"""
+        the sealed values are bound to, so its answer cannot be authenticated.)
+
+        Requests (send back the answer): ``("ref", config)`` the resolved ThreadRef,
+        ``("keys", tenant)`` the tenant's existing keys or None, ``("get_tuple", config)``,
+        ``("list", (config, before, limit))`` opens a listing, ``("next", None)`` its next
+        row or None at its end, ``("close", None)`` closes it, ``("restore", (keys,
+        history))`` :meth:`restore_history`. A runner closes a listing left open when the
+        walk raises."""
         if not channels:
             return {}
-        ref = self.gate.resolve_ref(config, "get_delta_channel_history")
-        inner = self.io.sync("get_delta_channel_history")
+        ref: ThreadRef = yield ("ref", config)
         walk = DeltaWalk(channels)
-        keys = self.services.keys.keys_for(ref.tenant, create=False)
-        target = inner.get_tuple(self.io.config(ref, config))
+        keys: TenantKeys | None = yield ("keys", ref.tenant)
+        target = yield ("get_tuple", self.io.config(ref, config))
         if target is None or keys is None:
             return walk.result()
 
@@ -74,22 +93,55 @@ class ReadPath:
         walk.start(ancestor(target))
         page = DELTA_FIRST_PAGE
         while walk.needs_more():
-            rows = self.io.listing(inner, self.io.config(ref), before=walk.before(),
-                                   limit=page)
-            with closing(rows):
-                seen = 0
-                for tup in rows:
-                    seen += 1
-                    if walk.is_next(tup) and not walk.visit(ancestor(tup)):
-                        break
-                else:
-                    if seen < page:
-                        walk.listing_ended()
+            yield ("list", (self.io.config(ref), walk.before(), page))
+            seen = 0
+            while (tup := (yield ("next", None))) is not None:
+                seen += 1
+                if walk.is_next(tup) and not walk.visit(ancestor(tup)):
+                    break
+            else:
+                if seen < page:
+                    walk.listing_ended()
+            yield ("close", None)
             if walk.needs_fetch():  # a parent the listing does not reach (ids out of order)
-                parent = inner.get_tuple(self.io.config(ref, walk.wanted_config()))
+                parent = yield ("get_tuple", self.io.config(ref, walk.wanted_config()))
                 walk.fetched(None if parent is None else ancestor(parent))
             page = min(page * 4, DELTA_MAX_PAGE)
-        return self.restore_history(keys, walk.result())
+        if self.pii.redactor is None:
+            return walk.result()
+        return (yield ("restore", (keys, walk.result())))
+
+    def delta_history(self, codec: SealedCodec, config: RunnableConfig,
+                      channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
+        """:meth:`delta_steps` with the sync API of the inner saver."""
+        steps = self.delta_steps(codec, config, channels)
+        inner = self.io.inner
+        rows: Iterator[CheckpointTuple]  # the open listing, after a "list" request
+        reply: Any = None
+        with ExitStack() as listing:
+            while True:
+                try:
+                    kind, arg = steps.send(reply)
+                except StopIteration as done:
+                    return cast(Mapping[str, DeltaChannelHistory], done.value)
+                reply = None
+                if kind == "ref":
+                    reply = self.gate.resolve_ref(arg, DELTA_OPERATION)
+                    inner = self.io.sync(DELTA_OPERATION)
+                elif kind == "keys":
+                    reply = self.services.keys.keys_for(arg, create=False)
+                elif kind == "get_tuple":
+                    reply = inner.get_tuple(arg)
+                elif kind == "list":
+                    cfg, before, limit = arg
+                    rows = iter(listing.enter_context(closing(
+                        self.io.listing(inner, cfg, before=before, limit=limit))))
+                elif kind == "next":
+                    reply = next(rows, None)
+                elif kind == "close":
+                    listing.close()
+                else:
+                    reply = self.restore_history(*arg)
 
     def open_ancestor(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                       tup: CheckpointTuple) -> CheckpointTuple:
@@ -137,41 +189,36 @@ class ReadPath:
 
     async def adelta_history(self, codec: SealedCodec, config: RunnableConfig,
                              channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
-        """Async twin of :meth:`delta_history` (vault lookups off the loop)."""
-        if not channels:
-            return {}
-        if self.io.sync_only:
+        """:meth:`delta_steps` with the async API (key and vault lookups off the loop; a
+        sync-only inner saver walked by :meth:`delta_history` in a worker thread)."""
+        if channels and self.io.sync_only:
             return await asyncio.to_thread(self.delta_history, codec, config, channels)
-        ref = await self.gate.aresolve_ref(config, "get_delta_channel_history")
-        walk = DeltaWalk(channels)
-        keys = await self.services.aexisting_keys(ref.tenant)
-        target = await self.io.inner.aget_tuple(self.io.config(ref, config))
-        if target is None or keys is None:
-            return walk.result()
-
-        def ancestor(tup: CheckpointTuple) -> CheckpointTuple:
-            return self.open_ancestor(codec, keys, ref, tup)
-
-        walk.start(ancestor(target))
-        page = DELTA_FIRST_PAGE
-        while walk.needs_more():
-            rows = self.io.inner.alist(self.io.config(ref), before=walk.before(), limit=page)
-            async with aclosing(rows):
-                seen = 0
-                async for tup in rows:
-                    seen += 1
-                    if walk.is_next(tup) and not walk.visit(ancestor(tup)):
-                        break
+        steps = self.delta_steps(codec, config, channels)
+        rows: AsyncIterator[CheckpointTuple]  # the open listing, after a "list" request
+        reply: Any = None
+        async with AsyncExitStack() as listing:
+            while True:
+                try:
+                    kind, arg = steps.send(reply)
+                except StopIteration as done:
+                    return cast(Mapping[str, DeltaChannelHistory], done.value)
+                reply = None
+                if kind == "ref":
+                    reply = await self.gate.aresolve_ref(arg, DELTA_OPERATION)
+                elif kind == "keys":
+                    reply = await self.services.aexisting_keys(arg)
+                elif kind == "get_tuple":
+                    reply = await self.io.inner.aget_tuple(arg)
+                elif kind == "list":
+                    cfg, before, limit = arg
+                    rows = aiter(await listing.enter_async_context(aclosing(
+                        self.io.inner.alist(cfg, before=before, limit=limit))))
+                elif kind == "next":
+                    reply = await anext(rows, None)
+                elif kind == "close":
+                    await listing.aclose()
                 else:
-                    if seen < page:
-                        walk.listing_ended()
-            if walk.needs_fetch():
-                parent = await self.io.inner.aget_tuple(self.io.config(ref, walk.wanted_config()))
-                walk.fetched(None if parent is None else ancestor(parent))
-            page = min(page * 4, DELTA_MAX_PAGE)
-        if self.pii.redactor is None:
-            return walk.result()
-        return await asyncio.to_thread(self.restore_history, keys, walk.result())
+                    reply = await asyncio.to_thread(self.restore_history, *arg)
 
     def list_args(self, config: RunnableConfig | None, before: RunnableConfig | None
                    ) -> tuple[str, RunnableConfig | None, RunnableConfig | None, bool]:

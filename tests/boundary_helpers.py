@@ -1,13 +1,16 @@
 """A real multi-node graph and raw-table editing (an attacker with database write access),
-shared by the storage-boundary tests."""
+shared by the storage-boundary tests; one fingerprinted idempotent call to tamper with, shared
+by the registry tests."""
 
 from __future__ import annotations
 
 import operator
 import pickle
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -15,6 +18,10 @@ import ormsgpack
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
+from langgraph_securesaver import SecureSaver
+from langgraph_securesaver.crypto import TenantKeys
+from langgraph_securesaver.idempotency import Claim, IdempotencyStore, KeyScope
+from langgraph_securesaver.idempotency.keys import fingerprint
 from langgraph_securesaver.tenancy import inner_thread_id
 
 TENANT = "acme"
@@ -70,6 +77,39 @@ def cfg(thread: str) -> dict[str, Any]:
 
 def inner_id(thread: str) -> str:
     return inner_thread_id(TENANT, thread)
+
+
+# ---------------------------------------------------------------------------------------------
+# one idempotent call recorded with its fingerprint (the registry tests forge that row)
+# ---------------------------------------------------------------------------------------------
+class Calls:
+    """An effect that counts how often it really ran."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, claim: Claim) -> str:
+        self.n += 1
+        return "sent"
+
+
+@dataclass
+class Refund:
+    store: IdempotencyStore
+    keys: TenantKeys
+    scope: KeyScope
+    calls: Calls  # ran once
+    other: str  # the fingerprint of other arguments ({"amount": 99999}), to forge with
+
+
+def execute_fingerprinted_refund(saver: SecureSaver, tenant: str) -> Refund:
+    """A refund of ``{"amount": 10}`` executed once on thread t1 under a fresh key."""
+    store = IdempotencyStore.for_saver(saver)
+    keys = store.tenant_keys(tenant)
+    scope = KeyScope(tenant, "t1", "k-" + uuid.uuid4().hex, "business", "refund")
+    calls = Calls()
+    store.execute(scope, calls, fingerprint=fingerprint(keys, {"amount": 10}))
+    return Refund(store, keys, scope, calls, fingerprint(keys, {"amount": 99999}))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ copy_thread keeps the whole chain (the base-class warnings)."""
 
 from __future__ import annotations
 
+import asyncio
 import operator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -202,6 +203,8 @@ def test_delta_history_refuses_a_tampered_ancestor() -> None:
     a[ka], b[kb] = (a[ka][0], a[ka][1], b[kb][2], a[ka][3]), (b[kb][0], b[kb][1], a[ka][2], b[kb][3])
     with pytest.raises(TamperedDataError):
         saver.get_delta_channel_history(config=latest, channels=["items", "count"])
+    with pytest.raises(TamperedDataError):  # the async runner of the same walk
+        asyncio.run(saver.aget_delta_channel_history(config=latest, channels=["items", "count"]))
 
 
 def test_delta_history_restores_redacted_pii() -> None:
@@ -232,31 +235,47 @@ def test_delta_history_follows_parents_whose_ids_sort_after_their_children(
     parent links, not id order (a parent the paged listing cannot reach is fetched by id)."""
     from contextlib import ExitStack
 
-    from langgraph.checkpoint.base import empty_checkpoint
-
     with ExitStack() as stack:
         if backend == "memory":
             saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
         else:
             saver = stack.enter_context(SecureSaver.from_url(
                 f"sqlite:///{tmp_path / 'o.db'}", keyring=Keyring.generate(), redaction=None))
-        parent: str | None = None
-        for i, cid in enumerate(["9", "5", "7", "1"]):  # root 9 -> 5 -> 7 -> 1 (target)
-            ckpt = empty_checkpoint()
-            ckpt["id"] = cid
-            if parent is None:
-                ckpt["channel_values"] = {"items": ["seed"]}
-                ckpt["channel_versions"] = {"items": 1}
-            conf: dict[str, Any] = {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": ""}
-            if parent is not None:
-                conf["checkpoint_id"] = parent
-            saved = saver.put({"configurable": conf}, ckpt, {"step": i},
-                              dict(ckpt["channel_versions"]))
-            saver.put_writes(saved, [("items", [f"w{i}"])], f"task-{i}")
-            parent = cid
-        target = {"configurable": {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": "",
-                                   "checkpoint_id": "1"}}
+        target = _out_of_order_thread(saver, lambda i: [f"w{i}"])
         history = saver.get_delta_channel_history(config=target, channels=["items"])
         assert history == _base_walk(saver, target, ["items"])
         assert history["items"]["seed"] == ["seed"]
         assert [w[2] for w in history["items"]["writes"]] == [["w0"], ["w1"], ["w2"]]
+
+
+async def test_adelta_history_fetches_out_of_order_parents_and_restores_pii() -> None:
+    """The async runner takes the same paths: a parent fetched by id, PII restored."""
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate())  # redaction on (default)
+    target = _out_of_order_thread(saver, lambda i: [f"mail bob{i}@example.com"])
+    history = await saver.aget_delta_channel_history(config=target, channels=["items"])
+    assert [w[2] for w in history["items"]["writes"]] == \
+        [[f"mail bob{i}@example.com"] for i in range(3)]
+    assert history == await _abase_walk(saver, target, ["items"])
+
+
+def _out_of_order_thread(saver: SecureSaver, write: Any) -> dict:
+    """Thread "o": root 9 -> 5 -> 7 -> 1 (the returned target), ``write(i)`` written at each
+    checkpoint i; the root seeds ``items``."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    parent: str | None = None
+    for i, cid in enumerate(["9", "5", "7", "1"]):
+        ckpt = empty_checkpoint()
+        ckpt["id"] = cid
+        if parent is None:
+            ckpt["channel_values"] = {"items": ["seed"]}
+            ckpt["channel_versions"] = {"items": 1}
+        conf: dict[str, Any] = {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": ""}
+        if parent is not None:
+            conf["checkpoint_id"] = parent
+        saved = saver.put({"configurable": conf}, ckpt, {"step": i},
+                          dict(ckpt["channel_versions"]))
+        saver.put_writes(saved, [("items", write(i))], f"task-{i}")
+        parent = cid
+    return {"configurable": {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": "",
+                             "checkpoint_id": "1"}}

@@ -9,7 +9,6 @@ import asyncio
 import json
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,18 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
 from langgraph_securesaver.cli import app
-from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
+from langgraph_securesaver.idempotency import IdempotencyStore
 from langgraph_securesaver.idempotency.keys import fingerprint
 from langgraph_securesaver.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
+from tests.boundary_helpers import execute_fingerprinted_refund
 from tests.test_registry_integrity import (
     ACME,
     BACKENDS,
     FORGED,
     GLOBEX,
     HOUR,
-    Calls,
     Db,
     _cfg,
     _retention_setup,
@@ -101,26 +100,21 @@ def test_a_forged_unmaced_hold_removal_is_not_adopted_on_the_next_keyed_start(
 def test_forged_unmaced_event_policy_and_fingerprint_are_not_adopted(db: Db) -> None:
     populate(db)
     with db.saver() as saver:
-        store = IdempotencyStore.for_saver(saver)
-        keys = store.tenant_keys(ACME)
-        scope = KeyScope(ACME, "t1", "k-" + uuid.uuid4().hex, "business", "refund")
-        calls = Calls()
-        store.execute(scope, calls, fingerprint=fingerprint(keys, {"amount": 10}))
-        other = fingerprint(keys, {"amount": 99999})
+        refund = execute_fingerprinted_refund(saver, ACME)
     event = chain_ids(db, "securesaver_events")[1]
     db.sql("UPDATE securesaver_events SET detail = :d, seq = NULL, prev_mac = NULL, mac = NULL "
            "WHERE id = :i", d=json.dumps({"n": FORGED}), i=event)
     db.sql("UPDATE securesaver_policies SET idle_ttl = 1, mac = NULL WHERE tenant = '*'")
     db.sql("UPDATE securesaver_idempotency SET fingerprint = :o, fp_mac = NULL WHERE key = :k",
-           o=other, k=scope.key)
+           o=refund.other, k=refund.scope.key)
     for statement in RESETS["marker_version_heads_adopted_events"]:
         db.sql(statement)
     with db.saver() as saver:
         assert not saver.registry.list_events(kind="registry_rows_adopted")
         with pytest.raises(TamperedDataError, match="securesaver_idempotency"):
             IdempotencyStore.for_saver(saver).execute(
-                scope, calls, fingerprint=fingerprint(keys, {"amount": 99999}))
-        assert calls.n == 1
+                refund.scope, refund.calls, fingerprint=fingerprint(refund.keys, {"amount": 99999}))
+        assert refund.calls.n == 1
         with pytest.raises(TamperedDataError, match="securesaver_policies"):
             _say(saver, "brand-new")
     found = assert_named(db, "securesaver_events", f"id={event}", "no MAC")

@@ -25,13 +25,15 @@ from typer.testing import CliRunner
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
 from langgraph_securesaver.cli import app
 from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.idempotency import Claim, IdempotencyStore, KeyScope
+from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint
 from langgraph_securesaver.idempotency.recovery import mark_recoverable, recover_stalled
 from langgraph_securesaver.integrity import row_tag
 from langgraph_securesaver.registry import normalize_url
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
+
+from .boundary_helpers import Calls, execute_fingerprinted_refund
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -464,15 +466,6 @@ def test_a_forged_policy_row_is_refused(db: Db) -> None:
 # --------------------------------------------------------------------------------------------
 # idempotency fingerprints and recovery opt-ins
 # --------------------------------------------------------------------------------------------
-class Calls:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self, claim: Claim) -> str:
-        self.n += 1
-        return "sent"
-
-
 FP_EDITS = {
     "fingerprint_removed": "UPDATE securesaver_idempotency SET fingerprint = NULL WHERE key = :k",
     "fingerprint_replaced": "UPDATE securesaver_idempotency SET fingerprint = :other WHERE key = :k",
@@ -484,20 +477,16 @@ FP_EDITS = {
 @pytest.mark.parametrize("edit", sorted(FP_EDITS))
 def test_a_forged_idempotency_fingerprint_is_refused(db: Db, edit: str) -> None:
     with db.saver() as saver:
-        store = IdempotencyStore.for_saver(saver)
-        keys = store.tenant_keys(ACME)
-        scope = KeyScope(ACME, "t1", "k-" + uuid.uuid4().hex, "business", "refund")
-        calls = Calls()
-        store.execute(scope, calls, fingerprint=fingerprint(keys, {"amount": 10}))
-        other = fingerprint(keys, {"amount": 99999})
+        refund = execute_fingerprinted_refund(saver, ACME)
         sql = FP_EDITS[edit]
-        db.sql(sql, k=scope.key, **({"other": other} if ":other" in sql else {}))
+        db.sql(sql, k=refund.scope.key, **({"other": refund.other} if ":other" in sql else {}))
         for args in ({"amount": 99999}, {"amount": 10}):
             with pytest.raises(TamperedDataError, match="securesaver_idempotency"):
-                store.execute(scope, calls, fingerprint=fingerprint(keys, args))
-        assert calls.n == 1  # never executed again, never replayed for other arguments
+                refund.store.execute(refund.scope, refund.calls,
+                                     fingerprint=fingerprint(refund.keys, args))
+        assert refund.calls.n == 1  # never executed again, never replayed for other arguments
     if edit != "completed_flipped_to_failed":
-        assert_named(db, "securesaver_idempotency", f"key={scope.key[:16]}")
+        assert_named(db, "securesaver_idempotency", f"key={refund.scope.key[:16]}")
 
 
 def test_an_inserted_idempotency_record_is_refused(db: Db) -> None:
@@ -549,9 +538,7 @@ def test_a_forged_recovery_opt_in_is_refused(db: Db, mode: str) -> None:
 def test_a_v1_database_is_adopted_once_then_new_unmaced_rows_are_reported(db: Db) -> None:
     populate(db)
     with db.saver() as saver:
-        store = IdempotencyStore.for_saver(saver)
-        scope = KeyScope(ACME, "t1", "k-" + uuid.uuid4().hex, "business", "refund")
-        store.execute(scope, Calls(), fingerprint=fingerprint(store.tenant_keys(ACME), {"a": 1}))
+        scope = execute_fingerprinted_refund(saver, ACME).scope
     counts = {name: db.sql(f"SELECT count(*) FROM securesaver_{table}")[0][0]
               for name, table in (("events", "events"), ("receipts", "receipts"),
                                   ("threads", "threads"), ("policies", "policies"),

@@ -1,5 +1,5 @@
-"""The redactor's bounded caches: by value (:class:`_Cache`) and by object identity
-(:class:`_IdentityCache`, for the same object passed again on every turn).
+"""The redactor's bounded caches: by value (:class:`Cache`) and by object identity
+(:class:`IdentityCache`, for the same object passed again on every turn).
 
 Thread-safe containers; no knowledge of detection.
 """
@@ -20,13 +20,13 @@ from .types import Entity, VaultEntry
 # Caches
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Cached:
+class Cached:
     text: str
     vault: tuple[VaultEntry, ...]
     entities: tuple[Entity, ...]
 
 
-class _Cache:
+class Cache:
     """A bounded map: at most ``max_entries`` entries and about ``max_chars`` characters.
 
     Reads take no lock (a dict lookup is atomic); writes take one. Eviction is first-in,
@@ -79,7 +79,7 @@ class _StrongRef:
         return self.obj
 
 
-class _IdentityCache:
+class IdentityCache:
     """Per-object results, first-in first-out, lock-free reads, bounded by entry count and an
     approximate size budget.
 
@@ -135,5 +135,5 @@ class _IdentityCache:
             self._chars = 0
 
 
-def _vault_size(vault: Sequence[VaultEntry]) -> int:
+def vault_size(vault: Sequence[VaultEntry]) -> int:
     return sum(len(v.value) + 80 for v in vault)

@@ -15,16 +15,7 @@ from typing import Any
 import tldextract
 from presidio_analyzer import RecognizerResult
 
-from .linear import (  # noqa: F401
-    API_SECRET,
-    CN_MOBILE,
-    CN_RESIDENT_ID,
-    LinearRecognizer,
-    Rx,
-    Validator,
-    _word_before,
-    rx,
-)
+from .linear import CN_MOBILE, CN_RESIDENT_ID, LinearRecognizer, rx
 
 # --------------------------------------------------------------------------------------------
 # E-mail: linear (each local-part run is scanned once; the domain is at most 30 labels)

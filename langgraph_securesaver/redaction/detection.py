@@ -31,22 +31,22 @@ from .types import (
     VaultEntry,
 )
 from .view import (
-    _BLANK,
-    _DATA_URL,
-    _MARKER_RE,
-    _PRIORITY,
+    BLANK,
+    DATA_URL,
     EMBEDDED_PII,
+    MARKER_RE,
+    PRIORITY,
     SECRET_OVERLAP,
-    _blank_markers,
-    _decode_payload,
-    _map_span,
+    blank_markers,
+    decode_payload,
     fold_text,
+    map_span,
 )
 
 logger = logging.getLogger("langgraph_securesaver.redaction.redactor")
 
 
-class _Overrun(Exception):  # internal control flow: never escapes the redactor
+class Overrun(Exception):  # internal control flow: never escapes the redactor
     """The analysis of one value ran past its time budget."""
 
 
@@ -84,7 +84,7 @@ class Detection:
                     nested: bool = False) -> dict[tuple[str, int, int], float]:
         """{(kind, start, end): score} for every detection in ``text``, before filtering.
 
-        Raises ``_Overrun`` once the analysis has taken longer than the policy's budget
+        Raises ``Overrun`` once the analysis has taken longer than the policy's budget
         (``time_budget`` seconds per ``max_chars`` characters, at least one unit)."""
         if len(text) > policy.hard_max_chars:
             raise RedactionError(
@@ -99,19 +99,19 @@ class Detection:
 
         def check() -> None:
             if clock() > deadline:
-                raise _Overrun("time budget")
+                raise Overrun("time budget")
             if len(found) > policy.max_detections:
-                raise _Overrun("detection cap")
+                raise Overrun("detection cap")
 
         pattern_entities = self._pattern_entities or ()
         folded, offsets = fold_text(text)
-        view = _blank_markers(folded, self._known_labels)
+        view = blank_markers(folded, self._known_labels)
         threshold = policy.score_threshold
         found: dict[tuple[str, int, int], float] = {}
 
         def collect(results: Sequence[RecognizerResult], offset: int = 0) -> None:
             for r in results:
-                start, end = _map_span(offsets, r.start + offset, r.end + offset)
+                start, end = map_span(offsets, r.start + offset, r.end + offset)
                 k = (r.entity_type, start, end)
                 if found.get(k, -1.0) < r.score:
                     found[k] = r.score
@@ -143,7 +143,7 @@ class Detection:
                          for s, e, score in private_key_spans(view)])
                 check()
         if self._ner_entities and not nested:
-            ner_text = _MARKER_RE.sub(lambda m: " " * len(m.group(0)), text)
+            ner_text = MARKER_RE.sub(lambda m: " " * len(m.group(0)), text)
             for r in self.analyzer.analyze(text=ner_text, language=LANGUAGE,
                                            entities=list(self._ner_entities),
                                            score_threshold=threshold):
@@ -160,13 +160,13 @@ class Detection:
         view (base64 is not text), and what follows it is analyzed as usual."""
         parts: list[str] = []
         pos = 0
-        for m in _DATA_URL.finditer(view):
+        for m in DATA_URL.finditer(view):
             start, end = m.span("p")
-            decoded = None if nested else _decode_payload(m.group("p"))
+            decoded = None if nested else decode_payload(m.group("p"))
             if decoded is not None and self._raw_detect(decoded, policy, deadline, True):
                 collect([RecognizerResult(EMBEDDED_PII, start, end, 1.0)])
             parts.append(view[pos:start])
-            parts.append(_BLANK * (end - start))
+            parts.append(BLANK * (end - start))
             pos = end
         if not parts:
             return view
@@ -213,7 +213,7 @@ class Detection:
 def _resolve_overlaps(candidates: list[Entity]) -> list[Entity]:
     """Keep the best of overlapping detections: higher score, longer span, then priority."""
     ranked = sorted(candidates, key=lambda e: (-e.score, -(e.end - e.start),
-                                               -_PRIORITY.get(e.kind, 1), e.start))
+                                               -PRIORITY.get(e.kind, 1), e.start))
     starts: list[int] = []  # sorted, non-overlapping accepted spans
     taken: list[Entity] = []
     for e in ranked:

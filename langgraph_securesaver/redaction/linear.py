@@ -78,8 +78,3 @@ class LinearRecognizer(EntityRecognizer):
                     continue
                 results.append(RecognizerResult(self.ENTITY, start, end, score))
         return results
-
-
-def _word_before(view: str, start: int, window: int = 40) -> str:
-    """The lower-cased text in the ``window`` characters before ``start``."""
-    return view[max(0, start - window):start].lower()

@@ -10,16 +10,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 
-from .linear import (  # noqa: F401
-    API_SECRET,
-    CN_MOBILE,
-    CN_RESIDENT_ID,
-    LinearRecognizer,
-    Rx,
-    Validator,
-    _word_before,
-    rx,
-)
+from .linear import LinearRecognizer, Validator, rx
 
 # --------------------------------------------------------------------------------------------
 # US social security number
@@ -113,25 +104,25 @@ _ISSUERS: list[tuple[Callable[[str], bool], frozenset[int]]] = [
      frozenset({16, 18, 19})),                                                         # Verve
 ]
 # Values that pass Luhn and an issuer check but are famous non-card numbers.
-_NOT_CARDS = frozenset({"2147483647", "4294967295", "9223372036854775807"})
+NOT_CARDS = frozenset({"2147483647", "4294967295", "9223372036854775807"})
 
 
 def is_plausible_card(value: str) -> bool:
     digits = "".join(c for c in value if c in "0123456789")
-    if not 12 <= len(digits) <= 19 or len(set(digits)) < 2 or digits in _NOT_CARDS:
+    if not 12 <= len(digits) <= 19 or len(set(digits)) < 2 or digits in NOT_CARDS:
         return False
     if not any(pred(digits) and len(digits) in lengths for pred, lengths in _ISSUERS):
         return False
     return luhn_ok(digits)
 
 
-_IBAN_HEAD = re.compile(r"[A-Z]{2}[0-9]{2}[ \-]?(?:[A-Z0-9]{4}[ \-]?)*$")
+IBAN_HEAD = re.compile(r"[A-Z]{2}[0-9]{2}[ \-]?(?:[A-Z0-9]{4}[ \-]?)*$")
 
 
 def _validate_card(m: re.Match[str], view: str) -> float | None:
     if not is_plausible_card(m.group(0)):
         return None
-    if _IBAN_HEAD.search(view, max(0, m.start() - 40), m.start()):
+    if IBAN_HEAD.search(view, max(0, m.start() - 40), m.start()):
         return None  # the inner digits of an IBAN ("DE89 3704 0044 0532 0130 00")
     return 1.0
 

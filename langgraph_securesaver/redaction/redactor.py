@@ -20,12 +20,12 @@ from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
 from .caches import (
-    _Cache,
-    _Cached,
-    _IdentityCache,
-    _vault_size,
+    Cache,
+    Cached,
+    IdentityCache,
+    vault_size,
 )
-from .detection import Detection, _Overrun, _resolve_overlaps  # noqa: F401
+from .detection import Detection, Overrun
 from .engine import (
     DEFAULT_PHONE_REGIONS,
     LANGUAGE,
@@ -38,15 +38,14 @@ from .engine import (
 from .errors import RedactionError
 from .policy import RedactionPolicy
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
-    _TOKEN_BYTES_RE,
     TOKEN_HEX_CHARS,
     TOKEN_RE,
-    _dump_message,
-    _kind_label,
-    _tokens_in_dump,
+    dump_message,
+    kind_label,
     make_token,
     mask_marker,
     normalize_value,
+    tokens_in_dump,
 )
 from .types import (
     Entity,
@@ -55,24 +54,17 @@ from .types import (
     VaultEntry,
 )
 from .view import (  # noqa: F401 - public names re-exported (defined here before)
-    _BATCH_SEP,
-    _BLANK,
-    _DATA_URL,
-    _MARKER_RE,
-    _OWN_LABELS,
-    _PRIORITY,
+    BATCH_SEP,
     CHUNK_OVERLAP,
     EMBEDDED_PII,
+    OWN_LABELS,
     SECRET_OVERLAP,
     WITHHELD,
-    _blank_markers,
-    _decode_payload,
-    _dump_like,
-    _looks_like_json,
-    _map_span,
-    _may_have_pii,
     analysis_view,
+    dump_like,
     fold_text,
+    looks_like_json,
+    may_have_pii,
 )
 from .walker import Walker
 
@@ -157,16 +149,16 @@ class Redactor(Detection):
         self._prefilter = False
         self._artifacts: Any = None
         # string -> result, keyed by (context, string); redaction outputs map to themselves
-        self._text_cache = _Cache(cache_size, cache_max_chars)
+        self._text_cache = Cache(cache_size, cache_max_chars)
         # message content -> redacted message, keyed by (context, class, marshal of fields)
-        self._message_cache = _Cache(cache_size, cache_max_chars)
+        self._message_cache = Cache(cache_size, cache_max_chars)
         # the same message object seen again (fields compared by identity first)
-        self._identity_cache = _IdentityCache(cache_size, cache_max_chars)
+        self._identity_cache = IdentityCache(cache_size, cache_max_chars)
         # stored message (+ the originals of its tokens) -> marshal dump of the restored one
-        self._restore_cache = _Cache(cache_size, cache_max_chars)
+        self._restore_cache = Cache(cache_size, cache_max_chars)
         # per conversation: the last list of messages and its results (prefix reuse)
-        self._list_cache = _Cache(max(cache_size // 16, 1) if cache_size > 0 else 0,
-                                  cache_max_chars)
+        self._list_cache = Cache(max(cache_size // 16, 1) if cache_size > 0 else 0,
+                                 cache_max_chars)
         self._stats = RedactionStats()
         self._process_key = secrets.token_bytes(32)
         self._known_labels: frozenset[str] | None = None
@@ -194,11 +186,11 @@ class Redactor(Detection):
             self._ner_entities = tuple(sorted(ner))
             self._analyzer = analyzer
             self._pattern_entities = tuple(sorted(supported - ner))
-            kinds = set(supported) | set(self.policy.actions) | _OWN_LABELS
+            kinds = set(supported) | set(self.policy.actions) | OWN_LABELS
             for sub in self.policy.channels.values():
                 if sub is not None:
                     kinds |= set(sub.actions)
-            self._known_labels = frozenset(_kind_label(k) for k in kinds)
+            self._known_labels = frozenset(kind_label(k) for k in kinds)
             # the pre-filter knows the built-in recognizers only
             self._prefilter = set(self._pattern_entities) <= set(PATTERN_ENTITIES)
             logger.debug("redactor ready: %d pattern entities, NER entities %s",
@@ -273,10 +265,10 @@ class Redactor(Detection):
             return s
 
         def on_message(msg: Any, depth: int) -> Any:
-            dumped = _dump_message(msg)
+            dumped = dump_message(msg)
             if dumped is None:
                 return walker.walk_message_guarded(msg, depth)
-            tokens = _tokens_in_dump(dumped)
+            tokens = tokens_in_dump(dumped)
             for token in tokens:
                 found.setdefault(token, None)
             if dumps is not None:
@@ -321,7 +313,7 @@ class Redactor(Detection):
         def on_str(s: str, depth: int, is_key: bool) -> str:
             if "<" not in s or not TOKEN_RE.search(s):
                 return s
-            escape = not is_key and _looks_like_json(s) and _is_json(s)
+            escape = not is_key and looks_like_json(s) and _is_json(s)
             out = TOKEN_RE.sub(lambda m: replace(m, escape), s)
             return s if out == s else out
 
@@ -330,10 +322,10 @@ class Redactor(Detection):
             if seen is not None and seen[0] is msg:
                 dumped, found = seen[1], seen[2]
             else:
-                maybe = _dump_message(msg)
+                maybe = dump_message(msg)
                 if maybe is None:
                     return walker.walk_message_guarded(msg, depth)
-                dumped, found = maybe, _tokens_in_dump(maybe)
+                dumped, found = maybe, tokens_in_dump(maybe)
             if originals.keys().isdisjoint(found):
                 return msg  # nothing to put back in this message
             key = (type(msg), dumped, tuple(map(originals.get, found)))
@@ -348,7 +340,7 @@ class Redactor(Detection):
                 clone.__dict__.update(update)
                 return clone
             restored = walker.walk_message_guarded(msg, depth)
-            restored_dump = _dump_message(restored)
+            restored_dump = dump_message(restored)
             if restored_dump is not None:
                 self._restore_cache.put(key, restored_dump,
                                         len(dumped) + len(restored_dump) + 256)
@@ -401,10 +393,10 @@ class Redactor(Detection):
             return None
         found_per: list[list[str]] = list(state[1][:prefix]) if state is not None else []
         for m in messages[prefix:]:
-            dumped = _dump_message(m)
+            dumped = dump_message(m)
             if dumped is None:
                 return None
-            found_per.append(_tokens_in_dump(dumped))
+            found_per.append(tokens_in_dump(dumped))
         tail = marshal.loads(tail_blob)  # noqa: S302 - bytes this process just wrote
         snapshot = (list(state[0][:prefix]) if state is not None else []) + tail
         size = (state[2] if state is not None and prefix == len(state[0]) else 0) + len(tail_blob)
@@ -427,14 +419,14 @@ class Redactor(Detection):
         return _Call(ctx, key, policy)
 
     def _flush(self, call: _Call) -> None:
-        self._stats._add(seen=call.seen, hits=call.hits, analyzed=call.analyzed,
-                         chars=call.chars, entities=call.found)
+        self._stats.record(seen=call.seen, hits=call.hits, analyzed=call.analyzed,
+                           chars=call.chars, entities=call.found)
 
     def _walker(self, call: _Call) -> Walker:
         walker: Walker
 
         def on_str(s: str, depth: int, is_key: bool) -> str:
-            if not is_key and _looks_like_json(s):
+            if not is_key and looks_like_json(s):
                 return self._redact_json(s, call, depth)
             entry = self._redact_plain(s, call)
             if entry.vault:
@@ -546,7 +538,7 @@ class Redactor(Detection):
                 vault = call.pop()
             if dumped is not None:
                 self._message_cache.put(content_key, (result, vault),
-                                        len(dumped) + _vault_size(vault) + 256)
+                                        len(dumped) + vault_size(vault) + 256)
         if dumped is None:
             return result, None, vault
         snapshot = marshal.loads(dumped)  # noqa: S302 - bytes we dumped ourselves
@@ -555,7 +547,7 @@ class Redactor(Detection):
 
     def _redact_json(self, s: str, call: _Call, depth: int) -> str:
         key = (call.ctx + b"/json", s)
-        hit: _Cached | None = self._text_cache.get(key)
+        hit: Cached | None = self._text_cache.get(key)
         if hit is not None:
             call.seen += 1
             call.hits += 1
@@ -575,10 +567,10 @@ class Redactor(Detection):
             walked = self._walker(call).walk(parsed, depth)
         finally:
             vault = call.pop()
-        out = s if walked is parsed else _dump_like(s, walked)
-        self._text_cache.put(key, _Cached(out, vault, ()), 2 * len(s) + _vault_size(vault))
+        out = s if walked is parsed else dump_like(s, walked)
+        self._text_cache.put(key, Cached(out, vault, ()), 2 * len(s) + vault_size(vault))
         if out is not s:
-            self._text_cache.put((call.ctx + b"/json", out), _Cached(out, (), ()), len(out))
+            self._text_cache.put((call.ctx + b"/json", out), Cached(out, (), ()), len(out))
         return out
 
     def _prefetch(self, parsed: Any, call: _Call, depth: int) -> None:
@@ -587,10 +579,10 @@ class Redactor(Detection):
         pending: dict[str, None] = {}
 
         def on_str(s: str, _depth: int, is_key: bool) -> str:
-            if (s and (is_key or not _looks_like_json(s))
+            if (s and (is_key or not looks_like_json(s))
                     and len(s) <= call.policy.max_chars // 4
                     and self._text_cache.get((call.ctx, s)) is None
-                    and (self._custom_analyzer or _may_have_pii(s))):
+                    and (self._custom_analyzer or may_have_pii(s))):
                 pending[s] = None
             return s
 
@@ -600,26 +592,26 @@ class Redactor(Detection):
         batch: list[str] = []
         size = 0
         for text in pending:
-            if batch and size + len(text) + len(_BATCH_SEP) > call.policy.max_chars:
+            if batch and size + len(text) + len(BATCH_SEP) > call.policy.max_chars:
                 self._redact_batch(batch, call)
                 batch, size = [], 0
             batch.append(text)
-            size += len(text) + len(_BATCH_SEP)
+            size += len(text) + len(BATCH_SEP)
         if batch:
             self._redact_batch(batch, call)
 
     def _redact_batch(self, texts: list[str], call: _Call) -> None:
         """Analyze ``texts`` joined by a separator no recognizer matches across; cache each."""
-        joined = _BATCH_SEP.join(texts)
+        joined = BATCH_SEP.join(texts)
         try:
             found = self._raw_detect(joined, call.policy)
-        except _Overrun:
+        except Overrun:
             return  # nothing cached: each string is then analyzed on its own, with its budget
         starts: list[int] = []
         pos = 0
         for text in texts:
             starts.append(pos)
-            pos += len(text) + len(_BATCH_SEP)
+            pos += len(text) + len(BATCH_SEP)
         per_text: list[dict[tuple[str, int, int], float]] = [{} for _ in texts]
         for (kind, start, end), score in found.items():
             i = bisect.bisect_right(starts, start) - 1
@@ -633,24 +625,24 @@ class Redactor(Detection):
         for text, raw in zip(texts, per_text, strict=True):
             self._store_plain(text, self._finish(text, raw, call.policy), call)
 
-    def _redact_plain(self, s: str, call: _Call) -> _Cached:
+    def _redact_plain(self, s: str, call: _Call) -> Cached:
         call.seen += 1
         if not s:
-            return _Cached(s, (), ())
+            return Cached(s, (), ())
         key = (call.ctx, s)
-        hit: _Cached | None = self._text_cache.get(key)
+        hit: Cached | None = self._text_cache.get(key)
         if hit is not None:
             call.hits += 1
             return hit
-        if not self._custom_analyzer and not _may_have_pii(s):
-            return _Cached(s, (), ())
+        if not self._custom_analyzer and not may_have_pii(s):
+            return Cached(s, (), ())
         try:
             entities = self._detect(s, call.policy)
-        except _Overrun as exc:
+        except Overrun as exc:
             return self._withheld(s, call, str(exc))
         return self._store_plain(s, entities, call)
 
-    def _withheld(self, s: str, call: _Call, reason: str) -> _Cached:
+    def _withheld(self, s: str, call: _Call, reason: str) -> Cached:
         """The analysis of ``s`` ran past the policy's time budget: never return it in clear."""
         call.analyzed += 1
         call.chars += len(s)
@@ -664,17 +656,17 @@ class Redactor(Detection):
         marker = mask_marker(WITHHELD)
         entity = Entity(WITHHELD, 0, len(s), 1.0, reason)  # text: why, never the value
         call.found.append(entity)
-        return _Cached(marker, (), (entity,))  # not cached: a later call may finish in time
+        return Cached(marker, (), (entity,))  # not cached: a later call may finish in time
 
-    def _store_plain(self, s: str, entities: list[Entity], call: _Call) -> _Cached:
+    def _store_plain(self, s: str, entities: list[Entity], call: _Call) -> Cached:
         out, vault = self._apply(s, entities, call.policy, call.key)
-        entry = _Cached(out, tuple(vault), tuple(entities))
+        entry = Cached(out, tuple(vault), tuple(entities))
         call.analyzed += 1
         call.chars += len(s)
         call.found.extend(entities)
-        self._text_cache.put((call.ctx, s), entry, 2 * len(s) + _vault_size(vault) + 64)
+        self._text_cache.put((call.ctx, s), entry, 2 * len(s) + vault_size(vault) + 64)
         if out != s:  # a redaction output is done: never analyze it again
-            self._text_cache.put((call.ctx, out), _Cached(out, (), ()), len(out) + 64)
+            self._text_cache.put((call.ctx, out), Cached(out, (), ()), len(out) + 64)
         return entry
 
 

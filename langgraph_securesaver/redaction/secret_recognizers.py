@@ -11,16 +11,7 @@ from typing import Any
 
 from presidio_analyzer import RecognizerResult
 
-from .linear import (  # noqa: F401
-    API_SECRET,
-    CN_MOBILE,
-    CN_RESIDENT_ID,
-    LinearRecognizer,
-    Rx,
-    Validator,
-    _word_before,
-    rx,
-)
+from .linear import API_SECRET, LinearRecognizer, Rx, Validator, rx
 
 # --------------------------------------------------------------------------------------------
 # API keys, tokens and private keys

@@ -23,7 +23,7 @@ _KIND_SAFE = re.compile(r"[^A-Z0-9_]")
 _TOKEN_DOMAIN = b"langgraph-securesaver/redaction/token/v1\x00"
 
 
-def _kind_label(kind: str) -> str:
+def kind_label(kind: str) -> str:
     label = _KIND_SAFE.sub("_", kind.upper())[:64] or "PII"
     return label if label[0].isalpha() else "PII_" + label[:59]
 
@@ -55,7 +55,7 @@ def normalize_value(kind: str, value: str) -> str:
 
 def make_token(token_key: bytes, kind: str, value: str) -> str:
     """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value)."""
-    label = _kind_label(kind)
+    label = kind_label(kind)
     msg = (_TOKEN_DOMAIN + label.encode("ascii") + b"\x00"
            + normalize_value(kind, value).encode("utf-8", "surrogatepass"))
     digest = hmac.new(token_key, msg, hashlib.sha256).hexdigest()[:TOKEN_HEX_CHARS]
@@ -63,14 +63,14 @@ def make_token(token_key: bytes, kind: str, value: str) -> str:
 
 
 def mask_marker(kind: str) -> str:
-    return f"<{_kind_label(kind)}:masked>"
+    return f"<{kind_label(kind)}:masked>"
 
 
 # tokens in messages read back, found on a marshal dump (restore's per-conversation cache)
 _TOKEN_BYTES_RE = re.compile(rb"<[A-Z][A-Z0-9_]{0,63}:[0-9a-f]{32}>")
 
 
-def _dump_message(msg: Any) -> bytes | None:
+def dump_message(msg: Any) -> bytes | None:
     """A marshal dump of a message's fields, or None if it has an unmarshalable field or is
     nested too deeply (callers then walk it)."""
     fields = getattr(msg, "__dict__", None)
@@ -83,7 +83,7 @@ def _dump_message(msg: Any) -> bytes | None:
         return None
 
 
-def _tokens_in_dump(dumped: bytes) -> list[str]:
+def tokens_in_dump(dumped: bytes) -> list[str]:
     """Tokens in a marshal dump (strings are UTF-8 there, so tokens appear verbatim)."""
     if b"<" not in dumped:
         return []

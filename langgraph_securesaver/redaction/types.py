@@ -65,8 +65,9 @@ class RedactionStats:
         with self._lock:
             self._reset_unlocked()
 
-    def _add(self, *, seen: int = 0, hits: int = 0, analyzed: int = 0, chars: int = 0,
-             entities: Sequence[Entity] = ()) -> None:
+    def record(self, *, seen: int = 0, hits: int = 0, analyzed: int = 0, chars: int = 0,
+               entities: Sequence[Entity] = ()) -> None:
+        """Count one redaction call (the redactor calls this once per call, under the lock)."""
         with self._lock:
             self.values_seen += seen
             self.cache_hits += hits

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .number_recognizers import _IBAN_HEAD, _NOT_CARDS
+from .number_recognizers import IBAN_HEAD, NOT_CARDS
 
 # --------------------------------------------------------------------------------------------
 # Label vetoes: a few weak kinds are dropped when the text right before them names something
@@ -65,9 +65,9 @@ def label_veto(kind: str, text: str, start: int, end: int | None = None) -> bool
     if pattern.search(text, lo, start) is not None:
         return True
     if end is not None and kind in _GLUED_KINDS:
-        if "".join(c for c in text[start:end] if c.isdigit()) in _NOT_CARDS:
+        if "".join(c for c in text[start:end] if c.isdigit()) in NOT_CARDS:
             return True  # 2147483647 and friends
-        if _IBAN_HEAD.search(text, max(0, start - 40), start):
+        if IBAN_HEAD.search(text, max(0, start - 40), start):
             return True  # digits inside an IBAN
     if kind in _GLUED_KINDS and _GLUED_ID.search(text, lo, start) is not None:
         return _PHONE_KEY.search(text, lo, start) is None

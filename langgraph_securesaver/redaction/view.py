@@ -38,7 +38,7 @@ _CJK_RE = re.compile(
 )
 # The blank is NUL: not a word character (so \b works), not whitespace and not phone-number
 # punctuation (so "2023年11月15日" does not turn into the digit groups "2023 11 15").
-_BLANK = "\x00"
+BLANK = "\x00"
 _IDEO_STOP = "\u3002"  # 。 (and ｡): a dot between ASCII letters/digits (e-mail, domain), else blank
 _IDEO_DOT = re.compile(r"(?<=[A-Za-z0-9])\u3002(?=[A-Za-z0-9])")
 _EXTRA_DASHES = frozenset("\u2212\u2043\ufe63\uff0d\u02d7\u2796")
@@ -50,7 +50,7 @@ def _fold_char(ch: str) -> str:
     if ch in "\u3002\uff61":
         return _IDEO_STOP
     if _CJK_RE.match(ch):
-        return _BLANK
+        return BLANK
     cat = unicodedata.category(ch)
     if cat == "Nd":
         return str(unicodedata.decimal(ch, 0))
@@ -66,7 +66,7 @@ def _fold_char(ch: str) -> str:
     base = unicodedata.normalize("NFKD", ch)[:1]
     if base.isascii() and base.isalpha():
         return base  # é -> e
-    return _BLANK
+    return BLANK
 
 
 class _FoldTable(dict[int, str]):
@@ -99,7 +99,7 @@ def fold_text(text: str) -> tuple[str, list[int] | None]:
     else:  # slices: no single C call holds the GIL for long (async callers' event loop)
         view = "".join(text[i:i + _SLICE].translate(_FOLD) for i in range(0, len(text), _SLICE))
     if _IDEO_STOP in view:
-        view = _IDEO_DOT.sub(".", view).replace(_IDEO_STOP, _BLANK)
+        view = _IDEO_DOT.sub(".", view).replace(_IDEO_STOP, BLANK)
     non_unit = _FOLD.non_unit
     if len(view) == len(text) and (not non_unit or not any(
             not non_unit.isdisjoint(map(ord, set(text[i:i + _SLICE])))
@@ -117,7 +117,7 @@ def fold_text(text: str) -> tuple[str, list[int] | None]:
     return view, offsets
 
 
-def _map_span(offsets: list[int] | None, start: int, end: int) -> tuple[int, int]:
+def map_span(offsets: list[int] | None, start: int, end: int) -> tuple[int, int]:
     if offsets is None:
         return start, end
     if end <= start:
@@ -125,14 +125,14 @@ def _map_span(offsets: list[int] | None, start: int, end: int) -> tuple[int, int
     return offsets[start], offsets[end - 1] + 1
 
 
-_MARKER_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):(?:[0-9a-f]{32}|masked)>")
+MARKER_RE = re.compile(r"<([A-Z][A-Z0-9_]{0,63}):(?:[0-9a-f]{32}|masked)>")
 # Labels of markers the redactor itself writes besides entity kinds.
 WITHHELD = "WITHHELD"
 EMBEDDED_PII = "EMBEDDED_PII"
-_OWN_LABELS = frozenset({WITHHELD, EMBEDDED_PII, "PII"})
+OWN_LABELS = frozenset({WITHHELD, EMBEDDED_PII, "PII"})
 
 
-def _blank_markers(view: str, labels: frozenset[str] | None) -> str:
+def blank_markers(view: str, labels: frozenset[str] | None) -> str:
     """Blank the tokens and masks of known kinds (never analyzed again). A marker-shaped
     string with any other label is analyzed like any text (``<AKIA…:masked>`` is a key)."""
     if "<" not in view:
@@ -140,27 +140,27 @@ def _blank_markers(view: str, labels: frozenset[str] | None) -> str:
 
     def blank(m: re.Match[str]) -> str:
         if labels is None or m.group(1) in labels:
-            return _BLANK * len(m.group(0))
+            return BLANK * len(m.group(0))
         return m.group(0)
 
-    return _MARKER_RE.sub(blank, view)
+    return MARKER_RE.sub(blank, view)
 
 
 def analysis_view(text: str, labels: frozenset[str] | None = None) -> str:
     """The text the recognizers see (see :func:`fold_text`), markers of ``labels`` blanked
     (every marker when ``labels`` is None)."""
-    return _blank_markers(fold_text(text)[0], labels)
+    return blank_markers(fold_text(text)[0], labels)
 
 
 # A data URL's base64 payload: decoded and analyzed as text (when it is text), never as
 # base64 gibberish; what follows it is analyzed as usual.
-_DATA_URL = re.compile(
+DATA_URL = re.compile(
     r"data:[A-Za-z0-9.+\-]{1,64}/[A-Za-z0-9.+\-]{1,64}(?:;[A-Za-z0-9.+\-=]{1,64}){0,4};base64,"
     r"(?P<p>[A-Za-z0-9+/_\-]{16,}={0,2})(?=[\s\"'`)>\],;}\x00]|$)", re.ASCII)
 _DATA_URL_DECODE_MAX = 4_000_000
 
 
-def _decode_payload(payload: str) -> str | None:
+def decode_payload(payload: str) -> str | None:
     """The payload as text, or None if it is not base64 of UTF-8 text."""
     import base64
     import binascii
@@ -180,7 +180,7 @@ def _decode_payload(payload: str) -> str | None:
     return text
 
 
-def _may_have_pii(s: str) -> bool:
+def may_have_pii(s: str) -> bool:
     """False only for text in which no built-in recognizer can match (cheap, conservative):
     non-ASCII text always goes to the analysis view and its own pre-filter."""
     if len(s) > _SLICE:
@@ -192,18 +192,18 @@ CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_
 SECRET_OVERLAP = 4096
 # Joins the strings of one JSON document for a single analyzer call: NUL is blank to every
 # recognizer (not a word character, not whitespace, not phone punctuation).
-_BATCH_SEP = "\x00\x00\n\x00\x00"
+BATCH_SEP = "\x00\x00\n\x00\x00"
 
 # Tie-breakers when detections overlap: higher score, then longer span, then this priority.
-_PRIORITY = {API_SECRET: 9, "CN_RESIDENT_ID": 8, "CREDIT_CARD": 7, "IBAN_CODE": 7,
-             "EMAIL_ADDRESS": 6, "CN_MOBILE": 6, "US_SSN": 5, "IP_ADDRESS": 5, "CRYPTO": 5,
-             "PHONE_NUMBER": 3}
+PRIORITY = {API_SECRET: 9, "CN_RESIDENT_ID": 8, "CREDIT_CARD": 7, "IBAN_CODE": 7,
+            "EMAIL_ADDRESS": 6, "CN_MOBILE": 6, "US_SSN": 5, "IP_ADDRESS": 5, "CRYPTO": 5,
+            "PHONE_NUMBER": 3}
 
 
 _JSON_WS = " \t\r\n"
 
 
-def _looks_like_json(s: str) -> bool:
+def looks_like_json(s: str) -> bool:
     if len(s) < 2:
         return False
     head, tail = s[0], s[-1]
@@ -212,7 +212,7 @@ def _looks_like_json(s: str) -> bool:
     return (head == "{" and tail == "}") or (head == "[" and tail == "]")
 
 
-def _dump_like(original: str, value: Any) -> str:
+def dump_like(original: str, value: Any) -> str:
     """Serialize ``value`` in roughly the style of ``original``."""
     ensure_ascii = original.isascii() and "\\u" in original
     if "\n" in original.strip():
