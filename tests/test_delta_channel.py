@@ -421,3 +421,28 @@ def test_delta_history_looks_up_a_detached_ancestor_after_releasing_the_listing(
         _check_lookups("detached", asked, stored)
         assert history == _base_walk(saver, target, channels)
         assert history["messages"]["seed"]
+
+
+def test_delta_history_refuses_an_ancestor_whose_parent_link_was_removed() -> None:
+    """A parent link nulled while the parent still exists is tampering, for both runners
+    (the refusal names the row)."""
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_securesaver import TamperedDataError
+    from langgraph_securesaver.demo import build_chat_graph
+
+    inner = InMemorySaver()
+    saver = SecureSaver(inner, keyring=Keyring.generate(), redaction=None)
+    graph = build_chat_graph(saver)
+    conf = {"configurable": {"thread_id": "n", "tenant_id": "acme"}}
+    for text in ("one", "two"):
+        graph.invoke({"messages": [HumanMessage(text)]}, conf)
+    latest = saver.get_tuple(conf)
+    victim = latest.parent_config["configurable"]["checkpoint_id"]
+    by_id = next(iter(inner.storage.values()))[""]
+    by_id[victim] = (*by_id[victim][:2], None)
+    channels = ["messages", "nope"]
+    with pytest.raises(TamperedDataError, match=f"{victim}.*parent still exists"):
+        saver.get_delta_channel_history(config=latest.config, channels=channels)
+    with pytest.raises(TamperedDataError, match=f"{victim}.*parent still exists"):
+        asyncio.run(saver.aget_delta_channel_history(config=latest.config, channels=channels))
