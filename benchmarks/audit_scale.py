@@ -138,18 +138,28 @@ def _spread(values: list[float]) -> str:
             f"max {max(values):.2f}, n={len(values)})")
 
 
+# the command run as a user runs it, reporting its own peak RSS on exit: os.wait4's figure for a
+# child counts the pages it shared with this (large) process between fork and exec
+_CLI_CHILD = """
+import resource, runpy, sys
+sys.argv = ["securesaver", *sys.argv[1:]]
+try:
+    runpy.run_module("langgraph_securesaver.cli", run_name="__main__", alter_sys=True)
+finally:
+    sys.stderr.write(f"\\nmaxrss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n")
+"""
+
+
 def _cli(args: list[str]) -> tuple[float, float, int]:
     """Wall time, peak RSS (MB) and exit code of a `securesaver` subprocess."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "langgraph_securesaver.cli", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-c", _CLI_CHILD, *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, check=False)
     took = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        raise SystemExit(f"securesaver {' '.join(args)} failed: {err[-2000:]}")
-    return took, usage.ru_maxrss / 1024, proc.returncode
+        raise SystemExit(f"securesaver {' '.join(args)} failed: {proc.stderr[-2000:]}")
+    peak = [line for line in proc.stderr.splitlines() if line.startswith("maxrss_kb=")]
+    return took, int(peak[-1].split("=", 1)[1]) / 1024 if peak else float("nan"), proc.returncode
 
 
 def main() -> int:
