@@ -94,6 +94,17 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Raw]:
     return url, Raw("postgres", url)
 
 
+def _same_refusal(walked: str, alone: str, victim: str) -> None:
+    """Word for word, except where a listed row that does not parse is placed: the walk's
+    page starts after checkpoint 7, and PostgresSaver parses a whole listing before its first
+    row (so list() places it before the first row)."""
+    if walked == alone:
+        return
+    assert victim == "listed" and " listed after " in alone, (walked, alone)
+    assert walked.split(" listed after ")[0] == alone.split(" listed after ")[0]
+    assert walked.split(" was refused: ")[1] == alone.split(" was refused: ")[1]
+
+
 def _names_the_row(refusal: str, cid: str, victim: str) -> None:
     """The row by its id, or (a listed row that does not parse) by the row listed before it."""
     if f"checkpoint '{cid}'" in refusal:
@@ -138,7 +149,7 @@ def test_delta_walk_refuses_an_edited_row_as_its_read_does(database, edit: str, 
         expected = _refusal(alone(saver))
         walked = _refusal(lambda: saver.get_delta_channel_history(config=target,
                                                                   channels=CHANNELS))
-    assert walked == expected
+    _same_refusal(walked, expected, victim)
     _names_the_row(walked, cid, victim)
     assert str(marker) not in walked and not marker.exists()
 
@@ -152,6 +163,6 @@ def test_delta_walk_refuses_an_edited_row_as_its_read_does(database, edit: str, 
                 lambda: asaver.aget_delta_channel_history(config=target, channels=CHANNELS))
 
     aexpected, awalked = asyncio.run(aread())
-    assert awalked == aexpected
+    _same_refusal(awalked, aexpected, victim)
     _names_the_row(awalked, cid, victim)
     assert not marker.exists(), "a stored payload was evaluated"
