@@ -23,6 +23,7 @@ from .seal import PARSE_ERRORS
 from .tenancy import ThreadRef
 
 logger = logging.getLogger("langgraph_securesaver.saver")
+FIRST_ROW = "(first row)"
 
 
 def named_refusal(ref: ThreadRef, tup: CheckpointTuple, exc: TamperedDataError
@@ -91,11 +92,12 @@ def locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
         return None
 
 
-def listing(tenant: str, make: Callable[[], Any]) -> Rows:
+def listing(tenant: str, make: Callable[[], Any], after: str = FIRST_ROW) -> Rows:
     """The inner listing for list(), its parse failures (eager ones included) as
-    TamperedDataError."""
+    TamperedDataError. ``after`` names the row listed before it (a listing that starts
+    after a ``before`` checkpoint)."""
     try:
-        return Rows(make(), tenant)
+        return Rows(make(), tenant, after)
     except PARSE_ERRORS as exc:
         raise parse_failure(f"tenant {tenant!r} (listing)", exc) from None
 
@@ -105,11 +107,11 @@ class Rows:
     the rest into memory and releases the inner cursor (and its lock), so a row's parent can
     be looked up while the listing is still being consumed."""
 
-    def __init__(self, rows: Any, tenant: str) -> None:
+    def __init__(self, rows: Any, tenant: str, after: str = FIRST_ROW) -> None:
         self._it = iter(rows)
         self._buf: collections.deque[CheckpointTuple] | None = None
         self._tenant = tenant
-        self._last = "(first row)"
+        self._last = after
 
     def __iter__(self) -> Rows:
         return self
@@ -152,11 +154,12 @@ class Rows:
 class ARows:
     """The async twin of :class:`Rows`."""
 
-    def __init__(self, rows: AsyncIterator[CheckpointTuple], tenant: str) -> None:
+    def __init__(self, rows: AsyncIterator[CheckpointTuple], tenant: str,
+                 after: str = FIRST_ROW) -> None:
         self._it = rows.__aiter__()
         self._buf: collections.deque[CheckpointTuple] | None = None
         self._tenant = tenant
-        self._last = "(first row)"
+        self._last = after
 
     def __aiter__(self) -> ARows:
         return self
@@ -197,7 +200,12 @@ class ARows:
 
 
 def row_name(tup: CheckpointTuple) -> str:
-    conf = tup.config.get("configurable") or {}
+    return config_name(tup.config)
+
+
+def config_name(config: RunnableConfig) -> str:
+    """A stored row by its inner config (as :func:`row_name` names a listed one)."""
+    conf = config.get("configurable") or {}
     return (f"thread {str(conf.get('thread_id'))!r} namespace "
             f"{str(conf.get('checkpoint_ns', ''))!r} checkpoint "
             f"{str(conf.get('checkpoint_id'))!r}")

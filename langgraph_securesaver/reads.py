@@ -25,16 +25,19 @@ from contextlib import AsyncExitStack, ExitStack
 from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, DeltaChannelHistory
 
 from .crypto import TenantKeys
 from .errors import TamperedDataError
 from .gate import Denial, DeniedError
 from .inner_access import InnerAccess
 from .listing import (
+    ARows,
     aclosing,
     closing,
+    config_name,
     decoding,
+    listing,
     named_refusal,
     newest_first,
     parent_config,
@@ -62,8 +65,8 @@ class ReadPath:
         self.gate = services.gate
         self.pii = services.pii
 
-    def delta_steps(self, codec: SealedCodec, config: RunnableConfig,
-                    channels: Sequence[str]) -> DeltaSteps:
+    def delta_steps(self, codec: SealedCodec, config: RunnableConfig, channels: Sequence[str],
+                    locate_in: BaseCheckpointSaver | None = None) -> DeltaSteps:
         """The base-class contract, walked over pages of the inner saver's own listing: one
         body for both APIs, yielding the I/O it needs (driven by :meth:`delta_history` and
         :meth:`adelta_history`).
@@ -75,25 +78,31 @@ class ReadPath:
         returns writes without their checkpoint id and seeds without their version, which
         the sealed values are bound to, so its answer cannot be authenticated.)
 
+        A stored row is refused as its own read refuses it (fail closed, one typed error
+        naming the row): the target and a parent fetched by id as ``get_tuple`` does
+        (:meth:`lookup_steps`), a listed row as ``list`` does.
+
         Requests (send back the answer): ``("ref", config)`` the resolved ThreadRef,
         ``("keys", tenant)`` the tenant's existing keys or None, ``("get_tuple", config)``,
-        ``("list", (config, before, limit))`` opens a listing, ``("next", None)`` its next
-        row or None at its end, ``("close", None)`` and ``("release", None)`` (before the
-        lookup of a detached ancestor's parent, see :meth:`open_steps`) close it,
-        ``("restore", (keys, history))`` :meth:`restore_history`. A runner closes a listing
-        left open when the walk raises."""
+        ``("list", (config, before, limit, tenant, after))`` opens a listing whose parse
+        failures are TamperedDataError (:func:`.listing.listing`, ``after`` naming the row
+        before it), ``("next", None)`` its next row or None at its end, ``("close", None)``
+        and ``("release", None)`` (before the lookup of a detached ancestor's parent, see
+        :meth:`open_steps`) close it, ``("restore", (keys, history))``
+        :meth:`restore_history`. A runner closes a listing left open when the walk raises."""
         if not channels:
             return {}
         ref: ThreadRef = yield ("ref", config)
         walk = DeltaWalk(channels)
         keys: TenantKeys | None = yield ("keys", ref.tenant)
-        target = yield ("get_tuple", self.io.config(ref, config))
+        target = yield from self.lookup_steps(ref, self.io.config(ref, config), locate_in)
         if target is None or keys is None:
             return walk.result()
         walk.start((yield from self.ancestor_steps(codec, keys, ref, target)))
         page = DELTA_FIRST_PAGE
         while walk.needs_more():
-            yield ("list", (self.io.config(ref), walk.before(), page))
+            yield ("list", (self.io.config(ref), walk.before(), page, ref.tenant,
+                            config_name(self.io.config(ref, walk.before()))))
             seen = 0
             while (tup := (yield ("next", None))) is not None:
                 seen += 1
@@ -105,7 +114,8 @@ class ReadPath:
                     walk.listing_ended()
             yield ("close", None)
             if walk.needs_fetch():  # a parent the listing does not reach (ids out of order)
-                parent = yield ("get_tuple", self.io.config(ref, walk.wanted_config()))
+                parent = yield from self.lookup_steps(
+                    ref, self.io.config(ref, walk.wanted_config()), locate_in)
                 walk.fetched(None if parent is None else
                              (yield from self.ancestor_steps(codec, keys, ref, parent)))
             page = min(page * 4, DELTA_MAX_PAGE)
@@ -118,7 +128,7 @@ class ReadPath:
         """:meth:`delta_steps` with the sync API of the inner saver."""
         inner = self.io.inner
         rows: Iterator[CheckpointTuple] = iter(())  # the open listing, after a "list" request
-        with ExitStack() as listing:
+        with ExitStack() as page:
             def serve(kind: str, arg: Any) -> Any:
                 nonlocal inner, rows
                 if kind == "ref":
@@ -130,18 +140,19 @@ class ReadPath:
                 if kind == "get_tuple":
                     return inner.get_tuple(arg)
                 if kind == "list":
-                    cfg, before, limit = arg
-                    rows = iter(listing.enter_context(closing(
-                        self.io.listing(inner, cfg, before=before, limit=limit))))
+                    cfg, before, limit, tenant, after = arg
+                    rows = page.enter_context(closing(listing(tenant, lambda: self.io.listing(
+                        inner, cfg, before=before, limit=limit), after)))
                 elif kind == "next":
                     return next(rows, None)
                 elif kind in ("close", "release"):
-                    listing.close()
+                    page.close()
                     rows = iter(())
                 else:
                     return self.restore_history(*arg)
                 return None
-            return run_steps(self.delta_steps(codec, config, channels), serve)
+            locate_in = self.io.inner if self.io.sync_only else None  # as get_tuple names rows
+            return run_steps(self.delta_steps(codec, config, channels, locate_in), serve)
 
     def ancestor_steps(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                        tup: CheckpointTuple) -> Steps[CheckpointTuple]:
@@ -197,7 +208,7 @@ class ReadPath:
             return await asyncio.to_thread(self.delta_history, codec, config, channels)
         inner = self.io.inner
         rows: AsyncIterator[CheckpointTuple] = empty_rows()  # after a "list" request
-        async with AsyncExitStack() as listing:
+        async with AsyncExitStack() as page:
             async def serve(kind: str, arg: Any) -> Any:
                 nonlocal rows
                 if kind == "ref":
@@ -207,13 +218,13 @@ class ReadPath:
                 if kind == "get_tuple":
                     return await inner.aget_tuple(arg)
                 if kind == "list":
-                    cfg, before, limit = arg
-                    rows = aiter(await listing.enter_async_context(aclosing(
-                        inner.alist(cfg, before=before, limit=limit))))
+                    cfg, before, limit, tenant, after = arg
+                    rows = await page.enter_async_context(aclosing(ARows(
+                        inner.alist(cfg, before=before, limit=limit), tenant, after)))
                 elif kind == "next":
                     return await anext(rows, None)
                 elif kind in ("close", "release"):
-                    await listing.aclose()
+                    await page.aclose()
                     rows = empty_rows()
                 else:
                     return await asyncio.to_thread(self.restore_history, *arg)
@@ -304,8 +315,7 @@ class ReadPath:
             except _DetachedParent as detached:
                 parent_cfg, refusal = parent_config(at, tup, detached.parent), str(detached)
             yield ("release", None)
-            with decoding(at, parent_cfg):
-                exists = (yield ("get_tuple", parent_cfg)) is not None
+            exists = (yield from self.lookup_steps(at, parent_cfg)) is not None
             if exists:
                 raise TamperedDataError(refusal)
             return codec.open_tuple(keys, at, tup, self.io.outer(ref.tenant), known,
@@ -314,6 +324,15 @@ class ReadPath:
             raise
         except TamperedDataError as exc:
             raise named_refusal(ref, tup, exc) from None
+
+    def lookup_steps(self, ref: ThreadRef, inner_config: RunnableConfig,
+                     locate_in: BaseCheckpointSaver | None = None
+                     ) -> Steps[CheckpointTuple | None]:
+        """``("get_tuple", inner_config)`` as ``get_tuple`` reads it: a stored row that does
+        not parse is a TamperedDataError naming the row (``locate_in``, a sync SQLite or
+        PostgreSQL saver on sync paths only, names its table and column too)."""
+        with decoding(ref, inner_config, locate_in):
+            return (yield ("get_tuple", inner_config))
 
     def open_listed(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
                     tup: CheckpointTuple, release: Callable[[], None] | None = None
