@@ -221,6 +221,14 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
     stream = _iter_sql(saver, all_tenants, tenant, now, totals, progress)
 
     def finish() -> AuditSummary:
+        # a caller that stopped early still gets every thread's totals, as from the walk
+        nonlocal totals
+        for _ in stream:
+            pass
+        if not totals.complete:          # the stream was closed before its end: read again
+            totals = _Totals(saver, all_tenants, tenant, now)
+            for _ in _iter_sql(saver, all_tenants, tenant, now, totals, None):
+                pass
         tenants, problems = totals.finish()
         problems += _unsealed_problems(totals.unsealed)
         return AuditSummary(now, backend, tenant, tenants, totals.orphans,

@@ -9,6 +9,7 @@ Knows the tables' layouts and the report types; nothing of keys, sealing or the 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -23,7 +24,7 @@ from .audit_report import (
     ThreadAudit,
     _checkpoint_epoch,
 )
-from .audit_statements import SEP_ITEM, SEP_KIND, inventory_pg, inventory_sqlite
+from .audit_statements import SEALED_TEXT_PREFIX, inventory_pg, inventory_sqlite
 from .crypto import is_token
 
 if TYPE_CHECKING:
@@ -41,9 +42,11 @@ logger = logging.getLogger("langgraph_securesaver.audit")
 # the row predicates both the Python walk (:mod:`.audit`) and the statements use
 def _checkpoint_unsealed(row: CheckpointRow) -> bool:
     """A checkpoint row SecureSaver could not have written (parse error, a foreign payload,
-    no sealed metadata, or a channel value that is not a ciphertext)."""
+    no sealed metadata -- a text token's head, what the PostgreSQL statement can test -- or a
+    channel value that is not a ciphertext)."""
+    sealed = (row.metadata or {}).get("__securesaver__")
     return (row.error is not None or row.foreign is not None
-            or not isinstance((row.metadata or {}).get("__securesaver__"), str)
+            or not (isinstance(sealed, str) and sealed.startswith(SEALED_TEXT_PREFIX))
             or not all(is_token(v) for v in row.channel_values.values()))
 
 
@@ -245,6 +248,7 @@ class _Totals:
         self.threads = 0
         self.overdue = 0
         self.unregistered = 0
+        self.complete = False            # every row of the statement was folded in
 
     def age_slots(self, tenant_key: str) -> list[int]:
         """Stored bytes per age bucket (the last slot: unknown age) of a tenant."""
@@ -337,6 +341,7 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
     """Stream ThreadAudits from the grouped statement, as its rows arrive."""
     registry = saver.registry
     if not tenants:
+        totals.complete = True
         return
     if registry.dialect == "postgresql":
         sql, params = inventory_pg(tenants, tenant, now)
@@ -361,8 +366,16 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
             stored = int(r["ck_bytes"] or 0) + int(r["bl_bytes"] or 0) + int(r["wr_bytes"] or 0)
             owner = r["owner"]
             first, last = _epoch(r["first_ts"]), _epoch(r["last_ts"])
+            # checkpoints whose ts the statement could not order as text (PostgreSQL)
+            odd = [(_checkpoint_epoch(None if v is None else str(v)), int(size or 0))
+                   for v, size in zip(r.get("ots") or (), r.get("obytes") or (), strict=True)]
+            for ts, _size in odd:
+                if ts is not None:
+                    first = ts if first is None else min(first, ts)
+                    last = ts if last is None else max(last, ts)
             if r["inner_id"] is not None:
-                _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last)
+                _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last,
+                      odd)
                 totals.unsealed_rows(r)
             if owner is None:
                 totals.orphan(r["thread"], checkpoints, stored)
@@ -385,6 +398,7 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
                 held_past_ttl=bool(held_past))
             totals.thread(th)
             yield th
+    totals.complete = True
     if progress:
         progress(done, max(total, done))
 
@@ -419,11 +433,14 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
 _AGE_COLUMNS = [f"a{k}" for k in range(len(AGE_BUCKETS))]
 
 
-def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None) -> None:
+def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None,
+          odd: list[tuple[float | None, int]]) -> None:
     per = totals.age_slots(key)
     for k, column in enumerate(_AGE_COLUMNS):
         per[k] += r[column] or 0
     per[-1] += r["au"] or 0
+    for ts, size in odd:
+        per[_slot(totals.now, ts)] += size
     # blobs are aged by the thread's first checkpoint (a channel value's history goes back
     # that far), pending writes by its latest one
     if r["bl_bytes"]:
@@ -442,13 +459,11 @@ def _slot(now: float, ts: float | None) -> int:
     return len(AGE_BUCKETS) - 1
 
 
-def _kinds_of(text: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in str(text or "").split(SEP_ITEM):
-        kind, sep, n = item.rpartition(SEP_KIND)
-        if sep:
-            out[kind] = out.get(kind, 0) + int(n)
-    return out
+def _kinds_of(value: Any) -> dict[str, int]:
+    """The PII kinds column: a JSON object of kind to count (SQLite: its text)."""
+    if isinstance(value, (str, bytes)):
+        value = json.loads(value)
+    return {str(kind): int(n) for kind, n in value.items()}
 
 
 class AuditDatabase:

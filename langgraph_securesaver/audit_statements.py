@@ -8,20 +8,45 @@ Knows the tables' layouts and the token format; nothing of keys, sealing or the 
 from __future__ import annotations
 
 import base64
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .audit_report import AGE_BUCKETS, iso
+from .audit_report import AGE_BUCKETS, _checkpoint_epoch
 from .crypto import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
 from .tenancy import thread_prefix
 
 PREFIX_LEN = len(thread_prefix("x"))     # "t" + 24 hex + ":"
-SEP_KIND, SEP_ITEM = "\x1e", "\x1f"   # between a PII kind and its count, between kinds
 
 
 def bucket_bounds(now: float) -> list[float]:
     """Epoch lower bounds of the age buckets (a row at ts falls in bucket k when
     ts > bounds[k] and ts <= bounds[k-1])."""
     return [now - upper for _label, upper in AGE_BUCKETS[:-1]]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def ts_threshold(now: float, upper: float) -> str:
+    """The least ts text in TS_SHAPE (microseconds) younger than ``upper`` as the walk
+    reckons it (``now - epoch(ts) < upper``, floats and all): a ts is younger exactly when
+    its text sorts at or after this one. Below or past the years 1-9999: a text before or
+    after every such ts."""
+    def text(us: int) -> str:
+        return (_EPOCH + timedelta(microseconds=us)).isoformat()
+
+    def younger(us: int) -> bool:
+        return now - (_checkpoint_epoch(text(us)) or 0.0) < upper
+
+    us = int((now - upper) * 1_000_000)
+    try:
+        while younger(us - 1):
+            us -= 1
+        while not younger(us):
+            us += 1
+        return text(us)
+    except OverflowError:
+        return "0" if now - upper < 0 else "~"
 
 
 # the part of the audit statement both dialects share: registered and unregistered threads
@@ -66,7 +91,8 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
     blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
     magic = "substr({0}, 1, 3) = X'535301'"
     agg = "group_concat(DISTINCT {0})"
-    kinds = "group_concat(p.kind || char(30) || p.n, char(31))"
+    # a JSON object, not a separated list: a kind is free text in the database
+    kinds = "json_group_object(p.kind, p.n)"
     # the checkpoint body is msgpack: only the strict serializer can tell a foreign
     # payload, so the row predicate itself runs as a scalar function inside this pass
     ck_unsealed = "securesaver_ckpt_unsealed(c.type, c.checkpoint, c.metadata)"
@@ -89,7 +115,8 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         buckets.append(f"sum(CASE WHEN {ts_ok} AND {lower}{upper} THEN {size} END) AS a{k}")
     buckets.append(f"sum(CASE WHEN {ts_ok} AND {ts} <= :b{len(bounds) - 1} THEN {size} END)"
                    f" AS a{len(bounds)}")
-    token_v = f"CASE WHEN {md_text} LIKE 'ss1.%' THEN substr({md_text}, 5, 12) END"
+    # GLOB: LIKE ignores case in SQLite, the walk's prefix test does not
+    token_v = f"CASE WHEN {md_text} GLOB 'ss1.*' THEN substr({md_text}, 5, 12) END"
 
     def side(table: str, column: str) -> str:
         col = f"x.{column}"
@@ -144,34 +171,46 @@ pii AS (
 # sealed metadata through one ``->>`` whose first 16 characters are a grouping key (its key
 # version is decoded per thread, from the few distinct prefixes), and the age bucket is one
 # width_bucket over the bucket bounds. Then the three are joined by thread id.
-_PG_HEADER_VERSION = (  # the 4 version bytes of a binary ciphertext header, or NULL
-    "CASE WHEN length({0}) >= 7 AND substring({0} from 1 for 3) = '\\x535301'::bytea "
+_PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_token), or NULL
+    f"CASE WHEN length({{0}}) >= {MIN_TOKEN_BYTES} "
+    "AND substring({0} from 1 for 3) = '\\x535301'::bytea "
     "THEN (get_byte({0}, 3)::bigint << 24) | (get_byte({0}, 4) << 16) | "
     "(get_byte({0}, 5) << 8) | get_byte({0}, 6) END")
 # a text token (``ss1.`` + base64url of the binary one) starts with this: the prefix, then
 # the magic's three bytes as four characters
 SEALED_TEXT_PREFIX = TEXT_PREFIX + base64.urlsafe_b64encode(MAGIC).decode()
+# A checkpoint's ts in the form LangGraph writes (UTC, whole seconds or microseconds, a real
+# date, Feb 29 aside): bucketed and ordered as text. Any other ts (another offset, a date only,
+# a number, Feb 29 ...) is grouped by its JSON value, aged in Python as the walk ages it.
+TS_SHAPE = ("^(?!0000)[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+            "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+            "T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{6})?\\+00:00$")
 _PG_CHECKPOINTS = """ck AS (
     SELECT thread_id, sum(n) AS n, sum(bytes) AS bytes, min(first_ts) AS first_ts,
-           max(last_ts) AS last_ts, {buckets}, sum(bytes) FILTER (WHERE wb IS NULL) AS au,
+           max(last_ts) AS last_ts, {buckets},
+           sum(bytes) FILTER (WHERE wb IS NULL AND o IS NULL) AS au,
+           array_agg(o) FILTER (WHERE o IS NOT NULL) AS ots,
+           array_agg(bytes) FILTER (WHERE o IS NOT NULL) AS obytes,
            array_agg(substr(k, 9, 8)) FILTER (WHERE k LIKE :sealed_like) AS mv,
            coalesce(sum(u) FILTER (WHERE k LIKE :sealed_like), 0)
            + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
     FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
-                 substr(x.metadata ->> '__securesaver__', 1, 16) AS k, count(*) AS n,
+                 substr(x.metadata ->> '__securesaver__', 1, 16) AS k,
+                 CASE WHEN j.raw !~ :ts_shape THEN x.checkpoint -> 'ts' END AS o, count(*) AS n,
                  sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
-                 min(j.ts) AS first_ts, max(j.ts) AS last_ts,
+                 min(j.raw COLLATE "C") FILTER (WHERE j.ts IS NOT NULL) AS first_ts,
+                 max(j.raw COLLATE "C") FILTER (WHERE j.ts IS NOT NULL) AS last_ts,
                  sum(CASE WHEN jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
                      OR (jsonb_typeof(j.cv) = 'object' AND j.cv <> '{{}}'::jsonb)
                      THEN 1 ELSE 0 END) AS u
           FROM checkpoints x
           CROSS JOIN LATERAL (
-              SELECT CASE WHEN r.ts LIKE '____-__-__T%' THEN r.ts COLLATE "C" END,
+              SELECT CASE WHEN r.ts ~ :ts_shape THEN r.ts COLLATE "C" END, r.ts,
                      r.channel_values
               FROM jsonb_to_record(CASE WHEN jsonb_typeof(x.checkpoint) = 'object'
                                    THEN x.checkpoint ELSE '{{}}' END)
-                   AS r(ts text, channel_values jsonb)) AS j(ts, cv)
-          {where} GROUP BY 1, 2, 3) c
+                   AS r(ts text, channel_values jsonb)) AS j(ts, raw, cv)
+          {where} GROUP BY 1, 2, 3, 4) c
     GROUP BY thread_id)"""
 _PG_BINARY = """SELECT thread_id, sum(bytes) AS bytes,
            bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
@@ -190,7 +229,7 @@ bl AS ({blobs}),
 wr AS ({writes}),
 st AS (
     SELECT thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, bl.bytes AS bl_bytes,
-           wr.bytes AS wr_bytes, ck.first_ts, ck.last_ts, {ages}, ck.au,
+           wr.bytes AS wr_bytes, ck.first_ts, ck.last_ts, {ages}, ck.au, ck.ots, ck.obytes,
            coalesce(bl.vmask, 0) | coalesce(wr.vmask, 0) AS vmask,
            array_cat(bl.vbig, wr.vbig) AS vbig, ck.mv, ck.u AS uc, bl.u AS ub, wr.u AS uw
     FROM ck FULL JOIN bl USING (thread_id) FULL JOIN wr USING (thread_id)),
@@ -199,7 +238,7 @@ reg AS (
            r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
     FROM securesaver_threads r JOIN tags ON tags.tenant = r.tenant {reg_where}),
 pii AS (
-    SELECT p.tenant, p.thread_id, string_agg(p.kind || chr(30) || p.n, chr(31)) AS kinds
+    SELECT p.tenant, p.thread_id, json_object_agg(p.kind, p.n) AS kinds
     FROM (SELECT r.tenant, r.thread_id, r.kind, count(*) AS n FROM securesaver_pii_refs r
           JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {reg_where}
           GROUP BY r.tenant, r.thread_id, r.kind) p
@@ -208,7 +247,8 @@ pii AS (
 
 
 # PostgreSQL's rows: one FULL JOIN of the registry with the storage aggregates (nothing is
-# materialized twice); a stored thread with no registry row is owned by the tenant its tag names
+# materialized twice); a stored thread with no registry row is owned by the tenant its tag names;
+# ordered by code point (what the walk's sort gives) whatever the database's collation
 _PG_AUDIT_ROWS = f"""rows AS (
     SELECT coalesce(reg.tenant, tg.tenant) AS owner,
            CASE WHEN reg.tenant IS NOT NULL THEN reg.thread_id
@@ -221,23 +261,23 @@ _PG_AUDIT_ROWS = f"""rows AS (
     LEFT JOIN tags tg ON reg.tenant IS NULL AND tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN}))
 SELECT rows.*, pii.kinds FROM rows
 LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
-ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
+ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner COLLATE "C",
+         rows.thread COLLATE "C"
 """  # noqa: S608
 
 
 def inventory_pg(tenants: list[str], tenant: str | None, now: float
                       ) -> tuple[str, dict[str, Any]]:
     """PostgreSQL's form of the inventory statement (see the constants above)."""
-    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%"}
+    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%", "ts_shape": TS_SHAPE}
     values = []
     for i, name in enumerate(tenants):
         params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
         values.append(f"(:tn{i}, :tp{i})")
-    bounds = bucket_bounds(now)            # newest first
     # width_bucket wants the lower bounds ascending: age bucket k is width bucket n - k, and
     # the ISO texts compare in byte order (the ts column is COLLATE "C")
-    params["bounds"] = [iso(b) for b in reversed(bounds)]
-    n = len(bounds)
+    params["bounds"] = [ts_threshold(now, upper) for _label, upper in reversed(AGE_BUCKETS[:-1])]
+    n = len(AGE_BUCKETS) - 1
     where = reg_where = ""
     if tenant is not None:
         # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,
