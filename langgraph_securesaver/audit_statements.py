@@ -28,7 +28,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def ts_threshold(now: float, upper: float) -> str:
-    """The least ts text in TS_SHAPE (microseconds) younger than ``upper`` as the walk
+    """The least ts text of TS_VALID's form (microseconds) younger than ``upper`` as the walk
     reckons it (``now - epoch(ts) < upper``, floats and all): a ts is younger exactly when
     its text sorts at or after this one. Below or past the years 1-9999: a text before or
     after every such ts."""
@@ -179,15 +179,19 @@ _PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_to
 # a text token (``ss1.`` + base64url of the binary one) starts with this: the prefix, then
 # the magic's three bytes as four characters
 SEALED_TEXT_PREFIX = TEXT_PREFIX + base64.urlsafe_b64encode(MAGIC).decode()
-# A checkpoint's ts in the form LangGraph writes (UTC, whole seconds or microseconds, a real
-# date, Feb 29 aside): bucketed and ordered as text. Any other ts (another offset, a date only,
-# a number, Feb 29 ...) is grouped by its JSON value, aged in Python as the walk ages it.
-TS_SHAPE = ("^(?!0000)[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
-            "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+# A checkpoint's ts in the form LangGraph writes (UTC, whole seconds or microseconds) and a
+# real date: bucketed and ordered as text. A ts of that shape that is no date is one Python
+# rejects too (unknown age); any other ts (another offset or separator, a date only, a number)
+# is grouped by its JSON value and aged in Python as the walk ages it.
+_LEAP = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)-02-29"
+TS_VALID = ("^(?:(?!0000)[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+            "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + _LEAP + ")"
             "T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{6})?\\+00:00$")
+TS_SHAPES = ("____-__-__T__:__:__+00:00", "____-__-__T__:__:__.______+00:00")
 _PG_CHECKPOINTS = """ck AS (
-    SELECT thread_id, sum(n) AS n, sum(bytes) AS bytes, min(first_ts) AS first_ts,
-           max(last_ts) AS last_ts, {buckets},
+    SELECT thread_id, sum(n) AS n, sum(bytes) AS bytes,
+           min(first_ts) FILTER (WHERE wb IS NOT NULL) AS first_ts,
+           max(last_ts) FILTER (WHERE wb IS NOT NULL) AS last_ts, {buckets},
            sum(bytes) FILTER (WHERE wb IS NULL AND o IS NULL) AS au,
            array_agg(o) FILTER (WHERE o IS NOT NULL) AS ots,
            array_agg(bytes) FILTER (WHERE o IS NOT NULL) AS obytes,
@@ -196,16 +200,16 @@ _PG_CHECKPOINTS = """ck AS (
            + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
     FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
                  substr(x.metadata ->> '__securesaver__', 1, 16) AS k,
-                 CASE WHEN j.raw !~ :ts_shape THEN x.checkpoint -> 'ts' END AS o, count(*) AS n,
+                 CASE WHEN j.raw IS NULL OR j.raw LIKE :shape0 OR j.raw LIKE :shape1 THEN NULL
+                      ELSE x.checkpoint -> 'ts' END AS o, count(*) AS n,
                  sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
-                 min(j.raw COLLATE "C") FILTER (WHERE j.ts IS NOT NULL) AS first_ts,
-                 max(j.raw COLLATE "C") FILTER (WHERE j.ts IS NOT NULL) AS last_ts,
+                 min(j.raw) AS first_ts, max(j.raw) AS last_ts,
                  sum(CASE WHEN jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
                      OR (jsonb_typeof(j.cv) = 'object' AND j.cv <> '{{}}'::jsonb)
                      THEN 1 ELSE 0 END) AS u
           FROM checkpoints x
           CROSS JOIN LATERAL (
-              SELECT CASE WHEN r.ts ~ :ts_shape THEN r.ts COLLATE "C" END, r.ts,
+              SELECT CASE WHEN r.ts ~ :ts_valid THEN r.ts COLLATE "C" END, r.ts COLLATE "C",
                      r.channel_values
               FROM jsonb_to_record(CASE WHEN jsonb_typeof(x.checkpoint) = 'object'
                                    THEN x.checkpoint ELSE '{{}}' END)
@@ -269,7 +273,8 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner COLLATE "C",
 def inventory_pg(tenants: list[str], tenant: str | None, now: float
                       ) -> tuple[str, dict[str, Any]]:
     """PostgreSQL's form of the inventory statement (see the constants above)."""
-    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%", "ts_shape": TS_SHAPE}
+    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%", "ts_valid": TS_VALID,
+                              "shape0": TS_SHAPES[0], "shape1": TS_SHAPES[1]}
     values = []
     for i, name in enumerate(tenants):
         params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
