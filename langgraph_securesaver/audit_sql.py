@@ -12,7 +12,6 @@ import base64
 import json
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -158,72 +157,51 @@ def _epoch(value: Any) -> float | None:
 
 
 def _sqlite_functions(conn: Any) -> None:
-    """Scalar functions the SQLite inventory uses on msgpack checkpoint rows (no decoding of
-    the document: the timestamp and the ciphertext headers are found by their encoding)."""
+    """Scalar functions the SQLite inventory uses on msgpack checkpoint rows."""
+    rows = _SqliteRows()
     raw = conn.connection.driver_connection
-    raw.create_function("securesaver_ckpt_ts", 2, _msgpack_ts, deterministic=True)
-    raw.create_function("securesaver_token_versions", 1, _msgpack_token_versions,
-                        deterministic=True)
-    raw.create_function("securesaver_ckpt_unsealed", 3, _sqlite_checkpoint_unsealed,
-                        deterministic=True)
+    raw.create_function("securesaver_ckpt_ts", 3, rows.ts, deterministic=True)
+    raw.create_function("securesaver_token_versions", 3, rows.versions, deterministic=True)
+    raw.create_function("securesaver_ckpt_unsealed", 3, rows.unsealed, deterministic=True)
 
 
-def _sqlite_checkpoint_unsealed(type_: Any, checkpoint: Any, metadata: Any) -> int:
-    """_checkpoint_unsealed of a SQLite checkpoints row, decoded exactly as the Python walk
-    decodes it (strict serializer, inert placeholders; nothing is evaluated)."""
-    from .raw_tables import decode_sqlite_checkpoint
-    try:
-        row = decode_sqlite_checkpoint(("", "", "", None, type_, checkpoint, metadata))
-        return 1 if _checkpoint_unsealed(row) else 0
-    except Exception:  # noqa: BLE001 - a row this cannot even look at is not SecureSaver's
-        return 1
+class _SqliteRows:
+    """A SQLite checkpoints row's timestamp, key versions and unsealed flag, read from the
+    row decoded exactly as the Python walk decodes it (strict serializer, inert placeholders;
+    nothing is evaluated): the same answers on any document, a crafted one included. The
+    statement calls these several times per row: the last row decoded is kept."""
 
+    def __init__(self) -> None:
+        self._key: tuple[Any, Any, Any] | None = None
+        self._row: CheckpointRow | None = None
 
-def _msgpack_ts(type_: Any, blob: Any) -> float | None:
-    if not isinstance(blob, bytes) or type_ != "msgpack":
-        return None
-    at = blob.find(b"\xa2ts")
-    while at >= 0:
-        head = at + 3
-        if head < len(blob):
-            marker = blob[head]
-            if 0xA0 <= marker <= 0xBF:
-                start, length = head + 1, marker & 0x1F
-            elif marker == 0xD9 and head + 1 < len(blob):
-                start, length = head + 2, blob[head + 1]
-            else:
-                start, length = -1, 0
-            if start > 0:
-                try:
-                    return datetime.fromisoformat(
-                        blob[start:start + length].decode("ascii")).timestamp()
-                except (UnicodeDecodeError, ValueError):
-                    pass
-        at = blob.find(b"\xa2ts", at + 1)
-    return None
+    def _decoded(self, type_: Any, checkpoint: Any, metadata: Any) -> CheckpointRow | None:
+        key = (type_, checkpoint, metadata)
+        if self._key != key:
+            from .raw_tables import decode_sqlite_checkpoint
+            try:
+                self._row = decode_sqlite_checkpoint(("", "", "", None, *key))
+            except Exception:  # noqa: BLE001 - a row this cannot even look at is not ours
+                self._row = None
+            self._key = key
+        return self._row
 
+    def ts(self, type_: Any, checkpoint: Any, metadata: Any) -> float | None:
+        row = self._decoded(type_, checkpoint, metadata)
+        return None if row is None else _checkpoint_epoch(row.ts)
 
-def _msgpack_token_versions(blob: Any) -> str | None:
-    """Versions of the ciphertexts stored as msgpack bin values in a checkpoint document."""
-    from .crypto import MIN_TOKEN_BYTES
-    if not isinstance(blob, bytes):
-        return None
-    found: set[int] = set()
-    at = blob.find(b"SS\x01")
-    while at >= 0:
-        size = None
-        if at >= 2 and blob[at - 2] == 0xC4:
-            size = blob[at - 1]
-        elif at >= 3 and blob[at - 3] == 0xC5:
-            size = int.from_bytes(blob[at - 2:at], "big")
-        elif at >= 5 and blob[at - 5] == 0xC6:
-            size = int.from_bytes(blob[at - 4:at], "big")
-        if size is not None and MIN_TOKEN_BYTES <= size <= len(blob) - at:
-            found.add(int.from_bytes(blob[at + 3:at + 7], "big"))
-            at = blob.find(b"SS\x01", at + size)
-        else:
-            at = blob.find(b"SS\x01", at + 1)
-    return ",".join(str(v) for v in sorted(found)) or None
+    def versions(self, type_: Any, checkpoint: Any, metadata: Any) -> str | None:
+        """The key versions of the ciphertexts among the channel values (the walk's)."""
+        from .crypto import token_key_version
+        row = self._decoded(type_, checkpoint, metadata)
+        if row is None:
+            return None
+        found = {token_key_version(v) for v in row.channel_values.values() if is_token(v)}
+        return ",".join(str(v) for v in sorted(found)) or None
+
+    def unsealed(self, type_: Any, checkpoint: Any, metadata: Any) -> int:
+        row = self._decoded(type_, checkpoint, metadata)
+        return 1 if row is None or _checkpoint_unsealed(row) else 0
 
 
 class _Totals:

@@ -18,10 +18,6 @@ from .tenancy import thread_prefix
 PREFIX_LEN = len(thread_prefix("x"))     # "t" + 24 hex + ":"
 
 
-def bucket_bounds(now: float) -> list[float]:
-    """Epoch lower bounds of the age buckets (a row at ts falls in bucket k when
-    ts > bounds[k] and ts <= bounds[k-1])."""
-    return [now - upper for _label, upper in AGE_BUCKETS[:-1]]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -80,14 +76,17 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         values.append(f"(:tn{i}, :tp{i})")
     # every fragment below is a constant of this function; values are bound parameters
     tags = "VALUES " + ", ".join(values)
-    bounds = bucket_bounds(now)
+    # a row's age is reckoned as the walk reckons it: now - ts, below a bucket's upper bound
+    uppers = [upper for _label, upper in AGE_BUCKETS[:-1]]
+    params["now"] = now
     size = "(length(c.checkpoint) + coalesce(length(c.metadata), 0))"
-    ts = "securesaver_ckpt_ts(c.type, c.checkpoint)"
+    ts = "securesaver_ckpt_ts(c.type, c.checkpoint, c.metadata)"
     ts_ok = f"{ts} IS NOT NULL"
-    for k, b in enumerate(bounds):
-        params[f"b{k}"] = b
+    for k, upper in enumerate(uppers):
+        params[f"b{k}"] = upper
     md_text = "json_extract(CAST(c.metadata AS TEXT), '$.__securesaver__')"
-    ck_versions = "group_concat(DISTINCT securesaver_token_versions(c.checkpoint))"
+    ck_versions = ("group_concat(DISTINCT securesaver_token_versions(c.type, c.checkpoint, "
+                   "c.metadata))")
     blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
     magic = "substr({0}, 1, 3) = X'535301'"
     agg = "group_concat(DISTINCT {0})"
@@ -109,12 +108,13 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         where_pii = "WHERE r.tenant = :tenant"
         params["plen"] = PREFIX_LEN
     buckets = []
-    for k in range(len(bounds)):
-        lower = f"{ts} > :b{k}"
-        upper = f" AND {ts} <= :b{k - 1}" if k else ""
-        buckets.append(f"sum(CASE WHEN {ts_ok} AND {lower}{upper} THEN {size} END) AS a{k}")
-    buckets.append(f"sum(CASE WHEN {ts_ok} AND {ts} <= :b{len(bounds) - 1} THEN {size} END)"
-                   f" AS a{len(bounds)}")
+    age = f"(:now - {ts})"
+    for k in range(len(uppers)):
+        older = f" AND {age} >= :b{k - 1}" if k else ""
+        buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} < :b{k}{older} THEN {size} END) "
+                       f"AS a{k}")
+    buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} >= :b{len(uppers) - 1} THEN {size} END)"
+                   f" AS a{len(uppers)}")
     # GLOB: LIKE ignores case in SQLite, the walk's prefix test does not
     token_v = f"CASE WHEN {md_text} GLOB 'ss1.*' THEN substr({md_text}, 5, 12) END"
 
@@ -146,7 +146,7 @@ wr AS ({writes}),
 ids AS (SELECT thread_id FROM ck UNION SELECT thread_id FROM bl UNION SELECT thread_id FROM wr),
 st AS (
     SELECT ids.thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, ck.first_ts, ck.last_ts,
-           {", ".join(f"ck.a{k}" for k in range(len(bounds) + 1))}, ck.au, ck.mv, ck.cv,
+           {", ".join(f"ck.a{k}" for k in range(len(uppers) + 1))}, ck.au, ck.mv, ck.cv,
            bl.bytes AS bl_bytes, bl.v AS bv, wr.bytes AS wr_bytes, wr.v AS wv, ck.uc,
            bl.u AS ub, wr.u AS uw
     FROM ids LEFT JOIN ck ON ck.thread_id = ids.thread_id

@@ -122,6 +122,41 @@ def test_odd_checkpoint_timestamps_age_like_the_walk(pg_url: str, redactor) -> N
     assert threads["long"]["checkpoints"] == 1 and threads["long"]["stored_bytes"] > 0
 
 
+def test_odd_checkpoint_timestamps_on_sqlite(tmp_path: Path, redactor) -> None:
+    """SQLite's statement reads a row's ts from the document decoded as the walk decodes it:
+    a ts that is no string, a long one (no fixstr), another offset, or a map holding ``ts``
+    twice (the decoder keeps the last) ages as in the walk."""
+    import sqlite3
+
+    import ormsgpack
+    db = tmp_path / "agent.db"
+    build(f"sqlite:///{db}", redactor)
+    with sqlite3.connect(db) as conn:
+        base = conn.execute(
+            "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, "
+            "checkpoint, metadata FROM checkpoints WHERE thread_id LIKE '%:t-plain' "
+            "ORDER BY checkpoint_id LIMIT 1").fetchone()
+        doc = ormsgpack.unpackb(base[5])
+        assert list(doc)[:2] == ["v", "ts"]
+        rest = ormsgpack.packb({k: v for k, v in doc.items() if k != "ts"})
+        twice = (bytes([rest[0] + 2]) + ormsgpack.packb("ts") + ormsgpack.packb(T0) + rest[1:]
+                 + ormsgpack.packb("ts") + ormsgpack.packb("2025-06-01T00:00:00+00:00"))
+        bodies = {name: [ormsgpack.packb({**doc, "ts": v}) for v in values]
+                  for name, values in _ODD_TS.items()}
+        bodies["twice"] = [twice]
+        for name, blobs in bodies.items():
+            for n, blob in enumerate(blobs):
+                conn.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (thread_prefix("acme") + name, base[1], f"{base[2]}-{n}", base[3],
+                              base[4], blob, base[6]))
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=NoKeys(), redaction=None) as saver:
+        report = _compare(saver)
+    threads = {t["thread_id"]: t for t in report["threads"]}
+    assert threads["twice"]["first_checkpoint"] == "2025-06-01T00:00:00+00:00"
+    assert threads["num-date"]["first_checkpoint"] == "2026-01-01T00:00:00+00:00"
+    assert threads["shaped-not-dates"]["first_checkpoint"] is None
+
+
 _MD = "jsonb_set(metadata, '{__securesaver__}', CAST(:v AS jsonb))"
 _ODD_METADATA = {
     "md-number": [7], "md-object": [{"a": 1}], "md-array": [[1]], "md-null": [None],
