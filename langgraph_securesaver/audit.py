@@ -108,6 +108,8 @@ class _StorageWalk:
         return self.index.split(thread_id)[0] == self.tenant
 
     def _age(self, tenant_key: str, size: int, ts: float | None) -> None:
+        if not size:                     # (an empty value ages nothing, as in the statement)
+            return
         bucket = age_bucket(None if ts is None else max(0.0, self.now - ts))
         per = self.age_bytes.setdefault(tenant_key, {})
         per[bucket] = per.get(bucket, 0) + size
@@ -130,11 +132,14 @@ class _StorageWalk:
             self._tick(len(rows))
         for blobs in self.raw.blobs():
             for blob in blobs:
-                if not self._wanted(blob.thread_id) or blob.blob is None:
+                if not self._wanted(blob.thread_id):
+                    continue
+                # a row without a value still names its thread (as in the statement)
+                stored = self.threads.setdefault(blob.thread_id, _Stored())
+                if blob.blob is None:
                     continue
                 if _value_unsealed(blob.type, blob.blob):
                     self._unsealed("checkpoint_blobs")
-                stored = self.threads.setdefault(blob.thread_id, _Stored())
                 stored.stored_bytes += len(blob.blob)
                 if is_token(blob.blob):
                     stored.versions.add(token_key_version(blob.blob))
@@ -144,11 +149,13 @@ class _StorageWalk:
             self._tick(len(blobs))
         for writes in self.raw.writes():
             for w in writes:
-                if not self._wanted(w.thread_id) or w.value is None:
+                if not self._wanted(w.thread_id):
+                    continue
+                stored = self.threads.setdefault(w.thread_id, _Stored())
+                if w.value is None:
                     continue
                 if _value_unsealed(w.type, w.value):
                     self._unsealed("checkpoint_writes" if self.raw.has_blobs else "writes")
-                stored = self.threads.setdefault(w.thread_id, _Stored())
                 stored.stored_bytes += len(w.value)
                 if is_token(w.value):
                     stored.versions.add(token_key_version(w.value))

@@ -278,8 +278,15 @@ def test_odd_blobs_and_writes(pg_url: str, redactor) -> None:
                     "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, "
                     "task_id, idx, channel, type, blob, task_path) VALUES (:t, '', 'c', 'k', "
                     ":i, 'c', :ty, :b, '')"), {"t": tid, "i": n, "ty": type_, "b": blob})
+            # rows without a value still name their threads (one unknown to every tenant)
+            for tid in (thread_prefix("acme") + "null-only", "tffffffffffffffffffffffff:null"):
+                conn.execute(sa.text(
+                    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, "
+                    "type, blob) VALUES (:t, '', 'c', '1', 'empty', NULL)"), {"t": tid})
         report = _compare(saver, nows=[None])
     threads = {t["thread_id"]: t for t in report["threads"]}
+    assert threads["null-only"]["stored_bytes"] == 0 and not threads["null-only"]["registered"]
+    assert [o["thread_id"] for o in report["orphans"]] == ["tffffffffffffffffffffffff:null"]
     assert 9 not in threads["blobs"]["key_versions"]
     assert _unsealed(report) == {"checkpoint_blobs": 5, "checkpoint_writes": 4}
 
@@ -337,7 +344,7 @@ def test_awkward_tenants_and_thread_ids_and_a_non_c_collation(pg_url: str, redac
                                   ("checkpoint_writes", "thread_id")):
                 conn.execute(sa.text(f'ALTER TABLE {table} ALTER COLUMN {column} '
                                      f'TYPE text COLLATE "en-US-x-icu"'))
-            for name in ("B-upper", "a-lower", "%", "_", "a_b%", "Ä", "z" * 400):
+            for name in ("B-upper", "a-lower", "%", "_", "a_b%", "Ä", "z" * 2500):
                 _copies(conn, name, [0])
             _copies(conn, "%", [0], tenant="globex")
     with SecureSaver.from_url(pg_url, keyring=ring, redaction=None) as saver:
@@ -351,13 +358,10 @@ def test_awkward_tenants_and_thread_ids_and_a_non_c_collation(pg_url: str, redac
     assert mine == sorted(mine) == ["%", "T-1", "_x"]
 
 
-@pytest.mark.postgres
-def test_a_consumer_that_stops_midway_gets_complete_totals_and_reuses_the_saver(
-        pg_url: str, redactor) -> None:
+def _stop_midway(url: str) -> None:
     """``finish()`` after a partial (or closed) iteration summarises every thread, as the
     walk's finish does; the saver stays usable."""
-    build(pg_url, redactor)
-    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
         now = time.time()
         whole = audit(saver, now=now)
         stream, finish = iter_audit(saver, now=now)
@@ -377,9 +381,39 @@ def test_a_consumer_that_stops_midway_gets_complete_totals_and_reuses_the_saver(
 
 
 @pytest.mark.postgres
+def test_a_consumer_that_stops_midway_gets_complete_totals_on_postgres(pg_url: str,
+                                                                       redactor) -> None:
+    build(pg_url, redactor)
+    _stop_midway(pg_url)
+
+
+def test_a_consumer_that_stops_midway_gets_complete_totals_on_sqlite(tmp_path: Path,
+                                                                     redactor) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    _stop_midway(url)
+
+
+@pytest.mark.postgres
 def test_progress_is_reported_to_the_end(pg_url: str, redactor) -> None:
     build(pg_url, redactor)
     seen: list[tuple[int, int]] = []
     with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
         report = audit(saver, tenant="acme", progress=lambda d, t: seen.append((d, t)))
     assert seen and seen[-1] == (len(report.threads), len(report.threads)) == (3, 3)
+
+
+def test_rows_without_a_value_name_their_threads_on_sqlite(tmp_path: Path, redactor) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            for tid in (thread_prefix("acme") + "null-write", "tffffffffffffffffffffffff:null"):
+                conn.execute(sa.text(
+                    "INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, "
+                    "channel, type, value) VALUES (:t, '', 'c', 'k', 0, 'c', 'bytes', NULL)"),
+                    {"t": tid})
+        report = _compare(saver, nows=[None])
+    threads = {t["thread_id"]: t for t in report["threads"]}
+    assert threads["null-write"]["stored_bytes"] == 0
+    assert [o["thread_id"] for o in report["orphans"]] == ["tffffffffffffffffffffffff:null"]
