@@ -437,11 +437,16 @@ def _slot(now: float, ts: float | None) -> int:
     return len(AGE_BUCKETS) - 1
 
 
-def _kinds_of(value: Any) -> dict[str, int]:
-    """The PII kinds column: a JSON object of kind to count (SQLite: its text)."""
-    if isinstance(value, (str, bytes)):
-        value = json.loads(value)
-    return {str(kind): int(n) for kind, n in value.items()}
+def _kinds_of(value: Any) -> dict[Any, int]:
+    """The PII kinds column: a JSON object of kind to count (PostgreSQL), or the text of
+    [SQLite type, kind, count] triples (a blob's kind in hex), read back as the walk reads
+    the column."""
+    if isinstance(value, dict):
+        return {kind: int(n) for kind, n in value.items()}
+    out: dict[Any, int] = {}
+    for type_, kind, n in json.loads(value):
+        out[bytes.fromhex(kind) if type_ == "blob" else kind] = int(n)
+    return out
 
 
 class AuditDatabase:

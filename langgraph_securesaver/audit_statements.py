@@ -16,10 +16,6 @@ from .crypto import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
 from .tenancy import thread_prefix
 
 PREFIX_LEN = len(thread_prefix("x"))     # "t" + 24 hex + ":"
-
-
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -90,8 +86,10 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
     blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
     magic = "substr({0}, 1, 3) = X'535301'"
     agg = "group_concat(DISTINCT {0})"
-    # a JSON object, not a separated list: a kind is free text in the database
-    kinds = "json_group_object(p.kind, p.n)"
+    # JSON [type, kind, count] triples, not a separated list: a kind is free text in the
+    # database, or any SQLite value (a blob travels as hex: its text need not be UTF-8)
+    kinds = ("json_group_array(json_array(typeof(p.kind), CASE WHEN typeof(p.kind) = 'blob' "
+             "THEN hex(p.kind) ELSE p.kind END, p.n))")
     # the checkpoint body is msgpack: only the strict serializer can tell a foreign
     # payload, so the row predicate itself runs as a scalar function inside this pass
     ck_unsealed = "securesaver_ckpt_unsealed(c.type, c.checkpoint, c.metadata)"
