@@ -203,10 +203,12 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
                progress: Callable[[int, int], None] | None = None
                ) -> tuple[Iterator[ThreadAudit], Callable[[], AuditSummary]]:
     """The inventory as a stream: ``(threads, finish)``. Iterate ``threads`` (sorted by tenant
-    and thread) to the end, then call ``finish()`` for the per-tenant totals and problems.
+    and thread, in code-point order), then call ``finish()`` for the per-tenant totals and
+    problems: they cover every thread even if the iteration stopped early (the rest is read
+    then, or read again if the stream was closed).
 
     With the registry in the inner saver's database (``from_url``) everything is aggregated
-    by one grouped statement and streamed with a server-side cursor: memory stays flat however
+    by one grouped statement and streamed as its rows arrive: memory stays flat however
     many threads there are. Otherwise the rows are walked in Python (see :func:`audit`)."""
     from .timeargs import to_epoch
     tenant = _admin_tenant(saver, "audit", tenant)
