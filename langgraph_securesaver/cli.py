@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from .cli_common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as before
     EXIT_CANNOT_RUN,
@@ -32,8 +31,12 @@ from .cli_common import (  # noqa: F401 - re-exported: cli.app, cli.console, ...
     tenant_arg,
     thread_arg,
 )
-from .errors import ConfigurationError, SecureSaverError
-from .keyring import ENV_VAR, Keyring
+from .errors import ENV_VAR, ConfigurationError, SecureSaverError
+
+# rich.table and the keyring (cryptography) are imported where used: --help and the JSON
+# outputs need neither.
+if TYPE_CHECKING:
+    from .keyring import Keyring
 
 
 @app.command()
@@ -43,6 +46,7 @@ def keygen(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Create a new master key: a keyring file, or a value for SECURESAVER_MASTER_KEY."""
+    from .keyring import Keyring
     ring = Keyring.generate()
     if out is None:
         import base64
@@ -165,6 +169,7 @@ def prune(
 
 
 def _env_keyring_or_none() -> Keyring | None:
+    from .keyring import Keyring
     try:
         return Keyring.from_env()
     except SecureSaverError:
@@ -172,6 +177,7 @@ def _env_keyring_or_none() -> Keyring | None:
 
 
 def _print_report(report: Any) -> None:
+    from rich.table import Table
     table = Table("outcome", "threads")
     for label, rows in (("deleted", report.deleted), ("pruned to latest", report.pruned_to_latest),
                         ("held (legal hold)", report.held),
@@ -266,6 +272,7 @@ def recover(
     if as_json:
         console.print_json(json.dumps(summary))
     else:
+        from rich.table import Table
         table = Table("outcome", "threads")
         for key, value in summary.items():
             table.add_row(key, str(value))

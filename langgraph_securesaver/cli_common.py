@@ -12,13 +12,15 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from .errors import SecureSaverError
-from .keyring import ENV_VAR, Keyring
+from .errors import ENV_VAR, SecureSaverError
+
+if TYPE_CHECKING:
+    from .keyring import Keyring
 
 app = typer.Typer(
     name="securesaver",
@@ -97,6 +99,7 @@ def check_url(url: str) -> str | None:
 
 
 def load_keyring(path: Path | None) -> Keyring:
+    from .keyring import Keyring  # not at import: --help need not load cryptography
     try:
         return Keyring.load(path)
     except SecureSaverError as exc:

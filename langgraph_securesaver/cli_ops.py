@@ -21,11 +21,10 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from .cli_common import (
     EXIT_CANNOT_RUN,
@@ -43,6 +42,9 @@ from .cli_common import (
     thread_arg,
 )
 from .errors import SecureSaverError
+
+if TYPE_CHECKING:  # rich.table is imported where a table is printed: JSON output needs none
+    from rich.table import Table
 
 MAX_ROWS_SHOWN = 200
 
@@ -311,6 +313,7 @@ def _fitted(title: str, columns: list[tuple[str, int, str]],
             extra = min(spare, sizes[i][1] - sizes[i][0])
             width[i] = sizes[i][0] + extra
             spare -= extra
+    from rich.table import Table
     table = Table(title=title)
     for i in keep:
         header, _, kind = columns[i]
@@ -412,6 +415,7 @@ def scan(
 
 
 def _print_scan(report: Any, meanings: dict[str, str]) -> None:
+    from rich.table import Table
     summary = Table("table", "rows", title=f"Scanned ({report.backend}, "
                                            f"{report.duration:.1f}s)")
     for name, n in report.rows.items():
@@ -498,6 +502,7 @@ def rotate_keys(
 
 
 def _print_rotation(report: Any, keyring: Path) -> None:
+    from rich.table import Table
     verb = "resumed" if report.resumed else "added"
     console.print(f"master version [bold]{report.master_version}[/] {verb} (keyring "
                   f"{escape(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
@@ -581,6 +586,7 @@ def events(
     if output is OutputFormat.json:
         _echo_json([e.as_dict() for e in entries])
     else:
+        from rich.table import Table
         table = Table("at (UTC)", "kind", "tenant", "thread", "actor / by", "detail",
                       title=f"{len(entries)} entries")
         _no_wrap(table, 0, 1)
@@ -624,6 +630,7 @@ def _verify_registry(url: str, keyring: Path | None, anchor: Path | None,
     if output is OutputFormat.json:
         _echo_json(data)
     else:
+        from rich.table import Table
         table = Table("table", "row", "problem",
                       title=f"{len(report.problems)} problem(s) in "
                             f"{sum(report.checked.values())} rows")

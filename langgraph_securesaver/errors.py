@@ -14,13 +14,18 @@ class ConfigurationError(SecureSaverError, ValueError):
     """The saver was built with missing or contradictory settings."""
 
 
+#: Where a keyring is read from when none is passed. Defined here, not in :mod:`.keyring`, so
+#: that the CLI can name it in its help without loading ``cryptography``.
+ENV_VAR = "SECURESAVER_MASTER_KEY"
+
+
 class KeyringRequired(ConfigurationError):
     """No keyring was given and none could be found in the environment."""
 
     def __init__(self, detail: str = "") -> None:
         super().__init__(
             "SecureSaver needs a keyring: pass keyring=Keyring.from_file(path) or set "
-            "SECURESAVER_MASTER_KEY. Create one with `securesaver keygen --out keyring.json`."
+            f"{ENV_VAR}. Create one with `securesaver keygen --out keyring.json`."
             + (f" ({detail})" if detail else "")
         )
 

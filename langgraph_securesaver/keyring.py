@@ -35,11 +35,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .errors import ConfigurationError, KeyringRequired, TamperedDataError
+from .errors import ENV_VAR, ConfigurationError, KeyringRequired, TamperedDataError
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "SECURESAVER_MASTER_KEY"
 FILE_FORMAT = "securesaver-keyring/1"
 _KEY_BYTES = 32
 _NONCE_BYTES = 12

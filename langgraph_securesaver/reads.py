@@ -22,7 +22,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AsyncExitStack, ExitStack
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
@@ -47,7 +47,10 @@ from .tenancy import ThreadRef, thread_prefix
 DELTA_FIRST_PAGE = 16
 DELTA_MAX_PAGE = 1024
 DELTA_OPERATION = "get_delta_channel_history"
-DeltaSteps = Generator[tuple[str, Any], Any, Mapping[str, DeltaChannelHistory]]
+T = TypeVar("T")
+Steps = Generator[tuple[str, Any], Any, T]  # a body yielding (request, argument), see below
+DeltaSteps = Steps[Mapping[str, DeltaChannelHistory]]
+Known = dict[str, builtins.set[str] | None]
 
 
 class ReadPath:
@@ -75,9 +78,10 @@ class ReadPath:
         Requests (send back the answer): ``("ref", config)`` the resolved ThreadRef,
         ``("keys", tenant)`` the tenant's existing keys or None, ``("get_tuple", config)``,
         ``("list", (config, before, limit))`` opens a listing, ``("next", None)`` its next
-        row or None at its end, ``("close", None)`` closes it, ``("restore", (keys,
-        history))`` :meth:`restore_history`. A runner closes a listing left open when the
-        walk raises."""
+        row or None at its end, ``("close", None)`` and ``("release", None)`` (before the
+        lookup of a detached ancestor's parent, see :meth:`open_steps`) close it,
+        ``("restore", (keys, history))`` :meth:`restore_history`. A runner closes a listing
+        left open when the walk raises."""
         if not channels:
             return {}
         ref: ThreadRef = yield ("ref", config)
@@ -86,26 +90,24 @@ class ReadPath:
         target = yield ("get_tuple", self.io.config(ref, config))
         if target is None or keys is None:
             return walk.result()
-
-        def ancestor(tup: CheckpointTuple) -> CheckpointTuple:
-            return self.open_ancestor(codec, keys, ref, tup)
-
-        walk.start(ancestor(target))
+        walk.start((yield from self.ancestor_steps(codec, keys, ref, target)))
         page = DELTA_FIRST_PAGE
         while walk.needs_more():
             yield ("list", (self.io.config(ref), walk.before(), page))
             seen = 0
             while (tup := (yield ("next", None))) is not None:
                 seen += 1
-                if walk.is_next(tup) and not walk.visit(ancestor(tup)):
-                    break
+                if walk.is_next(tup) and not walk.visit(
+                        (yield from self.ancestor_steps(codec, keys, ref, tup))):
+                    break  # (a detached ancestor, whose lookup released the listing, ends it)
             else:
                 if seen < page:
                     walk.listing_ended()
             yield ("close", None)
             if walk.needs_fetch():  # a parent the listing does not reach (ids out of order)
                 parent = yield ("get_tuple", self.io.config(ref, walk.wanted_config()))
-                walk.fetched(None if parent is None else ancestor(parent))
+                walk.fetched(None if parent is None else
+                             (yield from self.ancestor_steps(codec, keys, ref, parent)))
             page = min(page * 4, DELTA_MAX_PAGE)
         if self.pii.redactor is None:
             return walk.result()
@@ -114,41 +116,40 @@ class ReadPath:
     def delta_history(self, codec: SealedCodec, config: RunnableConfig,
                       channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
         """:meth:`delta_steps` with the sync API of the inner saver."""
-        steps = self.delta_steps(codec, config, channels)
         inner = self.io.inner
-        rows: Iterator[CheckpointTuple]  # the open listing, after a "list" request
-        reply: Any = None
+        rows: Iterator[CheckpointTuple] = iter(())  # the open listing, after a "list" request
         with ExitStack() as listing:
-            while True:
-                try:
-                    kind, arg = steps.send(reply)
-                except StopIteration as done:
-                    return cast(Mapping[str, DeltaChannelHistory], done.value)
-                reply = None
+            def serve(kind: str, arg: Any) -> Any:
+                nonlocal inner, rows
                 if kind == "ref":
-                    reply = self.gate.resolve_ref(arg, DELTA_OPERATION)
+                    ref = self.gate.resolve_ref(arg, DELTA_OPERATION)
                     inner = self.io.sync(DELTA_OPERATION)
-                elif kind == "keys":
-                    reply = self.services.keys.keys_for(arg, create=False)
-                elif kind == "get_tuple":
-                    reply = inner.get_tuple(arg)
-                elif kind == "list":
+                    return ref
+                if kind == "keys":
+                    return self.services.keys.keys_for(arg, create=False)
+                if kind == "get_tuple":
+                    return inner.get_tuple(arg)
+                if kind == "list":
                     cfg, before, limit = arg
                     rows = iter(listing.enter_context(closing(
                         self.io.listing(inner, cfg, before=before, limit=limit))))
                 elif kind == "next":
-                    reply = next(rows, None)
-                elif kind == "close":
+                    return next(rows, None)
+                elif kind in ("close", "release"):
                     listing.close()
+                    rows = iter(())
                 else:
-                    reply = self.restore_history(*arg)
+                    return self.restore_history(*arg)
+                return None
+            return run_steps(self.delta_steps(codec, config, channels), serve)
 
-    def open_ancestor(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
-                      tup: CheckpointTuple) -> CheckpointTuple:
+    def ancestor_steps(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                       tup: CheckpointTuple) -> Steps[CheckpointTuple]:
+        """:meth:`open_steps` for a row of the walked thread (a row of another is refused)."""
         at = self.io.ref_of(ref.tenant, tup)
         if at is None or at.thread_id != ref.thread_id:
             raise TamperedDataError("inner saver returned a checkpoint of another thread")
-        return self.open_checked(codec, keys, at, tup, None)
+        return (yield from self.open_steps(codec, keys, at, tup, None))
 
     def restore_history(self, keys: TenantKeys, history: dict[str, DeltaChannelHistory]
                          ) -> dict[str, DeltaChannelHistory]:
@@ -189,36 +190,35 @@ class ReadPath:
 
     async def adelta_history(self, codec: SealedCodec, config: RunnableConfig,
                              channels: Sequence[str]) -> Mapping[str, DeltaChannelHistory]:
-        """:meth:`delta_steps` with the async API (key and vault lookups off the loop; a
-        sync-only inner saver walked by :meth:`delta_history` in a worker thread)."""
+        """:meth:`delta_steps` with the async API: every checkpoint awaited, nothing read
+        with the sync API on the loop (key and vault lookups run off it; a sync-only inner
+        saver is walked by :meth:`delta_history` in a worker thread)."""
         if channels and self.io.sync_only:
             return await asyncio.to_thread(self.delta_history, codec, config, channels)
-        steps = self.delta_steps(codec, config, channels)
-        rows: AsyncIterator[CheckpointTuple]  # the open listing, after a "list" request
-        reply: Any = None
+        inner = self.io.inner
+        rows: AsyncIterator[CheckpointTuple] = empty_rows()  # after a "list" request
         async with AsyncExitStack() as listing:
-            while True:
-                try:
-                    kind, arg = steps.send(reply)
-                except StopIteration as done:
-                    return cast(Mapping[str, DeltaChannelHistory], done.value)
-                reply = None
+            async def serve(kind: str, arg: Any) -> Any:
+                nonlocal rows
                 if kind == "ref":
-                    reply = await self.gate.aresolve_ref(arg, DELTA_OPERATION)
-                elif kind == "keys":
-                    reply = await self.services.aexisting_keys(arg)
-                elif kind == "get_tuple":
-                    reply = await self.io.inner.aget_tuple(arg)
-                elif kind == "list":
+                    return await self.gate.aresolve_ref(arg, DELTA_OPERATION)
+                if kind == "keys":
+                    return await self.services.aexisting_keys(arg)
+                if kind == "get_tuple":
+                    return await inner.aget_tuple(arg)
+                if kind == "list":
                     cfg, before, limit = arg
                     rows = aiter(await listing.enter_async_context(aclosing(
-                        self.io.inner.alist(cfg, before=before, limit=limit))))
+                        inner.alist(cfg, before=before, limit=limit))))
                 elif kind == "next":
-                    reply = await anext(rows, None)
-                elif kind == "close":
+                    return await anext(rows, None)
+                elif kind in ("close", "release"):
                     await listing.aclose()
+                    rows = empty_rows()
                 else:
-                    reply = await asyncio.to_thread(self.restore_history, *arg)
+                    return await asyncio.to_thread(self.restore_history, *arg)
+                return None
+            return await arun_steps(self.delta_steps(codec, config, channels), serve)
 
     def list_args(self, config: RunnableConfig | None, before: RunnableConfig | None
                    ) -> tuple[str, RunnableConfig | None, RunnableConfig | None, bool]:
@@ -280,93 +280,81 @@ class ReadPath:
                 limit=limit)])
         return newest_first(per_thread)
 
-    def open_listed(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
-                    tup: CheckpointTuple,
-                     release: Callable[[], None] | None = None
-                     ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None] | None] | None:
-        ref = self.io.ref_of(tenant, tup)
-        if ref is None:
-            return None  # another tenant's row in an unscoped inner listing
-        known: dict[str, builtins.set[str] | None] | None = (
-            {} if self.pii.redactor is not None else None)
-        return self.open_checked(codec, keys, ref, tup, known, release), known
-
-    async def aopen_listed(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
-                           tup: CheckpointTuple,
-                            release: Callable[[], Awaitable[None]] | None = None
-                            ) -> tuple[CheckpointTuple, dict[str, builtins.set[str] | None]
-                                       | None] | None:
+    # opening stored tuples (shared by reads): one body, a sync and an async runner ---------
+    def listed_steps(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
+                     tup: CheckpointTuple) -> Steps[tuple[CheckpointTuple, Known | None] | None]:
+        """:meth:`open_steps` for a row of a listing, with the PII tokens it holds (None for
+        another tenant's row in an unscoped inner listing)."""
         ref = self.io.ref_of(tenant, tup)
         if ref is None:
             return None
-        known: dict[str, builtins.set[str] | None] | None = (
-            {} if self.pii.redactor is not None else None)
-        return await self.aopen_checked(codec, keys, ref, tup, known, release), known
+        known: Known | None = {} if self.pii.redactor is not None else None
+        return (yield from self.open_steps(codec, keys, ref, tup, known)), known
 
-    # opening stored tuples (shared by reads) ------------------------------------------------
-    def open_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
-                     tup: CheckpointTuple,
-                      known: dict[str, builtins.set[str] | None] | None,
-                      release: Callable[[], None] | None = None) -> CheckpointTuple:
-        try:
-            return self._open_checked(codec, keys, ref, tup, known, release)
-        except _DetachedParent:
-            raise
-        except TamperedDataError as exc:
-            raise named_refusal(ref, tup, exc) from None
-
-    async def aopen_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
-                            tup: CheckpointTuple,
-                             known: dict[str, builtins.set[str] | None] | None,
-                             release: Callable[[], Awaitable[None]] | None = None
-                             ) -> CheckpointTuple:
-        try:
-            return await self._aopen_checked(codec, keys, ref, tup, known, release)
-        except _DetachedParent:
-            raise
-        except TamperedDataError as exc:
-            raise named_refusal(ref, tup, exc) from None
-
-    def _open_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
-                      tup: CheckpointTuple,
-                            known: dict[str, builtins.set[str] | None] | None,
-                            release: Callable[[], None] | None = None) -> CheckpointTuple:
+    def open_steps(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                   tup: CheckpointTuple, known: Known | None) -> Steps[CheckpointTuple]:
         """open_tuple, plus the one check it cannot make alone: a checkpoint whose parent link
         is gone is accepted only if that parent no longer exists (pruned with keep_latest).
-        ``release`` frees an inner listing in progress before that lookup."""
+        Requests: ``("release", None)`` frees an inner listing in progress (its cursor and
+        lock) before ``("get_tuple", config)`` looks the parent up. A refusal names the row."""
         at = row_ref(ref, tup)
         try:
-            return codec.open_tuple(keys, at, tup, self.io.outer(ref.tenant), known)
-        except _DetachedParent as detached:
-            if release is not None:
-                release()
-            parent_cfg = parent_config(at, tup, detached.parent)
-            inner = self.io.sync("get_tuple")
+            try:
+                return codec.open_tuple(keys, at, tup, self.io.outer(ref.tenant), known)
+            except _DetachedParent as detached:
+                parent_cfg, refusal = parent_config(at, tup, detached.parent), str(detached)
+            yield ("release", None)
             with decoding(at, parent_cfg):
-                exists = inner.get_tuple(parent_cfg) is not None
+                exists = (yield ("get_tuple", parent_cfg)) is not None
             if exists:
-                raise TamperedDataError(str(detached)) from None
+                raise TamperedDataError(refusal)
             return codec.open_tuple(keys, at, tup, self.io.outer(ref.tenant), known,
-                                         detached_ok=True)
+                                    detached_ok=True)
+        except _DetachedParent:
+            raise
+        except TamperedDataError as exc:
+            raise named_refusal(ref, tup, exc) from None
 
-    async def _aopen_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
-                                   tup: CheckpointTuple,
-                                   known: dict[str, builtins.set[str] | None] | None,
-                                   release: Callable[[], Awaitable[None]] | None = None
-                                   ) -> CheckpointTuple:
-        at = row_ref(ref, tup)
-        try:
-            return codec.open_tuple(keys, at, tup, self.io.outer(ref.tenant), known)
-        except _DetachedParent as detached:
-            if release is not None:
-                await release()
-            parent_cfg = parent_config(at, tup, detached.parent)
-            with decoding(at, parent_cfg):
-                exists = await self.io.call("get_tuple", parent_cfg) is not None
-            if exists:
-                raise TamperedDataError(str(detached)) from None
-            return codec.open_tuple(keys, at, tup, self.io.outer(ref.tenant), known,
-                                         detached_ok=True)
+    def open_listed(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
+                    tup: CheckpointTuple, release: Callable[[], None] | None = None
+                    ) -> tuple[CheckpointTuple, Known | None] | None:
+        return run_steps(self.listed_steps(codec, keys, tenant, tup), self.opening(release))
+
+    async def aopen_listed(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
+                           tup: CheckpointTuple,
+                           release: Callable[[], Awaitable[None]] | None = None
+                           ) -> tuple[CheckpointTuple, Known | None] | None:
+        return await arun_steps(self.listed_steps(codec, keys, tenant, tup),
+                                self.aopening(release))
+
+    def open_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                     tup: CheckpointTuple, known: Known | None,
+                     release: Callable[[], None] | None = None) -> CheckpointTuple:
+        return run_steps(self.open_steps(codec, keys, ref, tup, known), self.opening(release))
+
+    async def aopen_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                            tup: CheckpointTuple, known: Known | None,
+                            release: Callable[[], Awaitable[None]] | None = None
+                            ) -> CheckpointTuple:
+        return await arun_steps(self.open_steps(codec, keys, ref, tup, known),
+                                self.aopening(release))
+
+    def opening(self, release: Callable[[], None] | None) -> Callable[[str, Any], Any]:
+        """The sync I/O of :meth:`open_steps` (``release`` frees the caller's listing)."""
+        def serve(kind: str, arg: Any) -> Any:
+            if kind == "release":
+                return None if release is None else release()
+            return self.io.sync("get_tuple").get_tuple(arg)
+        return serve
+
+    def aopening(self, release: Callable[[], Awaitable[None]] | None
+                 ) -> Callable[[str, Any], Awaitable[Any]]:
+        """The async I/O of :meth:`open_steps`."""
+        async def serve(kind: str, arg: Any) -> Any:
+            if kind == "release":
+                return None if release is None else await release()
+            return await self.io.call("get_tuple", arg)
+        return serve
 
 
 class DeltaWalk:
@@ -451,3 +439,40 @@ def parent_id(tup: CheckpointTuple) -> str | None:
     if tup.parent_config is None:
         return None
     return tup.parent_config["configurable"].get("checkpoint_id") or None
+
+
+def run_steps(steps: Steps[T], serve: Callable[[str, Any], Any]) -> T:
+    """Drive a step body with sync I/O: each request's answer is sent back, its failure
+    thrown in (so the body's own handlers, e.g. ``decoding``, see it)."""
+    reply: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            kind, arg = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return cast(T, done.value)
+        try:
+            reply, error = serve(kind, arg), None
+        except Exception as exc:  # noqa: BLE001 - thrown into the body, which re-raises
+            reply, error = None, exc
+
+
+async def arun_steps(steps: Steps[T], serve: Callable[[str, Any], Awaitable[Any]]) -> T:
+    """:func:`run_steps` with async I/O (every request awaited)."""
+    reply: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            kind, arg = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return cast(T, done.value)
+        try:
+            reply, error = await serve(kind, arg), None
+        except Exception as exc:  # noqa: BLE001 - thrown into the body, which re-raises
+            reply, error = None, exc
+
+
+async def empty_rows() -> AsyncIterator[CheckpointTuple]:
+    """No listing open."""
+    return
+    yield

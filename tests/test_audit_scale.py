@@ -286,12 +286,13 @@ print(json.dumps(sorted(m for m in sys.modules if m in heavy)), file=sys.stderr)
 """
 
 
-def _heavy_modules_loaded(args: list[str], cwd: Path) -> tuple[list[str], str]:
+def _heavy_modules_loaded(args: list[str], cwd: Path,
+                          heavy: tuple[str, ...] = _HEAVY) -> tuple[list[str], str]:
     import os
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k != "SECURESAVER_MASTER_KEY"}
-    proc = subprocess.run([sys.executable, "-c", _LOADED.format(heavy=_HEAVY), *args],
+    proc = subprocess.run([sys.executable, "-c", _LOADED.format(heavy=heavy), *args],
                           capture_output=True, text=True, env=env, timeout=120, cwd=cwd)
     return json.loads(proc.stderr.strip().splitlines()[-1]), proc.stdout
 
@@ -312,6 +313,30 @@ def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio
     assert loaded == [] and json.loads(out)
     loaded, _ = _heavy_modules_loaded(["--help"], tmp_path)
     assert loaded == []
+
+
+_STARTUP = ("pydantic", "cryptography", "langgraph_securesaver.keyring", "rich.table")
+
+
+def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, redactor) -> None:
+    """``--help`` needs neither the keyring (cryptography) nor pydantic, and a JSON report no
+    rich table. (Typer >= 0.29 converts every other parameter value with pydantic, so a
+    command that runs, and ``<command> --help``, do load it.)"""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    loaded, _ = _heavy_modules_loaded(["--help"], tmp_path, _STARTUP)
+    assert loaded == ["rich.table"]         # typer's own help panels use it
+    for command in ("events", "audit", "keygen"):
+        loaded, out = _heavy_modules_loaded([command, "--help"], tmp_path, _STARTUP)
+        assert "cryptography" not in loaded and "langgraph_securesaver.keyring" not in loaded
+        assert "--help" in out
+    for command in ("audit", "events"):
+        loaded, out = _heavy_modules_loaded([command, "--url", url, "--format", "json"],
+                                            tmp_path, _STARTUP)
+        assert "rich.table" not in loaded and json.loads(out)
+        assert "cryptography" in loaded     # the watch sees what a command does load
+    loaded, out = _heavy_modules_loaded(["audit", "--url", url], tmp_path, _STARTUP)
+    assert "rich.table" in loaded and "t-pii" in out   # a table report still imports it
 
 
 def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(

@@ -279,3 +279,170 @@ def _out_of_order_thread(saver: SecureSaver, write: Any) -> dict:
         parent = cid
     return {"configurable": {"thread_id": "o", "tenant_id": "acme", "checkpoint_ns": "",
                              "checkpoint_id": "1"}}
+
+
+# --- ancestors fetched by id: a detached parent link, a parent the listing cannot reach ------
+
+def _detached_thread(saver: SecureSaver) -> dict:
+    """Thread "d": two turns, pruned to its latest checkpoint (its parent link removed, the
+    parent gone), then one more turn; returns the new latest config (the detached checkpoint
+    is its parent, reached by the walk's listing)."""
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_securesaver.demo import build_chat_graph
+
+    graph = build_chat_graph(saver)
+    conf = {"configurable": {"thread_id": "d", "tenant_id": "acme"}}
+    for text in ("one", "two"):
+        graph.invoke({"messages": [HumanMessage(text)]}, conf)
+    with tenant_scope("acme"):
+        saver.prune(["d"], strategy="keep_latest")
+    graph.invoke({"messages": [HumanMessage("three")]}, conf)
+    return saver.get_tuple(conf).config
+
+
+def _thread_for(situation: str) -> Any:
+    if situation == "detached":
+        return _detached_thread
+    return lambda saver: _out_of_order_thread(saver, lambda i: [f"w{i}"])
+
+
+def _channels(situation: str) -> list[str]:
+    return ["messages", "nope"] if situation == "detached" else ["items"]
+
+
+def _stored_ids(saver: SecureSaver, config: dict) -> set[str]:
+    conf = {"configurable": {"thread_id": config["configurable"]["thread_id"],
+                             "tenant_id": "acme"}}
+    return {t.config["configurable"]["checkpoint_id"] for t in saver.list(conf)}
+
+
+def _check_lookups(situation: str, asked: list[str], stored: set[str]) -> None:
+    """The walk really fetched by id: the detached checkpoint's (pruned) parent, or the
+    out-of-order parents."""
+    if situation == "detached":
+        assert set(asked) - stored, asked  # the lookup that accepts the detached link
+    else:
+        assert {"7", "9"} <= set(asked), asked
+
+
+@pytest.mark.parametrize("situation", ["detached", "out_of_order"])
+def test_adelta_history_over_an_async_only_saver_fetches_ancestors_asynchronously(
+        situation: str, tmp_path: Path) -> None:
+    """AsyncSqliteSaver has no sync API on its loop: every checkpoint the async walk needs
+    (a detached ancestor's parent included) is asked for with aget_tuple, after the listing
+    (which holds the saver's lock) is released."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    async def main() -> None:
+        async with SecureSaver.afrom_url(f"sqlite:///{tmp_path / 'a.db'}",
+                                         keyring=Keyring.generate(), redaction=None) as saver:
+            target = await asyncio.to_thread(_thread_for(situation), saver)
+            stored = await asyncio.to_thread(_stored_ids, saver, target)
+            inner = saver.inner
+            asked: list[str] = []
+            real = inner.aget_tuple
+
+            async def spy(config: dict) -> Any:
+                assert not inner.lock.locked(), "looked up while a listing holds the lock"
+                asked.append(config["configurable"].get("checkpoint_id"))
+                return await real(config)
+            inner.aget_tuple = spy
+            channels = _channels(situation)
+            history = await saver.aget_delta_channel_history(config=target, channels=channels)
+            _check_lookups(situation, asked, stored)
+            assert history == await BaseCheckpointSaver.aget_delta_channel_history(
+                saver, config=target, channels=channels)
+            # the sync walk from a worker thread (bridged to the saver's loop) agrees
+            assert history == await asyncio.to_thread(
+                lambda: saver.get_delta_channel_history(config=target, channels=channels))
+            assert history[channels[0]].get("seed") is not None
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("situation", ["detached", "out_of_order"])
+def test_adelta_history_makes_no_sync_inner_call_on_the_event_loop(situation: str) -> None:
+    """Over a saver with both APIs the async walk never calls the sync one on the loop."""
+    import threading
+
+    sync_threads: set[int] = set()
+
+    class Spying(InMemorySaver):  # the async API here does not go through the sync one
+        def get_tuple(self, config):
+            sync_threads.add(threading.get_ident())
+            return super().get_tuple(config)
+
+        def list(self, config, **kw):
+            sync_threads.add(threading.get_ident())
+            return super().list(config, **kw)
+
+        async def aget_tuple(self, config):
+            return InMemorySaver.get_tuple(self, config)
+
+        async def alist(self, config, **kw):
+            for tup in InMemorySaver.list(self, config, **kw):
+                yield tup
+
+    saver = SecureSaver(Spying(), keyring=Keyring.generate(), redaction=None)
+    target = _thread_for(situation)(saver)
+    channels = _channels(situation)
+    expected = _base_walk(saver, target, channels)
+
+    async def main() -> tuple[int, Any]:
+        sync_threads.clear()
+        return threading.get_ident(), await saver.aget_delta_channel_history(
+            config=target, channels=channels)
+
+    loop_thread, history = asyncio.run(main())
+    assert loop_thread not in sync_threads
+    assert history == expected and history[channels[0]].get("seed") is not None
+
+
+def test_delta_history_looks_up_a_detached_ancestor_after_releasing_the_listing(
+        tmp_path: Path) -> None:
+    """SqliteSaver's listing holds its (non-reentrant) lock until closed: the lookup that
+    accepts a detached ancestor comes after the listing is closed (it used to deadlock)."""
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 's.db'}", keyring=Keyring.generate(),
+                              redaction=None) as saver:
+        target = _detached_thread(saver)
+        stored = _stored_ids(saver, target)
+        inner = saver.inner
+        asked: list[str] = []
+        real = inner.get_tuple
+
+        def spy(config: dict) -> Any:
+            assert not inner.lock.locked(), "looked up while a listing holds the lock"
+            asked.append(config["configurable"].get("checkpoint_id"))
+            return real(config)
+        inner.get_tuple = spy
+        channels = _channels("detached")
+        history = saver.get_delta_channel_history(config=target, channels=channels)
+        _check_lookups("detached", asked, stored)
+        assert history == _base_walk(saver, target, channels)
+        assert history["messages"]["seed"]
+
+
+def test_delta_history_refuses_an_ancestor_whose_parent_link_was_removed() -> None:
+    """A parent link nulled while the parent still exists is tampering, for both runners
+    (the refusal names the row)."""
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_securesaver import TamperedDataError
+    from langgraph_securesaver.demo import build_chat_graph
+
+    inner = InMemorySaver()
+    saver = SecureSaver(inner, keyring=Keyring.generate(), redaction=None)
+    graph = build_chat_graph(saver)
+    conf = {"configurable": {"thread_id": "n", "tenant_id": "acme"}}
+    for text in ("one", "two"):
+        graph.invoke({"messages": [HumanMessage(text)]}, conf)
+    latest = saver.get_tuple(conf)
+    victim = latest.parent_config["configurable"]["checkpoint_id"]
+    by_id = next(iter(inner.storage.values()))[""]
+    by_id[victim] = (*by_id[victim][:2], None)
+    channels = ["messages", "nope"]
+    with pytest.raises(TamperedDataError, match=f"{victim}.*parent still exists"):
+        saver.get_delta_channel_history(config=latest.config, channels=channels)
+    with pytest.raises(TamperedDataError, match=f"{victim}.*parent still exists"):
+        asyncio.run(saver.aget_delta_channel_history(config=latest.config, channels=channels))

@@ -223,10 +223,18 @@ def test_compare_and_swap_never_clobbers_a_concurrent_write(db) -> None:
             assert reread_blob.blob == other_blob.blob
 
 
+#: The re-encryption's progress hook waits for the graph to write WRITES_PER_PAUSE times, once
+#: in each PAUSES-th of the first pass: that many writes land between pages of a running
+#: re-encryption, before and after the rows they touch are rewritten, however loaded the
+#: machine (no sleep decides it).
+PAUSES, WRITES_PER_PAUSE = 6, 2
+
+
 def test_reencryption_online_while_a_graph_keeps_writing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     ring = build(url, threads=10, turns=3)
     written: list[tuple[str, str, str]] = []
+    wrote = threading.Condition()
     stop = threading.Event()
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         graph = build_chat_graph(saver)
@@ -237,22 +245,33 @@ def test_reencryption_online_while_a_graph_keeps_writing(tmp_path: Path) -> None
                 tenant, thread = _threads(10)[n % 10]
                 text = f"live write {n}"
                 graph.invoke({"messages": [HumanMessage(text)]}, _cfg(thread, tenant))
-                written.append((tenant, thread, text))
+                with wrote:
+                    written.append((tenant, thread, text))
+                    wrote.notify_all()
                 n += 1
+
+        pauses: list[int] = []      # writes made so far, as each pause ends
+
+        def between_batches(done: int, total: int) -> None:
+            """The progress hook: runs between two pages of the unfinished re-encryption."""
+            if len(pauses) < PAUSES and done * PAUSES // total >= len(pauses):
+                with wrote:
+                    target = len(written) + WRITES_PER_PAUSE
+                    assert wrote.wait_for(lambda: len(written) >= target, timeout=120), \
+                        "the graph stopped writing"
+                    pauses.append(len(written))
 
         for tenant in TENANTS:
             saver.rotate_data_key(tenant)
         worker = threading.Thread(target=writer)
         worker.start()
         try:
-            time.sleep(0.1)
-            report = reencrypt(saver, batch_size=5, max_rate=400)
+            report = reencrypt(saver, batch_size=5, max_rate=400, progress=between_batches)
         finally:
             stop.set()
             worker.join()
-        assert len(written) > 10, "the graph did not run during the re-encryption"
-        assert report.ok and report.duration > 0.2
-        assert sum(report.rewritten.values()) > 0
+        assert len(pauses) == PAUSES      # so at least 12 writes during the re-encryption
+        assert report.ok and sum(report.rewritten.values()) > 0
     assert set(sqlite_versions(tmp_path / "agent.db")) == {2}
     state = read_all(url, ring, 10)
     for tenant, thread, text in written:
