@@ -108,6 +108,8 @@ class _StorageWalk:
         return self.index.split(thread_id)[0] == self.tenant
 
     def _age(self, tenant_key: str, size: int, ts: float | None) -> None:
+        if not size:                     # (an empty value ages nothing, as in the statement)
+            return
         bucket = age_bucket(None if ts is None else max(0.0, self.now - ts))
         per = self.age_bytes.setdefault(tenant_key, {})
         per[bucket] = per.get(bucket, 0) + size
@@ -130,11 +132,14 @@ class _StorageWalk:
             self._tick(len(rows))
         for blobs in self.raw.blobs():
             for blob in blobs:
-                if not self._wanted(blob.thread_id) or blob.blob is None:
+                if not self._wanted(blob.thread_id):
+                    continue
+                # a row without a value still names its thread (as in the statement)
+                stored = self.threads.setdefault(blob.thread_id, _Stored())
+                if blob.blob is None:
                     continue
                 if _value_unsealed(blob.type, blob.blob):
                     self._unsealed("checkpoint_blobs")
-                stored = self.threads.setdefault(blob.thread_id, _Stored())
                 stored.stored_bytes += len(blob.blob)
                 if is_token(blob.blob):
                     stored.versions.add(token_key_version(blob.blob))
@@ -144,11 +149,13 @@ class _StorageWalk:
             self._tick(len(blobs))
         for writes in self.raw.writes():
             for w in writes:
-                if not self._wanted(w.thread_id) or w.value is None:
+                if not self._wanted(w.thread_id):
+                    continue
+                stored = self.threads.setdefault(w.thread_id, _Stored())
+                if w.value is None:
                     continue
                 if _value_unsealed(w.type, w.value):
                     self._unsealed("checkpoint_writes" if self.raw.has_blobs else "writes")
-                stored = self.threads.setdefault(w.thread_id, _Stored())
                 stored.stored_bytes += len(w.value)
                 if is_token(w.value):
                     stored.versions.add(token_key_version(w.value))
@@ -196,10 +203,12 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
                progress: Callable[[int, int], None] | None = None
                ) -> tuple[Iterator[ThreadAudit], Callable[[], AuditSummary]]:
     """The inventory as a stream: ``(threads, finish)``. Iterate ``threads`` (sorted by tenant
-    and thread) to the end, then call ``finish()`` for the per-tenant totals and problems.
+    and thread, in code-point order), then call ``finish()`` for the per-tenant totals and
+    problems: they cover every thread even if the iteration stopped early (the rest is read
+    then, or read again if the stream was closed).
 
     With the registry in the inner saver's database (``from_url``) everything is aggregated
-    by one grouped statement and streamed with a server-side cursor: memory stays flat however
+    by one grouped statement and streamed as its rows arrive: memory stays flat however
     many threads there are. Otherwise the rows are walked in Python (see :func:`audit`)."""
     from .timeargs import to_epoch
     tenant = _admin_tenant(saver, "audit", tenant)
@@ -221,6 +230,14 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
     stream = _iter_sql(saver, all_tenants, tenant, now, totals, progress)
 
     def finish() -> AuditSummary:
+        # a caller that stopped early still gets every thread's totals, as from the walk
+        nonlocal totals
+        for _ in stream:
+            pass
+        if not totals.complete:          # the stream was closed before its end: read again
+            totals = _Totals(saver, all_tenants, tenant, now)
+            for _ in _iter_sql(saver, all_tenants, tenant, now, totals, None):
+                pass
         tenants, problems = totals.finish()
         problems += _unsealed_problems(totals.unsealed)
         return AuditSummary(now, backend, tenant, tenants, totals.orphans,

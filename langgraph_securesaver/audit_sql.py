@@ -9,9 +9,9 @@ Knows the tables' layouts and the report types; nothing of keys, sealing or the 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -23,7 +23,7 @@ from .audit_report import (
     ThreadAudit,
     _checkpoint_epoch,
 )
-from .audit_statements import SEP_ITEM, SEP_KIND, inventory_pg, inventory_sqlite
+from .audit_statements import SEALED_TEXT_PREFIX, inventory_pg, inventory_sqlite
 from .crypto import is_token
 
 if TYPE_CHECKING:
@@ -41,9 +41,11 @@ logger = logging.getLogger("langgraph_securesaver.audit")
 # the row predicates both the Python walk (:mod:`.audit`) and the statements use
 def _checkpoint_unsealed(row: CheckpointRow) -> bool:
     """A checkpoint row SecureSaver could not have written (parse error, a foreign payload,
-    no sealed metadata, or a channel value that is not a ciphertext)."""
+    no sealed metadata -- a text token's head, what the PostgreSQL statement can test -- or a
+    channel value that is not a ciphertext)."""
+    sealed = (row.metadata or {}).get("__securesaver__")
     return (row.error is not None or row.foreign is not None
-            or not isinstance((row.metadata or {}).get("__securesaver__"), str)
+            or not (isinstance(sealed, str) and sealed.startswith(SEALED_TEXT_PREFIX))
             or not all(is_token(v) for v in row.channel_values.values()))
 
 
@@ -155,72 +157,51 @@ def _epoch(value: Any) -> float | None:
 
 
 def _sqlite_functions(conn: Any) -> None:
-    """Scalar functions the SQLite inventory uses on msgpack checkpoint rows (no decoding of
-    the document: the timestamp and the ciphertext headers are found by their encoding)."""
+    """Scalar functions the SQLite inventory uses on msgpack checkpoint rows."""
+    rows = _SqliteRows()
     raw = conn.connection.driver_connection
-    raw.create_function("securesaver_ckpt_ts", 2, _msgpack_ts, deterministic=True)
-    raw.create_function("securesaver_token_versions", 1, _msgpack_token_versions,
-                        deterministic=True)
-    raw.create_function("securesaver_ckpt_unsealed", 3, _sqlite_checkpoint_unsealed,
-                        deterministic=True)
+    raw.create_function("securesaver_ckpt_ts", 3, rows.ts, deterministic=True)
+    raw.create_function("securesaver_token_versions", 3, rows.versions, deterministic=True)
+    raw.create_function("securesaver_ckpt_unsealed", 3, rows.unsealed, deterministic=True)
 
 
-def _sqlite_checkpoint_unsealed(type_: Any, checkpoint: Any, metadata: Any) -> int:
-    """_checkpoint_unsealed of a SQLite checkpoints row, decoded exactly as the Python walk
-    decodes it (strict serializer, inert placeholders; nothing is evaluated)."""
-    from .raw_tables import decode_sqlite_checkpoint
-    try:
-        row = decode_sqlite_checkpoint(("", "", "", None, type_, checkpoint, metadata))
-        return 1 if _checkpoint_unsealed(row) else 0
-    except Exception:  # noqa: BLE001 - a row this cannot even look at is not SecureSaver's
-        return 1
+class _SqliteRows:
+    """A SQLite checkpoints row's timestamp, key versions and unsealed flag, read from the
+    row decoded exactly as the Python walk decodes it (strict serializer, inert placeholders;
+    nothing is evaluated): the same answers on any document, a crafted one included. The
+    statement calls these several times per row: the last row decoded is kept."""
 
+    def __init__(self) -> None:
+        self._key: tuple[Any, Any, Any] | None = None
+        self._row: CheckpointRow | None = None
 
-def _msgpack_ts(type_: Any, blob: Any) -> float | None:
-    if not isinstance(blob, bytes) or type_ != "msgpack":
-        return None
-    at = blob.find(b"\xa2ts")
-    while at >= 0:
-        head = at + 3
-        if head < len(blob):
-            marker = blob[head]
-            if 0xA0 <= marker <= 0xBF:
-                start, length = head + 1, marker & 0x1F
-            elif marker == 0xD9 and head + 1 < len(blob):
-                start, length = head + 2, blob[head + 1]
-            else:
-                start, length = -1, 0
-            if start > 0:
-                try:
-                    return datetime.fromisoformat(
-                        blob[start:start + length].decode("ascii")).timestamp()
-                except (UnicodeDecodeError, ValueError):
-                    pass
-        at = blob.find(b"\xa2ts", at + 1)
-    return None
+    def _decoded(self, type_: Any, checkpoint: Any, metadata: Any) -> CheckpointRow | None:
+        key = (type_, checkpoint, metadata)
+        if self._key != key:
+            from .raw_tables import decode_sqlite_checkpoint
+            try:
+                self._row = decode_sqlite_checkpoint(("", "", "", None, *key))
+            except Exception:  # noqa: BLE001 - a row this cannot even look at is not ours
+                self._row = None
+            self._key = key
+        return self._row
 
+    def ts(self, type_: Any, checkpoint: Any, metadata: Any) -> float | None:
+        row = self._decoded(type_, checkpoint, metadata)
+        return None if row is None else _checkpoint_epoch(row.ts)
 
-def _msgpack_token_versions(blob: Any) -> str | None:
-    """Versions of the ciphertexts stored as msgpack bin values in a checkpoint document."""
-    from .crypto import MIN_TOKEN_BYTES
-    if not isinstance(blob, bytes):
-        return None
-    found: set[int] = set()
-    at = blob.find(b"SS\x01")
-    while at >= 0:
-        size = None
-        if at >= 2 and blob[at - 2] == 0xC4:
-            size = blob[at - 1]
-        elif at >= 3 and blob[at - 3] == 0xC5:
-            size = int.from_bytes(blob[at - 2:at], "big")
-        elif at >= 5 and blob[at - 5] == 0xC6:
-            size = int.from_bytes(blob[at - 4:at], "big")
-        if size is not None and MIN_TOKEN_BYTES <= size <= len(blob) - at:
-            found.add(int.from_bytes(blob[at + 3:at + 7], "big"))
-            at = blob.find(b"SS\x01", at + size)
-        else:
-            at = blob.find(b"SS\x01", at + 1)
-    return ",".join(str(v) for v in sorted(found)) or None
+    def versions(self, type_: Any, checkpoint: Any, metadata: Any) -> str | None:
+        """The key versions of the ciphertexts among the channel values (the walk's)."""
+        from .crypto import token_key_version
+        row = self._decoded(type_, checkpoint, metadata)
+        if row is None:
+            return None
+        found = {token_key_version(v) for v in row.channel_values.values() if is_token(v)}
+        return ",".join(str(v) for v in sorted(found)) or None
+
+    def unsealed(self, type_: Any, checkpoint: Any, metadata: Any) -> int:
+        row = self._decoded(type_, checkpoint, metadata)
+        return 1 if row is None or _checkpoint_unsealed(row) else 0
 
 
 class _Totals:
@@ -245,6 +226,7 @@ class _Totals:
         self.threads = 0
         self.overdue = 0
         self.unregistered = 0
+        self.complete = False            # every row of the statement was folded in
 
     def age_slots(self, tenant_key: str) -> list[int]:
         """Stored bytes per age bucket (the last slot: unknown age) of a tenant."""
@@ -337,6 +319,7 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
     """Stream ThreadAudits from the grouped statement, as its rows arrive."""
     registry = saver.registry
     if not tenants:
+        totals.complete = True
         return
     if registry.dialect == "postgresql":
         sql, params = inventory_pg(tenants, tenant, now)
@@ -361,8 +344,16 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
             stored = int(r["ck_bytes"] or 0) + int(r["bl_bytes"] or 0) + int(r["wr_bytes"] or 0)
             owner = r["owner"]
             first, last = _epoch(r["first_ts"]), _epoch(r["last_ts"])
+            # checkpoints whose ts the statement could not order as text (PostgreSQL)
+            odd = [(_checkpoint_epoch(None if v is None else str(v)), int(size or 0))
+                   for v, size in zip(r.get("ots") or (), r.get("obytes") or (), strict=True)]
+            for ts, _size in odd:
+                if ts is not None:
+                    first = ts if first is None else min(first, ts)
+                    last = ts if last is None else max(last, ts)
             if r["inner_id"] is not None:
-                _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last)
+                _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last,
+                      odd)
                 totals.unsealed_rows(r)
             if owner is None:
                 totals.orphan(r["thread"], checkpoints, stored)
@@ -385,6 +376,7 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
                 held_past_ttl=bool(held_past))
             totals.thread(th)
             yield th
+    totals.complete = True
     if progress:
         progress(done, max(total, done))
 
@@ -419,11 +411,14 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
 _AGE_COLUMNS = [f"a{k}" for k in range(len(AGE_BUCKETS))]
 
 
-def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None) -> None:
+def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None,
+          odd: list[tuple[float | None, int]]) -> None:
     per = totals.age_slots(key)
     for k, column in enumerate(_AGE_COLUMNS):
         per[k] += r[column] or 0
     per[-1] += r["au"] or 0
+    for ts, size in odd:
+        per[_slot(totals.now, ts)] += size
     # blobs are aged by the thread's first checkpoint (a channel value's history goes back
     # that far), pending writes by its latest one
     if r["bl_bytes"]:
@@ -442,12 +437,15 @@ def _slot(now: float, ts: float | None) -> int:
     return len(AGE_BUCKETS) - 1
 
 
-def _kinds_of(text: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in str(text or "").split(SEP_ITEM):
-        kind, sep, n = item.rpartition(SEP_KIND)
-        if sep:
-            out[kind] = out.get(kind, 0) + int(n)
+def _kinds_of(value: Any) -> dict[Any, int]:
+    """The PII kinds column: a JSON object of kind to count (PostgreSQL), or the text of
+    [SQLite type, kind, count] triples (a blob's kind in hex), read back as the walk reads
+    the column."""
+    if isinstance(value, dict):
+        return {kind: int(n) for kind, n in value.items()}
+    out: dict[Any, int] = {}
+    for type_, kind, n in json.loads(value):
+        out[bytes.fromhex(kind) if type_ == "blob" else kind] = int(n)
     return out
 
 

@@ -8,20 +8,37 @@ Knows the tables' layouts and the token format; nothing of keys, sealing or the 
 from __future__ import annotations
 
 import base64
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .audit_report import AGE_BUCKETS, iso
+from .audit_report import AGE_BUCKETS, _checkpoint_epoch
 from .crypto import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
 from .tenancy import thread_prefix
 
 PREFIX_LEN = len(thread_prefix("x"))     # "t" + 24 hex + ":"
-SEP_KIND, SEP_ITEM = "\x1e", "\x1f"   # between a PII kind and its count, between kinds
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def bucket_bounds(now: float) -> list[float]:
-    """Epoch lower bounds of the age buckets (a row at ts falls in bucket k when
-    ts > bounds[k] and ts <= bounds[k-1])."""
-    return [now - upper for _label, upper in AGE_BUCKETS[:-1]]
+def ts_threshold(now: float, upper: float) -> str:
+    """The least ts text of TS_VALID's form (microseconds) younger than ``upper`` as the walk
+    reckons it (``now - epoch(ts) < upper``, floats and all): a ts is younger exactly when
+    its text sorts at or after this one. Below or past the years 1-9999: a text before or
+    after every such ts."""
+    def text(us: int) -> str:
+        return (_EPOCH + timedelta(microseconds=us)).isoformat()
+
+    def younger(us: int) -> bool:
+        return now - (_checkpoint_epoch(text(us)) or 0.0) < upper
+
+    us = int((now - upper) * 1_000_000)
+    try:
+        while younger(us - 1):
+            us -= 1
+        while not younger(us):
+            us += 1
+        return text(us)
+    except OverflowError:
+        return "0" if now - upper < 0 else "~"
 
 
 # the part of the audit statement both dialects share: registered and unregistered threads
@@ -55,18 +72,24 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         values.append(f"(:tn{i}, :tp{i})")
     # every fragment below is a constant of this function; values are bound parameters
     tags = "VALUES " + ", ".join(values)
-    bounds = bucket_bounds(now)
+    # a row's age is reckoned as the walk reckons it: now - ts, below a bucket's upper bound
+    uppers = [upper for _label, upper in AGE_BUCKETS[:-1]]
+    params["now"] = now
     size = "(length(c.checkpoint) + coalesce(length(c.metadata), 0))"
-    ts = "securesaver_ckpt_ts(c.type, c.checkpoint)"
+    ts = "securesaver_ckpt_ts(c.type, c.checkpoint, c.metadata)"
     ts_ok = f"{ts} IS NOT NULL"
-    for k, b in enumerate(bounds):
-        params[f"b{k}"] = b
+    for k, upper in enumerate(uppers):
+        params[f"b{k}"] = upper
     md_text = "json_extract(CAST(c.metadata AS TEXT), '$.__securesaver__')"
-    ck_versions = "group_concat(DISTINCT securesaver_token_versions(c.checkpoint))"
+    ck_versions = ("group_concat(DISTINCT securesaver_token_versions(c.type, c.checkpoint, "
+                   "c.metadata))")
     blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
     magic = "substr({0}, 1, 3) = X'535301'"
     agg = "group_concat(DISTINCT {0})"
-    kinds = "group_concat(p.kind || char(30) || p.n, char(31))"
+    # JSON [type, kind, count] triples, not a separated list: a kind is free text in the
+    # database, or any SQLite value (a blob travels as hex: its text need not be UTF-8)
+    kinds = ("json_group_array(json_array(typeof(p.kind), CASE WHEN typeof(p.kind) = 'blob' "
+             "THEN hex(p.kind) ELSE p.kind END, p.n))")
     # the checkpoint body is msgpack: only the strict serializer can tell a foreign
     # payload, so the row predicate itself runs as a scalar function inside this pass
     ck_unsealed = "securesaver_ckpt_unsealed(c.type, c.checkpoint, c.metadata)"
@@ -83,13 +106,15 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         where_pii = "WHERE r.tenant = :tenant"
         params["plen"] = PREFIX_LEN
     buckets = []
-    for k in range(len(bounds)):
-        lower = f"{ts} > :b{k}"
-        upper = f" AND {ts} <= :b{k - 1}" if k else ""
-        buckets.append(f"sum(CASE WHEN {ts_ok} AND {lower}{upper} THEN {size} END) AS a{k}")
-    buckets.append(f"sum(CASE WHEN {ts_ok} AND {ts} <= :b{len(bounds) - 1} THEN {size} END)"
-                   f" AS a{len(bounds)}")
-    token_v = f"CASE WHEN {md_text} LIKE 'ss1.%' THEN substr({md_text}, 5, 12) END"
+    age = f"(:now - {ts})"
+    for k in range(len(uppers)):
+        older = f" AND {age} >= :b{k - 1}" if k else ""
+        buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} < :b{k}{older} THEN {size} END) "
+                       f"AS a{k}")
+    buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} >= :b{len(uppers) - 1} THEN {size} END)"
+                   f" AS a{len(uppers)}")
+    # GLOB: LIKE ignores case in SQLite, the walk's prefix test does not
+    token_v = f"CASE WHEN {md_text} GLOB 'ss1.*' THEN substr({md_text}, 5, 12) END"
 
     def side(table: str, column: str) -> str:
         col = f"x.{column}"
@@ -119,7 +144,7 @@ wr AS ({writes}),
 ids AS (SELECT thread_id FROM ck UNION SELECT thread_id FROM bl UNION SELECT thread_id FROM wr),
 st AS (
     SELECT ids.thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, ck.first_ts, ck.last_ts,
-           {", ".join(f"ck.a{k}" for k in range(len(bounds) + 1))}, ck.au, ck.mv, ck.cv,
+           {", ".join(f"ck.a{k}" for k in range(len(uppers) + 1))}, ck.au, ck.mv, ck.cv,
            bl.bytes AS bl_bytes, bl.v AS bv, wr.bytes AS wr_bytes, wr.v AS wv, ck.uc,
            bl.u AS ub, wr.u AS uw
     FROM ids LEFT JOIN ck ON ck.thread_id = ids.thread_id
@@ -144,34 +169,50 @@ pii AS (
 # sealed metadata through one ``->>`` whose first 16 characters are a grouping key (its key
 # version is decoded per thread, from the few distinct prefixes), and the age bucket is one
 # width_bucket over the bucket bounds. Then the three are joined by thread id.
-_PG_HEADER_VERSION = (  # the 4 version bytes of a binary ciphertext header, or NULL
-    "CASE WHEN length({0}) >= 7 AND substring({0} from 1 for 3) = '\\x535301'::bytea "
+_PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_token), or NULL
+    f"CASE WHEN length({{0}}) >= {MIN_TOKEN_BYTES} "
+    "AND substring({0} from 1 for 3) = '\\x535301'::bytea "
     "THEN (get_byte({0}, 3)::bigint << 24) | (get_byte({0}, 4) << 16) | "
     "(get_byte({0}, 5) << 8) | get_byte({0}, 6) END")
 # a text token (``ss1.`` + base64url of the binary one) starts with this: the prefix, then
 # the magic's three bytes as four characters
 SEALED_TEXT_PREFIX = TEXT_PREFIX + base64.urlsafe_b64encode(MAGIC).decode()
+# A checkpoint's ts in the form LangGraph writes (UTC, whole seconds or microseconds) and a
+# real date: bucketed and ordered as text. A ts of that shape that is no date is one Python
+# rejects too (unknown age); any other ts (another offset or separator, a date only, a number)
+# is grouped by its JSON value and aged in Python as the walk ages it.
+_LEAP = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)-02-29"
+TS_VALID = ("^(?:(?!0000)[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+            "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + _LEAP + ")"
+            "T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{6})?\\+00:00$")
+TS_SHAPES = ("____-__-__T__:__:__+00:00", "____-__-__T__:__:__.______+00:00")
 _PG_CHECKPOINTS = """ck AS (
-    SELECT thread_id, sum(n) AS n, sum(bytes) AS bytes, min(first_ts) AS first_ts,
-           max(last_ts) AS last_ts, {buckets}, sum(bytes) FILTER (WHERE wb IS NULL) AS au,
+    SELECT thread_id, sum(n) AS n, sum(bytes) AS bytes,
+           min(first_ts) FILTER (WHERE wb IS NOT NULL) AS first_ts,
+           max(last_ts) FILTER (WHERE wb IS NOT NULL) AS last_ts, {buckets},
+           sum(bytes) FILTER (WHERE wb IS NULL AND o IS NULL) AS au,
+           array_agg(o) FILTER (WHERE o IS NOT NULL) AS ots,
+           array_agg(bytes) FILTER (WHERE o IS NOT NULL) AS obytes,
            array_agg(substr(k, 9, 8)) FILTER (WHERE k LIKE :sealed_like) AS mv,
            coalesce(sum(u) FILTER (WHERE k LIKE :sealed_like), 0)
            + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
     FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
-                 substr(x.metadata ->> '__securesaver__', 1, 16) AS k, count(*) AS n,
+                 substr(x.metadata ->> '__securesaver__', 1, 16) AS k,
+                 CASE WHEN j.raw IS NULL OR j.raw LIKE :shape0 OR j.raw LIKE :shape1 THEN NULL
+                      ELSE x.checkpoint -> 'ts' END AS o, count(*) AS n,
                  sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
-                 min(j.ts) AS first_ts, max(j.ts) AS last_ts,
+                 min(j.raw) AS first_ts, max(j.raw) AS last_ts,
                  sum(CASE WHEN jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
                      OR (jsonb_typeof(j.cv) = 'object' AND j.cv <> '{{}}'::jsonb)
                      THEN 1 ELSE 0 END) AS u
           FROM checkpoints x
           CROSS JOIN LATERAL (
-              SELECT CASE WHEN r.ts LIKE '____-__-__T%' THEN r.ts COLLATE "C" END,
+              SELECT CASE WHEN r.ts ~ :ts_valid THEN r.ts COLLATE "C" END, r.ts COLLATE "C",
                      r.channel_values
               FROM jsonb_to_record(CASE WHEN jsonb_typeof(x.checkpoint) = 'object'
                                    THEN x.checkpoint ELSE '{{}}' END)
-                   AS r(ts text, channel_values jsonb)) AS j(ts, cv)
-          {where} GROUP BY 1, 2, 3) c
+                   AS r(ts text, channel_values jsonb)) AS j(ts, raw, cv)
+          {where} GROUP BY 1, 2, 3, 4) c
     GROUP BY thread_id)"""
 _PG_BINARY = """SELECT thread_id, sum(bytes) AS bytes,
            bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
@@ -190,7 +231,7 @@ bl AS ({blobs}),
 wr AS ({writes}),
 st AS (
     SELECT thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, bl.bytes AS bl_bytes,
-           wr.bytes AS wr_bytes, ck.first_ts, ck.last_ts, {ages}, ck.au,
+           wr.bytes AS wr_bytes, ck.first_ts, ck.last_ts, {ages}, ck.au, ck.ots, ck.obytes,
            coalesce(bl.vmask, 0) | coalesce(wr.vmask, 0) AS vmask,
            array_cat(bl.vbig, wr.vbig) AS vbig, ck.mv, ck.u AS uc, bl.u AS ub, wr.u AS uw
     FROM ck FULL JOIN bl USING (thread_id) FULL JOIN wr USING (thread_id)),
@@ -199,7 +240,7 @@ reg AS (
            r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
     FROM securesaver_threads r JOIN tags ON tags.tenant = r.tenant {reg_where}),
 pii AS (
-    SELECT p.tenant, p.thread_id, string_agg(p.kind || chr(30) || p.n, chr(31)) AS kinds
+    SELECT p.tenant, p.thread_id, json_object_agg(p.kind, p.n) AS kinds
     FROM (SELECT r.tenant, r.thread_id, r.kind, count(*) AS n FROM securesaver_pii_refs r
           JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {reg_where}
           GROUP BY r.tenant, r.thread_id, r.kind) p
@@ -208,7 +249,8 @@ pii AS (
 
 
 # PostgreSQL's rows: one FULL JOIN of the registry with the storage aggregates (nothing is
-# materialized twice); a stored thread with no registry row is owned by the tenant its tag names
+# materialized twice); a stored thread with no registry row is owned by the tenant its tag names;
+# ordered by code point (what the walk's sort gives) whatever the database's collation
 _PG_AUDIT_ROWS = f"""rows AS (
     SELECT coalesce(reg.tenant, tg.tenant) AS owner,
            CASE WHEN reg.tenant IS NOT NULL THEN reg.thread_id
@@ -221,23 +263,24 @@ _PG_AUDIT_ROWS = f"""rows AS (
     LEFT JOIN tags tg ON reg.tenant IS NULL AND tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN}))
 SELECT rows.*, pii.kinds FROM rows
 LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
-ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
+ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner COLLATE "C",
+         rows.thread COLLATE "C"
 """  # noqa: S608
 
 
 def inventory_pg(tenants: list[str], tenant: str | None, now: float
                       ) -> tuple[str, dict[str, Any]]:
     """PostgreSQL's form of the inventory statement (see the constants above)."""
-    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%"}
+    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%", "ts_valid": TS_VALID,
+                              "shape0": TS_SHAPES[0], "shape1": TS_SHAPES[1]}
     values = []
     for i, name in enumerate(tenants):
         params[f"tn{i}"], params[f"tp{i}"] = name, thread_prefix(name)
         values.append(f"(:tn{i}, :tp{i})")
-    bounds = bucket_bounds(now)            # newest first
     # width_bucket wants the lower bounds ascending: age bucket k is width bucket n - k, and
     # the ISO texts compare in byte order (the ts column is COLLATE "C")
-    params["bounds"] = [iso(b) for b in reversed(bounds)]
-    n = len(bounds)
+    params["bounds"] = [ts_threshold(now, upper) for _label, upper in reversed(AGE_BUCKETS[:-1])]
+    n = len(AGE_BUCKETS) - 1
     where = reg_where = ""
     if tenant is not None:
         # LIKE with a constant prefix (the tag is hex, no wildcard): exact in every collation,
