@@ -84,8 +84,7 @@ def _copies(conn: sa.Connection, name: str, values: list[Any], *, checkpoint: st
 _TS = "jsonb_set(checkpoint, '{ts}', CAST(:v AS jsonb))"
 _ODD_TS = {
     "num-date": [20260101], "object": [{"a": [1]}], "array": [[1, 2]], "bool": [True],
-    "null": [None], "long": ["2026-01-01T" + "0" * 20000], "shape": ["abcd-ef-ghT00:00:00+00:00"],
-    "bad-day": ["2026-02-30T00:00:00+00:00"], "year-0": ["0000-01-01T00:00:00+00:00"],
+    "null": [None], "long": ["2026-01-01T" + "0" * 20000],
     "year-5-digits": ["10000-01-01T00:00:00+00:00"],
     "before-1970": ["0001-01-01T00:00:00+00:00", "1969-12-31T23:59:59.999999+00:00"],
     "year-9999": ["9999-12-31T23:59:59.999999+00:00"],
@@ -95,10 +94,17 @@ _ODD_TS = {
     "short-fraction": ["2026-01-01T00:00:00.5+00:00", "2026-01-01T00:00:00.25+00:00"],
     "huge-number": [1.5e300], "edge": [T0, "2026-01-01T00:00:00.500000+00:00"],
     "edge-2": ["2025-12-31T23:59:59.999999+00:00", "2026-01-01T00:00:00.000001+00:00"],
-    "leap-days": ["2024-02-29T12:00:00+00:00", "2000-02-29T00:00:00+00:00",
-                  "2100-02-29T00:00:00+00:00"],
+    "leap-days": ["2024-02-29T12:00:00+00:00", "2000-02-29T00:00:00+00:00"],
     "separators": ["2026-01-01t00:00:00+00:00", "2026-01-01T00:00:00,250000+00:00",
                    "2026-01-01T00:00:00-00:00", "2026-W01-1T00:00:00+00:00"],
+}
+# texts of LangGraph's ts shape that are no date: PostgreSQL's statement tests the shape with
+# LIKE (a regular expression per row cost +2.7 s on the 100k-thread build), so these are aged
+# by their text there; SQLite's decodes each row as the walk does
+_SHAPED_NOT_DATES = {
+    "bad-day": ["2026-02-30T00:00:00+00:00"], "year-0": ["0000-01-01T00:00:00+00:00"],
+    "shape": ["abcd-ef-ghT00:00:00+00:00"],
+    "not-leap": ["2100-02-29T00:00:00+00:00", "2024-02-29T12:00:00+00:00"],
     "shaped-not-dates": ["2026-01-01T24:00:00+00:00", "2026-01-01T23:59:60+00:00",
                          "\uff12026-01-01T00:00:00+00:00", "2026-00-10T00:00:00+00:00"],
 }
@@ -118,8 +124,44 @@ def test_odd_checkpoint_timestamps_age_like_the_walk(pg_url: str, redactor) -> N
     threads = {t["thread_id"]: t for t in report["threads"]}
     assert threads["offset"]["first_checkpoint"] == "2026-01-01T05:00:00+00:00"
     assert threads["num-date"]["first_checkpoint"] == "2026-01-01T00:00:00+00:00"
-    assert threads["bad-day"]["first_checkpoint"] is None
     assert threads["long"]["checkpoints"] == 1 and threads["long"]["stored_bytes"] > 0
+
+
+_AGE_FIELDS = ("first_checkpoint", "last_checkpoint")
+
+
+@pytest.mark.postgres
+def test_shaped_texts_that_are_no_date_are_counted_and_only_their_age_differs(
+        pg_url: str, redactor) -> None:
+    """The accepted divergence, bounded: on PostgreSQL a ts of LangGraph's shape that is no
+    date is aged by its text (the walk: unknown age). The audit does not raise, every
+    checkpoint and byte is reported, and nothing but those threads' first/last checkpoint and
+    the age buckets differs from the walk."""
+    build(pg_url, redactor)
+    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            for name, values in _SHAPED_NOT_DATES.items():
+                _copies(conn, name, values, checkpoint=_TS)
+        names = saver.registry.tenants()
+        for now in NOWS:
+            at = time.time() if now is None else now
+            for tenant in (None, "acme", "globex"):
+                new = audit(saver, tenant=tenant, now=at).as_dict()
+                old = _audit_walk(saver, names, tenant, at, None).as_dict()
+                assert len(new["threads"]) == len(old["threads"])
+                for a, b in zip(new["threads"], old["threads"], strict=True):
+                    if a["thread_id"] in _SHAPED_NOT_DATES:
+                        a = {k: v for k, v in a.items() if k not in _AGE_FIELDS}
+                        b = {k: v for k, v in b.items() if k not in _AGE_FIELDS}
+                    assert a == b, (tenant, now)
+                assert new["tenants"] == old["tenants"]
+                assert new["problems"] == old["problems"]
+                for key, per in old["stored_bytes_by_age"].items():
+                    assert sum(new["stored_bytes_by_age"][key].values()) == sum(per.values())
+        every = audit(saver).as_dict()
+    shaped = {t["thread_id"]: t for t in every["threads"] if t["thread_id"] in _SHAPED_NOT_DATES}
+    assert {k: t["checkpoints"] for k, t in shaped.items()} == {
+        k: len(v) for k, v in _SHAPED_NOT_DATES.items()}
 
 
 def test_odd_checkpoint_timestamps_on_sqlite(tmp_path: Path, redactor) -> None:
@@ -142,7 +184,7 @@ def test_odd_checkpoint_timestamps_on_sqlite(tmp_path: Path, redactor) -> None:
         twice = (bytes([rest[0] + 2]) + ormsgpack.packb("ts") + ormsgpack.packb(T0) + rest[1:]
                  + ormsgpack.packb("ts") + ormsgpack.packb("2025-06-01T00:00:00+00:00"))
         bodies = {name: [ormsgpack.packb({**doc, "ts": v}) for v in values]
-                  for name, values in _ODD_TS.items()}
+                  for name, values in {**_ODD_TS, **_SHAPED_NOT_DATES}.items()}
         bodies["twice"] = [twice]
         for name, blobs in bodies.items():
             for n, blob in enumerate(blobs):
