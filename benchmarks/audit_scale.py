@@ -138,15 +138,18 @@ def _spread(values: list[float]) -> str:
             f"max {max(values):.2f}, n={len(values)})")
 
 
-# the command run as a user runs it, reporting its own peak RSS on exit: os.wait4's figure for a
-# child counts the pages it shared with this (large) process between fork and exec
+# the command run as a user runs it, reporting its own peak RSS on exit: VmHWM of its own
+# memory map (getrusage's ru_maxrss, in the child or through os.wait4, keeps the high-water
+# mark of the forked copy of this large process from before exec: it printed 192 MB)
 _CLI_CHILD = """
-import resource, runpy, sys
+import runpy, sys
 sys.argv = ["securesaver", *sys.argv[1:]]
 try:
     runpy.run_module("langgraph_securesaver.cli", run_name="__main__", alter_sys=True)
 finally:
-    sys.stderr.write(f"\\nmaxrss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n")
+    with open("/proc/self/status") as status:
+        peak = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+    sys.stderr.write(f"\\nmaxrss_kb={peak[0] if peak else 'nan'}\\n")
 """
 
 
@@ -176,7 +179,7 @@ def _cli(args: list[str]) -> tuple[float, float, int]:
     if proc.returncode not in (0, 1):
         raise SystemExit(f"securesaver {' '.join(args)} failed: {proc.stderr[-2000:]}")
     peak = [line for line in proc.stderr.splitlines() if line.startswith("maxrss_kb=")]
-    return took, int(peak[-1].split("=", 1)[1]) / 1024 if peak else float("nan"), proc.returncode
+    return took, float(peak[-1].split("=", 1)[1]) / 1024 if peak else float("nan"), proc.returncode
 
 
 def main() -> int:
