@@ -5,6 +5,8 @@ One type per thing a caller must react to differently; every message says what t
 
 from __future__ import annotations
 
+import json
+
 
 class SecureSaverError(Exception):
     """Base class for all langgraph-securesaver errors."""
@@ -37,6 +39,26 @@ class TamperedDataError(SecureSaverError):
     moved to another tenant, thread or checkpoint, or a plain value where a ciphertext was
     expected. Nothing is returned when this is raised.
     """
+
+
+# what a stored row can do to an inner saver's own parsing (SQLite's clear metadata is JSON;
+# the strict serializer raises TamperedDataError itself)
+PARSE_ERRORS = (TamperedDataError, json.JSONDecodeError, UnicodeDecodeError, TypeError,
+                 AttributeError)
+
+
+def parse_failure(where: str, exc: BaseException) -> BaseException:
+    """A parse failure of a stored row as the TamperedDataError naming it (``where``; never
+    its bytes). Defined with the errors so storage-layer reads refuse rows in the same words."""
+    if isinstance(exc, SecureSaverError) and not isinstance(exc, TamperedDataError):
+        return exc  # our own typed errors (e.g. AsyncOnlySaverError) pass through unchanged
+    if isinstance(exc, TamperedDataError):
+        reason = str(exc)
+    elif isinstance(exc, json.JSONDecodeError):
+        reason = "its clear metadata is not valid JSON (altered bytes)"
+    else:
+        reason = f"it does not decode ({type(exc).__name__})"
+    return TamperedDataError(f"a stored row of {where} was refused: {reason}")
 
 
 class TenantRequired(SecureSaverError, LookupError):

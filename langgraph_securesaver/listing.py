@@ -9,7 +9,6 @@ Knows the inner saver's rows and configs; nothing of keys, sealing rules or reda
 from __future__ import annotations
 
 import collections
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -18,8 +17,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
-from .errors import SecureSaverError, TamperedDataError
-from .seal import PARSE_ERRORS
+from .errors import PARSE_ERRORS, TamperedDataError, parse_failure
 from .tenancy import ThreadRef
 
 logger = logging.getLogger("langgraph_securesaver.saver")
@@ -46,18 +44,6 @@ def parent_config(ref: ThreadRef, tup: CheckpointTuple, parent: str) -> Runnable
     conf = tup.config.get("configurable") or {}
     return {"configurable": {"thread_id": conf.get("thread_id", ref.inner_id),
                              "checkpoint_ns": ref.checkpoint_ns, "checkpoint_id": parent}}
-
-
-def parse_failure(where: str, exc: BaseException) -> BaseException:
-    if isinstance(exc, SecureSaverError) and not isinstance(exc, TamperedDataError):
-        return exc  # our own typed errors (e.g. AsyncOnlySaverError) pass through unchanged
-    if isinstance(exc, TamperedDataError):
-        reason = str(exc)
-    elif isinstance(exc, json.JSONDecodeError):
-        reason = "its clear metadata is not valid JSON (altered bytes)"
-    else:
-        reason = f"it does not decode ({type(exc).__name__})"
-    return TamperedDataError(f"a stored row of {where} was refused: {reason}")
 
 
 @contextmanager

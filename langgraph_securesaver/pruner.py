@@ -381,7 +381,12 @@ class Sweep:
             self.registry.release_claim(row)
             return
         if row.state != "deleting":
-            latest = threads.latest_checkpoint_time(self.services, ref)
+            try:
+                latest = threads.latest_checkpoint_time(self.services, ref)
+            except TamperedDataError as exc:  # reported, claim kept, nothing deleted
+                raise TamperedDataError(f"{exc}; retention kept the expired thread for a "
+                                        "person to look at (securesaver scan --verify; "
+                                        "delete_thread deletes it)") from None
             if latest is not None and row.idle_ttl is not None and (
                     latest + row.idle_ttl > self.now) and latest > row.last_activity:
                 # written after the registry last heard of it: it is not idle after all

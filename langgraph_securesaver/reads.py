@@ -83,7 +83,8 @@ class ReadPath:
         (:meth:`lookup_steps`), a listed row as ``list`` does.
 
         Requests (send back the answer): ``("ref", config)`` the resolved ThreadRef,
-        ``("keys", tenant)`` the tenant's existing keys or None, ``("get_tuple", config)``,
+        ``("keys", tenant)`` the tenant's keys as ``get_tuple`` requires them (a stored
+        target and no keys is a TamperedDataError), ``("get_tuple", config)``,
         ``("list", (config, before, limit, tenant, after))`` opens a listing whose parse
         failures are TamperedDataError (:func:`.listing.listing`, ``after`` naming the row
         before it), ``("next", None)`` its next row or None at its end, ``("close", None)``
@@ -94,10 +95,10 @@ class ReadPath:
             return {}
         ref: ThreadRef = yield ("ref", config)
         walk = DeltaWalk(channels)
-        keys: TenantKeys | None = yield ("keys", ref.tenant)
         target = yield from self.lookup_steps(ref, self.io.config(ref, config), locate_in)
-        if target is None or keys is None:
+        if target is None:
             return walk.result()
+        keys: TenantKeys = yield ("keys", ref.tenant)  # none: refused as get_tuple refuses
         walk.start((yield from self.ancestor_steps(codec, keys, ref, target)))
         page = DELTA_FIRST_PAGE
         while walk.needs_more():
@@ -136,7 +137,7 @@ class ReadPath:
                     inner = self.io.sync(DELTA_OPERATION)
                     return ref
                 if kind == "keys":
-                    return self.services.keys.keys_for(arg, create=False)
+                    return self.services.keys.require(arg)
                 if kind == "get_tuple":
                     return inner.get_tuple(arg)
                 if kind == "list":
@@ -214,7 +215,7 @@ class ReadPath:
                 if kind == "ref":
                     return await self.gate.aresolve_ref(arg, DELTA_OPERATION)
                 if kind == "keys":
-                    return await self.services.aexisting_keys(arg)
+                    return await self.services.arequire_keys(arg)
                 if kind == "get_tuple":
                     return await inner.aget_tuple(arg)
                 if kind == "list":

@@ -324,9 +324,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             tup = await self._io.call("get_tuple", inner_config)
         if tup is None:
             return None
-        keys = await self.services.aexisting_keys(ref.tenant)
-        if keys is None:
-            keys = self.keys.require(ref.tenant)  # raises TamperedDataError
+        keys = await self.services.arequire_keys(ref.tenant)
         known: dict[str, builtins.set[str] | None] | None = (
             {} if self.redactor is not None else None)
         opened = await self._reads.aopen_checked(self.codec, keys, ref, tup, known)

@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .crypto import TenantKeys, associated_data, from_text, to_text
+from .errors import PARSE_ERRORS as PARSE_ERRORS  # (where scan and saver import it)
 from .errors import TamperedDataError, UnsupportedFilterError
 from .storage_ops import DELTA_METADATA_KEYS
 from .tenancy import ThreadRef
@@ -33,10 +34,6 @@ from .tenancy import ThreadRef
 SEALED_METADATA_KEY = "__securesaver__"
 BLIND_INDEX_PREFIX = "ssbi_"
 _SCALARS = (str, int, float, bool, type(None))
-# what a stored row can do to an inner saver's own parsing (SQLite's clear metadata is JSON;
-# the strict serializer raises TamperedDataError itself)
-PARSE_ERRORS = (TamperedDataError, json.JSONDecodeError, UnicodeDecodeError, TypeError,
-                 AttributeError)
 
 
 # the byte form of redaction.TOKEN_RE (not imported here: importing presidio costs seconds);

@@ -82,6 +82,13 @@ class SaverServices:
         return self.keys.cached(tenant) or await asyncio.to_thread(
             self.keys.keys_for, tenant, create=False)
 
+    async def arequire_keys(self, tenant: str) -> TenantKeys:
+        """:meth:`.crypto.KeyManager.require` off the event loop: the keys of a tenant whose
+        stored rows are being read, or the TamperedDataError that says they are gone."""
+        cached = self.keys.cached(tenant)
+        return cached if cached is not None else await asyncio.to_thread(
+            self.keys.require, tenant)
+
     def database_id(self) -> str:
         """A random id for the database behind the registry, created on first use and kept
         in ``securesaver_meta``; keyrings record the ids of the databases they serve."""

@@ -9,14 +9,16 @@ their latest value is rebuilt from the older checkpoints this would delete.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
-from .errors import DeltaChannelPruneError
+from .errors import PARSE_ERRORS, DeltaChannelPruneError, TamperedDataError, parse_failure
 from .storage_sql import (
     _BYTEWISE,
     PG_BATCH_COUNT,
@@ -50,6 +52,17 @@ from .storage_sql import (
 logger = logging.getLogger(__name__)
 
 DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
+
+
+@contextmanager
+def refusing(inner_id: str, what: str = "(latest checkpoint)") -> Iterator[None]:
+    """Reads of stored rows here (retention's re-check, receipt counts): a row that does not
+    parse is the TamperedDataError naming it, in the words ``get_tuple`` uses, never a raw
+    decoder error."""
+    try:
+        yield
+    except PARSE_ERRORS as exc:
+        raise parse_failure(f"stored thread {inner_id!r} namespace '' {what}", exc) from None
 
 
 def delete_threads_in(conn: Any, dialect: str, inner_ids: Sequence[str]) -> dict[str, int]:
@@ -154,7 +167,8 @@ class StorageOps:
 
     def count_checkpoints(self, inner_id: str) -> int:
         """How many checkpoints a thread holds (for deletion receipts)."""
-        return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
+        with refusing(inner_id, "(listing)"):
+            return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
 
     def count_checkpoints_many(self, inner_ids: Sequence[str]) -> dict[str, int]:
         return {tid: self.count_checkpoints(tid) for tid in inner_ids}
@@ -164,7 +178,8 @@ class StorageOps:
         out: dict[str, float | None] = {}
         for tid in inner_ids:
             config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
-            tup = self.inner.get_tuple(config)
+            with refusing(tid):
+                tup = self.inner.get_tuple(config)
             out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
         return out
 
@@ -367,9 +382,13 @@ class SqliteOps(StorageOps):
         with inner.lock:
             rows = inner.conn.execute(SQLITE_BATCH_LATEST.format(
                 ids=_placeholders(len(ids))), ids).fetchall()
-        for tid, type_, blob in rows:
-            # the inner saver's own serde (SecureSaver gives it one that evaluates nothing)
-            checkpoint = inner.serde.loads_typed((type_, blob))
+        for tid, cid, type_, blob, metadata in rows:
+            # the inner saver's own serde (SecureSaver gives it one that evaluates nothing);
+            # the metadata must parse too, as SqliteSaver's get_tuple parses it
+            with refusing(str(tid), f"checkpoint {cid!r}"):
+                checkpoint = inner.serde.loads_typed((type_, blob))
+                if metadata is not None:
+                    json.loads(metadata)
             out[str(tid)] = checkpoint_epoch(checkpoint.get("ts"))
         return out
 
@@ -411,7 +430,8 @@ class _AsyncOnlyOps(StorageOps):
             out: dict[str, float | None] = {}
             for tid in inner_ids:
                 config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
-                tup = await self.inner.aget_tuple(config)
+                with refusing(tid):
+                    tup = await self.inner.aget_tuple(config)
                 out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
             return out
         return dict(self.bridge(collect()))
@@ -518,6 +538,12 @@ class PostgresOps(StorageOps):
         with inner._cursor() as cur:
             cur.execute(PG_BATCH_LATEST_TS, (ids,))
             rows = cur.fetchall()
+        for r in rows:
+            if r["parses"] is False:  # a body PostgresSaver's get_tuple cannot read
+                raise TamperedDataError(
+                    f"a stored row of stored thread {r['thread_id']!r} namespace '' checkpoint "
+                    f"{r['checkpoint_id']!r} was refused: its checkpoint body is not a JSON "
+                    "object (altered bytes)")
         return {tid: None for tid in ids} | {
             str(r["thread_id"]): checkpoint_epoch(r["ts"]) for r in rows}
 

@@ -111,11 +111,13 @@ PG_BATCH_COUNT = """
 SELECT thread_id, count(*) AS n FROM checkpoints WHERE thread_id = ANY(%s) GROUP BY thread_id
 """
 PG_BATCH_LATEST_TS = """
-SELECT t.id AS thread_id, (
-    SELECT c.checkpoint ->> 'ts' FROM checkpoints c
-    WHERE c.thread_id = t.id AND c.checkpoint_ns = ''
-    ORDER BY c.checkpoint_id DESC LIMIT 1) AS ts
+SELECT t.id AS thread_id, h.checkpoint_id, h.ts, h.parses
 FROM unnest(%s::text[]) AS t(id)
+LEFT JOIN LATERAL (
+    SELECT c.checkpoint_id, c.checkpoint ->> 'ts' AS ts,
+           jsonb_typeof(c.checkpoint) = 'object' AS parses FROM checkpoints c
+    WHERE c.thread_id = t.id AND c.checkpoint_ns = ''
+    ORDER BY c.checkpoint_id DESC LIMIT 1) h ON true
 """
 SQLITE_BATCH_COUNT = """
 SELECT thread_id, count(*) FROM checkpoints WHERE thread_id IN ({ids}) GROUP BY thread_id
@@ -123,7 +125,7 @@ SELECT thread_id, count(*) FROM checkpoints WHERE thread_id IN ({ids}) GROUP BY 
 SQLITE_BATCH_DELETE_WRITES = "DELETE FROM writes WHERE thread_id IN ({ids})"
 SQLITE_BATCH_DELETE_CHECKPOINTS = "DELETE FROM checkpoints WHERE thread_id IN ({ids})"
 SQLITE_BATCH_LATEST = """
-SELECT c.thread_id, c.type, c.checkpoint FROM checkpoints c
+SELECT c.thread_id, c.checkpoint_id, c.type, c.checkpoint, c.metadata FROM checkpoints c
 JOIN (SELECT thread_id, max(checkpoint_id) AS head FROM checkpoints
       WHERE thread_id IN ({ids}) AND checkpoint_ns = '' GROUP BY thread_id) h
 ON c.thread_id = h.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = h.head

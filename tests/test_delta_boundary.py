@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
 
@@ -166,3 +167,43 @@ def test_delta_walk_refuses_an_edited_row_as_its_read_does(database, edit: str, 
     _same_refusal(awalked, aexpected, victim)
     _names_the_row(awalked, cid, victim)
     assert not marker.exists(), "a stored payload was evaluated"
+
+
+def test_delta_walk_of_a_tenant_without_keys_is_refused_as_get_tuple_is(database) -> None:
+    """The tenant's key rows are gone (a shredded tenant, or a registry that is not this
+    database's) but its rows are still stored: get_tuple refuses the target, so the walk must
+    refuse it too; an empty history would pass for "this channel was never written"."""
+    url, raw = database
+    ring = Keyring.generate()
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        target = _out_of_order_thread(saver, lambda i: [f"w{i}"])
+        other = saver.put({"configurable": {"thread_id": "x", "tenant_id": "beta",
+                                            "checkpoint_ns": ""}},
+                          empty_checkpoint(), {"step": 0}, {})
+    assert raw.run("DELETE FROM securesaver_tenant_keys WHERE tenant = ?", "acme") > 0
+    missing = {"configurable": {**target["configurable"], "thread_id": "nothing-here"}}
+
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        expected = _refusal(lambda: saver.get_tuple(target))
+        assert "no data keys" in expected
+        assert _refusal(lambda: saver.get_delta_channel_history(
+            config=target, channels=CHANNELS)) == expected
+        # no row, nothing to refuse (as get_tuple returns None); another tenant is unaffected
+        assert saver.get_tuple(missing) is None
+        assert saver.get_delta_channel_history(config=missing, channels=CHANNELS) == {
+            "items": {"writes": []}}
+        assert saver.get_delta_channel_history(config=other, channels=CHANNELS) == {
+            "items": {"writes": []}}
+
+    async def aread() -> tuple[str, str, Any, Any]:
+        async with SecureSaver.afrom_url(url, keyring=ring, redaction=None) as asaver:
+            assert await asaver.aget_tuple(missing) is None
+            return (await _arefusal(lambda: asaver.aget_tuple(target)),
+                    await _arefusal(lambda: asaver.aget_delta_channel_history(
+                        config=target, channels=CHANNELS)),
+                    await asaver.aget_delta_channel_history(config=missing, channels=CHANNELS),
+                    await asaver.aget_delta_channel_history(config=other, channels=CHANNELS))
+
+    aexpected, awalked, amissing, aother = asyncio.run(aread())
+    assert aexpected == expected and awalked == expected
+    assert amissing == aother == {"items": {"writes": []}}

@@ -13,6 +13,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
+from ..listing import ARows, decoding, listing
 from ..services import SaverServices
 from ..storage_ops import checkpoint_epoch
 from ..tenancy import ThreadRef, current_tenant_scope, outer_thread_id, thread_prefix
@@ -79,12 +80,17 @@ def idempotency_store(services: SaverServices) -> Any:
 
 
 def latest_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | None:
+    """When the thread was last written, from its latest root checkpoint; a row that does not
+    parse is the TamperedDataError naming it that ``get_tuple`` gives (the pruner reports it
+    and keeps the thread)."""
     config: RunnableConfig = {"configurable": {"thread_id": ref.inner_id,
                                                "checkpoint_ns": ""}}
     if services.async_only:
-        tup = services.storage.bridge(services.inner.aget_tuple(config))
+        with decoding(ref, config):
+            tup = services.storage.bridge(services.inner.aget_tuple(config))
     else:
-        tup = services.inner.get_tuple(config)
+        with decoding(ref, config, services.inner if is_sql_saver(services) else None):
+            tup = services.inner.get_tuple(config)
     return None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
 
 
@@ -96,14 +102,20 @@ def inner_thread_ids(services: SaverServices, tenant: str) -> builtins.list[str]
         return sorted({i[len(prefix):] for i in ids if i.startswith(prefix)})
     seen: set[str] = set()
     inner = services.inner
-    if services.async_only:
+    if services.async_only:   # (a row that does not parse: TamperedDataError, as list())
         async def collect() -> builtins.list[Any]:
-            return [t async for t in inner.alist(None)]
+            return [t async for t in ARows(inner.alist(None), tenant)]
         rows: Any = services.storage.bridge(collect())
     else:
-        rows = inner.list(None)
+        rows = listing(tenant, lambda: inner.list(None))
     for tup in rows:
         thread = outer_thread_id(tenant, str(tup.config["configurable"]["thread_id"]))
         if thread is not None:
             seen.add(thread)
     return sorted(seen)
+
+
+def is_sql_saver(services: SaverServices) -> bool:
+    """A sync SQLite or PostgreSQL inner saver, whose refused rows ``decoding`` can locate."""
+    from ..inner_access import is_sync_only
+    return not services.async_only and is_sync_only(services.inner)
