@@ -82,7 +82,8 @@ class _VersionReader:
 
     def of(self, r: dict[str, Any]) -> list[int]:
         if "vmask" in r:
-            key: tuple[Any, ...] = (r["vmask"], tuple(r["vbig"] or ()), tuple(r["mv"] or ()))
+            key: tuple[Any, ...] = (r["vmask"], frozenset(r["vbig"] or ()),
+                                    frozenset(r["mv"] or ()))
         else:
             key = (r["mv"], r["cv"], r["bv"], r["wv"])
         found = self._seen.get(key)
@@ -108,13 +109,14 @@ def _row_versions(r: Any) -> list[int]:
 
 
 def _text_token_versions(chunks: Any) -> set[int]:
-    """Versions from base64url characters 9-16 of text tokens (header bytes 3-8, of which
-    the first four are the key version)."""
+    """Versions from base64url characters 9-14 of text tokens: header bytes 3-6 (the key
+    version) and four bits of the nonce, so a thread's tokens give at most 16 distinct chunks
+    per version (the statement groups by them: a longer prefix would be one group per row)."""
     import binascii
     out: set[int] = set()
     for chunk in set(chunks or ()):
         try:
-            raw = base64.urlsafe_b64decode(chunk)
+            raw = base64.urlsafe_b64decode(chunk + "AA")
         except (ValueError, binascii.Error):
             continue
         if len(raw) >= 4:
@@ -381,6 +383,11 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
         progress(done, max(total, done))
 
 
+def psycopg_pq_version() -> int:
+    import psycopg
+    return int(psycopg.pq.version())
+
+
 def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, Any]
                  ) -> Iterator[dict[str, Any]]:
     """The statement's rows as dicts (a tenth of the cost of a Row mapping's per-key lookups),
@@ -403,7 +410,9 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
     raw = conn.connection.driver_connection
     with raw.cursor() as cur:   # type: ignore[union-attr]
         names: list[str] | None = None
-        for row in cur.stream(compiled.string, compiled.construct_params(params), size=2000):
+        # chunks of rows need libpq >= 17; older ones stream row by row (slower, as flat)
+        size = 2000 if psycopg_pq_version() >= 170000 else 1
+        for row in cur.stream(compiled.string, compiled.construct_params(params), size=size):
             if names is None:
                 names = [d.name for d in cur.description or ()]
             yield dict(zip(names, row, strict=True))

@@ -114,7 +114,7 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
     buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} >= :b{len(uppers) - 1} THEN {size} END)"
                    f" AS a{len(uppers)}")
     # GLOB: LIKE ignores case in SQLite, the walk's prefix test does not
-    token_v = f"CASE WHEN {md_text} GLOB 'ss1.*' THEN substr({md_text}, 5, 12) END"
+    token_v = f"CASE WHEN {md_text} GLOB 'ss1.*' THEN substr({md_text}, 5, 10) END"
 
     def side(table: str, column: str) -> str:
         col = f"x.{column}"
@@ -166,8 +166,9 @@ pii AS (
 # PostgreSQL's statement. Each inner table is folded per thread on its own (a parallel partial
 # aggregate: no OFFSET fences, no DISTINCT aggregates), every costly expression is written once:
 # the checkpoint body is read through one jsonb_to_record (its ts and channel_values), the
-# sealed metadata through one ``->>`` whose first 16 characters are a grouping key (its key
-# version is decoded per thread, from the few distinct prefixes), and the age bucket is one
+# sealed metadata through one ``->>`` whose first 14 characters (the header: key version and 4
+# bits of nonce, so at most 16 groups per version) are a grouping key (its key version is
+# decoded per thread, from the few distinct prefixes), and the age bucket is one
 # width_bucket over the bucket bounds. Then the three are joined by thread id.
 _PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_token), or NULL
     f"CASE WHEN length({{0}}) >= {MIN_TOKEN_BYTES} "
@@ -193,11 +194,11 @@ _PG_CHECKPOINTS = """ck AS (
            sum(bytes) FILTER (WHERE wb IS NULL AND o IS NULL) AS au,
            array_agg(o) FILTER (WHERE o IS NOT NULL) AS ots,
            array_agg(bytes) FILTER (WHERE o IS NOT NULL) AS obytes,
-           array_agg(substr(k, 9, 8)) FILTER (WHERE k LIKE :sealed_like) AS mv,
+           array_agg(substr(k, 9, 6)) FILTER (WHERE k LIKE :sealed_like) AS mv,
            coalesce(sum(u) FILTER (WHERE k LIKE :sealed_like), 0)
            + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
     FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
-                 substr(x.metadata ->> '__securesaver__', 1, 16) AS k,
+                 substr(x.metadata ->> '__securesaver__', 1, 14) AS k,
                  CASE WHEN j.raw IS NULL OR j.ts IS NOT NULL THEN NULL
                       ELSE x.checkpoint -> 'ts' END AS o, count(*) AS n,
                  sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,

@@ -202,7 +202,14 @@ class Sweep:
                 self._process_safely(row)  # rare: pruned one by one, with its own re-checks
             else:
                 check.append(row)
-        latest = self._latest_times(check)
+        alone: list[ThreadRow] = []
+        try:
+            latest = self._latest_times(check)
+        except TamperedDataError:
+            # a row of one of them cannot be read: each is re-checked on its own, so the one
+            # it belongs to is reported by name and the others go on (what this batch already
+            # decided for the rest -- held, survived, errors -- is not decided twice)
+            alone, check, latest = check, [], {}
         active: list[ThreadRow] = []
         for row in check:
             key = (row.tenant, row.thread_id)
@@ -222,6 +229,8 @@ class Sweep:
                 doomed.append(row)
         self.registry.release_claims(release)
         self.registry.extend_claims(active, min(self.lease, self.active_grace))
+        for row in alone:
+            self._process_safely(row)
         if doomed:
             self._delete_safely(doomed)
 

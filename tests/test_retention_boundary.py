@@ -142,6 +142,29 @@ def test_prune_expired_reports_an_unparsable_row_and_keeps_its_thread(
         assert "column metadata" in report.errors[0][2]  # the sync path locates the column
 
 
+def test_a_batch_with_an_unparsable_row_decides_every_other_thread_once(database) -> None:
+    """The unreadable row sends its batch-mates to be checked one by one; what the batch had
+    already decided (here: a forged registry row, reported) is not decided again, so the
+    report names each thread once."""
+    url, raw = database
+    ring = Keyring.generate()
+    _two_expiring_threads(url, ring)
+    with SecureSaver.from_url(url, keyring=ring, redaction=None,
+                              retention=RetentionPolicy(idle_ttl="1h")) as saver:
+        saver.put(_conf("forged"), empty_checkpoint(), {"step": 0}, {})
+    # a writer with database access edits the forged thread's retention (its MAC no longer
+    # verifies) and breaks bad's latest checkpoint
+    assert raw.run("UPDATE securesaver_threads SET idle_ttl = idle_ttl + 1 WHERE thread_id = ?",
+                   "forged") == 1
+    _garbage_body(raw, "bad")
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        report = saver.prune_expired(now=time.time() + LATER)
+    assert report.deleted == [("acme", "good")]
+    named = sorted((tenant, thread) for tenant, thread, _error in report.errors)
+    assert named == [("acme", "bad"), ("acme", "forged")], report.errors
+    assert _stored(raw, "bad") == 2 and _stored(raw, "forged") == 1
+
+
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_aprune_expired_reports_an_unparsable_row_and_keeps_its_thread(database,
                                                                        edit: str) -> None:
