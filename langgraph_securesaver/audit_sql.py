@@ -23,7 +23,7 @@ from .audit_report import (
     ThreadAudit,
     _checkpoint_epoch,
 )
-from .audit_statements import SEALED_TEXT_PREFIX, inventory_pg, inventory_sqlite
+from .audit_statements import B64URL, SEALED_TEXT_PREFIX, inventory_pg, inventory_sqlite
 from .crypto import is_token
 
 if TYPE_CHECKING:
@@ -108,19 +108,27 @@ def _row_versions(r: Any) -> list[int]:
                             ("hex", r["wv"])))
 
 
-def _text_token_versions(chunks: Any) -> set[int]:
-    """Versions from base64url characters 9-14 of text tokens: header bytes 3-6 (the key
-    version) and four bits of the nonce, so a thread's tokens give at most 16 distinct chunks
-    per version (the statement groups by them: a longer prefix would be one group per row)."""
+def _text_token_versions(items: Any) -> set[int]:
+    """Versions of text tokens from the statement's ``chunk.mask`` items: base64url
+    characters 9-13 (header bytes 3-5 and the top of byte 6) and a mask of the values the
+    14th character's top two bits took (byte 6's lowest two bits; its other four are nonce)."""
     import binascii
     out: set[int] = set()
-    for chunk in set(chunks or ()):
+    for item in set(items or ()):
+        chunk, _, mask_text = str(item).partition(".")
         try:
-            raw = base64.urlsafe_b64decode(chunk + "AA")
-        except (ValueError, binascii.Error):
+            mask = int(mask_text)
+        except ValueError:
             continue
-        if len(raw) >= 4:
-            out.add(int.from_bytes(raw[:4], "big"))
+        for low in range(4):
+            if not mask >> low & 1:
+                continue
+            try:
+                raw = base64.urlsafe_b64decode(chunk + B64URL[low * 16] + "AA")
+            except (ValueError, binascii.Error):
+                continue
+            if len(raw) >= 4:
+                out.add(int.from_bytes(raw[:4], "big"))
     return out
 
 

@@ -166,10 +166,11 @@ pii AS (
 # PostgreSQL's statement. Each inner table is folded per thread on its own (a parallel partial
 # aggregate: no OFFSET fences, no DISTINCT aggregates), every costly expression is written once:
 # the checkpoint body is read through one jsonb_to_record (its ts and channel_values), the
-# sealed metadata through one ``->>`` whose first 14 characters (the header: key version and 4
-# bits of nonce, so at most 16 groups per version) are a grouping key (its key version is
-# decoded per thread, from the few distinct prefixes), and the age bucket is one
-# width_bucket over the bucket bounds. Then the three are joined by thread id.
+# sealed metadata's first 13 characters are a grouping key (they hold the header but for the
+# key version's two lowest bits, which the 14th character shares with the nonce: those two
+# bits are folded by a bit_or beside it; a longer key would be a group per row, the nonce being
+# random), its key version decoded per thread in Python; the age bucket is one width_bucket
+# over the bucket bounds. Then the three are joined by thread id.
 _PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_token), or NULL
     f"CASE WHEN length({{0}}) >= {MIN_TOKEN_BYTES} "
     "AND substring({0} from 1 for 3) = '\\x535301'::bytea "
@@ -178,6 +179,7 @@ _PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_to
 # a text token (``ss1.`` + base64url of the binary one) starts with this: the prefix, then
 # the magic's three bytes as four characters
 SEALED_TEXT_PREFIX = TEXT_PREFIX + base64.urlsafe_b64encode(MAGIC).decode()
+B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"  # by value
 # A checkpoint's ts in the form LangGraph writes (UTC, whole seconds or microseconds:
 # ``datetime.now(timezone.utc).isoformat()``) is bucketed and ordered as text; any other ts
 # (another offset or separator, a date only, a number, an object) is grouped by its JSON value
@@ -194,13 +196,15 @@ _PG_CHECKPOINTS = """ck AS (
            sum(bytes) FILTER (WHERE wb IS NULL AND o IS NULL) AS au,
            array_agg(o) FILTER (WHERE o IS NOT NULL) AS ots,
            array_agg(bytes) FILTER (WHERE o IS NOT NULL) AS obytes,
-           array_agg(substr(k, 9, 6)) FILTER (WHERE k LIKE :sealed_like) AS mv,
+           array_agg(substr(k, 9, 5) || '.' || lo) FILTER (WHERE k LIKE :sealed_like) AS mv,
            coalesce(sum(u) FILTER (WHERE k LIKE :sealed_like), 0)
            + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
     FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
-                 substr(x.metadata ->> '__securesaver__', 1, 14) AS k,
+                 substr(x.metadata ->> '__securesaver__', 1, 13) AS k,
                  CASE WHEN j.raw IS NULL OR j.ts IS NOT NULL THEN NULL
                       ELSE x.checkpoint -> 'ts' END AS o, count(*) AS n,
+                 bit_or(1 << ((strpos(:b64, substr(x.metadata ->> '__securesaver__', 14, 1))
+                               - 1) / 16)) AS lo,
                  sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
                  min(j.raw) AS first_ts, max(j.raw) AS last_ts,
                  sum(CASE WHEN jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
@@ -273,7 +277,7 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner COLLATE "C",
 def inventory_pg(tenants: list[str], tenant: str | None, now: float
                       ) -> tuple[str, dict[str, Any]]:
     """PostgreSQL's form of the inventory statement (see the constants above)."""
-    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%",
+    params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%", "b64": B64URL,
                               "shape0": TS_SHAPES[0], "shape1": TS_SHAPES[1]}
     values = []
     for i, name in enumerate(tenants):
