@@ -34,6 +34,9 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .crypto import KeyManager
 from .errors import (
+    PARSE_ERRORS as _PARSE_ERRORS,
+)
+from .errors import (
     ConfigurationError,
     KeyringRequired,
 )
@@ -63,9 +66,6 @@ from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
     SealedCodec,
     _clear_ok,
     _DetachedParent,
-)
-from .seal import (
-    PARSE_ERRORS as _PARSE_ERRORS,
 )
 from .services import SaverServices
 from .storage_ops import DELTA_METADATA_KEYS, ops_for

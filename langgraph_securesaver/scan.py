@@ -37,6 +37,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .crypto import TEXT_PREFIX, TenantKeys, from_text, is_token, token_key_version
+from .errors import PARSE_ERRORS as _PARSE_ERRORS
 from .errors import ConfigurationError, SecureSaverError, TamperedDataError
 from .raw_tables import (
     SEALED_COLUMNS,
@@ -52,7 +53,6 @@ from .raw_tables import (
     registry_rows,
     registry_tables,
 )
-from .seal import PARSE_ERRORS as _PARSE_ERRORS
 from .seal import SEALED_METADATA_KEY, _DetachedParent
 from .tenancy import ThreadRef
 

@@ -26,7 +26,6 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .crypto import TenantKeys, associated_data, from_text, to_text
-from .errors import PARSE_ERRORS as PARSE_ERRORS  # (where scan and saver import it)
 from .errors import TamperedDataError, UnsupportedFilterError
 from .storage_ops import DELTA_METADATA_KEYS
 from .tenancy import ThreadRef

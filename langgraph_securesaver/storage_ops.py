@@ -540,10 +540,10 @@ class PostgresOps(StorageOps):
             rows = cur.fetchall()
         for r in rows:
             if r["parses"] is False:  # a body PostgresSaver's get_tuple cannot read
-                raise TamperedDataError(
-                    f"a stored row of stored thread {r['thread_id']!r} namespace '' checkpoint "
-                    f"{r['checkpoint_id']!r} was refused: its checkpoint body is not a JSON "
-                    "object (altered bytes)")
+                raise parse_failure(
+                    f"stored thread {r['thread_id']!r} namespace '' checkpoint "
+                    f"{r['checkpoint_id']!r}",
+                    TamperedDataError("its checkpoint body is not a JSON object (altered bytes)"))
         return {tid: None for tid in ids} | {
             str(r["thread_id"]): checkpoint_epoch(r["ts"]) for r in rows}
 
