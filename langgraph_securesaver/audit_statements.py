@@ -164,13 +164,20 @@ pii AS (
 
 
 # PostgreSQL's statement. Each inner table is folded per thread on its own (a parallel partial
-# aggregate: no OFFSET fences, no DISTINCT aggregates), every costly expression is written once:
-# the checkpoint body is read through one jsonb_to_record (its ts and channel_values), the
-# sealed metadata's first 13 characters are a grouping key (they hold the header but for the
-# key version's two lowest bits, which the 14th character shares with the nonce: those two
-# bits are folded by a bit_or beside it; a longer key would be a group per row, the nonce being
-# random), its key version decoded per thread in Python; the age bucket is one width_bucket
-# over the bucket bounds. Then the three are joined by thread id.
+# aggregate: no OFFSET fences, no DISTINCT aggregates). For the checkpoints, the costly part is
+# reading the JSONB documents (~0.3 us a key lookup), so each row's document is read once, in a
+# projection of its own (``per_row``): its ts, sealed-metadata token, channel values and size.
+# That projection carries a set-returning ``generate_series(1, 1)`` (one row per row): a
+# subquery with one is never flattened into the aggregate above, which would otherwise
+# re-evaluate each lookup in every aggregate that names it (a naive per-table form took 33 s)
+# and sort the whole documents with the groups (an external merge of 140 MB per worker); a
+# LATERAL jsonb_to_record does the same for ~3x the cost of the lookups (a function scan
+# materializes its one row per row). The first fold groups the rows by thread, age bucket, the
+# token's first 13 characters (the header but for the key version's two lowest bits, which the
+# 14th character shares with the nonce: those two bits are folded by a bit_or beside it; a
+# longer key would be a group per row, the nonce being random), odd ts and the unsealed flag;
+# the second per thread. The key version is decoded per thread in Python; the age bucket is one
+# width_bucket over the bucket bounds.
 _PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_token), or NULL
     f"CASE WHEN length({{0}}) >= {MIN_TOKEN_BYTES} "
     "AND substring({0} from 1 for 3) = '\\x535301'::bytea "
@@ -197,28 +204,27 @@ _PG_CHECKPOINTS = """ck AS (
            array_agg(o) FILTER (WHERE o IS NOT NULL) AS ots,
            array_agg(bytes) FILTER (WHERE o IS NOT NULL) AS obytes,
            array_agg(substr(k, 9, 5) || '.' || lo) FILTER (WHERE k LIKE :sealed_like) AS mv,
-           coalesce(sum(u) FILTER (WHERE k LIKE :sealed_like), 0)
+           coalesce(sum(n) FILTER (WHERE unsealed AND k LIKE :sealed_like), 0)
            + coalesce(sum(n) FILTER (WHERE k IS NULL OR k NOT LIKE :sealed_like), 0) AS u
-    FROM (SELECT x.thread_id, width_bucket(j.ts, CAST(:bounds AS text[])) AS wb,
-                 substr(x.metadata ->> '__securesaver__', 1, 13) AS k,
-                 CASE WHEN j.raw IS NULL OR j.ts IS NOT NULL THEN NULL
-                      ELSE x.checkpoint -> 'ts' END AS o, count(*) AS n,
-                 bit_or(1 << ((strpos(:b64, substr(x.metadata ->> '__securesaver__', 14, 1))
-                               - 1) / 16)) AS lo,
-                 sum(pg_column_size(x.checkpoint) + pg_column_size(x.metadata)) AS bytes,
-                 min(j.raw) AS first_ts, max(j.raw) AS last_ts,
-                 sum(CASE WHEN jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
-                     OR (jsonb_typeof(j.cv) = 'object' AND j.cv <> '{{}}'::jsonb)
-                     THEN 1 ELSE 0 END) AS u
-          FROM checkpoints x
-          CROSS JOIN LATERAL (
-              SELECT CASE WHEN r.ts LIKE :shape0 OR r.ts LIKE :shape1 THEN r.ts COLLATE "C" END,
-                     r.ts COLLATE "C",
-                     r.channel_values
-              FROM jsonb_to_record(CASE WHEN jsonb_typeof(x.checkpoint) = 'object'
-                                   THEN x.checkpoint ELSE '{{}}' END)
-                   AS r(ts text, channel_values jsonb)) AS j(ts, raw, cv)
-          {where} GROUP BY 1, 2, 3, 4) c
+    FROM (SELECT thread_id, width_bucket(CASE WHEN shaped THEN raw END,
+                                         CAST(:bounds AS text[])) AS wb,
+                 substr(token, 1, 13) AS k,
+                 CASE WHEN raw IS NULL OR shaped THEN NULL ELSE ts END AS o, unsealed,
+                 count(*) AS n,
+                 bit_or(1 << ((strpos(:b64, substr(token, 14, 1)) - 1) / 16)) AS lo,
+                 sum(size) AS bytes, min(raw) AS first_ts, max(raw) AS last_ts
+          FROM (SELECT *, raw LIKE :shape0 OR raw LIKE :shape1 AS shaped
+                FROM (SELECT x.thread_id, x.checkpoint -> 'ts' AS ts,
+                             (x.checkpoint ->> 'ts') COLLATE "C" AS raw,
+                             substr(x.metadata ->> '__securesaver__', 1, 14) AS token,
+                             (jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
+                              OR (jsonb_typeof(x.checkpoint -> 'channel_values') = 'object'
+                                  AND x.checkpoint -> 'channel_values' <> '{{}}'::jsonb))
+                                 AS unsealed,
+                             pg_column_size(x.checkpoint) + pg_column_size(x.metadata) AS size,
+                             generate_series(1, 1) AS once
+                      FROM checkpoints x {where}) per_row) r
+          GROUP BY 1, 2, 3, 4, 5) c
     GROUP BY thread_id)"""
 _PG_BINARY = """SELECT thread_id, sum(bytes) AS bytes,
            bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
