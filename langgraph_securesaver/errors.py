@@ -6,6 +6,8 @@ One type per thing a caller must react to differently; every message says what t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class SecureSaverError(Exception):
@@ -59,6 +61,17 @@ def parse_failure(where: str, exc: BaseException) -> BaseException:
     else:
         reason = f"it does not decode ({type(exc).__name__})"
     return TamperedDataError(f"a stored row of {where} was refused: {reason}")
+
+
+@contextmanager
+def refusing_rows(where: Callable[[], str]) -> Iterator[None]:
+    """Reads of stored rows inside the block: a row that does not parse is
+    :func:`parse_failure`'s TamperedDataError naming ``where()``, never a raw decoder error.
+    ``where`` is called only on a failure (naming the row may look it up)."""
+    try:
+        yield
+    except PARSE_ERRORS as exc:
+        raise parse_failure(where(), exc) from None
 
 
 class TenantRequired(SecureSaverError, LookupError):

@@ -11,13 +11,13 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
-from .errors import PARSE_ERRORS, TamperedDataError, parse_failure
+from .errors import PARSE_ERRORS, TamperedDataError, parse_failure, refusing_rows
 from .tenancy import ThreadRef
 
 logger = logging.getLogger("langgraph_securesaver.saver")
@@ -46,24 +46,25 @@ def parent_config(ref: ThreadRef, tup: CheckpointTuple, parent: str) -> Runnable
                              "checkpoint_ns": ref.checkpoint_ns, "checkpoint_id": parent}}
 
 
-@contextmanager
 def decoding(ref: ThreadRef, inner_config: RunnableConfig,
-              locate_in: BaseCheckpointSaver | None = None) -> Iterator[None]:
+             locate_in: BaseCheckpointSaver | None = None) -> AbstractContextManager[None]:
     """Inner-saver reads: every parse failure a stored row causes is a TamperedDataError
     naming the row (never its bytes). With ``locate_in`` (a sync SQLite/Postgres saver, on
     sync paths only), the table and row key are looked up too."""
-    try:
-        yield
-    except PARSE_ERRORS as exc:
-        conf = inner_config.get("configurable") or {}
-        cid = conf.get("checkpoint_id")
-        ns = str(conf.get("checkpoint_ns", ref.checkpoint_ns) or "")
-        row = locate_refused(locate_in, str(conf.get("thread_id", ref.inner_id)), ns, cid)
-        where = (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace {ns!r} "
-                 + (f"checkpoint {cid!r}" if cid else "(latest checkpoint)")
-                 + (f": {row}" if row else " (inner tables: checkpoints, checkpoint_blobs, "
-                    "writes)"))
-        raise parse_failure(where, exc) from None
+    return refusing_rows(lambda: refused_row(ref, inner_config, locate_in))
+
+
+def refused_row(ref: ThreadRef, inner_config: RunnableConfig,
+                locate_in: BaseCheckpointSaver | None) -> str:
+    """The row a read of ``inner_config`` refused, as :func:`decoding` names it."""
+    conf = inner_config.get("configurable") or {}
+    cid = conf.get("checkpoint_id")
+    ns = str(conf.get("checkpoint_ns", ref.checkpoint_ns) or "")
+    row = locate_refused(locate_in, str(conf.get("thread_id", ref.inner_id)), ns, cid)
+    return (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace {ns!r} "
+            + (f"checkpoint {cid!r}" if cid else "(latest checkpoint)")
+            + (f": {row}" if row else " (inner tables: checkpoints, checkpoint_blobs, "
+               "writes)"))
 
 
 def locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
@@ -82,10 +83,13 @@ def listing(tenant: str, make: Callable[[], Any], after: str = FIRST_ROW) -> Row
     """The inner listing for list(), its parse failures (eager ones included) as
     TamperedDataError. ``after`` names the row listed before it (a listing that starts
     after a ``before`` checkpoint)."""
-    try:
+    with refusing_listing(tenant):
         return Rows(make(), tenant, after)
-    except PARSE_ERRORS as exc:
-        raise parse_failure(f"tenant {tenant!r} (listing)", exc) from None
+
+
+def refusing_listing(tenant: str) -> AbstractContextManager[None]:
+    """Opening a listing of ``tenant``: an eager parse failure names the listing."""
+    return refusing_rows(lambda: f"tenant {tenant!r} (listing)")
 
 
 class Rows:

@@ -16,13 +16,12 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Generator,
     Iterator,
     Mapping,
     Sequence,
 )
 from contextlib import AsyncExitStack, ExitStack
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, DeltaChannelHistory
@@ -45,13 +44,12 @@ from .listing import (
 )
 from .seal import SealedCodec, _DetachedParent
 from .services import SaverServices
+from .steps import Steps, arun_steps, run_steps
 from .tenancy import ThreadRef, thread_prefix
 
 DELTA_FIRST_PAGE = 16
 DELTA_MAX_PAGE = 1024
 DELTA_OPERATION = "get_delta_channel_history"
-T = TypeVar("T")
-Steps = Generator[tuple[str, Any], Any, T]  # a body yielding (request, argument), see below
 DeltaSteps = Steps[Mapping[str, DeltaChannelHistory]]
 Known = dict[str, builtins.set[str] | None]
 
@@ -152,8 +150,7 @@ class ReadPath:
                 else:
                     return self.restore_history(*arg)
                 return None
-            locate_in = self.io.inner if self.io.sync_only else None  # as get_tuple names rows
-            return run_steps(self.delta_steps(codec, config, channels, locate_in), serve)
+            return run_steps(self.delta_steps(codec, config, channels, self.locate_in()), serve)
 
     def ancestor_steps(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                        tup: CheckpointTuple) -> Steps[CheckpointTuple]:
@@ -326,6 +323,23 @@ class ReadPath:
         except TamperedDataError as exc:
             raise named_refusal(ref, tup, exc) from None
 
+    def fetch(self, ref: ThreadRef, inner_config: RunnableConfig) -> CheckpointTuple | None:
+        """The stored row ``get_tuple`` reads (sync API): :meth:`lookup_steps`, the body
+        the delta walk reads its target and fetched parents with."""
+        inner = self.io.sync("get_tuple")
+        return run_steps(self.lookup_steps(ref, inner_config, self.locate_in()),
+                         lambda _kind, config: inner.get_tuple(config))
+
+    async def afetch(self, ref: ThreadRef, inner_config: RunnableConfig
+                     ) -> CheckpointTuple | None:
+        """:meth:`fetch` with the async API (no row lookup on the loop)."""
+        return await arun_steps(self.lookup_steps(ref, inner_config),
+                                lambda _kind, config: self.io.call("get_tuple", config))
+
+    def locate_in(self) -> BaseCheckpointSaver | None:
+        """Where sync reads look a refused row up (a sync-only SQLite/Postgres saver)."""
+        return self.io.inner if self.io.sync_only else None
+
     def lookup_steps(self, ref: ThreadRef, inner_config: RunnableConfig,
                      locate_in: BaseCheckpointSaver | None = None
                      ) -> Steps[CheckpointTuple | None]:
@@ -459,37 +473,6 @@ def parent_id(tup: CheckpointTuple) -> str | None:
     if tup.parent_config is None:
         return None
     return tup.parent_config["configurable"].get("checkpoint_id") or None
-
-
-def run_steps(steps: Steps[T], serve: Callable[[str, Any], Any]) -> T:
-    """Drive a step body with sync I/O: each request's answer is sent back, its failure
-    thrown in (so the body's own handlers, e.g. ``decoding``, see it)."""
-    reply: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            kind, arg = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return cast(T, done.value)
-        try:
-            reply, error = serve(kind, arg), None
-        except Exception as exc:  # noqa: BLE001 - thrown into the body, which re-raises
-            reply, error = None, exc
-
-
-async def arun_steps(steps: Steps[T], serve: Callable[[str, Any], Awaitable[Any]]) -> T:
-    """:func:`run_steps` with async I/O (every request awaited)."""
-    reply: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            kind, arg = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return cast(T, done.value)
-        try:
-            reply, error = await serve(kind, arg), None
-        except Exception as exc:  # noqa: BLE001 - thrown into the body, which re-raises
-            reply, error = None, exc
 
 
 async def empty_rows() -> AsyncIterator[CheckpointTuple]:

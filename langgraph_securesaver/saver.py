@@ -34,9 +34,6 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .crypto import KeyManager
 from .errors import (
-    PARSE_ERRORS as _PARSE_ERRORS,
-)
-from .errors import (
     ConfigurationError,
     KeyringRequired,
 )
@@ -46,11 +43,10 @@ from .keyring import KeyProvider, Keyring
 from .listing import (
     ARows,
     aiter_rows,
-    decoding,
     listing,
     named_cfg,
     named_tup,
-    parse_failure,
+    refusing_listing,
 )
 from .ops import copying, threads
 from .ops.api import SaverOperations
@@ -68,6 +64,7 @@ from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
     _DetachedParent,
 )
 from .services import SaverServices
+from .steps import arun_steps, run_steps
 from .storage_ops import DELTA_METADATA_KEYS, ops_for
 from .strict_serde import install_strict_serde
 from .tenancy import (
@@ -205,10 +202,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     # --------------------------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ref = self._gate.resolve_ref(config, "get_tuple")
-        inner_config = self._io.config(ref, config)
-        inner = self._io.sync("get_tuple")
-        with decoding(ref, inner_config, inner if self._io.sync_only else None):
-            tup = inner.get_tuple(inner_config)
+        tup = self._reads.fetch(ref, self._io.config(ref, config))
         if tup is None:
             return None
         keys = self.keys.require(ref.tenant)
@@ -287,10 +281,10 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
         with _tenant_pinned(tenant):
-            copied = copying.run_steps(
+            copied = run_steps(
                 copying.copy_steps(tenant, source_thread_id, target_thread_id),
-                {"get_tuple": self.get_tuple, "list": lambda c: list(self.list(c)),
-                 "put": self.put, "put_writes": self.put_writes})
+                copying.serving({"get_tuple": self.get_tuple, "list": lambda c: list(self.list(c)),
+                                 "put": self.put, "put_writes": self.put_writes}))
         self.registry.record_event("thread_copied", tenant=tenant, thread_id=target_thread_id,
                                    source=source_thread_id, checkpoints=copied)
 
@@ -319,9 +313,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     # --------------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ref = await self._gate.aresolve_ref(config, "get_tuple")
-        inner_config = self._io.config(ref, config)
-        with decoding(ref, inner_config):
-            tup = await self._io.call("get_tuple", inner_config)
+        tup = await self._reads.afetch(ref, self._io.config(ref, config))
         if tup is None:
             return None
         keys = await self.services.arequire_keys(ref.tenant)
@@ -352,11 +344,9 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         if filter and self.redactor is not None:
             filter = await asyncio.to_thread(self._pii.redact_filter, keys, filter)
         inner_filter = self.codec.translate_filter(keys, filter)
-        try:
+        with refusing_listing(tenant):
             rows = await self._reads.ainner_rows(tenant, inner_config, inner_filter, inner_before,
-                                           limit, one_thread)
-        except _PARSE_ERRORS as exc:
-            raise parse_failure(f"tenant {tenant!r} (listing)", exc) from None
+                                                 limit, one_thread)
         yielded = 0
         arows = ARows(aiter_rows(rows), tenant)
         try:  # early exit releases the inner cursor and its lock at once
@@ -420,10 +410,10 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         async def alist(config: RunnableConfig) -> builtins.list[CheckpointTuple]:
             return [t async for t in self.alist(config)]
         with _tenant_pinned(tenant):
-            copied = await copying.arun_steps(
+            copied = await arun_steps(
                 copying.copy_steps(tenant, source_thread_id, target_thread_id),
-                {"get_tuple": self.aget_tuple, "list": alist, "put": self.aput,
-                 "put_writes": self.aput_writes})
+                copying.serving({"get_tuple": self.aget_tuple, "list": alist, "put": self.aput,
+                                 "put_writes": self.aput_writes}))
         await asyncio.to_thread(
             self.registry.record_event, "thread_copied", tenant=tenant,
             thread_id=target_thread_id, source=source_thread_id, checkpoints=copied)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
-from .errors import PARSE_ERRORS, DeltaChannelPruneError, TamperedDataError, parse_failure
+from .errors import DeltaChannelPruneError, TamperedDataError, parse_failure, refusing_rows
 from .storage_sql import (
     _BYTEWISE,
     PG_BATCH_COUNT,
@@ -54,15 +54,11 @@ logger = logging.getLogger(__name__)
 DELTA_METADATA_KEYS = ("counters_since_delta_snapshot", "delta_writes_versioned")
 
 
-@contextmanager
-def refusing(inner_id: str, what: str = "(latest checkpoint)") -> Iterator[None]:
+def refusing(inner_id: str, what: str = "(latest checkpoint)") -> AbstractContextManager[None]:
     """Reads of stored rows here (retention's re-check, receipt counts): a row that does not
     parse is the TamperedDataError naming it, in the words ``get_tuple`` uses, never a raw
     decoder error."""
-    try:
-        yield
-    except PARSE_ERRORS as exc:
-        raise parse_failure(f"stored thread {inner_id!r} namespace '' {what}", exc) from None
+    return refusing_rows(lambda: f"stored thread {inner_id!r} namespace '' {what}")
 
 
 def delete_threads_in(conn: Any, dialect: str, inner_ids: Sequence[str]) -> dict[str, int]:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from langgraph_securesaver import Keyring
+
+from .boundary_helpers import Raw
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -74,3 +77,15 @@ def pg_url() -> Iterator[str]:
         yield pg_url_in(schema)
     finally:
         drop_pg_schema(schema)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Raw]:
+    """``(url, raw)``: a fresh SQLite file or PostgreSQL schema (through ``pg_url``: skipped
+    without a server, failed under CI=true), and raw SQL on it (``raw.backend``, ``raw.where``:
+    the file's path or the URL). Parametrize ``database`` indirectly to pick one backend."""
+    if request.param == "sqlite":
+        db = tmp_path / "agent.db"
+        return f"sqlite:///{db}", Raw("sqlite", db)
+    url = request.getfixturevalue("pg_url")
+    return url, Raw("postgres", url)

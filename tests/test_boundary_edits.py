@@ -181,15 +181,6 @@ EDITS: dict[str, Callable[[Raw, str], None]] = {
 SCAN_ONLY = {"write_moved_to_other_path": _write_moved_to_other_path}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, Raw]:
-    if request.param == "sqlite":
-        db = tmp_path / "agent.db"
-        return request.param, f"sqlite:///{db}", Raw("sqlite", db)
-    url = request.getfixturevalue("pg_url")
-    return request.param, url, Raw("postgres", url)
-
-
 def _populate(url: str, ring: Keyring) -> dict[str, Any]:
     with SecureSaver.from_url(url, keyring=ring, default_tenant="acme") as saver:
         graph = build_graph(saver)
@@ -235,7 +226,7 @@ def _reads_refuse(url: str, ring: Keyring, edit: str) -> None:
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_silent_edit_is_refused_by_reads_and_scan(database, edit: str, tmp_path: Path) -> None:
-    _backend, url, raw = database
+    url, raw = database
     ring = Keyring.generate()
     ring_path = ring.save(tmp_path / "keyring.json")
     t3_before = _populate(url, ring)
@@ -255,7 +246,7 @@ def test_silent_edit_is_refused_by_reads_and_scan(database, edit: str, tmp_path:
 @pytest.mark.parametrize("edit", sorted(SCAN_ONLY))
 def test_moved_write_is_reported_by_scan_and_harmless_to_reads(database, edit: str,
                                                                tmp_path: Path) -> None:
-    _backend, url, raw = database
+    url, raw = database
     ring = Keyring.generate()
     ring_path = ring.save(tmp_path / "keyring.json")
     _populate(url, ring)
@@ -273,7 +264,7 @@ def test_keep_latest_detaches_the_head_and_it_still_reads(database, strategy_asy
                                                           ) -> None:
     """keep_latest leaves the kept checkpoint without its (deleted) parent: that is not
     tampering, for get_tuple and for listings (which must not deadlock on the lookup)."""
-    _backend, url, raw = database
+    url, raw = database
     ring = Keyring.generate()
     _populate(url, ring)
     with SecureSaver.from_url(url, keyring=ring, default_tenant="acme") as saver:

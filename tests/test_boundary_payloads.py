@@ -98,21 +98,12 @@ def _inject(backend: str, where: Any, column: str, marker: Path) -> None:
     assert n >= 1
 
 
-@pytest.fixture
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, Any]:
-    backend = request.param
-    if backend == "sqlite":
-        db = tmp_path / "agent.db"
-        return backend, f"sqlite:///{db}", db
-    url = request.getfixturevalue("pg_url")
-    return backend, url, url
-
-
 @pytest.mark.parametrize(("database", "column"), CASES, indirect=["database"],
                          ids=[f"{b}-{c}" for b, c in CASES])
 def test_payload_in_every_decoded_column_executes_nothing(database, column: str,
                                                           tmp_path: Path) -> None:
-    backend, url, where = database
+    url, raw = database
+    backend, where = raw.backend, raw.where
     ring = Keyring.generate()
     ring_path = ring.save(tmp_path / "keyring.json")
     marker = tmp_path / "PWNED"

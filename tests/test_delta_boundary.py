@@ -86,15 +86,6 @@ EDITS: dict[str, Callable[[Raw, str, Path], None]] = {
 VICTIMS = {"target": "1", "fetched_parent": "7", "listed": "5"}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Raw]:
-    if request.param == "sqlite":
-        db = tmp_path / "o.db"
-        return f"sqlite:///{db}", Raw("sqlite", db)
-    url = request.getfixturevalue("pg_url")
-    return url, Raw("postgres", url)
-
-
 def _same_refusal(walked: str, alone: str, victim: str) -> None:
     """Word for word, except where a listed row that does not parse is placed: the walk's
     page starts after checkpoint 7, and PostgresSaver parses a whole listing before its first

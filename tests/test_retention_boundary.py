@@ -74,15 +74,6 @@ def _metadata_unparsable(raw: Raw, thread: str) -> None:
 EDITS = {"garbage_body": _garbage_body, "metadata_unparsable": _metadata_unparsable}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Raw]:
-    if request.param == "sqlite":
-        db = tmp_path / "r.db"
-        return f"sqlite:///{db}", Raw("sqlite", db)
-    url = request.getfixturevalue("pg_url")
-    return url, Raw("postgres", url)
-
-
 def _two_expiring_threads(url: str, ring: Keyring) -> None:
     """``bad`` and ``good``, two checkpoints each, expiring after an idle hour."""
     with SecureSaver.from_url(url, keyring=ring, redaction=None,

@@ -70,15 +70,6 @@ async def _apply_async(saver: BaseCheckpointSaver, thread: str) -> dict[str, Any
     return config
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, Raw]:
-    if request.param == "sqlite":
-        db = tmp_path / "agent.db"
-        return request.param, f"sqlite:///{db}", Raw("sqlite", db)
-    url = request.getfixturevalue("pg_url")
-    return request.param, url, Raw("postgres", url)
-
-
 @contextmanager
 def _raw_saver(backend: str, url: str, tmp_path: Path) -> Iterator[BaseCheckpointSaver]:
     """The raw LangGraph saver of the backend (its own database/schema)."""
@@ -122,9 +113,10 @@ def _same(wrapped: list[Any] | None, raw: list[Any], backend: str) -> None:
     assert [w for w in wrapped if w[0] != "task-a"] == [w for w in raw if w[0] != "task-a"]
 
 
-def test_multi_call_writes_read_back_as_raw(database: tuple[str, str, Raw], keyring: Keyring,
+def test_multi_call_writes_read_back_as_raw(database: tuple[str, Raw], keyring: Keyring,
                                             tmp_path: Path) -> None:
-    backend, url, _raw = database
+    url, raw = database
+    backend = raw.backend
     want = _raw_answer(backend, url, tmp_path)
     # the raw saver kept the first regular writes, the last special ones and added idx 2
     assert ("task-a", INTERRUPT, "second, again?") in want
@@ -139,9 +131,10 @@ def test_multi_call_writes_read_back_as_raw(database: tuple[str, str, Raw], keyr
         assert scan(saver, keyring=keyring, verify=True).ok
 
 
-def test_multi_call_writes_read_back_as_raw_async(database: tuple[str, str, Raw],
+def test_multi_call_writes_read_back_as_raw_async(database: tuple[str, Raw],
                                                   keyring: Keyring, tmp_path: Path) -> None:
-    backend, url, _raw = database
+    url, raw = database
+    backend = raw.backend
     want = _raw_answer(backend, url, tmp_path)
 
     async def main() -> None:
@@ -195,9 +188,9 @@ EDITS: dict[str, Callable[[Raw, str], None]] = {
 
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
-def test_edits_of_multi_call_writes_are_refused(database: tuple[str, str, Raw],
+def test_edits_of_multi_call_writes_are_refused(database: tuple[str, Raw],
                                                 keyring: Keyring, edit: str) -> None:
-    _backend, url, raw = database
+    url, raw = database
     with SecureSaver.from_url(url, keyring=keyring, default_tenant=TENANT) as saver:
         config = _apply_sync(saver, "t1")
         _apply_sync(saver, "t2")
@@ -234,9 +227,9 @@ def _ask_twice(checkpointer: Any) -> Any:
             .compile(checkpointer=checkpointer))
 
 
-def test_interrupt_saved_again_under_its_task_id_is_answered(database: tuple[str, str, Raw],
+def test_interrupt_saved_again_under_its_task_id_is_answered(database: tuple[str, Raw],
                                                              keyring: Keyring) -> None:
-    _backend, url, _raw = database
+    url, _raw = database
     with SecureSaver.from_url(url, keyring=keyring, default_tenant=TENANT) as saver:
         graph = _ask_twice(saver)
         config = {"configurable": {"thread_id": str(uuid.uuid4())}}
@@ -250,8 +243,8 @@ def test_interrupt_saved_again_under_its_task_id_is_answered(database: tuple[str
 
 
 def test_interrupt_saved_again_under_its_task_id_is_answered_async(
-        database: tuple[str, str, Raw], keyring: Keyring) -> None:
-    _backend, url, _raw = database
+        database: tuple[str, Raw], keyring: Keyring) -> None:
+    url, _raw = database
 
     async def main() -> None:
         async with SecureSaver.afrom_url(url, keyring=keyring, default_tenant=TENANT) as saver:

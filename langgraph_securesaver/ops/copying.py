@@ -2,25 +2,24 @@
 
 :func:`copy_steps` is the whole operation as a generator of requests to the saver's own
 checkpointer methods (``("get_tuple", config)``, ``("list", config)``, ``("put", args)``,
-``("put_writes", args)``; send back the method's result); :func:`run_steps` and
-:func:`arun_steps` drive it with the sync or the async methods. Knows the checkpointer
-contract only (every copied checkpoint is read, verified and re-sealed through it).
+``("put_writes", args)``; send back the method's result), driven by :func:`.steps.run_steps`
+or :func:`.steps.arun_steps` with :func:`serving` the sync or the async methods. Knows the
+checkpointer contract only (every copied checkpoint is read, verified and re-sealed through it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 
 from ..errors import ConfigurationError
+from ..steps import Steps
 
-Steps = Generator[tuple[str, Any], Any, int]
 
-
-def copy_steps(tenant: str, source: str, target: str) -> Steps:
+def copy_steps(tenant: str, source: str, target: str) -> Steps[int]:
     """Copy every checkpoint (oldest first) and its pending writes from ``source`` to
     ``target`` of ``tenant``; returns the number of checkpoints copied."""
     src: RunnableConfig = {"configurable": {"thread_id": source, "tenant_id": tenant}}
@@ -36,24 +35,12 @@ def copy_steps(tenant: str, source: str, target: str) -> Steps:
     return len(tuples)
 
 
-def run_steps(steps: Steps, methods: Mapping[str, Callable[..., Any]]) -> int:
-    reply: Any = None
-    while True:
-        try:
-            name, arg = steps.send(reply)
-        except StopIteration as done:
-            return int(done.value)
-        reply = methods[name](*arg) if isinstance(arg, tuple) else methods[name](arg)
-
-
-async def arun_steps(steps: Steps, methods: Mapping[str, Callable[..., Awaitable[Any]]]) -> int:
-    reply: Any = None
-    while True:
-        try:
-            name, arg = steps.send(reply)
-        except StopIteration as done:
-            return int(done.value)
-        reply = await (methods[name](*arg) if isinstance(arg, tuple) else methods[name](arg))
+def serving(methods: Mapping[str, Callable[..., Any]]) -> Callable[[str, Any], Any]:
+    """The requests of :func:`copy_steps` served by ``methods`` (a tuple argument spread);
+    async methods give awaitables, for :func:`.steps.arun_steps`."""
+    def serve(name: str, arg: Any) -> Any:
+        return methods[name](*arg) if isinstance(arg, tuple) else methods[name](arg)
+    return serve
 
 
 def _copy_plan(tup: Any, dst: RunnableConfig) -> Iterator[
