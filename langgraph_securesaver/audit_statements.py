@@ -178,11 +178,6 @@ pii AS (
 # longer key would be a group per row, the nonce being random), odd ts and the unsealed flag;
 # the second per thread. The key version is decoded per thread in Python; the age bucket is one
 # width_bucket over the bucket bounds.
-_PG_HEADER_VERSION = (  # the 4 version bytes of a ciphertext's header (as is_token), or NULL
-    f"CASE WHEN length({{0}}) >= {MIN_TOKEN_BYTES} "
-    "AND substring({0} from 1 for 3) = '\\x535301'::bytea "
-    "THEN (get_byte({0}, 3)::bigint << 24) | (get_byte({0}, 4) << 16) | "
-    "(get_byte({0}, 5) << 8) | get_byte({0}, 6) END")
 # a text token (``ss1.`` + base64url of the binary one) starts with this: the prefix, then
 # the magic's three bytes as four characters
 SEALED_TEXT_PREFIX = TEXT_PREFIX + base64.urlsafe_b64encode(MAGIC).decode()
@@ -226,16 +221,26 @@ _PG_CHECKPOINTS = """ck AS (
                       FROM checkpoints x {where}) per_row) r
           GROUP BY 1, 2, 3, 4, 5) c
     GROUP BY thread_id)"""
-_PG_BINARY = """SELECT thread_id, sum(bytes) AS bytes,
+# Blobs and pending writes: grouped by thread and the 4 version bytes of a ciphertext's header
+# (as is_token), decoded per group. Only slices of a value are read (length, and substring,
+# which detoasts a prefix): get_byte detoasts the whole value -- four of them on a 200 kB
+# compressed blob cost 100x the slices.
+_PG_BINARY = f"""SELECT thread_id, sum(bytes) AS bytes,
            bit_or(1::bigint << v::int) FILTER (WHERE v < 63) AS vmask,
            array_agg(v) FILTER (WHERE v >= 63) AS vbig, sum(u) AS u
-    FROM (SELECT x.thread_id, {version} AS v, sum(length(x.blob)) AS bytes,
-                 sum(CASE WHEN x.blob IS NOT NULL AND (x.type IS DISTINCT FROM 'bytes'
-                     OR length(x.blob) < {min_bytes}
-                     OR substring(x.blob from 1 for 3) <> '\\x535301'::bytea)
-                     THEN 1 ELSE 0 END) AS u
-          FROM {table} x {where} GROUP BY 1, 2) y
-    GROUP BY thread_id"""
+    FROM (SELECT thread_id, (get_byte(h, 0)::bigint << 24) | (get_byte(h, 1) << 16)
+                 | (get_byte(h, 2) << 8) | get_byte(h, 3) AS v, bytes, u
+          FROM (SELECT x.thread_id,
+                       CASE WHEN length(x.blob) >= {MIN_TOKEN_BYTES}
+                            AND substring(x.blob from 1 for 3) = '\\x535301'::bytea
+                       THEN substring(x.blob from 4 for 4) END AS h,
+                       sum(length(x.blob)) AS bytes,
+                       sum(CASE WHEN x.blob IS NOT NULL AND (x.type IS DISTINCT FROM 'bytes'
+                           OR length(x.blob) < {MIN_TOKEN_BYTES}
+                           OR substring(x.blob from 1 for 3) <> '\\x535301'::bytea)
+                           THEN 1 ELSE 0 END) AS u
+                FROM {{table}} x {{where}} GROUP BY 1, 2) g) y
+    GROUP BY thread_id"""  # noqa: S608 - constants only
 _PG_INVENTORY = """
 WITH tags(tenant, prefix) AS (SELECT * FROM (VALUES {tags}) AS v(tenant, prefix)),
 {checkpoints},
@@ -305,8 +310,7 @@ def inventory_pg(tenants: list[str], tenant: str | None, now: float
                           for k in range(n + 1)), where=where)
 
     def binary(table: str) -> str:
-        return _PG_BINARY.format(version=_PG_HEADER_VERSION.format("x.blob"), table=table,
-                                 min_bytes=MIN_TOKEN_BYTES, where=where)
+        return _PG_BINARY.format(table=table, where=where)
 
     sql = _PG_INVENTORY.format(
         tags=", ".join(values), checkpoints=checkpoints, blobs=binary("checkpoint_blobs"),

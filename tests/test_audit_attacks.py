@@ -334,6 +334,40 @@ def test_odd_blobs_and_writes(pg_url: str, redactor) -> None:
 
 
 @pytest.mark.postgres
+def test_large_toasted_blobs_and_writes_name_their_versions(pg_url: str, redactor) -> None:
+    """Values PostgreSQL keeps compressed or out of line (TOAST): the statement reads only a
+    slice of each (its header), and still reports their bytes and key versions as the walk."""
+    import os
+    build(pg_url, redactor)
+    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            tid = _copies(conn, "big", [0])
+            token = bytes(conn.execute(sa.text(
+                "SELECT blob FROM checkpoint_blobs WHERE type = 'bytes' LIMIT 1")).scalar_one())
+            # version 7 and 70 (past the bit mask): compressible (compressed inline) and
+            # random (stored out of line, uncompressed) bodies of 300 kB
+            for n, (version, body) in enumerate([(7, b"ab" * 150_000),
+                                                 (70, os.urandom(300_000))]):
+                blob = token[:3] + version.to_bytes(4, "big") + token[7:] + body
+                conn.execute(sa.text(
+                    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, "
+                    "type, blob) VALUES (:t, '', 'c', :v, 'bytes', :b)"),
+                    {"t": tid, "v": str(n), "b": blob})
+                conn.execute(sa.text(
+                    "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, "
+                    "task_id, idx, channel, type, blob, task_path) VALUES (:t, '', 'c', 'k', "
+                    ":i, 'c', 'bytes', :b, '')"), {"t": tid, "i": n, "b": blob})
+            stored = conn.execute(sa.text(
+                "SELECT pg_column_size(blob) < length(blob) FROM checkpoint_blobs "
+                "WHERE thread_id = :t AND channel = 'c' ORDER BY version"), {"t": tid}).all()
+        report = _compare(saver, nows=[None])
+    assert [bool(r[0]) for r in stored] == [True, False]   # one compressed, one not
+    big = {t["thread_id"]: t for t in report["threads"]}["big"]
+    assert {7, 70} <= set(big["key_versions"])
+    assert big["stored_bytes"] > 4 * 300_000
+
+
+@pytest.mark.postgres
 def test_pii_kinds_holding_the_separators_do_not_break_the_audit(pg_url: str,
                                                                  redactor) -> None:
     """A PII kind is free text in the database: one holding the statement's separators is
