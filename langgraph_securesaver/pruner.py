@@ -17,6 +17,14 @@ not due by its verified TTLs raises ``TamperedDataError`` inside the batch trans
 rolls back whole and is redone thread by thread. Receipts extend each tenant's hash chain
 once per batch, as the transaction's last statement (``Registry.insert_receipts``).
 
+Checkpoint times: the batch's latest-times query reads each thread's stored ``ts``
+unauthenticated, as a filter. A time that would save an expired thread (written since the
+registry last heard of it, or within ``active_grace``) is believed only after that thread's
+latest checkpoint is read again and authenticated as ``get_tuple`` does
+(:meth:`.services.SaverServices.authenticated_latest`; the ts is sealed): a forged one is
+reported in ``errors`` and the thread kept, and the registry is never touched with it. A
+future authenticated time is clamped to the sweep's ``now`` (see :meth:`Sweep._believed`).
+
 When the registry and the inner saver share a database (``from_url``), a batch's
 checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
 deleted and its receipts written in ONE transaction: a kill at any point leaves each thread

@@ -274,7 +274,9 @@ def test_a_genuine_recent_write_keeps_its_thread(database) -> None:
 @pytest.mark.parametrize("policy", ["idle_ttl", "max_age"])
 def test_a_future_authenticated_ts_is_clamped_to_now(database, policy: str) -> None:
     """A writer whose clock is 10 years fast (its checkpoint is sealed, so genuine): the
-    thread is kept as written now; ``last_activity`` never moves past the sweep's ``now``."""
+    thread is kept as written now; ``last_activity`` never moves past the sweep's ``now``
+    (it was moved to the future ts). ``max_age``: skipped as active, as before this change;
+    guards that the clamp neither deletes it nor touches the registry."""
     url, _raw = database
     ring = Keyring.generate()
     now = time.time() + LATER
