@@ -17,6 +17,14 @@ not due by its verified TTLs raises ``TamperedDataError`` inside the batch trans
 rolls back whole and is redone thread by thread. Receipts extend each tenant's hash chain
 once per batch, as the transaction's last statement (``Registry.insert_receipts``).
 
+Checkpoint times: the batch's latest-times query reads each thread's stored ``ts``
+unauthenticated, as a filter. A time that would save an expired thread (written since the
+registry last heard of it, or within ``active_grace``) is believed only after that thread's
+latest checkpoint is read again and authenticated as ``get_tuple`` does
+(:meth:`.services.SaverServices.authenticated_latest`; the ts is sealed): a forged one is
+reported in ``errors`` and the thread kept, and the registry is never touched with it. A
+future authenticated time is clamped to the sweep's ``now`` (see :meth:`Sweep._believed`).
+
 When the registry and the inner saver share a database (``from_url``), a batch's
 checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
 deleted and its receipts written in ONE transaction: a kill at any point leaves each thread
@@ -213,14 +221,23 @@ class Sweep:
         active: list[ThreadRow] = []
         for row in check:
             key = (row.tenant, row.thread_id)
-            last = latest.get(inner_thread_id(row.tenant, row.thread_id))
-            if last is not None and row.idle_ttl is not None and (
-                    last + row.idle_ttl > self.now) and last > row.last_activity:
+            try:
+                last = self._believed(row, latest.get(inner_thread_id(row.tenant,
+                                                                      row.thread_id)))
+            except TamperedDataError as exc:  # reported, claim kept, nothing deleted
+                self._record_error(row, _kept(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - re-checked on its own, with retries
+                logger.info("re-checking tenant %r thread %r on its own after %s", row.tenant,
+                            row.thread_id, type(exc).__name__)
+                alone.append(row)
+                continue
+            if self._alive(row, last):
                 # written after the registry last heard of it: it is not idle after all
                 self.registry.touch_thread(row.tenant, row.thread_id, now=last)
                 self.report.survived.append(key)
                 release.append(row)
-            elif last is not None and self.now - last < self.active_grace:
+            elif self._active(last):
                 # keep the claim for the grace period only: not retried by this sweep, free
                 # for the first sweep after the run had time to finish
                 active.append(row)
@@ -233,6 +250,39 @@ class Sweep:
             self._process_safely(row)
         if doomed:
             self._delete_safely(doomed)
+
+    # what a thread's latest checkpoint time may decide -------------------------------------
+    def _alive(self, row: ThreadRow, last: float | None) -> bool:
+        """Written after the registry last heard of it, and not idle by that write."""
+        return (last is not None and row.idle_ttl is not None
+                and last + row.idle_ttl > self.now and last > row.last_activity)
+
+    def _active(self, last: float | None) -> bool:
+        """Written within ``active_grace``: a run may be in flight."""
+        return last is not None and self.now - last < self.active_grace
+
+    def _believed(self, row: ThreadRow, last: float | None) -> float | None:
+        """The latest checkpoint time the sweep acts on, from ``last`` (the cheap read: the
+        inner saver's row, unauthenticated).
+
+        A time that would not save the thread (the registry's verified verdict stands) is used
+        as read: a forged older or missing ts cannot expire a thread earlier than its MACed row
+        says. A time that would save it (alive, or active) is believed only from the latest
+        checkpoint read again and authenticated as ``get_tuple`` does (its ts is sealed): a
+        row that does not authenticate is the TamperedDataError naming it (the caller reports
+        it). Rare -- only threads written since the registry last heard of them -- so the
+        batch keeps its one query. An authenticated time in the future (another machine's
+        clock) counts as written now: it never moves ``last_activity`` past ``now``."""
+        if not (self._alive(row, last) or self._active(last)):
+            return last
+        checked = threads.authenticated_checkpoint_time(
+            self.services, ThreadRef(row.tenant, row.thread_id))
+        if checked is not None and checked > self.now:
+            logger.warning("tenant %r thread %r: its latest checkpoint is dated %.0f s after "
+                           "the sweep's now (a clock ahead?); counted as written now",
+                           row.tenant, row.thread_id, checked - self.now)
+            checked = self.now
+        return checked
 
     def _latest_times(self, rows: list[ThreadRow]) -> dict[str, float | None]:
         if not rows:
@@ -391,19 +441,16 @@ class Sweep:
             return
         if row.state != "deleting":
             try:
-                latest = threads.latest_checkpoint_time(self.services, ref)
+                latest = self._believed(row, threads.latest_checkpoint_time(self.services, ref))
             except TamperedDataError as exc:  # reported, claim kept, nothing deleted
-                raise TamperedDataError(f"{exc}; retention kept the expired thread for a "
-                                        "person to look at (securesaver scan --verify; "
-                                        "delete_thread deletes it)") from None
-            if latest is not None and row.idle_ttl is not None and (
-                    latest + row.idle_ttl > self.now) and latest > row.last_activity:
+                raise _kept(exc) from None
+            if self._alive(row, latest):
                 # written after the registry last heard of it: it is not idle after all
                 self.registry.touch_thread(row.tenant, row.thread_id, now=latest)
                 self.report.survived.append(key)
                 self.registry.release_claim(row)
                 return
-            if latest is not None and self.now - latest < self.active_grace:
+            if self._active(latest):
                 # keep the claim for the grace period only: not retried by this sweep, free
                 # for the first sweep after the run had time to finish
                 self.registry.extend_claim(row, min(self.lease, self.active_grace))
@@ -430,6 +477,13 @@ class Sweep:
                            "expired_at": row.expires_at}}, claim_token=row.claim_token):
             self.services.forget_thread(row.tenant, row.thread_id)
             self.report.deleted.append(key)
+
+
+def _kept(exc: TamperedDataError) -> TamperedDataError:
+    """A thread whose latest checkpoint does not parse or authenticate: the refusal naming the
+    row, and what the sweep did about it."""
+    return TamperedDataError(f"{exc}; retention kept the expired thread for a person to look "
+                             "at (securesaver scan --verify; delete_thread deletes it)")
 
 
 def _forged_expiry(row: ThreadRow) -> TamperedDataError:

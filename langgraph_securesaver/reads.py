@@ -349,6 +349,33 @@ class ReadPath:
         with decoding(ref, inner_config, locate_in):
             return (yield ("get_tuple", inner_config))
 
+    def latest_steps(self, codec: SealedCodec, ref: ThreadRef,
+                     locate_in: BaseCheckpointSaver | None = None
+                     ) -> Steps[CheckpointTuple | None]:
+        """``get_tuple`` of the thread's latest checkpoint in ``ref``'s namespace, as it reads
+        it: :meth:`lookup_steps`, the tenant's keys as it requires them (``("keys", tenant)``;
+        a stored row and no keys is a TamperedDataError), then :meth:`open_steps`. A row that
+        does not parse or does not authenticate (edited, rolled back, copied from another
+        thread) is the TamperedDataError naming it. PII tokens are left as stored."""
+        tup = yield from self.lookup_steps(ref, self.io.config(ref), locate_in)
+        if tup is None:
+            return None
+        keys: TenantKeys = yield ("keys", ref.tenant)
+        return (yield from self.open_steps(codec, keys, ref, tup, None))
+
+    def latest_checked(self, codec: SealedCodec, ref: ThreadRef) -> CheckpointTuple | None:
+        """:meth:`latest_steps` with the sync API of the inner saver (an async-only one from a
+        worker thread, on its own loop): for operations that may act on what a stored
+        checkpoint says only once it is authenticated (the pruner's checkpoint time)."""
+        opening = self.opening(None)
+
+        def serve(kind: str, arg: Any) -> Any:
+            if kind == "keys":
+                return self.services.keys.require(arg)
+            return opening(kind, arg)
+        locate_in = self.io.inner if self.io.sync_only else None  # as get_tuple names rows
+        return run_steps(self.latest_steps(codec, ref, locate_in), serve)
+
     def open_listed(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
                     tup: CheckpointTuple, release: Callable[[], None] | None = None
                     ) -> tuple[CheckpointTuple, Known | None] | None:

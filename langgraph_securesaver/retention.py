@@ -16,7 +16,9 @@ retention fields and their last activity, and the sweep acts on those fields onl
 recomputes each claimed thread's expiry from them; ``expires_at`` is just the index that finds
 candidates. A row whose MACs do not verify, or whose ``expires_at`` is earlier than its MACed
 fields imply, is reported as an error and never deleted, which is why a sweep needs the
-keyring. A forged legal hold at worst keeps data (and is reported the same way).
+keyring. A forged legal hold at worst keeps data (and is reported the same way). A checkpoint's
+``ts`` keeps an expired thread (written since the registry last heard of it, or in use) only
+once that checkpoint authenticates as ``get_tuple`` authenticates it.
 """
 
 from __future__ import annotations

@@ -166,6 +166,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             retention=retention, activity_resolution=activity_resolution,
             async_only=self._io.async_only)
         self._reads = ReadPath(self.services, self._io)
+        self.services.read_latest = lambda ref: self._reads.latest_checked(self.codec, ref)
         self._writes = WritePath(self.services, self._io)
 
     @property

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .caches import TokenCache
 from .crypto import KeyManager, TenantKeys
-from .errors import TamperedDataError
+from .errors import ConfigurationError, TamperedDataError
 from .gate import TenantGate
 from .keyring import KeyProvider
 from .pii_layer import PiiLayer
@@ -59,9 +59,24 @@ class SaverServices:
         self.companions: dict[Any, Any] = {}  # stores built on this saver (idempotency)
         self._touched: dict[tuple[str, str], float] = {}
         self._policies: dict[str, tuple[float, RetentionPolicy]] = {}
+        #: the saver's own authenticated read of a thread's latest checkpoint (installed by
+        #: the saver: its read path and sealed codec sit above this layer)
+        self.read_latest: Callable[[ThreadRef], CheckpointTuple | None] | None = None
         self._default_policy_saved = False
         self._database_id: str | None = None
         self._keyring_bound = False
+
+    # authenticated reads --------------------------------------------------------------------
+    def authenticated_latest(self, ref: ThreadRef) -> CheckpointTuple | None:
+        """The thread's latest checkpoint in ``ref``'s namespace, read, authenticated and
+        opened as the saver's ``get_tuple`` does (PII tokens left in): a row that does not
+        parse or authenticate is the TamperedDataError naming it. Fails closed when no saver
+        installed its read path."""
+        if self.read_latest is None:
+            raise ConfigurationError(
+                "these saver services have no authenticated read path (a SecureSaver installs "
+                "one); a stored checkpoint cannot be believed without it")
+        return self.read_latest(ref)
 
     # keys -----------------------------------------------------------------------------------
     def tenant_keys(self, tenant: str) -> TenantKeys:

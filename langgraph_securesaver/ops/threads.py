@@ -94,6 +94,15 @@ def latest_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | N
     return None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
 
 
+def authenticated_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | None:
+    """:func:`latest_checkpoint_time`, authenticated: the latest root checkpoint read and
+    opened as ``get_tuple`` does (its ts is covered by the seal), so a time the caller acts on
+    is one SecureSaver wrote. A row that does not parse or authenticate is the
+    TamperedDataError naming it."""
+    tup = services.authenticated_latest(ThreadRef(ref.tenant, ref.thread_id))
+    return None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+
+
 def inner_thread_ids(services: SaverServices, tenant: str) -> builtins.list[str]:
     """Thread ids the inner saver holds for a tenant (finds rows the registry lost)."""
     prefix = thread_prefix(tenant)
