@@ -42,7 +42,10 @@ def iso(ts: float | None) -> str | None:
     try:  # the same text as datetime.isoformat(timespec="seconds") in UTC, 4x faster
         return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts))
     except (OverflowError, OSError, ValueError):
-        return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+        try:
+            return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError):
+            return repr(ts)   # no date (a registry row edited to 1e20 or NaN): its number
 
 
 def _checkpoint_epoch(ts: str | None) -> float | None:
@@ -109,14 +112,32 @@ def _json_value(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
+_DATES: dict[int, str] = {}    # day number -> '"YYYY-MM-DDT' (a report spans few days)
+_CLOCK: dict[int, str] = {}    # second of the day -> 'HH:MM:SS+00:00"'
+
+
 def _json_iso(ts: float | None) -> str:
-    """``json.dumps(iso(ts))``: the text is digits, ``-``, ``:``, ``T`` and ``+``."""
+    """``json.dumps(iso(ts))``: the text is digits, ``-``, ``:``, ``T`` and ``+``. Made of
+    a day's and a second's text, each formatted once (strftime per value took 0.6 us, a
+    tenth of a streamed audit's Python time)."""
     if ts is None:
         return "null"
     try:
-        return time.strftime('"%Y-%m-%dT%H:%M:%S+00:00"', time.gmtime(ts))
+        second = math.floor(ts)                  # gmtime's floor, as iso()
+        day, second = divmod(second, 86400)
+        date, clock = _DATES.get(day), _CLOCK.get(second)
+        if date is None:
+            date = time.strftime('"%Y-%m-%dT', time.gmtime(day * 86400))
+            if len(_DATES) < 100_000:
+                _DATES[day] = date
+        if clock is None:
+            clock = _CLOCK[second] = time.strftime('%H:%M:%S+00:00"', time.gmtime(second))
+        return date + clock
     except (OverflowError, OSError, ValueError, TypeError):
         return _json_value(iso(ts))
+
+
+_BOOLS = ("false", "true")
 
 
 def thread_json(th: ThreadAudit) -> str:
@@ -133,17 +154,23 @@ def thread_json(th: ThreadAudit) -> str:
     else:
         pii_text = json.dumps(dict(pii), default=str)
     v, q = _json_value, _json_iso
+    # the fields a streamed audit always fills with these types, written without dispatch
+    flags = (th.legal_hold, th.registered, th.overdue, th.held_past_ttl)
+    if all(type(f) is bool for f in flags):
+        hold, registered, overdue, held_past = (_BOOLS[f] for f in flags)
+    else:
+        hold, registered, overdue, held_past = (v(f) for f in flags)
     return (f'{{"tenant": {v(th.tenant)}, "thread_id": {v(th.thread_id)}, '
             f'"created_at": {q(th.created_at)}, "last_activity": {q(th.last_activity)}, '
-            f'"expires_at": {q(th.expires_at)}, "legal_hold": {v(th.legal_hold)}, '
+            f'"expires_at": {q(th.expires_at)}, "legal_hold": {hold}, '
             f'"policy_source": {v(th.policy_source)}, "idle_ttl": {v(th.idle_ttl)}, '
             f'"max_age": {v(th.max_age)}, "state": {v(th.state)}, '
             f'"checkpoints": {v(th.checkpoints)}, "stored_bytes": {v(th.stored_bytes)}, '
             f'"key_versions": {versions_text}, "pii": {pii_text}, '
             f'"first_checkpoint": {q(th.first_checkpoint)}, '
             f'"last_checkpoint": {q(th.last_checkpoint)}, '
-            f'"registered": {v(th.registered)}, "overdue": {v(th.overdue)}, '
-            f'"held_past_ttl": {v(th.held_past_ttl)}}}')
+            f'"registered": {registered}, "overdue": {overdue}, '
+            f'"held_past_ttl": {held_past}}}')
 
 
 @dataclass

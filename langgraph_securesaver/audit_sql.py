@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -425,14 +426,18 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
                 names = [d.name for d in cur.description or ()]
             yield dict(zip(names, row, strict=True))
 
-_AGE_COLUMNS = [f"a{k}" for k in range(len(AGE_BUCKETS))]
+_AGE_COLUMNS = list(enumerate(f"a{k}" for k in range(len(AGE_BUCKETS))))
+_UPPERS = [upper for _label, upper in AGE_BUCKETS]
+_LAST = len(AGE_BUCKETS) - 1
 
 
 def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None,
           odd: list[tuple[float | None, int]]) -> None:
     per = totals.age_slots(key)
-    for k, column in enumerate(_AGE_COLUMNS):
-        per[k] += r[column] or 0
+    for k, column in _AGE_COLUMNS:
+        size = r[column]
+        if size:
+            per[k] += size
     per[-1] += r["au"] or 0
     for ts, size in odd:
         per[_slot(totals.now, ts)] += size
@@ -445,13 +450,11 @@ def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | 
 
 
 def _slot(now: float, ts: float | None) -> int:
+    """The age bucket of ``ts`` (the first whose upper bound the age is below), or the
+    unknown-age slot."""
     if ts is None:
         return len(AGE_BUCKETS)
-    age = max(0.0, now - ts)
-    for k, (_label, upper) in enumerate(AGE_BUCKETS):
-        if age < upper:
-            return k
-    return len(AGE_BUCKETS) - 1
+    return min(bisect_right(_UPPERS, max(0.0, now - ts)), _LAST)
 
 
 def _kinds_of(value: Any) -> dict[Any, int]:

@@ -367,6 +367,48 @@ def test_large_toasted_blobs_and_writes_name_their_versions(pg_url: str, redacto
     assert big["stored_bytes"] > 4 * 300_000
 
 
+@pytest.mark.parametrize("value", [1e20, -1e20, float("inf")])
+def test_registry_times_that_are_no_date_do_not_break_the_audit(tmp_path: Path, redactor,
+                                                                value: float) -> None:
+    """A registry row edited to a time no calendar holds: every output of the audit is still
+    written (the number stands for the date), and the SQL audit equals the walk."""
+    _odd_registry_times(f"sqlite:///{tmp_path / 'agent.db'}", tmp_path, redactor, value)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("value", [float("nan"), -1e20])   # (SQLite stores NaN as NULL)
+def test_registry_times_that_are_no_date_on_postgres(pg_url: str, tmp_path: Path, redactor,
+                                                     value: float) -> None:
+    _odd_registry_times(pg_url, tmp_path, redactor, value)
+
+
+def _odd_registry_times(url: str, tmp_path: Path, redactor, value: float) -> None:
+    import io
+
+    from typer.testing import CliRunner
+
+    from langgraph_securesaver.audit import audit_stream
+    from langgraph_securesaver.cli import app
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            conn.execute(sa.text(
+                "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, "
+                "expires_at = :v WHERE thread_id = 't-plain'"), {"v": value})
+        report = _compare(saver, nows=[None])
+        out = io.StringIO()
+        audit_stream(saver, out)
+    plain = {t["thread_id"]: t for t in report["threads"]}["t-plain"]
+    assert plain["created_at"] == repr(value)
+    assert '"t-plain"' in out.getvalue()
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["audit", "--url", url, "--format", "html",
+                                      "--out", str(page)])
+    # 1: the audit found problems (the build has an overdue thread); no traceback
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "t-plain" in page.read_text(encoding="utf-8")
+
+
 @pytest.mark.postgres
 def test_pii_kinds_holding_the_separators_do_not_break_the_audit(pg_url: str,
                                                                  redactor) -> None:

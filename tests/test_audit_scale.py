@@ -393,8 +393,16 @@ def test_thread_json_is_json_dumps_of_as_dict() -> None:
         ThreadAudit("x", "y", -1.0, 2.5e9, 1e-3, True, "tenant", float("nan"), float("inf"),
                     "held", 2**70, -1, [0], {"k\u00e9y": 3}, 0.0, 1.0),
     ]
+    # times around day, year and epoch boundaries, before 1970, fractions, far years
+    times = [0.0, -0.5, -86400.0, -86400.5, 86399.999999, 951782400.0, 1.7e9 + 0.999999,
+             -62135596800.0, 253402300799.0, 253402300800.0, -1e20, 1e20, 4e10 + 0.5]
+    for ts in times:
+        cases.append(ThreadAudit("t", "u", ts, ts, ts, False, None, None, None, None,
+                                 first_checkpoint=ts, last_checkpoint=ts))
+    cases.append(ThreadAudit("t", "u", None, None, None, 1, None, None, None, None,  # type: ignore[arg-type]
+                             registered=0, overdue=None, held_past_ttl="yes"))  # type: ignore[arg-type]
     for th in cases:
-        assert thread_json(th) == json.dumps(th.as_dict(), default=str)
+        assert thread_json(th) == json.dumps(th.as_dict(), default=str), th
 
 
 def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
