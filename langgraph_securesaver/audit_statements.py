@@ -318,6 +318,7 @@ def inventory_pg(tenants: list[str], tenant: str | None, now: float
 
     sql = _PG_INVENTORY.format(
         tags=", ".join(values), checkpoints=checkpoints, blobs=binary("checkpoint_blobs"),
-        writes=binary("checkpoint_writes"), ages=", ".join(f"ck.a{k}::bigint AS a{k}" for k in range(n + 1)),
+        writes=binary("checkpoint_writes"),
+        ages=", ".join(f"ck.a{k}::bigint AS a{k}" for k in range(n + 1)),
         reg_where=reg_where, rows=_PG_AUDIT_ROWS)
     return sql, params
