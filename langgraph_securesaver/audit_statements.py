@@ -212,10 +212,11 @@ _PG_CHECKPOINTS = """ck AS (
                 FROM (SELECT x.thread_id, x.checkpoint -> 'ts' AS ts,
                              (x.checkpoint ->> 'ts') COLLATE "C" AS raw,
                              substr(x.metadata ->> '__securesaver__', 1, 14) AS token,
+                             -- (the common {{}} answers the first test: one lookup)
                              (jsonb_typeof(x.checkpoint) IS DISTINCT FROM 'object'
-                              OR (jsonb_typeof(x.checkpoint -> 'channel_values') = 'object'
-                                  AND x.checkpoint -> 'channel_values' <> '{{}}'::jsonb))
-                                 AS unsealed,
+                              OR coalesce(x.checkpoint -> 'channel_values' <> '{{}}'::jsonb
+                                  AND jsonb_typeof(x.checkpoint -> 'channel_values')
+                                      = 'object', false)) AS unsealed,
                              pg_column_size(x.checkpoint) + pg_column_size(x.metadata) AS size,
                              generate_series(1, 1) AS once
                       FROM checkpoints x {where}) per_row) r
