@@ -204,12 +204,12 @@ _PG_CHECKPOINTS = """ck AS (
     FROM (SELECT thread_id, width_bucket(CASE WHEN shaped THEN raw END,
                                          CAST(:bounds AS text[])) AS wb,
                  substr(token, 1, 13) AS k,
-                 CASE WHEN raw IS NULL OR shaped THEN NULL ELSE ts END AS o, unsealed,
+                 CASE WHEN raw IS NULL OR shaped THEN NULL ELSE doc -> 'ts' END AS o, unsealed,
                  count(*) AS n,
                  bit_or(1 << ((strpos(:b64, substr(token, 14, 1)) - 1) / 16)) AS lo,
                  sum(size) AS bytes, min(raw) AS first_ts, max(raw) AS last_ts
           FROM (SELECT *, raw LIKE :shape0 OR raw LIKE :shape1 AS shaped
-                FROM (SELECT x.thread_id, x.checkpoint -> 'ts' AS ts,
+                FROM (SELECT x.thread_id, x.checkpoint AS doc,
                              (x.checkpoint ->> 'ts') COLLATE "C" AS raw,
                              substr(x.metadata ->> '__securesaver__', 1, 14) AS token,
                              -- (the common {{}} answers the first test: one lookup)
