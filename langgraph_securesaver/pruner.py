@@ -25,6 +25,21 @@ latest checkpoint is read again and authenticated as ``get_tuple`` does
 reported in ``errors`` and the thread kept, and the registry is never touched with it. A
 future authenticated time is clamped to the sweep's ``now`` (see :meth:`Sweep._believed`).
 
+What decides: the MACed registry row and the thread's checkpoint rows, nothing else. The
+batch and the per-thread path (``_process``: ``keep_latest`` threads, and every thread of a
+batch redone one by one) read the latest checkpoint time the same way,
+``storage.latest_checkpoint_times`` (SQL over the checkpoint rows on SQLite and PostgreSQL,
+sync and async; ``get_tuple`` only on savers without native SQL), so a thread's fate never
+depends on its batch-mates. A latest checkpoint row that does not parse keeps the thread
+(the decision cannot be made; reported). A corrupt channel blob or pending write does not
+enter the decision: the expired thread is deleted with it, with one receipt. The pruner is
+not an integrity checker (``securesaver scan --verify`` is): keeping such threads would let
+a one-byte edit hold any thread past its retention, the inner ``get_tuple`` decode never
+caught a changed ciphertext under its own type tag anyway, and catching it here would read
+and decrypt each thread's latest state instead of one field per thread. The exception is a
+stored ts that would keep the thread: believed only from a full authenticated read, where a
+corrupt blob or write is reported and the thread kept -- not deleted either way.
+
 When the registry and the inner saver share a database (``from_url``), a batch's
 checkpoints, blobs, writes, companion records (PII vault, idempotency) and registry rows are
 deleted and its receipts written in ONE transaction: a kill at any point leaves each thread

@@ -170,7 +170,15 @@ class StorageOps:
         return {tid: self.count_checkpoints(tid) for tid in inner_ids}
 
     def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
-        """Epoch time of each thread's latest root-namespace checkpoint (None: none stored)."""
+        """Epoch time of each thread's latest root-namespace checkpoint (None: none stored).
+
+        What the retention sweep decides an expired thread's fate on, in its batches and
+        thread by thread alike. The SQLite and PostgreSQL savers (sync and async) read the
+        latest checkpoint rows only, with SQL: a row that does not parse is the
+        TamperedDataError naming it, while the thread's channel blobs and pending writes are
+        not read at all (retention is not an integrity check; ``scan --verify`` is). This
+        fallback, for savers without native SQL, reads ``get_tuple``, which decodes those
+        too."""
         out: dict[str, float | None] = {}
         for tid in inner_ids:
             config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
@@ -225,6 +233,35 @@ def checkpoint_epoch(ts: Any) -> float | None:
         return datetime.fromisoformat(str(ts)).timestamp()
     except (TypeError, ValueError):
         return None
+
+
+def _sqlite_latest_times(serde: Any, ids: Sequence[str], rows: Sequence[Any]
+                         ) -> dict[str, float | None]:
+    """The latest checkpoint rows of ``SQLITE_BATCH_LATEST`` parsed as (Async)SqliteSaver's
+    get_tuple parses them -- the body with the inner saver's own serde (SecureSaver gives it
+    one that evaluates nothing), the clear metadata as JSON -- and nothing else (no writes)."""
+    out: dict[str, float | None] = {tid: None for tid in ids}
+    for tid, cid, type_, blob, metadata in rows:
+        with refusing(str(tid), f"checkpoint {cid!r}"):
+            checkpoint = serde.loads_typed((type_, blob))
+            if metadata is not None:
+                json.loads(metadata)
+        out[str(tid)] = checkpoint_epoch(checkpoint.get("ts"))
+    return out
+
+
+def _pg_latest_times(ids: Sequence[str], rows: Sequence[Any]) -> dict[str, float | None]:
+    """The rows of ``PG_BATCH_LATEST_TS``: each thread's latest root checkpoint's ``ts``, read
+    in SQL from its JSONB body (no blobs, no writes); a body (Async)PostgresSaver's get_tuple
+    cannot read is the TamperedDataError naming it."""
+    for r in rows:
+        if r["parses"] is False:
+            raise parse_failure(
+                f"stored thread {r['thread_id']!r} namespace '' checkpoint "
+                f"{r['checkpoint_id']!r}",
+                TamperedDataError("its checkpoint body is not a JSON object (altered bytes)"))
+    return {tid: None for tid in ids} | {
+        str(r["thread_id"]): checkpoint_epoch(r["ts"]) for r in rows}
 
 
 class MemoryOps(StorageOps):
@@ -370,23 +407,14 @@ class SqliteOps(StorageOps):
 
     def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
         ids = list(inner_ids)
-        out: dict[str, float | None] = {tid: None for tid in ids}
         if not ids:
-            return out
+            return {}
         inner: Any = self.inner
         inner.setup()
         with inner.lock:
             rows = inner.conn.execute(SQLITE_BATCH_LATEST.format(
                 ids=_placeholders(len(ids))), ids).fetchall()
-        for tid, cid, type_, blob, metadata in rows:
-            # the inner saver's own serde (SecureSaver gives it one that evaluates nothing);
-            # the metadata must parse too, as SqliteSaver's get_tuple parses it
-            with refusing(str(tid), f"checkpoint {cid!r}"):
-                checkpoint = inner.serde.loads_typed((type_, blob))
-                if metadata is not None:
-                    json.loads(metadata)
-            out[str(tid)] = checkpoint_epoch(checkpoint.get("ts"))
-        return out
+        return _sqlite_latest_times(inner.serde, ids, rows)
 
     def storage_identity(self) -> tuple[Any, ...] | None:
         inner: Any = self.inner
@@ -422,15 +450,19 @@ class _AsyncOnlyOps(StorageOps):
         return int(self.bridge(self.acount_checkpoints(inner_id)))
 
     def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
-        async def collect() -> dict[str, float | None]:
-            out: dict[str, float | None] = {}
-            for tid in inner_ids:
-                config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
-                with refusing(tid):
-                    tup = await self.inner.aget_tuple(config)
-                out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
-            return out
-        return dict(self.bridge(collect()))
+        return dict(self.bridge(self.alatest_checkpoint_times(list(inner_ids))))
+
+    async def alatest_checkpoint_times(self, inner_ids: Sequence[str]
+                                       ) -> dict[str, float | None]:
+        """:meth:`StorageOps.latest_checkpoint_times` on the saver's loop (this fallback reads
+        ``aget_tuple``; the SQLite and PostgreSQL savers read the checkpoint rows only)."""
+        out: dict[str, float | None] = {}
+        for tid in inner_ids:
+            config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+            with refusing(tid):
+                tup = await self.inner.aget_tuple(config)
+            out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+        return out
 
 
 class AsyncSqliteOps(_AsyncOnlyOps):
@@ -472,6 +504,18 @@ class AsyncSqliteOps(_AsyncOnlyOps):
         async with inner.lock, inner.conn.execute(SQLITE_COUNT, (inner_id,)) as cur:
             row = await cur.fetchone()
         return int(row[0])
+
+    async def alatest_checkpoint_times(self, inner_ids: Sequence[str]
+                                       ) -> dict[str, float | None]:
+        ids = list(inner_ids)
+        if not ids:
+            return {}
+        inner: Any = self.inner
+        await inner.setup()
+        async with inner.lock, inner.conn.execute(SQLITE_BATCH_LATEST.format(
+                ids=_placeholders(len(ids))), ids) as cur:
+            rows = await cur.fetchall()
+        return _sqlite_latest_times(inner.serde, ids, rows)
 
     async def athread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner
@@ -530,18 +574,13 @@ class PostgresOps(StorageOps):
 
     def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
         ids = list(inner_ids)
+        if not ids:
+            return {}
         inner: Any = self.inner
         with inner._cursor() as cur:
             cur.execute(PG_BATCH_LATEST_TS, (ids,))
             rows = cur.fetchall()
-        for r in rows:
-            if r["parses"] is False:  # a body PostgresSaver's get_tuple cannot read
-                raise parse_failure(
-                    f"stored thread {r['thread_id']!r} namespace '' checkpoint "
-                    f"{r['checkpoint_id']!r}",
-                    TamperedDataError("its checkpoint body is not a JSON object (altered bytes)"))
-        return {tid: None for tid in ids} | {
-            str(r["thread_id"]): checkpoint_epoch(r["ts"]) for r in rows}
+        return _pg_latest_times(ids, rows)
 
     def storage_identity(self) -> tuple[Any, ...] | None:
         inner: Any = self.inner
@@ -577,6 +616,17 @@ class AsyncPostgresOps(_AsyncOnlyOps):
         async with inner._cursor() as cur:
             await cur.execute(PG_COUNT, (inner_id,))
             return int((await cur.fetchone())["n"])
+
+    async def alatest_checkpoint_times(self, inner_ids: Sequence[str]
+                                       ) -> dict[str, float | None]:
+        ids = list(inner_ids)
+        if not ids:
+            return {}
+        inner: Any = self.inner
+        async with inner._cursor() as cur:
+            await cur.execute(PG_BATCH_LATEST_TS, (ids,))
+            rows = await cur.fetchall()
+        return _pg_latest_times(ids, rows)
 
     def storage_identity(self) -> tuple[Any, ...] | None:
         async def identity() -> Any:

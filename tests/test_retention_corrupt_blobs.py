@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -35,12 +36,14 @@ def _conf(thread: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread, "tenant_id": "acme", "checkpoint_ns": ""}}
 
 
-def _write(saver: SecureSaver, thread: str) -> None:
+def _write(saver: SecureSaver, thread: str, ts: float | None = None) -> None:
     """Two checkpoints with channel values (PostgreSQL: blobs), the latest with a pending
-    write."""
+    write and, when given, the ``ts`` (genuine: what LangGraph stores is the writer's clock)."""
     config: Any = _conf(thread)
     for step in range(2):
         checkpoint = empty_checkpoint()
+        if ts is not None and step == 1:
+            checkpoint["ts"] = datetime.fromtimestamp(ts, timezone.utc).isoformat()
         checkpoint["channel_values"] = {"log": [f"turn {step}"], "count": step}
         checkpoint["channel_versions"] = {"log": step + 1, "count": step + 1}
         config = saver.put(config, checkpoint, {"step": step}, {"log": step + 1,
@@ -68,9 +71,22 @@ def _write_bytes(raw: Raw, thread: str) -> None:
                    "thread_id = ?", GARBAGE, inner_id(thread)) == 1
 
 
-EDITS = {"blob_type": _blob_type, "blob_bytes": _blob_bytes, "write_type": _write_type,
-         "write_bytes": _write_bytes}
-PG_ONLY = {"blob_type", "blob_bytes"}  # SQLite keeps channel values in the checkpoint body
+def _blob_ciphertext(raw: Raw, thread: str) -> None:
+    # under its own type tag: the inner decode passes, SecureSaver's authentication does not
+    assert raw.run("UPDATE checkpoint_blobs SET blob = ? WHERE thread_id = ? AND "
+                   "channel = 'log'", b"not a ciphertext", inner_id(thread)) == 2
+
+
+def _write_ciphertext(raw: Raw, thread: str) -> None:
+    assert raw.run(f"UPDATE {raw.writes} SET {raw.value_col} = ? WHERE thread_id = ?",
+                   b"not a ciphertext", inner_id(thread)) == 1
+
+
+EDITS = {"blob_type": _blob_type, "blob_bytes": _blob_bytes,
+         "blob_ciphertext": _blob_ciphertext, "write_type": _write_type,
+         "write_bytes": _write_bytes, "write_ciphertext": _write_ciphertext}
+# SQLite keeps channel values in the checkpoint body
+PG_ONLY = {"blob_type", "blob_bytes", "blob_ciphertext"}
 
 
 def _garbage_body(raw: Raw, thread: str) -> None:
@@ -90,8 +106,8 @@ def _stored(raw: Raw, thread: str) -> dict[str, int]:
                             inner_id(thread))[0][0] for table in tables}
 
 
-def _prepare(database: tuple[str, Raw], edit: str, beside: bool, strategy: str = "delete"
-             ) -> tuple[str, Raw, Keyring]:
+def _prepare(database: tuple[str, Raw], edit: str, beside: bool, strategy: str = "delete",
+             ts: float | None = None) -> tuple[str, Raw, Keyring]:
     """``corrupt`` (one blob or write edited) and ``good``, and with ``beside`` a batch-mate
     ``broken`` whose checkpoint rows do not parse; all expiring after an idle hour."""
     url, raw = database
@@ -102,14 +118,18 @@ def _prepare(database: tuple[str, Raw], edit: str, beside: bool, strategy: str =
                               retention=RetentionPolicy(idle_ttl="1h", strategy=strategy)
                               ) as saver:
         for thread in ("corrupt", "good") + (("broken",) if beside else ()):
-            _write(saver, thread)
+            _write(saver, thread, ts if thread == "corrupt" else None)
     EDITS[edit](raw, "corrupt")
     if beside:
         _garbage_body(raw, "broken")
-    # the edit is real: a full read of the thread refuses it
+    # the edit is real: a full read of the thread refuses it, and the integrity check the
+    # README points to (scan --verify) names the edited table
+    table = "checkpoint_blobs" if edit in PG_ONLY else raw.writes
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         with pytest.raises(TamperedDataError):
             saver.get_tuple(_conf("corrupt"))
+        scanned = saver.scan(keyring=ring, verify=True)
+    assert table in {v.table for v in scanned.violations}, scanned.violations
     return url, raw, ring
 
 
@@ -165,3 +185,26 @@ def test_keep_latest_prunes_a_thread_with_a_corrupt_write(database, edit: str) -
     assert report.errors == [] and receipt.action == "pruned"
     assert receipt.detail["checkpoints_deleted"] == 1
     assert _stored(raw, "corrupt")["checkpoints"] == 1
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside_unparsable"])
+def test_a_ts_that_would_keep_it_is_believed_only_from_a_full_authenticated_read(
+        database, beside: bool) -> None:
+    """The authenticated-ts step (README: the pruner believes a ``ts`` only once it is
+    authenticated) reads the latest checkpoint as ``get_tuple`` does, writes included: a thread
+    whose stored ts says it is in use and whose pending write is corrupt cannot be believed
+    in use, and is not deleted either -- reported and kept, alone and beside an unparsable
+    batch-mate alike (a corrupt write never makes the pruner delete a thread it would
+    otherwise keep)."""
+    now = time.time() + LATER
+    url, raw, ring = _prepare(database, "write_type", beside, ts=now - 10)
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        report = saver.prune_expired(now=now)
+        assert not saver.receipts(tenant="acme", thread_id="corrupt")
+    assert report.deleted == [("acme", "good")], report
+    named = sorted(thread for _tenant, thread, _error in report.errors)
+    assert named == (["broken", "corrupt"] if beside else ["corrupt"]), report.errors
+    (error,) = [e for _t, thread, e in report.errors if thread == "corrupt"]
+    assert f"{raw.writes} row" in error or "inner tables" in error, error  # the write, not ts
+    assert "retention kept the expired thread" in error, error
+    assert _stored(raw, "corrupt")["checkpoints"] == 2

@@ -13,6 +13,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
+from ..errors import TamperedDataError
 from ..listing import ARows, decoding, listing
 from ..services import SaverServices
 from ..storage_ops import checkpoint_epoch
@@ -80,18 +81,38 @@ def idempotency_store(services: SaverServices) -> Any:
 
 
 def latest_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | None:
-    """When the thread was last written, from its latest root checkpoint; a row that does not
-    parse is the TamperedDataError naming it that ``get_tuple`` gives (the pruner reports it
-    and keeps the thread)."""
+    """When the thread was last written, from its latest root checkpoint, read exactly as the
+    retention sweep's batches read it (:meth:`.storage_ops.StorageOps.latest_checkpoint_times`
+    for this one thread: the checkpoint rows only, with SQL, on SQLite and PostgreSQL; the
+    inner ``get_tuple`` on savers without native SQL), so a thread is decided the same way
+    whether it is swept in a batch or on its own. A corrupt channel blob or pending write does
+    not enter that decision.
+
+    A checkpoint row that does not parse is the TamperedDataError naming it (the pruner
+    reports it and keeps the thread), in the words ``get_tuple`` uses for the same row when
+    ``get_tuple`` refuses it too."""
+    try:
+        return services.storage.latest_checkpoint_times([ref.inner_id]).get(ref.inner_id)
+    except TamperedDataError as refused:
+        named = _get_tuple_refusal(services, ref)
+        raise (named or refused) from None
+
+
+def _get_tuple_refusal(services: SaverServices, ref: ThreadRef) -> TamperedDataError | None:
+    """The TamperedDataError ``get_tuple`` gives for the thread's latest root checkpoint (it
+    names the table, row and column on sync SQL savers), or None when it reads the thread."""
     config: RunnableConfig = {"configurable": {"thread_id": ref.inner_id,
                                                "checkpoint_ns": ""}}
-    if services.async_only:
-        with decoding(ref, config):
-            tup = services.storage.bridge(services.inner.aget_tuple(config))
-    else:
-        with decoding(ref, config, services.inner if is_sql_saver(services) else None):
-            tup = services.inner.get_tuple(config)
-    return None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+    try:
+        if services.async_only:
+            with decoding(ref, config):
+                services.storage.bridge(services.inner.aget_tuple(config))
+        else:
+            with decoding(ref, config, services.inner if is_sql_saver(services) else None):
+                services.inner.get_tuple(config)
+    except TamperedDataError as exc:
+        return exc
+    return None
 
 
 def authenticated_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | None:
