@@ -79,6 +79,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH = 500
 DEFAULT_LEASE = 300.0
 DEFAULT_ACTIVE_GRACE = 120.0
+# how far ahead a writer's clock may run for its checkpoint time to count as a write (now)
+CLOCK_SKEW = 300.0
 TRANSIENT_RETRIES = 3
 
 
@@ -286,16 +288,26 @@ class Sweep:
         checkpoint read again and authenticated as ``get_tuple`` does (its ts is sealed): a
         row that does not authenticate is the TamperedDataError naming it (the caller reports
         it). Rare -- only threads written since the registry last heard of them -- so the
-        batch keeps its one query. An authenticated time in the future (another machine's
-        clock) counts as written now: it never moves ``last_activity`` past ``now``."""
+        batch keeps its one query. An authenticated time up to ``CLOCK_SKEW`` in the future
+        (another machine's clock) counts as written now: it never moves ``last_activity`` past
+        ``now``, and the thread is kept that way at most until that time has passed. Farther
+        ahead it is no evidence of activity (None: the registry's verdict stands)."""
         if not (self._alive(row, last) or self._active(last)):
             return last
         checked = threads.authenticated_checkpoint_time(
             self.services, ThreadRef(row.tenant, row.thread_id))
         if checked is not None and checked > self.now:
+            ahead = checked - self.now
+            if ahead > CLOCK_SKEW:
+                # no clock is that far off: not evidence of a write (a caller's own ts). As
+                # "written now" it would save the thread at every sweep until that date
+                logger.warning("tenant %r thread %r: its latest checkpoint is dated %.0f s "
+                               "after the sweep's now; not taken as activity", row.tenant,
+                               row.thread_id, ahead)
+                return None
             logger.warning("tenant %r thread %r: its latest checkpoint is dated %.0f s after "
                            "the sweep's now (a clock ahead?); counted as written now",
-                           row.tenant, row.thread_id, checked - self.now)
+                           row.tenant, row.thread_id, ahead)
             checked = self.now
         return checked
 

@@ -273,16 +273,15 @@ def test_a_genuine_recent_write_keeps_its_thread(database) -> None:
 
 @pytest.mark.parametrize("policy", ["idle_ttl", "max_age"])
 def test_a_future_authenticated_ts_is_clamped_to_now(database, policy: str) -> None:
-    """A writer whose clock is 10 years fast (its checkpoint is sealed, so genuine): the
-    thread is kept as written now; ``last_activity`` never moves past the sweep's ``now``
-    (it was moved to the future ts). ``max_age``: skipped as active, as before this change;
-    guards that the clamp neither deletes it nor touches the registry."""
+    """A writer whose clock is a minute fast (its checkpoint is sealed, so genuine): the thread
+    is kept as written now; ``last_activity`` never moves past the sweep's ``now``.
+    ``max_age``: skipped as active; the clamp neither deletes it nor touches the registry."""
     url, _raw = database
     ring = Keyring.generate()
     now = time.time() + LATER
     retention = RetentionPolicy(**{policy: "1h"})
     with _open(url, ring, retention=retention) as saver:
-        _write(saver, "skewed", ts=now + 10 * YEAR)
+        _write(saver, "skewed", ts=now + 60)
     with _open(url, ring) as saver:
         before = _activity(saver, "skewed")
         report = saver.prune_expired(now=now)
@@ -290,10 +289,31 @@ def test_a_future_authenticated_ts_is_clamped_to_now(database, policy: str) -> N
         last, expires = _activity(saver, "skewed")
         if policy == "idle_ttl":
             assert report.survived == [("acme", "skewed")]
-            assert last == now and expires == now + HOUR  # not 10 years from now
+            assert last == now and expires == now + HOUR  # not a minute past now
         else:  # no idle TTL to extend: written "now", so skipped for the grace period
             assert report.skipped_active == [("acme", "skewed")]
             assert (last, expires) == before
+
+
+@pytest.mark.parametrize("policy", ["idle_ttl", "max_age"])
+def test_a_far_future_authenticated_ts_does_not_keep_a_thread(database, policy: str) -> None:
+    """A key holder's own ts ten years ahead (sealed, genuine). Counted as "written now" it
+    would keep the idle thread at every sweep for ten years (each sweep touching the registry
+    again): no clock is that far off, so it is no evidence of a write, and the thread is
+    deleted on its first sweep past its retention, with its receipt."""
+    url, _raw = database
+    ring = Keyring.generate()
+    now = time.time() + LATER
+    with _open(url, ring, retention=RetentionPolicy(**{policy: "1h"})) as saver:
+        _write(saver, "skewed", ts=now + 10 * YEAR)
+        _write(saver, "plain")
+    with _open(url, ring) as saver:
+        report = saver.prune_expired(now=now)
+        assert report.errors == [] and report.survived == [] and report.skipped_active == []
+        assert sorted(report.deleted) == [("acme", "plain"), ("acme", "skewed")]
+        assert saver.registry.get_thread("acme", "skewed") is None
+        (receipt,) = saver.receipts(tenant="acme", thread_id="skewed")
+        assert receipt.action == "deleted"
 
 
 # ---------------------------------------------------------------------------------------------
