@@ -197,6 +197,8 @@ class CheckpointFold:
     :meth:`finalize` gives the columns the other dialect's statement computes (JSON text)."""
 
     def __init__(self) -> None:
+        from .raw_tables import decode_sqlite_checkpoint
+        self._decode = decode_sqlite_checkpoint
         self.first: float | None = None
         self.last: float | None = None
         self.ages = [0] * (_AGES + 1)       # the last slot: unknown age
@@ -204,9 +206,8 @@ class CheckpointFold:
         self.unsealed = 0
 
     def step(self, type_: Any, checkpoint: Any, metadata: Any, size: Any, now: Any) -> None:
-        from .raw_tables import decode_sqlite_checkpoint
         try:
-            row: CheckpointRow | None = decode_sqlite_checkpoint(
+            row: CheckpointRow | None = self._decode(
                 ("", "", "", None, type_, checkpoint, metadata))
         except Exception:  # noqa: BLE001 - a row this cannot even look at is not ours
             row = None
