@@ -37,14 +37,15 @@ from .audit_report import (  # noqa: F401 - the report types are importable from
 from .audit_sql import (  # noqa: F401
     MAX_ORPHANS_LISTED,
     AuditDatabase,
-    _checkpoint_unsealed,
     _iter_sql,
     _Totals,
-    _value_unsealed,
     _vault_kinds,
+    checkpoint_unsealed,
+    checkpoint_versions,
+    value_unsealed,
 )
-from .crypto import from_text, is_token, token_key_version
-from .errors import ConfigurationError, TamperedDataError
+from .crypto import is_token, token_key_version
+from .errors import ConfigurationError
 
 if TYPE_CHECKING:
 
@@ -64,19 +65,6 @@ class _Stored:
     versions: set[int] = field(default_factory=set)
     first: float | None = None
     last: float | None = None
-
-
-def _versions_of(row: CheckpointRow) -> set[int]:
-    found = {token_key_version(v) for v in row.channel_values.values() if is_token(v)}
-    sealed = (row.metadata or {}).get("__securesaver__")
-    if isinstance(sealed, str):
-        try:
-            token = from_text(sealed)
-            if is_token(token):
-                found.add(token_key_version(token))
-        except TamperedDataError:
-            pass
-    return found
 
 
 class _StorageWalk:
@@ -138,7 +126,7 @@ class _StorageWalk:
                 stored = self.threads.setdefault(blob.thread_id, _Stored())
                 if blob.blob is None:
                     continue
-                if _value_unsealed(blob.type, blob.blob):
+                if value_unsealed(blob.type, blob.blob):
                     self._unsealed("checkpoint_blobs")
                 stored.stored_bytes += len(blob.blob)
                 if is_token(blob.blob):
@@ -154,7 +142,7 @@ class _StorageWalk:
                 stored = self.threads.setdefault(w.thread_id, _Stored())
                 if w.value is None:
                     continue
-                if _value_unsealed(w.type, w.value):
+                if value_unsealed(w.type, w.value):
                     self._unsealed("checkpoint_writes" if self.raw.has_blobs else "writes")
                 stored.stored_bytes += len(w.value)
                 if is_token(w.value):
@@ -165,12 +153,12 @@ class _StorageWalk:
             self._tick(len(writes))
 
     def _checkpoint(self, row: CheckpointRow) -> None:
-        if _checkpoint_unsealed(row):
+        if checkpoint_unsealed(row):
             self._unsealed("checkpoints")
         stored = self.threads.setdefault(row.thread_id, _Stored())
         stored.checkpoints += 1
         stored.stored_bytes += row.size
-        stored.versions |= _versions_of(row)
+        stored.versions |= checkpoint_versions(row)
         ts = _checkpoint_epoch(row.ts)
         if ts is not None:
             stored.first = ts if stored.first is None else min(stored.first, ts)

@@ -24,8 +24,15 @@ from .audit_report import (
     ThreadAudit,
     _checkpoint_epoch,
 )
-from .audit_statements import B64URL, SEALED_TEXT_PREFIX, inventory_pg, inventory_sqlite
-from .crypto import is_token
+from .audit_statements import (
+    B64URL,
+    CHECKPOINT_FOLD,
+    SEALED_TEXT_PREFIX,
+    inventory_pg,
+    inventory_sqlite,
+)
+from .crypto import from_text, is_token, token_key_version
+from .errors import TamperedDataError
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -39,8 +46,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("langgraph_securesaver.audit")
 
 
-# the row predicates both the Python walk (:mod:`.audit`) and the statements use
-def _checkpoint_unsealed(row: CheckpointRow) -> bool:
+# what a checkpoint row says, for both the Python walk (:mod:`.audit`) and the statements
+def checkpoint_unsealed(row: CheckpointRow) -> bool:
     """A checkpoint row SecureSaver could not have written (parse error, a foreign payload,
     no sealed metadata -- a text token's head, what the PostgreSQL statement can test -- or a
     channel value that is not a ciphertext)."""
@@ -50,7 +57,22 @@ def _checkpoint_unsealed(row: CheckpointRow) -> bool:
             or not all(is_token(v) for v in row.channel_values.values()))
 
 
-def _value_unsealed(type_: str | None, value: bytes) -> bool:
+def checkpoint_versions(row: CheckpointRow) -> set[int]:
+    """The key versions a checkpoint row names: its channel values' ciphertexts and its sealed
+    metadata's text token."""
+    found = {token_key_version(v) for v in row.channel_values.values() if is_token(v)}
+    sealed = (row.metadata or {}).get("__securesaver__")
+    if isinstance(sealed, str):
+        try:
+            token = from_text(sealed)
+            if is_token(token):
+                found.add(token_key_version(token))
+        except TamperedDataError:
+            pass
+    return found
+
+
+def value_unsealed(type_: str | None, value: bytes) -> bool:
     """A blob or write that is not a typed-``bytes`` ciphertext."""
     return type_ != "bytes" or not is_token(value)
 
@@ -86,7 +108,7 @@ class _VersionReader:
             key: tuple[Any, ...] = (r["vmask"], frozenset(r["vbig"] or ()),
                                     frozenset(r["mv"] or ()))
         else:
-            key = (r["mv"], r["cv"], r["bv"], r["wv"])
+            key = (tuple(r["cv"] or ()), r["wv"])
         found = self._seen.get(key)
         if found is None:
             found = _row_versions(r)
@@ -105,8 +127,8 @@ def _row_versions(r: Any) -> list[int]:
             mask ^= low
         found |= _text_token_versions(r["mv"])
         return sorted(found)
-    return sorted(_versions(("b64", r["mv"]), ("dec", r["cv"]), ("hex", r["bv"]),
-                            ("hex", r["wv"])))
+    # SQLite: the checkpoints' versions as the fold found them, the writes' as hex headers
+    return sorted({int(v) for v in r["cv"] or ()} | _hex_versions(r["wv"]))
 
 
 def _text_token_versions(items: Any) -> set[int]:
@@ -133,28 +155,16 @@ def _text_token_versions(items: Any) -> set[int]:
     return out
 
 
-def _versions(*fields: Any) -> set[int]:
-    """Key versions from the aggregate columns: hex of the 4 version bytes (binary tokens),
-    base64url chunks of text tokens' headers, or decimal lists (SQLite's scan function)."""
-    import binascii
+def _hex_versions(field_value: Any) -> set[int]:
+    """Key versions from an aggregate column of the 4 version bytes of binary tokens, in hex
+    (SQLite's writes)."""
     out: set[int] = set()
-    for kind, field_value in fields:
-        if not field_value:
-            continue
-        for item in str(field_value).split(","):
-            item = item.strip()
-            if not item:
-                continue
+    for item in str(field_value or "").split(","):
+        item = item.strip()
+        if item:
             try:
-                if kind == "hex":
-                    out.add(int(item, 16))
-                elif kind == "dec":
-                    out.add(int(item))
-                else:
-                    raw = base64.urlsafe_b64decode(item + "=" * (-len(item) % 4))
-                    if raw[:3] == b"SS\x01" and len(raw) >= 7:
-                        out.add(int.from_bytes(raw[3:7], "big"))
-            except (ValueError, binascii.Error):
+                out.add(int(item, 16))
+            except ValueError:
                 continue
     return out
 
@@ -168,51 +178,62 @@ def _epoch(value: Any) -> float | None:
 
 
 def _sqlite_functions(conn: Any) -> None:
-    """Scalar functions the SQLite inventory uses on msgpack checkpoint rows."""
-    rows = _SqliteRows()
+    """The aggregate function the SQLite inventory folds msgpack checkpoint rows with."""
     raw = conn.connection.driver_connection
-    raw.create_function("securesaver_ckpt_ts", 3, rows.ts, deterministic=True)
-    raw.create_function("securesaver_token_versions", 3, rows.versions, deterministic=True)
-    raw.create_function("securesaver_ckpt_unsealed", 3, rows.unsealed, deterministic=True)
+    raw.create_aggregate(CHECKPOINT_FOLD, 5, CheckpointFold)
 
 
-class _SqliteRows:
-    """A SQLite checkpoints row's timestamp, key versions and unsealed flag, read from the
-    row decoded exactly as the Python walk decodes it (strict serializer, inert placeholders;
-    nothing is evaluated): the same answers on any document, a crafted one included. The
-    statement calls these several times per row: the last row decoded is kept."""
+_AGES = len(AGE_BUCKETS)
+#: what a thread without checkpoints has in place of :meth:`CheckpointFold.finalize`'s columns
+NO_CHECKPOINTS: dict[str, Any] = {"first_ts": None, "last_ts": None, "au": None, "cv": None,
+                                  "uc": None, **{f"a{k}": None for k in range(_AGES)}}
+
+
+class CheckpointFold:
+    """A thread's SQLite checkpoint rows folded as the Python walk folds them: each row is
+    decoded once, exactly as the walk decodes it (strict serializer, inert placeholders;
+    nothing is evaluated), so a crafted document gets the walk's answers; the statement calls
+    :meth:`step` once per row (one Python call a row, nothing compared or cached).
+    :meth:`finalize` gives the columns the other dialect's statement computes (JSON text)."""
 
     def __init__(self) -> None:
-        self._key: tuple[Any, Any, Any] | None = None
-        self._row: CheckpointRow | None = None
+        from .raw_tables import decode_sqlite_checkpoint
+        self._decode = decode_sqlite_checkpoint
+        self.first: float | None = None
+        self.last: float | None = None
+        self.ages = [0] * (_AGES + 1)       # the last slot: unknown age
+        self.versions: set[int] = set()
+        self.unsealed = 0
 
-    def _decoded(self, type_: Any, checkpoint: Any, metadata: Any) -> CheckpointRow | None:
-        key = (type_, checkpoint, metadata)
-        if self._key != key:
-            from .raw_tables import decode_sqlite_checkpoint
-            try:
-                self._row = decode_sqlite_checkpoint(("", "", "", None, *key))
-            except Exception:  # noqa: BLE001 - a row this cannot even look at is not ours
-                self._row = None
-            self._key = key
-        return self._row
+    def step(self, type_: Any, checkpoint: Any, metadata: Any, size: Any, now: Any) -> None:
+        try:
+            row: CheckpointRow | None = self._decode(
+                ("", "", "", None, type_, checkpoint, metadata))
+        except Exception:  # noqa: BLE001 - a row this cannot even look at is not ours
+            row = None
+        ts = None
+        if row is None or checkpoint_unsealed(row):
+            self.unsealed += 1
+        if row is not None:
+            self.versions |= checkpoint_versions(row)
+            ts = _checkpoint_epoch(row.ts)
+        if ts is not None:
+            self.first = ts if self.first is None else min(self.first, ts)
+            self.last = ts if self.last is None else max(self.last, ts)
+        self.ages[_slot(float(now), ts)] += int(size or 0)
 
-    def ts(self, type_: Any, checkpoint: Any, metadata: Any) -> float | None:
-        row = self._decoded(type_, checkpoint, metadata)
-        return None if row is None else _checkpoint_epoch(row.ts)
+    def finalize(self) -> str:
+        out: dict[str, Any] = {f"a{k}": n or None for k, n in enumerate(self.ages[:-1])}
+        out.update(first_ts=self.first, last_ts=self.last, au=self.ages[-1] or None,
+                   cv=sorted(self.versions), uc=self.unsealed)
+        return json.dumps(out)
 
-    def versions(self, type_: Any, checkpoint: Any, metadata: Any) -> str | None:
-        """The key versions of the ciphertexts among the channel values (the walk's)."""
-        from .crypto import token_key_version
-        row = self._decoded(type_, checkpoint, metadata)
-        if row is None:
-            return None
-        found = {token_key_version(v) for v in row.channel_values.values() if is_token(v)}
-        return ",".join(str(v) for v in sorted(found)) or None
 
-    def unsealed(self, type_: Any, checkpoint: Any, metadata: Any) -> int:
-        row = self._decoded(type_, checkpoint, metadata)
-        return 1 if row is None or _checkpoint_unsealed(row) else 0
+def unfold(r: dict[str, Any]) -> None:
+    """Put the SQLite fold's columns into a statement row (no-op for other dialects)."""
+    if "fold" in r:
+        fold = r.pop("fold")
+        r.update(NO_CHECKPOINTS if fold is None else json.loads(fold))
 
 
 class _Totals:
@@ -348,6 +369,7 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
     versions = _VersionReader()
     with registry.begin() as conn:
         for r in _stream_rows(conn, registry.dialect, sql, params):
+            unfold(r)
             done += 1
             if progress and done % 1000 == 0:
                 progress(done, max(total, done))

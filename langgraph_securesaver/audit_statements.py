@@ -16,6 +16,9 @@ from .crypto import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
 from .tenancy import thread_prefix
 
 PREFIX_LEN = len(thread_prefix("x"))     # "t" + 24 hex + ":"
+#: SQLite's aggregate ``(type, checkpoint, metadata, size, now)`` over a thread's checkpoint
+#: rows (registered by ``audit_sql``, which reads its result)
+CHECKPOINT_FOLD = "securesaver_ckpt_fold"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -41,19 +44,28 @@ def ts_threshold(now: float, upper: float) -> str:
         return "0" if now - upper < 0 else "~"
 
 
-# the part of the audit statement both dialects share: registered and unregistered threads
-# with their storage aggregates and PII kinds, owner then thread
-_AUDIT_ROWS = f"""rows AS (
-    SELECT reg.tenant AS owner, reg.thread_id AS thread, 1 AS registered, reg.created_at,
-           reg.last_activity, reg.expires_at, reg.legal_hold, reg.policy_source, reg.idle_ttl,
-           reg.max_age, reg.state, st.*
-    FROM reg LEFT JOIN st ON st.inner_id = reg.inner_id
-    UNION ALL
+# SQLite's storage columns of a thread (``st``), in the order both arms of ``rows`` give them
+_SQLITE_ST = ("inner_id", "n", "ck_bytes", "fold", "bl_bytes", "wr_bytes", "wv", "ub", "uw")
+# SQLite's rows: every stored thread, with its tenant's tag and its registry row looked up by
+# primary key, then the registered threads that store nothing (no row in either table, by
+# primary key). No join of two computed tables: SQLite scans those in a nested loop (an audit
+# of 20k threads spent a minute there). Owner then thread.
+_SQLITE_AUDIT_ROWS = f"""rows AS (
     SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
-           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread, 0 AS registered,
-           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, st.*
+           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread,
+           CASE WHEN r.tenant IS NULL THEN 0 ELSE 1 END AS registered, r.created_at,
+           r.last_activity, r.expires_at, r.legal_hold, r.policy_source, r.idle_ttl,
+           r.max_age, r.state, {", ".join(f"st.{c}" for c in _SQLITE_ST)}
     FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
-    WHERE NOT EXISTS (SELECT 1 FROM reg WHERE reg.inner_id = st.inner_id))
+    LEFT JOIN securesaver_threads r ON r.tenant = tg.tenant
+        AND r.thread_id = substr(st.inner_id, {PREFIX_LEN + 1})
+    UNION ALL
+    SELECT reg.tenant, reg.thread_id, 1, reg.created_at, reg.last_activity, reg.expires_at,
+           reg.legal_hold, reg.policy_source, reg.idle_ttl, reg.max_age, reg.state,
+           {", ".join("NULL" for _ in _SQLITE_ST)}
+    FROM reg
+    WHERE NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = reg.inner_id)
+      AND NOT EXISTS (SELECT 1 FROM writes w WHERE w.thread_id = reg.inner_id))
 SELECT rows.*, pii.kinds FROM rows
 LEFT JOIN pii ON pii.tenant = rows.owner AND pii.thread_id = rows.thread
 ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
@@ -64,7 +76,12 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
                           ) -> tuple[str, dict[str, Any]]:
     """SQLite: one grouped statement, registry rows joined with per-thread storage aggregates
     and PII kinds, ordered by (tenant, thread). Runs on the registry's engine when it shares
-    the inner saver's database (see :func:`~langgraph_securesaver.pruner.shares_database`)."""
+    the inner saver's database (see :func:`~langgraph_securesaver.pruner.shares_database`).
+
+    The checkpoint body is msgpack: only the strict serializer can read it as the walk does,
+    so a thread's checkpoint rows are folded by one Python aggregate function (``fold``: ts,
+    age buckets, key versions, unsealed rows; see ``audit_sql.CheckpointFold``) that is called
+    once per row and decodes each row once."""
     params: dict[str, Any] = {}
     values = []
     for i, name in enumerate(tenants):
@@ -72,17 +89,8 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         values.append(f"(:tn{i}, :tp{i})")
     # every fragment below is a constant of this function; values are bound parameters
     tags = "VALUES " + ", ".join(values)
-    # a row's age is reckoned as the walk reckons it: now - ts, below a bucket's upper bound
-    uppers = [upper for _label, upper in AGE_BUCKETS[:-1]]
     params["now"] = now
     size = "(length(c.checkpoint) + coalesce(length(c.metadata), 0))"
-    ts = "securesaver_ckpt_ts(c.type, c.checkpoint, c.metadata)"
-    ts_ok = f"{ts} IS NOT NULL"
-    for k, upper in enumerate(uppers):
-        params[f"b{k}"] = upper
-    md_text = "json_extract(CAST(c.metadata AS TEXT), '$.__securesaver__')"
-    ck_versions = ("group_concat(DISTINCT securesaver_token_versions(c.type, c.checkpoint, "
-                   "c.metadata))")
     blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
     magic = "substr({0}, 1, 3) = X'535301'"
     agg = "group_concat(DISTINCT {0})"
@@ -90,9 +98,6 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
     # database, or any SQLite value (a blob travels as hex: its text need not be UTF-8)
     kinds = ("json_group_array(json_array(typeof(p.kind), CASE WHEN typeof(p.kind) = 'blob' "
              "THEN hex(p.kind) ELSE p.kind END, p.n))")
-    # the checkpoint body is msgpack: only the strict serializer can tell a foreign
-    # payload, so the row predicate itself runs as a scalar function inside this pass
-    ck_unsealed = "securesaver_ckpt_unsealed(c.type, c.checkpoint, c.metadata)"
     where_ck = where_st = where_reg = where_pii = ""
     if tenant is not None:
         params["prefix"], params["tenant"] = thread_prefix(tenant), tenant
@@ -105,16 +110,6 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         where_reg = "WHERE r.tenant = :tenant"
         where_pii = "WHERE r.tenant = :tenant"
         params["plen"] = PREFIX_LEN
-    buckets = []
-    age = f"(:now - {ts})"
-    for k in range(len(uppers)):
-        older = f" AND {age} >= :b{k - 1}" if k else ""
-        buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} < :b{k}{older} THEN {size} END) "
-                       f"AS a{k}")
-    buckets.append(f"sum(CASE WHEN {ts_ok} AND {age} >= :b{len(uppers) - 1} THEN {size} END)"
-                   f" AS a{len(uppers)}")
-    # GLOB: LIKE ignores case in SQLite, the walk's prefix test does not
-    token_v = f"CASE WHEN {md_text} GLOB 'ss1.*' THEN substr({md_text}, 5, 10) END"
 
     def side(table: str, column: str) -> str:
         col = f"x.{column}"
@@ -127,28 +122,23 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         return (f"SELECT x.thread_id, sum({length}) AS bytes, {agg.format(version)} AS v, "  # noqa: S608
                 f"sum({unsealed}) AS u FROM {table} x {where_st} GROUP BY x.thread_id")
 
-    # SQLite's saver keeps channel values inside the checkpoint row: no blobs table
-    blobs = "SELECT NULL AS thread_id, NULL AS bytes, NULL AS v, NULL AS u WHERE 0"
     writes = side("writes", "value")
-    first, last = (f"min(CASE WHEN {ts_ok} THEN {ts} END)", f"max(CASE WHEN {ts_ok} THEN {ts} END)")
+    # the fold is named once: SQLite calls an aggregate's step once per row of its group
     sql = f"""
 WITH tags(tenant, prefix) AS ({tags}),
 ck AS (
-    SELECT c.thread_id, count(*) AS n, sum({size}) AS bytes, {first} AS first_ts,
-           {last} AS last_ts, {", ".join(buckets)},
-           sum(CASE WHEN NOT ({ts_ok}) OR {ts} IS NULL THEN {size} END) AS au,
-           {agg.format(token_v)} AS mv, {ck_versions} AS cv, sum({ck_unsealed}) AS uc
+    SELECT c.thread_id, count(*) AS n, sum({size}) AS bytes,
+           {CHECKPOINT_FOLD}(c.type, c.checkpoint, c.metadata, {size}, :now) AS fold
     FROM checkpoints c {where_ck} GROUP BY c.thread_id),
-bl AS ({blobs}),
 wr AS ({writes}),
-ids AS (SELECT thread_id FROM ck UNION SELECT thread_id FROM bl UNION SELECT thread_id FROM wr),
 st AS (
-    SELECT ids.thread_id AS inner_id, ck.n, ck.bytes AS ck_bytes, ck.first_ts, ck.last_ts,
-           {", ".join(f"ck.a{k}" for k in range(len(uppers) + 1))}, ck.au, ck.mv, ck.cv,
-           bl.bytes AS bl_bytes, bl.v AS bv, wr.bytes AS wr_bytes, wr.v AS wv, ck.uc,
-           bl.u AS ub, wr.u AS uw
-    FROM ids LEFT JOIN ck ON ck.thread_id = ids.thread_id
-    LEFT JOIN bl ON bl.thread_id = ids.thread_id LEFT JOIN wr ON wr.thread_id = ids.thread_id),
+    SELECT thread_id AS inner_id, sum(n) AS n, sum(ck_bytes) AS ck_bytes, max(fold) AS fold,
+           NULL AS bl_bytes, sum(wr_bytes) AS wr_bytes, max(wv) AS wv, NULL AS ub,
+           sum(uw) AS uw
+    FROM (SELECT thread_id, n, bytes AS ck_bytes, fold, NULL AS wr_bytes, NULL AS wv,
+                 NULL AS uw FROM ck
+          UNION ALL SELECT thread_id, NULL, NULL, NULL, bytes, v, u FROM wr)
+    GROUP BY thread_id),
 reg AS (
     SELECT r.tenant, r.thread_id, r.created_at, r.last_activity, r.expires_at, r.legal_hold,
            r.policy_source, r.idle_ttl, r.max_age, r.state, tags.prefix || r.thread_id AS inner_id
@@ -159,7 +149,7 @@ pii AS (
         JOIN securesaver_pii_vault v ON v.tenant = r.tenant AND v.token = r.token {where_pii}
         GROUP BY r.tenant, r.thread_id, r.kind) p
     GROUP BY p.tenant, p.thread_id),
-{_AUDIT_ROWS}"""  # noqa: S608
+{_SQLITE_AUDIT_ROWS}"""  # noqa: S608
     return sql, params
 
 

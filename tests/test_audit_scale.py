@@ -11,6 +11,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -24,6 +25,7 @@ from langgraph_securesaver.keyring import NoKeys
 from langgraph_securesaver.pruner import shares_database
 from langgraph_securesaver.registry import LATER_INDEXES, normalize_url
 from langgraph_securesaver.report_html import write_html
+from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
 
 runner = CliRunner()
@@ -490,3 +492,98 @@ def test_an_audit_abandoned_midway_leaves_the_database_usable(pg_url: str, redac
             assert first.tenant == "acme"
         whole = audit(saver)
     assert len(whole.threads) == 5
+
+
+def _counting_functions(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count every call SQLite makes into a Python function the audit registers (scalar or
+    aggregate step), and every checkpoint row decoded."""
+    import types
+
+    from langgraph_securesaver import audit_sql, raw_tables
+    calls: dict[str, int] = {}
+    registered = audit_sql._sqlite_functions
+
+    def counting(conn: Any) -> None:
+        raw = conn.connection.driver_connection
+
+        def count(name: str) -> None:
+            calls[name] = calls.get(name, 0) + 1
+
+        class Registering:
+            def create_function(self, name: str, n: int, fn: Any, **kw: Any) -> None:
+                def wrapped(*args: Any) -> Any:
+                    count(name)
+                    return fn(*args)
+                raw.create_function(name, n, wrapped, **kw)
+
+            def create_aggregate(self, name: str, n: int, cls: Any) -> None:
+                class Counted(cls):
+                    def step(self, *args: Any) -> None:
+                        count(name)
+                        super().step(*args)
+                raw.create_aggregate(name, n, Counted)
+
+        registered(types.SimpleNamespace(
+            connection=types.SimpleNamespace(driver_connection=Registering())))
+
+    decode = raw_tables.decode_sqlite_checkpoint
+
+    def decoding(*args: Any, **kwargs: Any) -> Any:
+        calls["(decoded)"] = calls.get("(decoded)", 0) + 1
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(audit_sql, "_sqlite_functions", counting)
+    monkeypatch.setattr(raw_tables, "decode_sqlite_checkpoint", decoding)
+    return calls
+
+
+def test_sqlite_audit_calls_python_once_per_checkpoint_row(tmp_path: Path, redactor,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Each checkpoint row crosses into Python once and is decoded once (the statement named
+    a per-row function ~22 times a row: in first/last, every age bucket, the unknown age...),
+    for all tenants and for one, and the report is still the walk's."""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    _add_stray_rows(url)
+    with sqlite3.connect(tmp_path / "agent.db") as conn:
+        rows = conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+        acme = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id LIKE ?",
+                            (thread_prefix("acme") + "%",)).fetchone()[0]
+    assert rows > acme > 5
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        now = time.time()
+        walk = _audit_walk(saver, saver.registry.tenants(), None, now, None).as_dict()
+        calls = _counting_functions(monkeypatch)
+        report = audit(saver, now=now).as_dict()
+        assert sum(calls.values()) == 2 * rows, calls     # one call, one decode, a row
+        assert calls["(decoded)"] == rows
+        assert report == walk
+        calls.clear()
+        audit(saver, tenant="acme", now=now)
+        assert sum(calls.values()) == 2 * acme, calls
+
+
+def test_sqlite_statement_joins_no_computed_table_by_scanning_it(tmp_path: Path, redactor
+                                                                 ) -> None:
+    """The SQLite plan: every per-thread join or existence test is a key lookup (a scan of a
+    computed table per stored thread was quadratic: a minute for 20k threads); only the
+    tenants' tag list may be scanned."""
+    from langgraph_securesaver.audit_sql import _sqlite_functions
+    from langgraph_securesaver.audit_statements import inventory_sqlite
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    for tenant in (None, "acme"):
+        sql, params = inventory_sqlite(["acme", "globex"], tenant, time.time())
+        with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver, \
+                saver.registry.begin() as conn:
+            _sqlite_functions(conn)
+            plan = conn.connection.driver_connection.execute(
+                "EXPLAIN QUERY PLAN " + sql, params).fetchall()
+        parents = {node: parent for node, parent, _, _ in plan}
+        details = {node: detail for node, _, _, detail in plan}
+        for node, _parent, _, detail in plan:
+            correlated = any("CORRELATED" in details.get(p, "")
+                             for p in (parents.get(node), parents.get(parents.get(node, 0))))
+            if detail.startswith("SCAN ") and ("LEFT-JOIN" in detail or correlated):
+                assert detail.startswith(("SCAN tg", "SCAN tags")), (tenant, detail, plan)
