@@ -32,6 +32,7 @@ from .audit_report import (  # noqa: F401 - the report types are importable from
     _checkpoint_epoch,
     age_bucket,
     iso,
+    registry_number,
     thread_json,
 )
 from .audit_sql import (  # noqa: F401
@@ -303,14 +304,15 @@ def _audit_walk(saver: SecureSaver, all_tenants: list[str], tenant: str | None, 
         inner_id = _inner_id(row.tenant, row.thread_id)
         covered.add(inner_id)
         stored = walk.threads.get(inner_id, _Stored())
+        expires = registry_number(row.expires_at)
         threads.append(ThreadAudit(
-            row.tenant, row.thread_id, row.created_at, row.last_activity, row.expires_at,
-            bool(row.legal_hold), row.policy_source, row.idle_ttl, row.max_age, row.state,
-            stored.checkpoints, stored.stored_bytes, sorted(stored.versions),
+            row.tenant, row.thread_id, registry_number(row.created_at),
+            registry_number(row.last_activity), expires, bool(row.legal_hold),
+            row.policy_source, registry_number(row.idle_ttl), registry_number(row.max_age),
+            row.state, stored.checkpoints, stored.stored_bytes, sorted(stored.versions),
             inventory.get((row.tenant, row.thread_id), {}), stored.first, stored.last,
             registered=True,
-            overdue=row.expires_at is not None and row.expires_at <= now
-            and not row.legal_hold,
+            overdue=expires is not None and expires <= now and not row.legal_hold,
             held_past_ttl=(row.tenant, row.thread_id) in held_past))
     orphans: list[dict[str, Any]] = []
     for inner_id, stored in sorted(walk.threads.items()):

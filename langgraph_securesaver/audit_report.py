@@ -36,6 +36,15 @@ def age_bucket(age: float | None) -> str:
     return AGE_BUCKETS[-1][0]
 
 
+def registry_number(value: Any) -> float | None:
+    """A registry time or duration as the audit reports it: a float, or None when the stored
+    value is no number (SQLite keeps text or a blob in a REAL column as given: only a database
+    edit puts one there, and comparing it with a time raised TypeError in every audit)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None

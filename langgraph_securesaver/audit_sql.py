@@ -23,6 +23,7 @@ from .audit_report import (
     TenantAudit,
     ThreadAudit,
     _checkpoint_epoch,
+    registry_number,
 )
 from .audit_statements import (
     B64URL,
@@ -393,9 +394,10 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
                 continue
             registered = bool(r["registered"])
             hold = bool(r["legal_hold"]) if registered else False
-            expires = r["expires_at"]
-            created, activity = r["created_at"], r["last_activity"]
-            idle, max_age = r["idle_ttl"], r["max_age"]
+            expires = registry_number(r["expires_at"])
+            created = registry_number(r["created_at"])
+            activity = registry_number(r["last_activity"])
+            idle, max_age = registry_number(r["idle_ttl"]), registry_number(r["max_age"])
             held_past = hold and (
                 (idle is not None and activity is not None and activity + idle <= now)
                 or (max_age is not None and created is not None and created + max_age <= now))
@@ -440,6 +442,10 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
     compiled = sa.text(sql).compile(dialect=conn.dialect)
     raw = conn.connection.driver_connection
     with raw.cursor() as cur:   # type: ignore[union-attr]
+        from psycopg.types.json import set_json_loads
+
+        from .raw_tables import lenient_json_loads
+        set_json_loads(lenient_json_loads, cur)   # an odd ts of 5,000 digits must not raise
         names: list[str] | None = None
         # chunks of rows need libpq >= 17; older ones stream row by row (slower, as flat)
         size = 2000 if psycopg_pq_version() >= 170000 else 1

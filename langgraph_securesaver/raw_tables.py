@@ -155,6 +155,20 @@ class TenantIndex:
         return None, inner_id
 
 
+def _int_or_float(text: str) -> int | float:
+    # Python refuses to read an integer of more than 4,300 digits (sys.int_info); a JSONB
+    # number can have 131,072 before its point
+    return int(text) if len(text) <= 4000 else float(text)
+
+
+def lenient_json_loads(data: str | bytes) -> Any:
+    """``json.loads`` for rows a database writer can craft: an integer too long for Python
+    (over 4,000 digits) reads as a float (``inf``) instead of raising ValueError from deep in
+    the driver. What SecureSaver reads stored JSON with where a row must never stop the
+    whole read (the audit, ``scan``, rotation's pages: PostgreSQL's jsonb columns)."""
+    return json.loads(data, parse_int=_int_or_float)
+
+
 def decode_sqlite_checkpoint(row: tuple[Any, ...], serde: StrictSerializer | None = None
                              ) -> CheckpointRow:
     """A SQLite ``checkpoints`` row ``(thread_id, ns, id, parent, type, checkpoint, metadata)``
@@ -389,7 +403,9 @@ class PostgresRawTables(RawTables):
 
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         from psycopg.rows import tuple_row
+        from psycopg.types.json import set_json_loads
         with self._connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            set_json_loads(lenient_json_loads, cur)
             cur.execute(sql, params)
             return list(cur.fetchall())
 

@@ -375,6 +375,23 @@ def test_registry_times_that_are_no_date_do_not_break_the_audit(tmp_path: Path, 
     _odd_registry_times(f"sqlite:///{tmp_path / 'agent.db'}", tmp_path, redactor, value)
 
 
+@pytest.mark.parametrize("value", ["abc", b"\x00x", "2026-01-01T00:00:00+00:00"])
+def test_registry_times_of_another_type_on_sqlite(tmp_path: Path, redactor, value: Any) -> None:
+    """SQLite keeps text or a blob in a REAL column as given: an edited registry row's times
+    are reported as unknown (null) by both audits, which no longer raise TypeError."""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            conn.execute(sa.text(
+                "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, "
+                "expires_at = :v, idle_ttl = :v WHERE thread_id = 't-plain'"), {"v": value})
+        report = _compare(saver, nows=[None])
+    plain = {t["thread_id"]: t for t in report["threads"]}["t-plain"]
+    assert (plain["created_at"], plain["expires_at"], plain["idle_ttl"]) == (None, None, None)
+    assert plain["checkpoints"] > 0
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("value", [float("nan"), -1e20])   # (SQLite stores NaN as NULL)
 def test_registry_times_that_are_no_date_on_postgres(pg_url: str, tmp_path: Path, redactor,
@@ -407,6 +424,27 @@ def _odd_registry_times(url: str, tmp_path: Path, redactor, value: float) -> Non
     # 1: the audit found problems (the build has an overdue thread); no traceback
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert "t-plain" in page.read_text(encoding="utf-8")
+
+
+@pytest.mark.postgres
+def test_a_json_number_too_long_for_python_does_not_break_the_audit(pg_url: str,
+                                                                    redactor) -> None:
+    """A ts, or a channel value, that is a JSON number of 5,000 digits (PostgreSQL keeps
+    131,072; Python reads 4,300): the audit reports the row (unknown age, unsealed) as the walk
+    does instead of a ValueError from the driver."""
+    build(pg_url, redactor)
+    with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            _copies(conn, "long-ts", [0], checkpoint=(
+                "jsonb_set(checkpoint, '{ts}', CAST(repeat('9', 5000) AS jsonb))"))
+            _copies(conn, "long-value", [0], checkpoint=(
+                "jsonb_set(checkpoint, '{channel_values}', "
+                "jsonb_build_object('n', CAST(repeat('7', 5000) AS jsonb)))"))
+        report = _compare(saver, nows=[None])
+    threads = {t["thread_id"]: t for t in report["threads"]}
+    assert threads["long-ts"]["first_checkpoint"] is None
+    assert threads["long-value"]["checkpoints"] == 1
+    assert _unsealed(report).get("checkpoints", 0) >= 1
 
 
 @pytest.mark.postgres
