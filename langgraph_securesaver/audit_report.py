@@ -40,6 +40,8 @@ def registry_number(value: Any) -> float | None:
     """A registry time or duration as the audit reports it: a float, or None when the stored
     value is no number (SQLite keeps text or a blob in a REAL column as given: only a database
     edit puts one there, and comparing it with a time raised TypeError in every audit)."""
+    if value is None or type(value) is float:     # what PostgreSQL returns (the hot path)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
