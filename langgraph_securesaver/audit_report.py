@@ -163,7 +163,7 @@ def thread_json(th: ThreadAudit) -> str:
     order, separators and escaping), built directly: the streamed audit writes 100k of these
     for 100k threads, so the usual types take a short path."""
     versions = th.key_versions
-    if len(versions) == 1 and type(versions[0]) is int:
+    if type(versions) is list and len(versions) == 1 and type(versions[0]) is int:
         versions_text = f"[{versions[0]!r}]"
     elif all(type(v) is int for v in versions):
         versions_text = "[" + ", ".join(map(int.__repr__, versions)) + "]"

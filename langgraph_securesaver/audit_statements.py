@@ -50,15 +50,18 @@ _SQLITE_ST = ("inner_id", "n", "ck_bytes", "fold", "bl_bytes", "wr_bytes", "wv",
 # primary key, then the registered threads that store nothing (no row in either table, by
 # primary key). No join of two computed tables: SQLite scans those in a nested loop (an audit
 # of 20k threads spent a minute there). Owner then thread.
+# a stored id's thread part, cut as bytes: SQLite's substr() of a TEXT stops at a NUL, which
+# a database writer can put in an id (the tag is ASCII: its bytes are its characters)
+_SQLITE_THREAD_PART = f"CAST(substr(CAST(st.inner_id AS BLOB), {PREFIX_LEN + 1}) AS TEXT)"
 _SQLITE_AUDIT_ROWS = f"""rows AS (
     SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
-           ELSE substr(st.inner_id, {PREFIX_LEN + 1}) END AS thread,
+           ELSE {_SQLITE_THREAD_PART} END AS thread,
            CASE WHEN r.tenant IS NULL THEN 0 ELSE 1 END AS registered, r.created_at,
            r.last_activity, r.expires_at, r.legal_hold, r.policy_source, r.idle_ttl,
            r.max_age, r.state, {", ".join(f"st.{c}" for c in _SQLITE_ST)}
     FROM st LEFT JOIN tags tg ON tg.prefix = substr(st.inner_id, 1, {PREFIX_LEN})
     LEFT JOIN securesaver_threads r ON r.tenant = tg.tenant
-        AND r.thread_id = substr(st.inner_id, {PREFIX_LEN + 1})
+        AND r.thread_id = {_SQLITE_THREAD_PART} AND tg.prefix || r.thread_id = st.inner_id
     UNION ALL
     SELECT reg.tenant, reg.thread_id, 1, reg.created_at, reg.last_activity, reg.expires_at,
            reg.legal_hold, reg.policy_source, reg.idle_ttl, reg.max_age, reg.state,
@@ -90,7 +93,7 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
     # every fragment below is a constant of this function; values are bound parameters
     tags = "VALUES " + ", ".join(values)
     params["now"] = now
-    size = "(length(c.checkpoint) + coalesce(length(c.metadata), 0))"
+    size = "(coalesce(length(c.checkpoint), 0) + coalesce(length(c.metadata), 0))"
     blob_len, hexv = "length({0})", "hex(substr({0}, 4, 4))"
     magic = "substr({0}, 1, 3) = X'535301'"
     agg = "group_concat(DISTINCT {0})"

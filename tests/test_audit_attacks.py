@@ -392,6 +392,46 @@ def test_registry_times_of_another_type_on_sqlite(tmp_path: Path, redactor, valu
     assert plain["checkpoints"] > 0
 
 
+_NUL_EDITS = {
+    # a copy of t-plain's rows under "t-plain\0evil": stored data with no registry row
+    "copy": ["INSERT INTO checkpoints SELECT thread_id || char(0) || 'evil', checkpoint_ns, "
+             "checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata FROM checkpoints "
+             "WHERE thread_id LIKE '%' || char(58) || 't-plain'"],
+    # t-plain renamed "t-plain\0x" everywhere: still registered under its whole name
+    "rename": [f"UPDATE {table} SET thread_id = thread_id || char(0) || 'x' WHERE "
+               f"thread_id {cond}" for table, cond in (
+                   ("securesaver_threads", "= 't-plain'"),
+                   ("checkpoints", "LIKE '%' || char(58) || 't-plain'"),
+                   ("writes", "LIKE '%' || char(58) || 't-plain'"))],
+    # a checkpoint body set to NULL: its metadata's bytes still count
+    "null-body": ["UPDATE checkpoints SET type = NULL, checkpoint = NULL "
+                  "WHERE thread_id LIKE '%' || char(58) || 't-plain'"],
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_NUL_EDITS))
+def test_ids_holding_a_nul_and_null_bodies_on_sqlite(tmp_path: Path, redactor, edit: str) -> None:
+    """SQLite's substr() of a TEXT stops at a NUL: a stored id "t-plain\0evil" was matched to
+    t-plain's registry row (its data hidden under another thread's retention) and a renamed
+    registered thread lost its registry row. Both audits agree, and stored data without a
+    registry row is reported as such."""
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            for sql in _NUL_EDITS[edit]:
+                conn.execute(sa.text(sql))
+        report = _compare(saver, nows=[None])
+    threads = {t["thread_id"]: t for t in report["threads"]}
+    if edit == "copy":
+        assert not threads["t-plain\x00evil"]["registered"] and threads["t-plain"]["registered"]
+        assert any("no registry row" in p for p in report["problems"])
+    elif edit == "rename":
+        assert threads["t-plain\x00x"]["registered"] and "t-plain" not in threads
+    else:
+        assert threads["t-plain"]["stored_bytes"] > 0
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("value", [float("nan"), -1e20])   # (SQLite stores NaN as NULL)
 def test_registry_times_that_are_no_date_on_postgres(pg_url: str, tmp_path: Path, redactor,

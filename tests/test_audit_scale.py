@@ -403,7 +403,7 @@ def test_thread_json_is_json_dumps_of_as_dict() -> None:
                                  first_checkpoint=ts, last_checkpoint=ts))
     cases.append(ThreadAudit("t", "u", None, None, None, 1, None, None, None, None,  # type: ignore[arg-type]
                              registered=0, overdue=None, held_past_ttl="yes"))  # type: ignore[arg-type]
-    for versions in ([7], [True], ["x"], [2**70], []):
+    for versions in ([7], [True], ["x"], [2**70], [], {3}, (4,)):
         cases.append(ThreadAudit("t", "u", None, None, None, False, None, None, None, None,
                                  True, 2.5, versions, {"K": True}))  # type: ignore[arg-type]
     for th in cases:
