@@ -367,6 +367,23 @@ def test_large_toasted_blobs_and_writes_name_their_versions(pg_url: str, redacto
     assert big["stored_bytes"] > 4 * 300_000
 
 
+def _report_after(url: str, redactor, *edits: str, **params: Any) -> tuple[dict[str, Any], str]:
+    """The demo build's audit (the SQL audit equal to the walk) after ``edits`` made in the
+    database, and its streamed JSON."""
+    import io
+
+    from langgraph_securesaver.audit import audit_stream
+    build(url, redactor)
+    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
+        with saver.registry.begin() as conn:
+            for sql in edits:
+                conn.execute(sa.text(sql), params)
+        report = _compare(saver, nows=[None])
+        out = io.StringIO()
+        audit_stream(saver, out)
+    return report, out.getvalue()
+
+
 @pytest.mark.parametrize("value", [1e20, -1e20, float("inf")])
 def test_registry_times_that_are_no_date_do_not_break_the_audit(tmp_path: Path, redactor,
                                                                 value: float) -> None:
@@ -379,14 +396,10 @@ def test_registry_times_that_are_no_date_do_not_break_the_audit(tmp_path: Path, 
 def test_registry_times_of_another_type_on_sqlite(tmp_path: Path, redactor, value: Any) -> None:
     """SQLite keeps text or a blob in a REAL column as given: an edited registry row's times
     are reported as unknown (null) by both audits, which no longer raise TypeError."""
-    url = f"sqlite:///{tmp_path / 'agent.db'}"
-    build(url, redactor)
-    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
-        with saver.registry.begin() as conn:
-            conn.execute(sa.text(
-                "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, "
-                "expires_at = :v, idle_ttl = :v WHERE thread_id = 't-plain'"), {"v": value})
-        report = _compare(saver, nows=[None])
+    report, _ = _report_after(
+        f"sqlite:///{tmp_path / 'agent.db'}", redactor,
+        "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, expires_at = :v, "
+        "idle_ttl = :v WHERE thread_id = 't-plain'", v=value)
     plain = {t["thread_id"]: t for t in report["threads"]}["t-plain"]
     assert (plain["created_at"], plain["expires_at"], plain["idle_ttl"]) == (None, None, None)
     assert plain["checkpoints"] > 0
@@ -415,13 +428,7 @@ def test_ids_holding_a_nul_and_null_bodies_on_sqlite(tmp_path: Path, redactor, e
     t-plain's registry row (its data hidden under another thread's retention) and a renamed
     registered thread lost its registry row. Both audits agree, and stored data without a
     registry row is reported as such."""
-    url = f"sqlite:///{tmp_path / 'agent.db'}"
-    build(url, redactor)
-    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
-        with saver.registry.begin() as conn:
-            for sql in _NUL_EDITS[edit]:
-                conn.execute(sa.text(sql))
-        report = _compare(saver, nows=[None])
+    report, _ = _report_after(f"sqlite:///{tmp_path / 'agent.db'}", redactor, *_NUL_EDITS[edit])
     threads = {t["thread_id"]: t for t in report["threads"]}
     if edit == "copy":
         assert not threads["t-plain\x00evil"]["registered"] and threads["t-plain"]["registered"]
@@ -440,24 +447,15 @@ def test_registry_times_that_are_no_date_on_postgres(pg_url: str, tmp_path: Path
 
 
 def _odd_registry_times(url: str, tmp_path: Path, redactor, value: float) -> None:
-    import io
-
     from typer.testing import CliRunner
 
-    from langgraph_securesaver.audit import audit_stream
     from langgraph_securesaver.cli import app
-    build(url, redactor)
-    with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
-        with saver.registry.begin() as conn:
-            conn.execute(sa.text(
-                "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, "
-                "expires_at = :v WHERE thread_id = 't-plain'"), {"v": value})
-        report = _compare(saver, nows=[None])
-        out = io.StringIO()
-        audit_stream(saver, out)
+    report, streamed = _report_after(
+        url, redactor, "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, "
+        "expires_at = :v WHERE thread_id = 't-plain'", v=value)
     plain = {t["thread_id"]: t for t in report["threads"]}["t-plain"]
     assert plain["created_at"] == repr(value)
-    assert '"t-plain"' in out.getvalue()
+    assert '"t-plain"' in streamed
     page = tmp_path / "report.html"
     result = CliRunner().invoke(app, ["audit", "--url", url, "--format", "html",
                                       "--out", str(page)])
