@@ -46,13 +46,13 @@ def ts_threshold(now: float, upper: float) -> str:
 
 # SQLite's storage columns of a thread (``st``), in the order both arms of ``rows`` give them
 _SQLITE_ST = ("inner_id", "n", "ck_bytes", "fold", "bl_bytes", "wr_bytes", "wv", "ub", "uw")
-# SQLite's rows: every stored thread, with its tenant's tag and its registry row looked up by
-# primary key, then the registered threads that store nothing (no row in either table, by
-# primary key). No join of two computed tables: SQLite scans those in a nested loop (an audit
-# of 20k threads spent a minute there). Owner then thread.
 # a stored id's thread part, cut as bytes: SQLite's substr() of a TEXT stops at a NUL, which
 # a database writer can put in an id (the tag is ASCII: its bytes are its characters)
 _SQLITE_THREAD_PART = f"CAST(substr(CAST(st.inner_id AS BLOB), {PREFIX_LEN + 1}) AS TEXT)"
+# SQLite's rows: every stored thread, with its tenant's tag and its registry row looked up by
+# primary key (and matched on the whole id), then the registered threads that store nothing
+# (no row in either table, by primary key). No join of two computed tables: SQLite scans those
+# in a nested loop (an audit of 20k threads spent a minute there). Owner then thread.
 _SQLITE_AUDIT_ROWS = f"""rows AS (
     SELECT tg.tenant AS owner, CASE WHEN tg.tenant IS NULL THEN st.inner_id
            ELSE {_SQLITE_THREAD_PART} END AS thread,
