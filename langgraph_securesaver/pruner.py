@@ -58,7 +58,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -94,13 +93,6 @@ def _is_transient(exc: BaseException) -> bool:
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _checkpoint_time(ts: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(ts)).timestamp()
-    except (TypeError, ValueError):
-        return None
 
 
 def shares_database(saver: SaverLike | SaverServices) -> bool:
