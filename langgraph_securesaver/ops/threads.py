@@ -120,7 +120,7 @@ def authenticated_checkpoint_time(services: SaverServices, ref: ThreadRef) -> fl
     opened as ``get_tuple`` does (its ts is covered by the seal), so a time the caller acts on
     is one SecureSaver wrote. A row that does not parse or authenticate is the
     TamperedDataError naming it."""
-    tup = services.authenticated_latest(ThreadRef(ref.tenant, ref.thread_id))
+    tup = services.authenticated_latest(ref)
     return None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
 
 
