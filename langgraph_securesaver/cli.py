@@ -49,14 +49,16 @@ def keygen(
     from .keyring import Keyring
     ring = Keyring.generate()
     if out is None:
-        import base64
-        key = base64.urlsafe_b64encode(ring._masters[ring.current_version]).decode()
-        console.print(f"export {ENV_VAR}={key}", soft_wrap=True, highlight=False)
+        console.print(f"export {ENV_VAR}={ring.env_value().reveal()}", soft_wrap=True,
+                      highlight=False)
         err_console.print("Keep this value in your secret store; losing it loses the data.")
         return
-    if out.exists() and not force:
+    if (out.exists() or out.is_symlink()) and not force:
         raise fail(f"{out} exists; pass --force to overwrite (the old keys would be lost)")
-    ring.save(out)
+    try:
+        ring.save(out, overwrite=force)
+    except ConfigurationError as exc:   # a symlink, or a file of other keys serving databases
+        raise fail(str(exc)) from None
     console.print(f"wrote keyring [bold]{out}[/] (mode 0600, master version "
                   f"{ring.current_version})")
 
