@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver
 from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.keyring_file import INSECURE_ENV_VAR
+
+INSECURE_ENV_VAR = "SECURESAVER_ALLOW_INSECURE_KEYRING"
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,14 @@ from langgraph_securesaver import (
     tenant_scope,
 )
 from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.textsafety import CONTROL_CHARS, escape_controls, json_safe
 
 #: clear the screen, set the window title, print a fake all-clear in green, reverse the rest
 EVIL = ("\x1b[2J\x1b[H\x1b]0;pwned\x07\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\"
         "\x1b[32mno problems\x1b[0m\u202egnp.exe\x9b31m\x9d2;title\x9c\x85\u2028\x7f\x08\r")
 EVIL_TENANT = "acme\x1b[8m\u2066"
-CONTROL = re.compile(f"[{CONTROL_CHARS}]")
+#: what must never reach a terminal raw (the test's own list, not the library's)
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                     "\u2028\u2029]")
 
 #: one of each kind the API refuses
 REFUSED = ["\x00", "\x01", "\x07", "\x08", "\t", "\n", "\r", "\x1b", "\x1f", "\x7f", "\x80",
@@ -61,7 +63,7 @@ def _cli() -> object:
 
 
 @pytest.fixture
-def saver(tmp_path: Path):  # noqa: ANN201 - a SecureSaver
+def saver(tmp_path: Path) -> Iterator[SecureSaver]:
     with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}",
                               keyring=Keyring.generate()) as s:
         yield s
@@ -129,6 +131,8 @@ def test_ids_of_every_script_still_work(name: str, saver: SecureSaver) -> None:
 
 
 def test_escape_and_json_helpers() -> None:
+    from langgraph_securesaver.textsafety import CONTROL_CHARS, escape_controls, json_safe
+    assert re.compile(f"[{CONTROL_CHARS}]").pattern == CONTROL.pattern
     shown = escape_controls(EVIL)
     assert not _raw_controls(shown) and "\\x1b[2J" in shown and "\\u202e" in shown
     assert escape_controls("用户 Zoë 👩\u200d💻") == "用户 Zoë 👩\u200d💻"
@@ -183,7 +187,7 @@ def test_events_prints_stored_escapes_escaped(tmp_path: Path) -> None:
 
 
 def test_audit_prints_stored_escapes_escaped(tmp_path: Path) -> None:
-    url, ring_path = _forged_database(tmp_path)
+    url, _ = _forged_database(tmp_path)
     for fmt in ("table", "json"):
         code, out, err = _run("audit", "--url", url, "--format", fmt)
         assert code in (0, 1), err
