@@ -18,7 +18,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
 from .errors import PARSE_ERRORS, TamperedDataError, parse_failure, refusing_rows
-from .tenancy import ThreadRef
+from .tenancy import ThreadRef, tagged_thread_id, thread_id_tenant
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 FIRST_ROW = "(first row)"
@@ -207,6 +207,13 @@ def names_tenant(config: RunnableConfig | None) -> bool:
     return ((config or {}).get("configurable") or {}).get("tenant_id") is not None
 
 
+def config_carries_tenant(config: RunnableConfig | None) -> bool:
+    """Whether the caller's config carries the tenant: ``tenant_id`` or a thread id returned
+    for a config that did (then returned thread ids carry it on)."""
+    conf = (config or {}).get("configurable") or {}
+    return conf.get("tenant_id") is not None or thread_id_tenant(conf.get("thread_id")) is not None
+
+
 @contextmanager
 def closing(rows: Any) -> Iterator[Any]:
     """Close an inner saver's iterator however the loop over it ends (limit, error, caller
@@ -236,8 +243,9 @@ async def aclosing(rows: Any) -> AsyncIterator[Any]:
 
 def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
                ) -> CheckpointTuple:
-    """``tup`` with ``tenant_id`` in its configs when the caller's config named it."""
-    if not names_tenant(config):
+    """``tup`` with ``tenant_id`` in its configs when the caller's config named it, and a
+    thread id that carries the tenant when the caller's config carried it."""
+    if not config_carries_tenant(config):
         return tup
     return tup._replace(config=named_cfg(tup.config, config, tenant),
                         parent_config=None if tup.parent_config is None
@@ -246,9 +254,18 @@ def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
 
 def named_cfg(out: RunnableConfig, config: RunnableConfig | None, tenant: str
                ) -> RunnableConfig:
-    if not names_tenant(config):
+    """A returned config as the caller may reuse it: the inner saver's, plus ``tenant_id``
+    when the caller's config named it; its thread id carries the tenant when the caller's
+    config carried it (:class:`.tenancy.TenantThreadId`, equal to the plain id: LangGraph
+    builds subgraph configs from the thread id alone)."""
+    if not config_carries_tenant(config):
         return out
-    return {**out, "configurable": {**out["configurable"], "tenant_id": tenant}}
+    conf = dict(out["configurable"])
+    if "thread_id" in conf:
+        conf["thread_id"] = tagged_thread_id(conf["thread_id"], tenant)
+    if names_tenant(config):
+        conf["tenant_id"] = tenant
+    return {**out, "configurable": conf}
 
 
 def newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]
