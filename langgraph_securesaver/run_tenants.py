@@ -82,8 +82,9 @@ class RunTenants:
 
     def bind(self, control: object, thread_id: str, tenant: str) -> str | None:
         """Record that ``control``'s run acts for ``tenant`` on ``thread_id``. Returns the
-        other tenant when the run already acts for another one there (the binding becomes
-        ambiguous: no tenant-less call of that run and thread resolves any more)."""
+        other tenant when the run already acts for another one there: the binding becomes
+        ambiguous (no tenant-less call of that run and thread resolves any more; the calls
+        that name a tenant keep acting for it)."""
         with self._lock:
             run = self._runs.get(id(control))
             if run is None or run.control is not control:
@@ -96,13 +97,12 @@ class RunTenants:
             if bound is None:
                 run.threads[thread_id] = tenant
                 return None
-            if bound == tenant:
+            if bound == tenant or bound is _AMBIGUOUS:  # refused once, when it became so
                 return None
             run.threads[thread_id] = _AMBIGUOUS
-        other = "(several tenants)" if bound is _AMBIGUOUS else str(bound)
         logger.warning("a LangGraph run acts for two tenants on one thread id; its calls that "
                        "name no tenant are refused from now on")
-        return other
+        return str(bound)
 
     def tenant_of(self, control: object, thread_id: str) -> str | None:
         """The tenant ``control``'s run acts for on ``thread_id``; None when unknown or
