@@ -1,7 +1,7 @@
 """Reading rows from the inner saver safely: every parse failure a stored row causes becomes
 a :class:`TamperedDataError` naming the row (never its bytes), listings are closed however
-the loop over them ends, per-thread listings merge newest first, and returned configs carry
-``tenant_id`` only when the caller's config named it.
+the loop over them ends, per-thread listings merge newest first, and returned configs equal
+the inner saver's (their thread ids carry the tenant when the caller's config did).
 
 Knows the inner saver's rows and configs; nothing of keys, sealing rules or redaction.
 """
@@ -202,11 +202,6 @@ def config_name(config: RunnableConfig) -> str:
 
 
 
-def names_tenant(config: RunnableConfig | None) -> bool:
-    """Whether the caller's own config names the tenant (then returned configs keep it)."""
-    return ((config or {}).get("configurable") or {}).get("tenant_id") is not None
-
-
 def config_carries_tenant(config: RunnableConfig | None) -> bool:
     """Whether the caller's config carries the tenant: ``tenant_id`` or a thread id returned
     for a config that did (then returned thread ids carry it on)."""
@@ -243,8 +238,7 @@ async def aclosing(rows: Any) -> AsyncIterator[Any]:
 
 def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
                ) -> CheckpointTuple:
-    """``tup`` with ``tenant_id`` in its configs when the caller's config named it, and a
-    thread id that carries the tenant when the caller's config carried it."""
+    """``tup`` with thread ids that carry the tenant when the caller's config carried it."""
     if not config_carries_tenant(config):
         return tup
     return tup._replace(config=named_cfg(tup.config, config, tenant),
@@ -254,18 +248,18 @@ def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
 
 def named_cfg(out: RunnableConfig, config: RunnableConfig | None, tenant: str
                ) -> RunnableConfig:
-    """A returned config as the caller may reuse it: the inner saver's, plus ``tenant_id``
-    when the caller's config named it; its thread id carries the tenant when the caller's
-    config carried it (:class:`.tenancy.TenantThreadId`, equal to the plain id: LangGraph
-    builds subgraph configs from the thread id alone)."""
+    """A returned config: equal to the inner saver's (no key added: LangGraph merges returned
+    configs into the run and copies configurable scalars into metadata). When the caller's
+    config carried the tenant, its thread id carries it on (:class:`.tenancy.TenantThreadId`,
+    equal to the plain id): LangGraph builds subgraph state configs from the id alone, and a
+    returned config reused as is acts for the same tenant."""
     if not config_carries_tenant(config):
         return out
-    conf = dict(out["configurable"])
-    if "thread_id" in conf:
-        conf["thread_id"] = tagged_thread_id(conf["thread_id"], tenant)
-    if names_tenant(config):
-        conf["tenant_id"] = tenant
-    return {**out, "configurable": conf}
+    conf = out.get("configurable") or {}
+    if not isinstance(conf.get("thread_id"), str):
+        return out
+    return {**out, "configurable": {**conf,
+                                    "thread_id": tagged_thread_id(conf["thread_id"], tenant)}}
 
 
 def newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]

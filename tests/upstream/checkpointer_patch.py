@@ -145,10 +145,20 @@ _SS_TESTS_DIR = _ss_os.path.dirname(_ss_os.path.abspath(__file__)) + _ss_os.sep
 
 
 def _ss_from_tests(depth: int = 2) -> bool:
+    """Whether the call comes from test code: its caller is a file of the tests directory,
+    or no LangGraph/LangChain frame is on the stack at all (a test that hands its config to
+    another thread, e.g. ``asyncio.to_thread(graph.get_state, config)``)."""
     import sys
 
     frame = sys._getframe(depth)
-    return frame.f_code.co_filename.startswith(_SS_TESTS_DIR)
+    if frame.f_code.co_filename.startswith(_SS_TESTS_DIR):
+        return True
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(("langgraph.", "langchain_core.")):
+            return False
+        frame = frame.f_back
+    return True
 
 
 def _ss_with_tenant(config):
@@ -172,6 +182,12 @@ def _ss_config_saver_class():
         async def aget_tuple(self, config):
             return await super().aget_tuple(
                 _ss_with_tenant(config) if _ss_from_tests() else config)
+
+        def get(self, config):
+            return super().get(_ss_with_tenant(config) if _ss_from_tests() else config)
+
+        async def aget(self, config):
+            return await super().aget(_ss_with_tenant(config) if _ss_from_tests() else config)
 
         def list(self, config, *, filter=None, before=None, limit=None):
             if _ss_from_tests() and config is not None:
@@ -249,7 +265,8 @@ def _ss_patch_graph_entry_points():
                 kwargs["config"] = _ss_with_tenant(None)
             return args, kwargs
 
-        if name.startswith("a") and name not in ("astream", "aget_state_history"):
+        if name.startswith("a") and name not in ("astream", "aget_state_history",
+                                                 "astream_events"):
             @functools.wraps(method)
             async def call(self, *args, **kwargs):
                 if _ss_from_tests():
@@ -263,7 +280,7 @@ def _ss_patch_graph_entry_points():
                 return method(self, *args, **kwargs)
         setattr(Pregel, name, call)
 
-    for name in ("invoke", "ainvoke", "stream", "astream"):
+    for name in ("invoke", "ainvoke", "stream", "astream", "astream_events"):
         wrap(name, 1)
     for name in ("batch", "abatch"):
         wrap(name, 1, many=True)
