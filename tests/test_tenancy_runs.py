@@ -439,3 +439,22 @@ def test_a_checkpointer_call_from_a_thread_the_run_did_not_start_needs_a_tenant(
     with tenant_scope("acme"):
         graph.invoke({"log": []}, _cfg("shared"))
     assert outcome == {"own": "ok", "built": "TenantRequired"}
+
+
+def test_a_tenant_thread_id_keeps_its_tenant_through_str_copy_and_pickle_not_json() -> None:
+    import copy
+    import json
+    import pickle
+
+    from langgraph_securesaver.tenancy import TenantThreadId, thread_id_tenant
+    tid = TenantThreadId("shared", "acme")
+    assert tid == "shared" and hash(tid) == hash("shared")
+    for same in (str(tid), copy.copy(tid), copy.deepcopy(tid), pickle.loads(pickle.dumps(tid))):
+        assert same == "shared" and thread_id_tenant(same) == "acme"
+    assert thread_id_tenant(json.loads(json.dumps(tid))) is None
+    assert thread_id_tenant("".join(tid)) is None and thread_id_tenant(tid + "") is None
+    # stored ids are plain strings: the inner saver never sees the subclass
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
+    _graph(saver).invoke({"log": []}, _cfg(tid))
+    inner_ids = {type(k) for k in saver.inner.storage}
+    assert inner_ids == {str}
