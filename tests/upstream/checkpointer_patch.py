@@ -162,10 +162,10 @@ def _ss_from_tests(depth: int = 2) -> bool:
 
 
 def _ss_with_tenant(config):
-    if config is None:
-        return {"configurable": {"tenant_id": "t"}}
-    conf = config.get("configurable") or {}
-    if "tenant_id" in conf:
+    """The config with tenant_id "t" when it addresses a thread (configs without a thread id
+    are left alone: giving them a configurable would change what LangGraph does with them)."""
+    conf = (config or {}).get("configurable") or {}
+    if "tenant_id" in conf or "thread_id" not in conf:
         return config
     return {**config, "configurable": {**conf, "tenant_id": "t"}}
 
@@ -261,8 +261,6 @@ def _ss_patch_graph_entry_points():
                 fixed = ([_ss_with_tenant(c) for c in value] if many and isinstance(value, list)
                          else _ss_with_tenant(value))
                 args = (*args[:position], fixed, *args[position + 1:])
-            else:
-                kwargs["config"] = _ss_with_tenant(None)
             return args, kwargs
 
         if name.startswith("a") and name not in ("astream", "aget_state_history",
