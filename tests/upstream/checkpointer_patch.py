@@ -288,9 +288,7 @@ def _ss_patch_graph_entry_points():
 
 
 if SS_TENANCY in ("scope", "config"):
-    _ss_default_secure = _ss_secure
-
-    def _ss_secure(inner, registry=None):  # noqa: F811 - the tenancy modes' variant
+    def _ss_secure(inner, registry=None):  # the tenancy modes: no default tenant
         from langgraph_securesaver import Keyring
 
         cls = _ss_config_saver_class() if SS_TENANCY == "config" else None
