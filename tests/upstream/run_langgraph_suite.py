@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     for backend, mode, results in all_results:
-        for key, reason in known_artifacts(backend, mode).items():
+        for key, reason in known_artifacts(backend, mode, args.compare).items():
             if key in results:
                 print(f"known harness artifact ({backend}, {mode}): {key}: {reason}")
     for problem in all_problems:
