@@ -31,6 +31,12 @@ RUNTIME_KEY = "__pregel_runtime"
 MAX_RUNS = 65536
 _AMBIGUOUS = object()
 
+try:
+    from langgraph.runtime import RunControl as _RunControl
+    _RUN_CONTROL: type | None = _RunControl
+except ImportError:  # pragma: no cover - a LangGraph without run controls: no binding
+    _RUN_CONTROL = None
+
 
 def run_of(configurable: Mapping[str, Any] | None) -> object | None:
     """The run-control object of the LangGraph run a config belongs to, if any.
@@ -43,11 +49,7 @@ def run_of(configurable: Mapping[str, Any] | None) -> object | None:
     if runtime is None:
         return None
     control = getattr(runtime, "control", None)
-    try:
-        from langgraph.runtime import RunControl
-    except ImportError:  # pragma: no cover - a LangGraph without run controls: no binding
-        return None
-    return control if type(control) is RunControl else None
+    return control if _RUN_CONTROL is not None and type(control) is _RUN_CONTROL else None
 
 
 class _Run:

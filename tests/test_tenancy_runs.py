@@ -303,10 +303,10 @@ def test_two_runs_sharing_a_run_control_and_thread_id_fail_closed_never_cross() 
     saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
     control = RunControl()
     with tenant_scope("acme"):
-        _graph(saver, "-a").invoke({"log": []}, _cfg("shared"), control=control)
+        _graph(saver, "~A~").invoke({"log": []}, _cfg("shared"), control=control)
     with tenant_scope("globex"), pytest.raises((AccessDenied, TenantRequired)):
-        _graph(saver, "-g").invoke({"log": []}, _cfg("shared"), control=control)
-    for tenant, other in (("acme", "-g"), ("globex", "-a")):
+        _graph(saver, "~G~").invoke({"log": []}, _cfg("shared"), control=control)
+    for tenant, other in (("acme", "~G~"), ("globex", "~A~")):
         with tenant_scope(tenant):
             tup = saver.get_tuple(_cfg("shared"))
             seen = repr(tup.checkpoint) + repr(tup.pending_writes) if tup else ""
@@ -338,7 +338,7 @@ def _only_own(log: list[str], tag: str) -> None:
 def test_concurrent_runs_of_two_tenants_on_one_thread_id_threads(
         backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with _sync_saver(backend, tmp_path, request) as saver:
-        tenants = {f"tenant-{i}": f"-{i}x" for i in range(4)}
+        tenants = {f"tenant-{i}": f"~{i}~" for i in range(4)}
         errors: list[BaseException] = []
         barrier = threading.Barrier(len(tenants))
 
@@ -366,7 +366,7 @@ def test_concurrent_runs_of_two_tenants_on_one_thread_id_threads(
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
 def test_concurrent_runs_of_two_tenants_on_one_thread_id_asyncio(
         backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    tenants = {f"tenant-{i}": f"-{i}x" for i in range(4)}
+    tenants = {f"tenant-{i}": f"~{i}~" for i in range(4)}
 
     async def run_all() -> SecureSaver:
         async with _async_saver(backend, tmp_path, request) as saver:
@@ -396,14 +396,14 @@ def test_concurrent_runs_sync_mixed_scope_and_config_same_thread_id() -> None:
         try:
             for _ in range(5):
                 with tenant_scope("acme"):
-                    _graph(saver, "-a").invoke({"log": []}, _cfg("shared"))
+                    _graph(saver, "~A~").invoke({"log": []}, _cfg("shared"))
         except BaseException as exc:
             errors.append(exc)
 
     def by_config() -> None:
         try:
             for _ in range(5):
-                _graph(saver, "-g").invoke({"log": []}, _cfg("shared", "globex"))
+                _graph(saver, "~G~").invoke({"log": []}, _cfg("shared", "globex"))
         except BaseException as exc:
             errors.append(exc)
     workers: list[Callable[[], None]] = [by_scope, by_config]
@@ -413,7 +413,7 @@ def test_concurrent_runs_sync_mixed_scope_and_config_same_thread_id() -> None:
     for thread in threads:
         thread.join()
     assert not errors, errors
-    _check_isolated(saver, {"acme": "-a", "globex": "-g"})
+    _check_isolated(saver, {"acme": "~A~", "globex": "~G~"})
 
 
 def test_a_checkpointer_call_from_a_thread_the_run_did_not_start_needs_a_tenant() -> None:
