@@ -122,15 +122,31 @@ class CnResidentIdRecognizer(LinearRecognizer):
 # --------------------------------------------------------------------------------------------
 # Chinese mainland mobile number
 # --------------------------------------------------------------------------------------------
+_CN_PREFIX = re.compile(r"(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)")
+
+
+def _validate_cn_mobile(m: re.Match[str], view: str) -> float | None:
+    """At most two separators, one kind, every group at least three digits (3-4-4, 3-8,
+    7-4, 4-3-4 ...)."""
+    value = m.group(0)
+    head = _CN_PREFIX.match(value)
+    body = value[head.end():] if head else value
+    seps = {c for c in body if not c.isdigit()}
+    groups = re.split(r"[ \-]", body)
+    if len(seps) > 1 or len(groups) > 3 or min(map(len, groups)) < 3:
+        return None
+    return 0.75
+
+
 class CnMobileRecognizer(LinearRecognizer):
     """Mainland mobile: optional +86 / 0086 / (+86), then 1[3-9]x and 8 digits, optionally in
-    3-4-4 groups separated by one consistent space or hyphen."""
+    up to three groups of three or more digits separated by one kind of space or hyphen."""
 
     ENTITY = CN_MOBILE
     PATTERNS = (
         rx("cn_mobile",
            r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)?"
-           r"1[3-9][0-9](?P<s>[ \-]?)[0-9]{4}(?P=s)[0-9]{4}" + _NOT_ALNUM_AFTER, 0.75),
+           r"1[3-9][0-9](?:[ \-]?[0-9]){8}" + _NOT_ALNUM_AFTER, 0.75, _validate_cn_mobile),
     )
 
 
@@ -233,6 +249,10 @@ def _validate_intl(m: re.Match[str], view: str) -> float | None:
     return 0.45 if _phone_label_near(view, m.start()) else 0.4
 
 
+# an extension after a NANP number: "x5924", " ext. 12", " extension 7", " #205"
+_EXTENSION = r"(?:[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6})?"
+
+
 class PhoneShapeRecognizer(LinearRecognizer):
     """Numbers shaped like phone numbers that the ``phonenumbers`` validation drops: NANP
     3-3-4 groups (``880.963.5169``, ``(212) 555-01234`` excluded), ``+`` and a country code
@@ -242,11 +262,14 @@ class PhoneShapeRecognizer(LinearRecognizer):
     PATTERNS = (
         rx("nanp_grouped",
            r"(?<![0-9A-Za-z+.\-/])(?:(?:\+|00)?1[ .\-]?)?"
-           r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}(?P<s>[ .\-]))[2-9][0-9]{2}[ .\-][0-9]{4}"
+           r"(?:\([0-9]{3}\) ?|[0-9]{3}[ .\-])[0-9]{3}[ .\-][0-9]{4}" + _EXTENSION +
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
         rx("intl_plus",
            r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
+        rx("gb_344",
+           r"(?<![0-9A-Za-z+.\-/])0[1-9][0-9](?P<s>[ \-])[0-9]{4}(?P=s)[0-9]{4}"
+           r"(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("gb_grouped",
            r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{2,4}) ?[0-9]{3}[ \-]?"
            r"[0-9]{3,4}(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
