@@ -159,6 +159,8 @@ _PHONE_CANDIDATE = re.compile(
 
 
 _NON_DIGITS = re.compile(r"[^0-9]+")
+_COMPACT_DATE = re.compile(r"(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])"
+                           r"[\-T_ :.][0-2]?[0-9](?![0-9])")
 _DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
 
 
@@ -191,8 +193,10 @@ class LinearPhoneRecognizer(LinearRecognizer):
                 continue
             if sum(len(g) == 1 for g in _NON_DIGITS.split(value)) >= 2:
                 continue  # "1.3.6.1.4.1.2021" (an OID), "3 1 4 1 5 9 2 6": not phone groups
-            if _DATE_START.match(value):
-                continue  # "2024-03-08 1422", "2024.03.08 14"
+            if _DATE_START.match(value) or _COMPACT_DATE.match(value):
+                continue  # "2024-03-08 1422", "2024.03.08 14", "20171223-22" (date-hour)
+            if value.isdigit() and digits < 10 and not _phone_label_near(text, m.start()):
+                continue  # "2596321": a count or an id; a local number needs a label
             intl = value.startswith(("+", "00"))
             for region in (None,) if intl else self.regions:
                 try:
