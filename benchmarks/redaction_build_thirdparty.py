@@ -28,8 +28,12 @@ PATH is a git clone (or bare git directory) of each repository; files are read w
 (one in four to dev). Only the dev part is looked at when tuning; the held-out part is the
 measure.
 
+``--fresh SEED`` writes ``thirdparty_fresh.jsonl`` instead: Faker values and log lines drawn
+with another seed, minus every text of the two files above — a second held-out set for
+measuring after a round of tuning (never looked at before it is measured).
+
 Usage: python benchmarks/redaction_build_thirdparty.py --loghub PATH [--presidio PATH
-       --detect-secrets PATH]
+       --detect-secrets PATH] [--fresh SEED]
 """
 
 # ruff: noqa: RUF001 - full-width digits on purpose
@@ -60,6 +64,7 @@ from redaction_build_eval import (  # a sibling script
 DATA = Path(__file__).parent / "data"
 DEV = DATA / "thirdparty_dev.jsonl"
 HOLDOUT = DATA / "thirdparty_holdout.jsonl"
+FRESH = DATA / "thirdparty_fresh.jsonl"
 SEED = 20261202
 
 CLAIMED_PHONE_LOCALES = ("en_US", "en_CA", "en_GB", "zh_CN")
@@ -309,11 +314,21 @@ def main() -> int:
                     help="git clone of github.com/Yelp/detect-secrets")
     ap.add_argument("--per-system", type=int, default=150,
                     help="log lines sampled per loghub system (default 150)")
+    ap.add_argument("--fresh", type=int, metavar="SEED",
+                    help="write only thirdparty_fresh.jsonl: new Faker values and log lines "
+                         "from SEED, minus every text already in the dev/held-out files")
     args = ap.parse_args()
-    rnd = random.Random(SEED)
+    seed = SEED if args.fresh is None else args.fresh
+    rnd = random.Random(seed)
     lines = loghub_lines(args.loghub, args.per_system, rnd)
-    pool = loghub_lines(args.loghub, 60, random.Random(SEED + 1))  # contexts for Faker values
-    rows = loghub_rows(lines) + faker_rows(SEED, pool)
+    pool = loghub_lines(args.loghub, 60, random.Random(seed + 1))  # contexts for Faker values
+    rows = loghub_rows(lines) + faker_rows(seed, pool)
+    if args.fresh is not None:
+        known = {json.loads(ln)["text"] for path in (DEV, HOLDOUT) if path.exists()
+                 for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()}
+        fresh = {r["text"]: r for r in rows if r["text"] not in known}
+        _write(FRESH, list(fresh.values()))
+        return 0
     if args.presidio is not None:
         rows += presidio_rows(args.presidio)
     if args.detect_secrets is not None:

@@ -164,6 +164,13 @@ _COMPACT_DATE = re.compile(r"(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-
 _DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
 
 
+def _cn_national(value: str) -> bool:
+    """A mainland number written nationally: with the trunk 0 (``010-12345678``) or a mobile.
+    Without them "1074289164" would be a Beijing line: any ten digits starting with 10."""
+    digits = "".join(c for c in value if c.isdigit())
+    return digits.startswith("0") or (len(digits) == 11 and digits[1] in "3456789")
+
+
 class LinearPhoneRecognizer(LinearRecognizer):
     """Phone numbers: digit groups (7-15 digits, optional ``+``/``00`` and one parenthesised
     group) that ``phonenumbers`` accepts as a valid number of one of ``supported_regions`` (or,
@@ -199,6 +206,8 @@ class LinearPhoneRecognizer(LinearRecognizer):
                 continue  # "2596321": a count or an id; a local number needs a label
             intl = value.startswith(("+", "00"))
             for region in (None,) if intl else self.regions:
+                if region == "CN" and not _cn_national(value):
+                    continue
                 try:
                     number = phonenumbers.parse("+" + value[2:] if value.startswith("00")
                                                 else value, region)
