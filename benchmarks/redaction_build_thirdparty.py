@@ -16,7 +16,8 @@ rebuilt from sources fetched at build time:
   systems (HDFS, Hadoop, Spark, Zookeeper, OpenStack, OpenSSH, Linux, Mac, Windows, Android,
   Apache, BGL, HPC, Thunderbird, HealthApp, Proxifier). A line without a dotted IPv4 address
   is a hard negative (block ids, pids, epochs, ports, versions, hostnames); a line with one
-  is a positive whose gold is every dotted quad ``ipaddress`` accepts (lines with an
+  is a positive whose gold is every dotted quad and every colon-hex IPv6 form ``ipaddress``
+  accepts (lines with an
   ambiguous quad — all one-digit octets, or part of a longer dotted number — are dropped).
   Faker values are also appended to real lines as ``key=value`` / ``key: value`` pairs, the
   way services log them.
@@ -103,6 +104,7 @@ def git_files(repo: Path) -> list[str]:
 # loghub: real log lines
 # ---------------------------------------------------------------------------------------------
 _QUAD = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?![0-9]|\.[0-9])")
+_HEXCOLON = re.compile(r"(?<![0-9A-Za-z])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![0-9A-Za-z:])")
 _AMBIGUOUS = re.compile(r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]|[0-9]{1,3}(?:\.[0-9]"
                         r"{1,3}){3}\.[0-9]|(?<![0-9.])[0-9](?:\.[0-9]){3}(?![0-9])")
 
@@ -125,7 +127,9 @@ def loghub_rows(lines: list[tuple[str, str]]) -> list[dict[str, Any]]:
             continue
         seen.add(line)
         gold = []
-        for m in _QUAD.finditer(line):
+        for m in (*_QUAD.finditer(line), *_HEXCOLON.finditer(line)):
+            if m.group(0).count(":") == 1:
+                continue
             try:
                 ipaddress.ip_address(m.group(0))
             except ValueError:
@@ -243,7 +247,8 @@ def faker_values(seed: int) -> list[tuple[str, str, str, bool]]:
 def faker_rows(seed: int, log_lines: list[tuple[str, str]]) -> list[dict[str, Any]]:
     rnd = random.Random(seed)
     rows = []
-    log_lines = [(sy, ln) for sy, ln in log_lines if not _QUAD.search(ln)]  # no unlabelled IPs
+    log_lines = [(sy, ln) for sy, ln in log_lines  # lines without any address in them
+                 if [r["entities"] for r in loghub_rows([(sy, ln)])] == [[]]]
 
     def add(text: str, kind: str, value: str, source: str, claimed: bool) -> None:
         cat = f"positive:{kind.lower()}" if claimed else "out_of_scope:phone_region"

@@ -122,25 +122,26 @@ class CnResidentIdRecognizer(LinearRecognizer):
 # --------------------------------------------------------------------------------------------
 # Chinese mainland mobile number
 # --------------------------------------------------------------------------------------------
+_CN_SHAPES = frozenset({(11,), (3, 4, 4), (3, 8), (7, 4), (4, 3, 4), (4, 4, 3)})
 _CN_PREFIX = re.compile(r"(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)")
 
 
 def _validate_cn_mobile(m: re.Match[str], view: str) -> float | None:
-    """At most two separators, one kind, every group at least three digits (3-4-4, 3-8,
-    7-4, 4-3-4 ...)."""
+    """One kind of separator, in the groupings people write (3-4-4, 3-8, 7-4, 4-3-4, 4-4-3);
+    "151940 12996" (a time of day, then a pid) is not one."""
     value = m.group(0)
     head = _CN_PREFIX.match(value)
     body = value[head.end():] if head else value
     seps = {c for c in body if not c.isdigit()}
-    groups = re.split(r"[ \-]", body)
-    if len(seps) > 1 or len(groups) > 3 or min(map(len, groups)) < 3:
+    shape = tuple(len(g) for g in re.split(r"[ \-]", body))
+    if len(seps) > 1 or shape not in _CN_SHAPES:
         return None
     return 0.75
 
 
 class CnMobileRecognizer(LinearRecognizer):
     """Mainland mobile: optional +86 / 0086 / (+86), then 1[3-9]x and 8 digits, optionally in
-    up to three groups of three or more digits separated by one kind of space or hyphen."""
+    the groupings of :data:`_CN_SHAPES`, separated by one kind of space or hyphen."""
 
     ENTITY = CN_MOBILE
     PATTERNS = (
@@ -159,6 +160,7 @@ _PHONE_CANDIDATE = re.compile(
 
 
 _NON_DIGITS = re.compile(r"[^0-9]+")
+_GROUP_HEAD = re.compile(r"\(?[0-9]*")
 _COMPACT_DATE = re.compile(r"(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])"
                            r"[\-T_ :.][0-2]?[0-9](?![0-9])")
 _DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
@@ -202,9 +204,12 @@ class LinearPhoneRecognizer(LinearRecognizer):
                 continue  # "1.3.6.1.4.1.2021" (an OID), "3 1 4 1 5 9 2 6": not phone groups
             if _DATE_START.match(value) or _COMPACT_DATE.match(value):
                 continue  # "2024-03-08 1422", "2024.03.08 14", "20171223-22" (date-hour)
-            if value.isdigit() and digits < 10 and not _phone_label_near(text, m.start()):
-                continue  # "2596321": a count or an id; a local number needs a label
+            if (value.isdigit() and (digits < 10 or value[0] != "0")
+                    and not _phone_label_near(text, m.start())):
+                continue  # "2596321", "Seq: 2502126767": counts and ids; plain runs need a label
             intl = value.startswith(("+", "00"))
+            if not intl and len(_GROUP_HEAD.match(value).group(0)) >= 6 and not value.isdigit():
+                continue  # "301526 2797", "240717 3664": a time or a counter, then a pid
             for region in (None,) if intl else self.regions:
                 if region == "CN" and not _cn_national(value):
                     continue
@@ -224,8 +229,9 @@ class LinearPhoneRecognizer(LinearRecognizer):
 # Phone-shaped numbers that phonenumbers rejects (unassigned area codes, odd grouping)
 # --------------------------------------------------------------------------------------------
 _PHONE_LABEL = re.compile(
-    r"(?:(?<![A-Za-z])(?:phone|tel|telephone|mobile|cell|call|fax|contact|whatsapp|sms|text me|"
-    r"reach me|number|ph|mob|tfn)(?![a-z])|\u7535\u8bdd|\u624b\u673a|\u8054\u7cfb)",
+    r"(?:(?<![A-Za-z])(?:phones?|tel|telephone|mobiles?|cell|call|fax|contact|whatsapp|sms|text me|"
+    r"reach me|numbers?|ph|mob|tfn)(?![a-z])|\u7535\u8bdd|\u624b\u673a|\u8054\u7cfb"
+    r"|(?<![A-Za-z0-9_])(?:to|from|msisdn|caller|callee|callback|recipient)[\"']?\s{0,2}[=:])",
     re.IGNORECASE)
 _PHONE_LABEL_NEAR = 32
 

@@ -35,12 +35,13 @@ _LABEL_TAIL = (r"\s*(?:no\.?|number|num|id|#|\u53f7|\u53f7\u7801|\u7801)?\s*"
                r"[:\uff1a#\uff03=]?\s*(?:\u662f|\u4e3a)?\s*$")
 _REFERENCE_VETO = re.compile(rf"(?<![A-Za-z])(?:{_REFERENCE_LABEL}){_LABEL_TAIL}", re.IGNORECASE)
 # "Chrome/122.0.6261.112", "int max = 2147483647", "INV-2723916661", "uid=12894277801"
-_GLUED_ID = re.compile(r"(?:[A-Za-z][A-Za-z0-9_]*[\-_#/=:]|[A-Za-z_][A-Za-z0-9_]*\s{0,2}=\s{0,2}|"
+_GLUED_ID = re.compile(r"(?:[A-Za-z][A-Za-z0-9_]*[\-_#/=:\[]|[A-Za-z_][A-Za-z0-9_]*\s{0,2}=\s{0,2}|"
                        r"[0-9][._:])$")  # "30546354_2879516879", "00:07:42.587 25746"
 # a host name goes on after the number: "211-76-104-65.ebix.net.tw" is a host, not a phone
 _HOST_AFTER = re.compile(r"\.[A-Za-z][A-Za-z0-9\-]{0,62}\.[A-Za-z]")
-_PHONE_KEY = re.compile(r"(?:phone|tel|mobile|cell|fax|call|contact|whatsapp|sms|ssn|card|"
-                        r"cc|pan)[A-Za-z0-9_]*[\s\"']{0,2}[\-_#/=:]\s{0,2}$", re.IGNORECASE)
+_PHONE_KEY = re.compile(r"(?:(?:phone|tel|mobile|cell|fax|call|contact|whatsapp|sms|ssn|card|"
+                        r"cc|pan)[A-Za-z0-9_]*|(?<![A-Za-z0-9_])(?:to|from|number|msisdn|"
+                        r"callee|recipient))[\s\"']{0,2}[\-_#/=:\[]\s{0,2}$", re.IGNORECASE)
 LABEL_VETOES: dict[str, re.Pattern[str]] = {
     "IP_ADDRESS": re.compile(rf"(?<![A-Za-z])(?:{_VERSION_LABEL})\.?{_LABEL_TAIL}",
                              re.IGNORECASE),
@@ -54,7 +55,7 @@ LABEL_VETOES: dict[str, re.Pattern[str]] = {
                               + _LABEL_TAIL, re.IGNORECASE),
 }
 _KEY_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\s{0,2}[=:]\s{0,2}$")
-_FORMATTED = re.compile(r"\+|\(|[0-9]+(?:[ .\-][0-9]+){2}")
+_FORMATTED = re.compile(r"[+()]|[0-9][ .\-]+[0-9]")
 _PHONE_KINDS = frozenset({"PHONE_NUMBER", "CN_MOBILE"})
 _GLUED_KINDS = frozenset({"PHONE_NUMBER", "CN_MOBILE", "US_SSN", "CREDIT_CARD"})
 _AFTER_VETO = re.compile(r"\s{0,2}(?:\u7248\u672c|\u7248|version|release)", re.IGNORECASE)
@@ -83,7 +84,7 @@ def label_veto(kind: str, text: str, start: int, end: int | None = None) -> bool
         # "to=+86-167-3376-0814", "number=001-875-439-1887": a formatted number as the value
         # of a key in a log line; a plain digit run after a key ("uid=12894277801") stays out
         return not (kind != "CREDIT_CARD" and _KEY_VALUE.search(text, lo, start) is not None
-                    and end is not None and _FORMATTED.match(decode_text(text[start:end])))
+                    and end is not None and _FORMATTED.search(decode_text(text[start:end])))
     if kind == "IP_ADDRESS" and end is not None and _AFTER_VETO.match(text, end):
         return True
     return False
