@@ -208,7 +208,8 @@ class LinearPhoneRecognizer(LinearRecognizer):
                     and not _phone_label_near(text, m.start())):
                 continue  # "2596321", "Seq: 2502126767": counts and ids; plain runs need a label
             intl = value.startswith(("+", "00"))
-            if not intl and len(_GROUP_HEAD.match(value).group(0)) >= 6 and not value.isdigit():
+            head = _GROUP_HEAD.match(value)
+            if not intl and head is not None and len(head.group(0)) >= 6 and not value.isdigit():
                 continue  # "301526 2797", "240717 3664": a time or a counter, then a pid
             for region in (None,) if intl else self.regions:
                 if region == "CN" and not _cn_national(value):
