@@ -161,6 +161,8 @@ _PHONE_CANDIDATE = re.compile(
 
 _NON_DIGITS = re.compile(r"[^0-9]+")
 _GROUP_HEAD = re.compile(r"\(?[0-9]*")
+# right before a plain digit run: it is the value of a field ("Seq: ", "ack=", "[", "#")
+_VALUE_MARK = re.compile(r"[:=\[#/,|]")
 _COMPACT_DATE = re.compile(r"(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])"
                            r"[\-T_ :.][0-2]?[0-9](?![0-9])")
 _DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
@@ -204,9 +206,11 @@ class LinearPhoneRecognizer(LinearRecognizer):
                 continue  # "1.3.6.1.4.1.2021" (an OID), "3 1 4 1 5 9 2 6": not phone groups
             if _DATE_START.match(value) or _COMPACT_DATE.match(value):
                 continue  # "2024-03-08 1422", "2024.03.08 14", "20171223-22" (date-hour)
-            if (value.isdigit() and (digits < 10 or value[0] != "0")
+            if (value.isdigit() and (digits < 10 or (value[0] != "0"
+                                     and _VALUE_MARK.search(text, max(0, m.start() - 2),
+                                                            m.start())))
                     and not _phone_label_near(text, m.start())):
-                continue  # "2596321", "Seq: 2502126767": counts and ids; plain runs need a label
+                continue  # "2596321", "Seq: 2502126767": counts, ids and logged values
             intl = value.startswith(("+", "00"))
             head = _GROUP_HEAD.match(value)
             if not intl and head is not None and len(head.group(0)) >= 6 and not value.isdigit():
