@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from .caches import Cached
+from .number_recognizers import luhn_ok
 from .policy import Action, RedactionPolicy
 from .types import Entity, VaultEntry
 
@@ -89,6 +90,14 @@ def accepts(kind: str, name: str | None) -> bool:
     return False
 
 
+def worth_analyzing(digits: str, name: str | None) -> bool:
+    """Cheap pre-check: without a PII name only a checksummed kind can be accepted, so the
+    digits must be card- or resident-ID-shaped (most counters, ids and times stop here)."""
+    if name and PII_NAME.search(name_words(name)):
+        return True
+    return len(digits) == 18 or (12 <= len(digits) <= 19 and luhn_ok(digits))
+
+
 class NumberRedaction:
     """The named-context half of the redactor: numbers, and digit strings by name."""
 
@@ -113,7 +122,7 @@ class NumberRedaction:
     def _redact_number(self, value: Any, name: str | None, call: Any) -> Any:
         """``value`` itself, or the string its digits become once redacted."""
         digits = number_digits(value, name)
-        if digits is None:
+        if digits is None or not worth_analyzing(digits, name):
             return value
         entity = self._named_entity(digits, name, call)
         if entity is None or call.policy.action_for(entity.kind) is Action.KEEP:
