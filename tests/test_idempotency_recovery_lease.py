@@ -115,7 +115,7 @@ def test_a_live_run_is_never_resumed(setup: Setup, skew: str, tool_seconds: str,
 
     wait_until(swept_while_live, proc=worker)
     gate.touch()  # the tool (still running in the worker) returns
-    out, err = worker.communicate(timeout=120)
+    _, err = worker.communicate(timeout=120)
     assert worker.returncode == 0, err
     stop.touch()
     reports = []
