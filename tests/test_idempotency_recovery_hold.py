@@ -227,3 +227,27 @@ def test_old_recovery_tables_get_the_holder_columns(tmp_path: Path) -> None:
         cols = {c["name"] for c in sa.inspect(sv.registry.engine).get_columns(_R.name)}
         assert {"holder_pid", "holder_lock", "active_at"} <= cols
         assert release_recoverable(cfg("t"), saver=sv)
+
+
+def test_a_resumed_node_opting_in_through_another_saver_keeps_the_count(tmp_path: Path) -> None:
+    url, ring = f"sqlite:///{tmp_path / 'cp.db'}", Keyring.generate()
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as sv, \
+            SecureSaver.from_url(url, keyring=ring, redaction=None) as other:
+        runs: list[str] = []
+
+        def node(state: State) -> State:
+            mark_recoverable(saver=other)  # not the graph's saver object: same database
+            runs.append("run")
+            raise RuntimeError("poison")
+
+        g = StateGraph(State)
+        g.add_node("n", node)
+        g.add_edge(START, "n")
+        graph = g.compile(checkpointer=sv)
+        with pytest.raises(RuntimeError):
+            graph.invoke({"log": []}, cfg("t"), durability="sync")
+        reports = [recover_stalled(graph, sv, max_attempts=3) for _ in range(5)]
+        assert [len(r.dead_lettered) for r in reports] == [0, 0, 1, 0, 0]
+        assert len(runs) == 4
+        state = recovery_state(sv, "acme", "t")
+        assert state is not None and (state["state"], state["attempts"]) == ("dead", 3)

@@ -34,6 +34,7 @@ from .recovery_lease import (
     DONE,
     Lease,
     claim,
+    held_by_this_process,
     held_here,
     hold,
     opt_in,
@@ -139,8 +140,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     ref = sv.services.gate.resolve_ref(config, "mark_recoverable")
     store = IdempotencyStore.for_saver(sv)
     loop = _run_loop(config)
-    held = held_here(store, ref.tenant, ref.thread_id)
-    if held is None:
+    if not held_by_this_process(store, ref.tenant, ref.thread_id):
         keys = store.tenant_keys(ref.tenant)
         extras = sv.services.pii.redact_for_store(
             keys, ref.thread_id, _scalar_configurable(config.get("configurable") or {}),
@@ -356,7 +356,7 @@ def _precheck(store: IdempotencyStore, claimed: Lease, snap: Any, report: Recove
         return None
     row = claimed.update("counting a resume attempt", attempts=_R.c.attempts + 1)
     if row is None:  # lost the lease meanwhile
-        claimed.ended = True
+        claimed.abandon()
         report.skipped_busy += 1
         return None
     attempts = int(row.attempts)

@@ -20,7 +20,13 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from .liveness import Liveness, local_liveness, register_running, unregister_running
+from .liveness import (
+    Liveness,
+    is_running_here,
+    local_liveness,
+    register_running,
+    unregister_running,
+)
 from .schema import HOLDER_COLUMNS, recoverable_threads
 from .store import IdempotencyStore
 
@@ -99,6 +105,13 @@ class Lease:
             unregister_running(_ident(self.tenant, self.thread_id, self.token))
 
 
+    def abandon(self) -> None:
+        """Stop renewing a lease found lost (another process took it over)."""
+        self.ended = True
+        _holds.forget(self)
+        unregister_running(_ident(self.tenant, self.thread_id, self.token))
+
+
 class _Holds:
     """The leases this process holds, and the daemon thread renewing them."""
 
@@ -165,6 +178,19 @@ _holds = _Holds()
 def held_here(store: IdempotencyStore, tenant: str, thread_id: str) -> Lease | None:
     """The lease this process holds on the thread (its own run or a resume), or None."""
     return _holds.get(store, tenant, thread_id)
+
+
+def held_by_this_process(store: IdempotencyStore, tenant: str, thread_id: str) -> bool:
+    """True if the row's lease is held by this very process and still running here (also
+    through another saver object on the same database)."""
+    if held_here(store, tenant, thread_id) is not None:
+        return True
+    row = _select(store, tenant, thread_id)
+    if row is None or row.owner is None:
+        return False
+    me = store.holder()
+    return (row.holder_pid == me.pid and row.holder_nonce == me.nonce
+            and is_running_here(_ident(tenant, thread_id, int(row.fencing_token))))
 
 
 def hold(lease: Lease) -> None:
