@@ -73,8 +73,10 @@ def sweep(url: str, keyring: str, stop: str | None) -> None:
     total: dict[str, object] = {"sweeps": 0, "examined": 0, "resumed": [], "failed": [],
                                 "dead_lettered": [], "finished": [], "busy": 0,
                                 "recent": 0, "pid": os.getpid()}
+    count = int(os.environ.get("LEASE_SWEEPS", "1"))
     while True:
-        last = stop is None or Path(stop).exists()
+        count -= 1
+        last = (stop is None and count <= 0) or (stop is not None and Path(stop).exists())
         options = {}
         if os.environ.get("LEASE_OLDER_THAN"):  # as `securesaver recover --older-than`
             from langgraph_securesaver.retention import parse_duration
@@ -89,10 +91,15 @@ def sweep(url: str, keyring: str, stop: str | None) -> None:
         if stop is not None:  # progress for the test: one line per sweep
             with open(f"{stop}.{os.getpid()}.sweeps", "a") as fh:
                 fh.write(f"{report.skipped_busy}\n")
+        if stop is None:
+            print(json.dumps(total), flush=True)  # one line per sweep
+            total.update(sweeps=0, examined=0, resumed=[], failed=[], dead_lettered=[],
+                         finished=[], busy=0, recent=0)
         if last:
             break
         time.sleep(0.2)
-    print(json.dumps(total))
+    if stop is not None:
+        print(json.dumps(total))
 
 
 def main() -> None:
