@@ -1,12 +1,14 @@
-"""Stalled-run recovery: resume opted-in threads whose run died, one worker per thread.
+"""Stalled-run recovery: resume opted-in threads whose run died, one worker per thread,
+never a live one.
 
-A thread opts in with :func:`mark_recoverable` (call it before ``invoke``, or from inside a
-node). :func:`recover_stalled` then finds armed threads, claims each one under a lease in the
-database (the same compare-and-set mechanics as idempotency keys: several workers never
-resume the same thread at once), checks the latest checkpoint (pending tasks, no pending
-interrupt, no activity for ``older_than`` seconds), resumes it with ``graph.invoke(None,
-config)``, caps the attempts, and records the threads that keep failing as dead letters.
-The side effects of a resumed run are protected by the idempotency keys of its tools.
+A thread opts in with :func:`mark_recoverable` (inside a node, or :func:`recoverable_run`
+around ``invoke``); the process running it then holds the thread's recovery lease
+(:mod:`.recovery_lease`: holder liveness, heartbeats on the database clock).
+:func:`recover_stalled` claims each armed thread whose lease is free, expired or held by a dead
+process, checks the latest checkpoint (pending tasks, no pending interrupt, the ``older_than``
+floor from the last recorded activity), resumes it with ``graph.invoke(None, config)``, caps
+the attempts, and records the threads that keep failing as dead letters. The side effects of
+a resumed run are protected by the idempotency keys of its tools.
 """
 
 from __future__ import annotations
