@@ -211,7 +211,15 @@ def recoverable_run(config: RunnableConfig, *, saver: SaverLike | None = None,
     try:
         yield
     finally:
+        _release_run(config, saver)
+
+
+def _release_run(config: RunnableConfig, saver: SaverLike | None) -> None:
+    try:
         release_recoverable(config, saver=saver)
+    except Exception:  # the lease then lapses with this process or its expiry
+        logger.warning("could not release the recovery lease of %r",
+                       (config.get("configurable") or {}).get("thread_id"), exc_info=True)
 
 
 @asynccontextmanager
@@ -222,7 +230,7 @@ async def arecoverable_run(config: RunnableConfig, *, saver: SaverLike | None = 
     try:
         yield
     finally:
-        await asyncio.to_thread(release_recoverable, config, saver=saver)
+        await asyncio.to_thread(_release_run, config, saver)
 
 
 def unmark_recoverable(saver: SaverLike, tenant: str, thread_id: str) -> bool:
