@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import RedactionError
-from .worker import read_frame, write_frame
+from .frames import read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 

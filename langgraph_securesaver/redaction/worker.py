@@ -12,33 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 import sys
 import time
 from typing import IO, Any
 
-HEADER = struct.Struct(">I")
-MAX_FRAME = 64 * 1024 * 1024
-
-
-def read_frame(stream: IO[bytes]) -> Any:
-    """The next JSON frame, or None at end of stream."""
-    head = stream.read(HEADER.size)
-    if len(head) < HEADER.size:
-        return None
-    (size,) = HEADER.unpack(head)
-    if size > MAX_FRAME:
-        raise ValueError("frame too large")
-    body = stream.read(size)
-    if len(body) < size:
-        return None
-    return json.loads(body.decode("utf-8"))
-
-
-def write_frame(stream: IO[bytes], doc: Any) -> None:
-    body = json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    stream.write(HEADER.pack(len(body)) + body)
-    stream.flush()
+from .frames import read_frame, write_frame
 
 
 def _redactor_for(params: dict[str, Any], cache: dict[str, Any]) -> Any:
