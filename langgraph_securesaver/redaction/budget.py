@@ -42,8 +42,9 @@ class WriteBudget:
     Attributes:
         max_chars: characters analyzed per write (cache hits and pre-filtered text are free).
         max_parts: strings analyzed per write.
-        time_budget: seconds of analysis per write (as measured where it ran: in this
-            process or in a redaction worker).
+        time_budget: CPU seconds of analysis per write (measured where it ran: this
+            thread, or the redaction worker), so that a loaded machine does not make a real
+            turn look bigger; one string may take up to four times what is left in wall time.
         on_exceed: ``"mask"`` withholds each string past the budget as
             ``<WITHHELD:masked>``; ``"raise"`` refuses the write with ``RedactionError``.
     """
@@ -76,7 +77,8 @@ class Spend:
     """What one write has spent so far; shared by every redaction of the write (and by the
     threads that may run them), so it is locked."""
 
-    __slots__ = ("budget", "chars", "exceeded", "lock", "parts", "seconds", "withheld")
+    __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "seconds",
+                 "withheld")
 
     def __init__(self, budget: WriteBudget | None = None) -> None:
         self.budget = budget
@@ -84,6 +86,7 @@ class Spend:
         self.parts = 0
         self.seconds = 0.0
         self.withheld = 0
+        self.calls = 0  # strings (or batches) that needed analysis, admitted or not
         self.exceeded: str | None = None  # why the budget is spent, once it is
         self.lock = threading.Lock()
 

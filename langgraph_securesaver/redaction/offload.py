@@ -9,6 +9,7 @@ own time budget and what the write has left, in this process for a small write a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ from .tokens import kind_label
 from .view import OWN_LABELS
 
 Raw = dict[tuple[str, int, int], float]
+YIELD_AFTER = 64  # strings analyzed (or withheld) in one write before it starts yielding
+YIELD_EVERY = 8
+WALL_SLACK = 4.0
 
 
 class BudgetedDetection(Detection):
@@ -29,6 +33,8 @@ class BudgetedDetection(Detection):
     _custom_analyzer: bool
     _phone_regions: tuple[str, ...]
     _clock: Callable[[], float]
+    #: the CPU clock the write budget is charged with (this thread's CPU time)
+    _cpu_clock: Callable[[], float] = staticmethod(time.thread_time)
 
     def new_spend(self) -> Spend:
         """The spend of the write in progress, or one of its own for a lone redaction."""
@@ -40,6 +46,7 @@ class BudgetedDetection(Detection):
                    seconds: float) -> tuple[Raw | None, str | None]:
         """Raw detections of ``text`` within ``seconds`` (what a worker runs), or None and
         why the analysis stopped."""
+        self._ensure_engine()
         try:
             return self._raw_detect(text, policy, self._clock() + seconds), None
         except Overrun as exc:
@@ -60,6 +67,9 @@ class BudgetedDetection(Detection):
                          spend: Spend) -> Raw | str:
         """Raw detections of ``text``, or why it must be withheld. Raises RedactionError when
         the write's budget is spent and its policy refuses rather than withholds."""
+        spend.calls += 1
+        if spend.calls > YIELD_AFTER and not spend.calls % YIELD_EVERY:
+            time.sleep(0)  # a large write hands the GIL to other requests between strings
         spent = spend.exceeded
         if spent is not None and spend.budget is not None and spend.budget.on_exceed == "mask":
             spend.withheld += 1  # the fast path of a write past its budget (a hostile one)
@@ -67,13 +77,15 @@ class BudgetedDetection(Detection):
         reason = spend.admit(len(text))
         if reason is not None:
             return reason
+        self._ensure_engine()  # building the engine is not analysis time of this write
         units = max(1, -(-len(text) // policy.max_chars))
         own = policy.time_budget * units
         left = spend.remaining()
-        limit = max(0.0, min(own, left))
+        # the budget counts CPU seconds (a loaded machine does not make a turn "bigger"); one
+        # string may take up to WALL_SLACK times what is left in wall-clock time
+        limit = max(0.0, min(own, left * WALL_SLACK))
         pool = shared_pool()
-        clock = self._clock
-        started = clock()
+        clock, cpu = self._clock, self._cpu_clock
         answer = None
         if (pool.enabled and not self._custom_analyzer and spend.chars > pool.offload_after
                 and len(text) <= policy.hard_max_chars):
@@ -82,12 +94,13 @@ class BudgetedDetection(Detection):
             raw, why, took = answer
             spend.charge(took)
         else:
+            started, used = clock(), cpu()
             try:
                 raw, why = self._raw_detect(text, policy, started + limit), None
             except Overrun as exc:
                 raw, why = None, str(exc)
             finally:
-                spend.charge(clock() - started)
+                spend.charge(cpu() - used)
         if raw is not None:
             return raw
         reason = why or "time budget"

@@ -35,7 +35,7 @@ from .frames import read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_OFFLOAD_AFTER = 32_000  # characters a write analyzes in-process before offloading
+DEFAULT_OFFLOAD_AFTER = 16_000  # characters a write analyzes in-process before offloading
 START_TIMEOUT = 120.0  # seconds a new worker may take to build its engine
 GRACE = 5.0  # seconds past a request's own deadline before its worker counts as stuck
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])

@@ -48,18 +48,18 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         request = read_frame(inp)
         if request is None:
             return
-        started = time.monotonic()
+        started = time.process_time()  # the budget counts CPU seconds
         try:
             redactor, policy = _redactor_for(request["params"], cache)
             raw, reason = redactor.detect_raw(request["text"], policy,
                                               float(request["seconds"]))
-            reply: dict[str, Any] = {"took": time.monotonic() - started}
+            reply: dict[str, Any] = {"took": time.process_time() - started}
             if raw is None:
                 reply["overrun"] = reason
             else:
                 reply["raw"] = [[k, s, e, score] for (k, s, e), score in raw.items()]
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails closed
-            reply = {"error": type(exc).__name__, "took": time.monotonic() - started}
+            reply = {"error": type(exc).__name__, "took": time.process_time() - started}
         write_frame(out, reply)
 
 
