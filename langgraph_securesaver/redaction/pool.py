@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OFFLOAD_AFTER = 16_000  # characters a write analyzes in-process before offloading
 START_TIMEOUT = 120.0  # seconds a new worker may take to build its engine
+RETRY_START = 60.0  # seconds before starting workers again after one failed to start
 GRACE = 5.0  # seconds past a request's own deadline before its worker counts as stuck
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -114,6 +115,7 @@ class RedactionPool:
         self._live: dict[int, Worker] = {}  # pid -> worker (idle, busy or starting)
         self._starting = 0
         self._closed = False
+        self._failed_at = -RETRY_START  # when a worker last failed to start
         self.busy: set[int] = set()  # pids serving a request now
 
     @property
@@ -123,7 +125,7 @@ class RedactionPool:
     def warm(self) -> None:
         """Start the missing workers in the background (returns at once)."""
         with self._lock:
-            if not self.enabled:
+            if not self.enabled or time.monotonic() - self._failed_at < RETRY_START:
                 return
             missing = self.size - len(self._live) - self._starting
             self._starting += max(0, missing)
@@ -156,6 +158,7 @@ class RedactionPool:
                 worker.stop()
             with self._lock:
                 self._starting -= 1
+                self._failed_at = time.monotonic()
             return
         with self._lock:
             self._starting -= 1
