@@ -55,6 +55,7 @@ class DenialLog:
         self._open: dict[tuple[str, str, str], _Open] = {}
         self._flusher: threading.Thread | None = None
         self._flush_lock = threading.Lock()  # one writer of summaries at a time
+        self.failing = False  # the last write to the registry failed
         _LOGS.add(self)
 
     def attempt(self, actor: str, target: str, operation: str,
@@ -80,8 +81,12 @@ class DenialLog:
     def write_first(self, actor: str, target: str, operation: str,
                     thread_id: str | None) -> None:
         """Write the first attempt of a window now (raises when it cannot)."""
-        self._record("access_denied", target, thread_id, actor,
-                     {"operation": operation, "count": 1})
+        try:
+            self._record("access_denied", target, thread_id, actor, {"operation": operation})
+        except Exception:
+            self.failing = True
+            raise
+        self.failing = False
 
     def defer(self, actor: str, target: str, operation: str, thread_id: str | None) -> None:
         """A first attempt that could not be written now: counted for the next summary."""
@@ -129,10 +134,12 @@ class DenialLog:
         for attempt in range(WRITE_ATTEMPTS):
             try:
                 self._record("access_denied", target, thread_id, actor, detail)
+                self.failing = False
                 return True
             except Exception as exc:  # noqa: BLE001 - kept and retried, logged below
                 failure = exc
                 time.sleep(0.05 * (attempt + 1))
+        self.failing = True
         logger.error("could not record %d coalesced access-denied attempts of tenant %r on "
                      "tenant %r (%s); they are kept and retried", state.count, actor, target,
                      type(failure).__name__)

@@ -184,6 +184,9 @@ class TenantGate:
                    f"{denial.target!r}")
         log = log_for(self.registry)
         if not log.attempt(denial.actor, denial.target, denial.operation, thread_id):
+            if log.failing:
+                return AccessDenied(message + "; the attempt could NOT be recorded yet (the "
+                                    "registry is failing): it is counted and retried")
             return AccessDenied(message + "; the attempt was recorded (counted into the "
                                 "access_denied summary of this window)")
         logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",

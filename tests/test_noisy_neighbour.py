@@ -127,6 +127,14 @@ def test_the_time_budget_withholds_what_is_left() -> None:
     redactor._cpu_clock = lambda: float(next(ticks))  # each analysis "takes" a CPU second
     values = [f"user{i}@example.com" for i in range(4)]
     out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
+    assert out[0] != WITHHELD and out[1:] == [WITHHELD] * 3  # the first spends it all
+    assert [e.value for e in vault] == ["user0@example.com"]
+    # a string that runs into the write's deadline (a wall clock a second per call) is
+    # withheld as the write's excess, not as a string over its own budget
+    wall = iter(range(10**6))
+    redactor._clock = lambda: float(next(wall))
+    fresh = [f"other{i}@example.com" for i in range(4)]  # not cached
+    out, vault = redactor.redact_value(fresh, channel="messages", token_key=KEY)
     assert out == [WITHHELD] * 4 and vault == []
 
 

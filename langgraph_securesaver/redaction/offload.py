@@ -104,6 +104,6 @@ class BudgetedDetection(Detection):
         if raw is not None:
             return raw
         reason = why or "time budget"
-        if reason == "time budget" and left < own:  # the write's deadline, not the string's
+        if reason == "time budget" and left * WALL_SLACK < own:  # the write's deadline bound
             return spend.overran()
         return reason
