@@ -264,6 +264,26 @@ def test_a_killed_worker_fails_its_write_closed_and_the_next_write_succeeds() ->
     assert WITHHELD not in json.dumps(out[0].content) and len(vault) == 8
 
 
+def test_a_worker_killed_while_idle_costs_no_write() -> None:
+    pool = pool_mod.configure_pool(1, offload_after=1000)
+    assert pool.wait_ready()
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(10_000):  # until the kernel reports it gone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                          text=True).stdout.strip().startswith("Z"):
+            break
+        time.sleep(0.01)
+    out, vault = Redactor().redact_value([HumanMessage(content=_hostile_parts(6, seed=9))],
+                                         channel="messages", token_key=KEY)
+    assert WITHHELD not in json.dumps(out[0].content) and len(vault) == 6
+    assert pid not in pool.pids()
+
+
 def test_a_malformed_worker_answer_is_refused() -> None:
     for reply in ({"raw": [["EMAIL", "0", 3, 1.0]]}, {"raw": "x"}, [], {"error": "Boom"}):
         with pytest.raises(RedactionError):

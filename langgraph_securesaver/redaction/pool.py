@@ -195,6 +195,10 @@ class RedactionPool:
         worker = self._take(seconds)
         if worker is None:
             return None
+        if worker.proc.poll() is not None:  # died while idle: nothing was sent to it
+            logger.error("redaction worker %d had exited; replacing it", worker.pid)
+            self._retire(worker)
+            return None
         self.busy.add(worker.pid)
         try:
             write_frame(worker.stdin, {"text": text, "params": params, "seconds": seconds})
