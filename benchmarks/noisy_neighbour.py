@@ -35,7 +35,10 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
 from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.redaction.pool import shared_pool
+try:  # absent before the worker pool existed (the script also runs against older builds)
+    from langgraph_securesaver.redaction.pool import shared_pool
+except ImportError:  # pragma: no cover
+    shared_pool = None  # type: ignore[assignment]
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 WITHHELD = "<WITHHELD:masked>"
@@ -122,7 +125,7 @@ async def hostile_writes(saver: SecureSaver, make: Callable[[random.Random], dic
         cp = empty_checkpoint()
         cp["channel_values"] = make(rng)
         cp["channel_versions"] = dict.fromkeys(cp["channel_values"], 1)
-        cfg = {"configurable": {"thread_id": f"mallory-{n}", "tenant_id": "mallory",
+        cfg = {"configurable": {"thread_id": f"mallory-{uuid.uuid4().hex}", "tenant_id": "mallory",
                                 "checkpoint_ns": ""}}
         start = time.perf_counter()
         try:
@@ -275,8 +278,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     args = parser.parse_args()
     print(load())
-    pool = shared_pool()
-    print(f"redaction workers: {pool.size} (ready: {pool.wait_ready()})")
+    if shared_pool is not None:
+        pool = shared_pool()
+        print(f"redaction workers: {pool.size} (ready: {pool.wait_ready()})")
     with tempfile.TemporaryDirectory() as tmp:
         for backend in [b for b in args.backends.split(",") if b]:
             asyncio.run(run_backend(backend, args.rounds, args.phase, Path(tmp)))

@@ -261,6 +261,9 @@ _POOL_LOCK = threading.Lock()
 def shared_pool() -> RedactionPool:
     """The process's pool (created on first use, with :func:`default_workers` workers)."""
     global _POOL
+    pool = _POOL
+    if pool is not None:
+        return pool
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = RedactionPool(default_workers())
