@@ -35,6 +35,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
 from langgraph_securesaver.demo import build_chat_graph
+
 try:  # absent before the worker pool existed (the script also runs against older builds)
     from langgraph_securesaver.redaction.pool import shared_pool
 except ImportError:  # pragma: no cover
@@ -98,6 +99,7 @@ class Victim:
     """Turns of one victim conversation, back to back, with their latencies."""
 
     def __init__(self, saver: SecureSaver) -> None:
+        self.saver = saver
         self.graph = build_chat_graph(saver)
         self.thread = "victim-" + uuid.uuid4().hex[:8]
         self.turn = 0
@@ -135,10 +137,8 @@ async def hostile_writes(saver: SecureSaver, make: Callable[[random.Random], dic
             outcome = type(exc).__name__
         out.setdefault("durations", []).append(time.perf_counter() - start)
         out.setdefault("outcomes", []).append(outcome)
-        if outcome == "stored" and n <= 2:
-            tup = await saver.aget_tuple(cfg)
-            text = repr(tup.checkpoint["channel_values"]) if tup else ""
-            out["withheld"] = text.count(WITHHELD)
+        if outcome == "stored" and n <= 2:  # read back after the phase (reads are not measured)
+            out.setdefault("stored", []).append(cfg)
 
 
 async def deny_flood(saver: SecureSaver, stop: asyncio.Event, out: dict[str, Any]) -> None:
@@ -161,6 +161,10 @@ async def disturbed(victim: Victim, seconds: float,
     latencies = await victim.run(seconds)
     stop.set()
     await asyncio.gather(*tasks)
+    for cfg in out.pop("stored", []):
+        tup = await victim.saver.aget_tuple(cfg)
+        text = repr(tup.checkpoint["channel_values"]) if tup else ""
+        out.setdefault("withheld", []).append(text.count(WITHHELD))
     return latencies, out
 
 
@@ -198,8 +202,7 @@ async def run_backend(backend: str, rounds: int, phase: float, workdir: Path) ->
                 res["with"].extend(lat)
                 res["hostile"].extend(out.get("durations", []))
                 res["outcomes"].extend(out.get("outcomes", []))
-                if "withheld" in out:
-                    res["withheld"].append(out["withheld"])
+                res["withheld"].extend(out.get("withheld", []))
                 if name.startswith("denial"):
                     rows, total = await asyncio.to_thread(denial_rows, saver, since)
                     res["rows"].append((rows, total, out.get("raised", 0)))
