@@ -31,7 +31,7 @@ from .errors import RedactionError
 # measured against.
 DEFAULT_WRITE_CHARS = 2_000_000
 DEFAULT_WRITE_PARTS = 20_000
-DEFAULT_WRITE_SECONDS = 0.5
+DEFAULT_WRITE_SECONDS = 1.0
 ON_EXCEED = ("mask", "raise")
 
 
