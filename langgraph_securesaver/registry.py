@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import integrity as mac
 from .crypto import KeyRow
+from .denials import flush_for
 from .errors import ConfigurationError, KeyringRequired, TamperedDataError
 from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
 from .registry_claims import RegistryClaims
@@ -684,4 +685,5 @@ class Registry(RegistryClaims, RegistryVerification):
                           json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
 
     def dispose(self) -> None:
+        flush_for(self)  # coalesced access-denied summaries still pending
         self.engine.dispose()
