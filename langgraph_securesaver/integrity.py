@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .crypto import KeyRow, KeyStore, wrap_context
-from .errors import KeyringRequired, TamperedDataError
+from .errors import KeyringMismatch, KeyringRequired, TamperedDataError
 from .keyring import KeyProvider, NoKeys, WrappedKey
 
 #: tenant_keys.tenant of the registry MAC key; validate_tenant() refuses it (leading space)
@@ -94,6 +94,14 @@ class RegistryIntegrity:
         """Load the key now; raises KeyringRequired / TamperedDataError if it cannot."""
         self.key()
 
+    def check_keyring(self) -> None:
+        """Unwrap the registry key now when the database has one, so that a keyring the
+        database was not created with is reported at start-up as :class:`KeyringMismatch`
+        rather than later as a tenant key that does not unwrap."""
+        rows = self.store.load_key_rows(RESERVED_TENANT) if self.available else []
+        if any(r.purpose == PURPOSE for r in rows):
+            self.key()
+
     def key(self) -> bytes:
         hit = self._key
         if hit is not None:
@@ -124,8 +132,16 @@ class RegistryIntegrity:
             rows = [r for r in self.store.load_key_rows(RESERVED_TENANT)
                     if r.purpose == PURPOSE]  # another process may have won the race
         row = rows[0]
-        return provider.unwrap(RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped),
-                               context)
+        try:
+            return provider.unwrap(RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped),
+                                   context)
+        except KeyringMismatch:
+            raise
+        except TamperedDataError as exc:  # the first key any start unwraps: name the cause
+            reason = (f"master version {row.master_version} is not in it"
+                      if row.master_version not in provider.versions()
+                      else f"its master version {row.master_version} differs")
+            raise KeyringMismatch(reason) from exc
 
     def mac(self, domain: str, *parts: Any) -> str:
         return hmac.new(self.key(), encode(domain, *parts), hashlib.sha256).hexdigest()
