@@ -6,6 +6,7 @@ Exit codes: 0 success; 1 the command ran and found a problem (e.g. a failed chec
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -73,7 +74,8 @@ def demo(
     if db.exists() and not db.is_file():
         raise fail(f"--db {db} is not a file")
     try:
-        ok = run_demo(db, keyring_path=keyring, keep=keep, console=console)
+        ok = run_demo(db, keyring_path=keyring, keep=keep, console=console,
+                      quiet_logs=not logging.getLogger().isEnabledFor(logging.INFO))
     except (SecureSaverError, ConfigurationError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

@@ -121,3 +121,84 @@ def test_every_markdown_link_into_the_repository_resolves() -> None:
             if not (path.parent / target).exists():
                 missing.append(f"{path.relative_to(ROOT)} -> {target}")
     assert not missing, missing
+
+
+# --- every public name documented --------------------------------------------------------------
+def _own_doc(klass: type, name: str) -> str | None:
+    """The docstring of the definition of ``name`` that ``klass`` uses (an override without a
+    docstring has none, whatever the base class it overrides says)."""
+    for base in klass.__mro__:
+        if name in vars(base):
+            value = vars(base)[name]
+            value = getattr(value, "__func__", value)
+            if isinstance(value, property):
+                value = value.fget
+            return getattr(value, "__doc__", None)
+    return None
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    import inspect
+
+    import langgraph_securesaver as package
+    missing = []
+    for name in package.__all__:
+        value = getattr(package, name)
+        if inspect.isclass(value) or inspect.isfunction(value) or callable(value):
+            if not (value.__doc__ or "").strip():
+                missing.append(name)
+    assert missing == [], missing
+
+
+def test_every_public_securesaver_method_has_its_own_docstring() -> None:
+    from langgraph_securesaver import SecureSaver
+    names = [n for n in dir(SecureSaver) if not n.startswith("_")
+             and callable(getattr(SecureSaver, n))
+             and not isinstance(getattr(SecureSaver, n), type)]
+    assert len(names) >= 60, names          # put, list, get_tuple, ... and the async twins
+    missing = [n for n in names if not (_own_doc(SecureSaver, n) or "").strip()]
+    assert missing == [], missing
+
+
+def test_from_url_names_its_parameters() -> None:
+    """Type checkers and IDEs see the constructor's options on from_url / afrom_url, and the
+    LangGraph names are the same constructors."""
+    import inspect
+
+    from langgraph_securesaver import SecureSaver
+    ctor = set(inspect.signature(SecureSaver.__init__).parameters) - {"self", "inner",
+                                                                        "registry"}
+    for factory in (SecureSaver.from_url, SecureSaver.afrom_url):
+        params = inspect.signature(factory).parameters
+        assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), factory
+        assert ctor <= set(params), ctor - set(params)
+    assert SecureSaver.from_conn_string.__func__ is SecureSaver.from_url.__func__
+    assert SecureSaver.afrom_conn_string.__func__ is SecureSaver.afrom_url.__func__
+
+
+# --- the README's commands are what CI runs ----------------------------------------------------
+def _quick_start_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.strip().splitlines()]
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """The README's second quick-start line installs the test extra and runs the suite; CI
+    (.ci/run) installs the same extras into its venv and runs the same command."""
+    install, run = (part.strip() for part in _quick_start_commands()[1].split("&&"))
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert run in ci, run
+    extras = re.search(r'"\.\[([^]]+)\]"', install).group(1)
+    installs = [line for line in ci[:ci.index(run)] if "pip install" in line and ".[" in line]
+    assert installs and f'".[{extras}]"' in installs[-1], (extras, installs)
+
+
+def test_the_quick_start_demo_needs_no_extra() -> None:
+    first = _quick_start_commands()[0]
+    assert 'pip install -e . ' in first + " " and "securesaver demo" in first
+
+
+def test_ci_builds_the_docs_strictly_and_checks_the_package() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "mkdocs build --strict" in ci and "tests/packaging_check.py" in ci
