@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "connect", "server", "demo", "demo_run",
                                   "recover"})),
-    ("cli", frozenset({"cli", "cli_common", "cli_ops"})),
+    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events"})),
     # the facades: the package and the idempotency package re-export names of every layer
     ("package", frozenset({"", "idempotency"})),
 )
