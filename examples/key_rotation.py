@@ -33,7 +33,7 @@ def main() -> None:
         print("in use:", saver.master_versions_in_use())
 
         keyring.add_version()                 # 1. new master version, old ones still unwrap
-        keyring.save(ring_path)
+        keyring.persist()                     #    saved back to its file (mode 0600)
         saver.rewrap_keys()                   # 2. re-seal data keys under it
         print("after rewrap:", saver.master_versions_in_use())
 

@@ -24,11 +24,13 @@ from .cli_common import (  # noqa: F401 - re-exported: cli.app, cli.console, ...
     console,
     database_errors,
     db_error,
+    echo_json,
     err_console,
     fail,
     load_keyring,
     main,
     open_saver,
+    shown,
     tenant_arg,
     thread_arg,
 )
@@ -51,15 +53,17 @@ def keygen(
     from .keyring import Keyring
     ring = Keyring.generate()
     if out is None:
-        import base64
-        key = base64.urlsafe_b64encode(ring._masters[ring.current_version]).decode()
-        console.print(f"export {ENV_VAR}={key}", soft_wrap=True, highlight=False)
+        console.print(f"export {ENV_VAR}={ring.env_value().reveal()}", soft_wrap=True,
+                      highlight=False)
         err_console.print("Keep this value in your secret store; losing it loses the data.")
         return
-    if out.exists() and not force:
+    if (out.exists() or out.is_symlink()) and not force:
         raise fail(f"{out} exists; pass --force to overwrite (the old keys would be lost)")
-    ring.save(out)
-    console.print(f"wrote keyring [bold]{out}[/] (mode 0600, master version "
+    try:
+        ring.save(out, overwrite=force)
+    except ConfigurationError as exc:   # a symlink, or a file of other keys serving databases
+        raise fail(str(exc)) from None
+    console.print(f"wrote keyring [bold]{shown(out)}[/] (mode 0600, master version "
                   f"{ring.current_version})")
 
 
@@ -115,7 +119,6 @@ def prune(
     row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
     keyring, unreachable database).
     """
-    import json
     import signal
     import threading
 
@@ -164,7 +167,7 @@ def prune(
                                                  active_grace=grace)
                 failed = failed or not report.ok
                 if as_json:
-                    console.print_json(json.dumps(report.as_dict()))
+                    echo_json(report.as_dict(), indent=2)
                 else:
                     _print_report(report)
                 if interval is None or stop.wait(interval):
@@ -198,7 +201,7 @@ def _print_report(report: Any) -> None:
         if rows:
             table.add_row(label, str(len(rows)))
     for tenant, thread, error in report.errors:
-        table.add_row(f"[red]error[/] {tenant}/{thread}", error)
+        table.add_row(f"[red]error[/] {shown(tenant)}/{shown(thread)}", shown(error))
     if not table.rows:
         table.add_row("nothing expired", "0")
     console.print(table)
@@ -232,8 +235,9 @@ def shred_tenant(
                 "including backups", default=False):
             raise fail("aborted", EXIT_FOUND)
         threads = saver.shred_tenant(tenant, requested_by=requested_by)
-    console.print(f"tenant [bold]{tenant}[/] shredded: {threads} threads deleted, keyring "
-                  f"{keyring} rewritten. Replace every copy of the old keyring file.")
+    console.print(f"tenant [bold]{shown(tenant)}[/] shredded: {threads} threads deleted, "
+                  f"keyring {shown(keyring)} rewritten. Replace every copy of the old keyring "
+                  "file.")
 
 
 @app.command()
@@ -268,7 +272,6 @@ def recover(
 
     Exit codes: 0 done, 1 some threads failed or were dead-lettered, 2 could not run.
     """
-    import json
 
     from .recover import recover_main
     from .retention import parse_duration
@@ -291,7 +294,7 @@ def recover(
                "resumed": len(report.resumed), "failed": len(report.failed),
                "dead_lettered": len(report.dead_lettered)}
     if as_json:
-        console.print_json(json.dumps(summary))
+        echo_json(summary, indent=2)
     else:
         from rich.table import Table
         table = Table("outcome", "threads")

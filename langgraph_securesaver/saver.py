@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +33,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from .connect import DEFAULT, UrlConstructors
+from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .crypto import KeyManager
 from .errors import (
     ConfigurationError,
@@ -90,7 +91,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
     Args:
         inner: any LangGraph saver (InMemorySaver, SqliteSaver, AsyncSqliteSaver, PostgresSaver,
             AsyncPostgresSaver, or your own).
-        keyring: where master keys come from (a :class:`Keyring` or any :class:`KeyProvider`).
+        keyring: where master keys come from (a :class:`Keyring` or any :class:`KeyProvider`,
+            or the path of a keyring file, loaded with :meth:`Keyring.from_file`).
             ``None`` reads ``SECURESAVER_MASTER_KEY``; with neither, construction fails.
         registry: SecureSaver's own tables: a :class:`Registry`, a SQLAlchemy URL, or ``None``
             (an in-memory registry for an InMemorySaver; the inner saver's own database for
@@ -112,7 +114,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         self,
         inner: BaseCheckpointSaver,
         *,
-        keyring: KeyProvider | None = None,
+        keyring: KeyringArg = None,
         registry: Registry | str | None = None,
         redaction: Any = DEFAULT,
         retention: Any = None,
@@ -127,11 +129,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             raise ConfigurationError(f"inner must be a BaseCheckpointSaver, got {type(inner)!r}")
         if isinstance(inner, SecureSaver):
             raise ConfigurationError("SecureSaver cannot wrap another SecureSaver")
-        if keyring is None:
-            try:
-                keyring = Keyring.from_env()
-            except KeyringRequired:
-                raise KeyringRequired() from None
+        keyring = _keyring_of(keyring)
         if not isinstance(keyring, KeyProvider):
             raise ConfigurationError("keyring must implement the KeyProvider protocol")
         install_strict_serde(inner)  # the inner saver decodes only what SecureSaver stores
@@ -466,7 +464,6 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             await asyncio.to_thread(threads.delete_threads, self.services, tenant, ids, "prune")
         else:
             await asyncio.to_thread(threads.keep_latest, self.services, tenant, ids)
-
 
 
 @contextmanager

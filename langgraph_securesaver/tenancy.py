@@ -8,6 +8,10 @@ different tenant is refused with :class:`AccessDenied` and recorded.
 Storage is namespaced: tenant ``acme``'s thread ``t1`` is stored under
 ``<tag(acme)>:t1`` where the tag is a fixed-length digest of the tenant id, so two tenants
 can use the same thread id without colliding, and a thread id cannot forge another tag.
+
+Ids are printed to operators, so none may hold a control character (C0/C1, DEL,
+bidirectional controls, line separators: :mod:`.textsafety`); letters of every script,
+punctuation, spaces inside and emoji are fine.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import ConfigurationError
+from .textsafety import validate_id_text
 
 _scope: ContextVar[str | None] = ContextVar("securesaver_tenant_scope", default=None)
 MAX_TENANT_LENGTH = 255
@@ -37,7 +42,7 @@ def validate_tenant(tenant: object) -> str:
         )
     if "\x00" in tenant or tenant != tenant.strip():
         raise ConfigurationError(f"tenant id {_short(tenant)} has NUL or surrounding whitespace")
-    return tenant
+    return validate_id_text(tenant, "a tenant id")
 
 
 def validate_thread_id(value: object, what: str = "a thread id") -> str:
@@ -52,7 +57,7 @@ def validate_thread_id(value: object, what: str = "a thread id") -> str:
         raise ConfigurationError(
             f"{what} is {len(text)} characters long; thread ids are at most "
             f"{MAX_THREAD_ID_LENGTH} characters")
-    return text
+    return validate_id_text(text, what)
 
 
 def validate_namespace(value: object) -> str:
@@ -64,7 +69,7 @@ def validate_namespace(value: object) -> str:
         raise ConfigurationError(
             f"checkpoint_ns must be at most {MAX_NAMESPACE_LENGTH} characters without NUL "
             f"(got {len(text)} characters)")
-    return text
+    return validate_id_text(text, "checkpoint_ns")
 
 
 def validate_actor(value: object, what: str = "requested_by") -> str | None:
@@ -76,7 +81,7 @@ def validate_actor(value: object, what: str = "requested_by") -> str | None:
         raise ConfigurationError(
             f"{what} must be a non-empty string of at most {MAX_TENANT_LENGTH} characters "
             f"without NUL, got {_short(value)}")
-    return value
+    return validate_id_text(value, what)
 
 
 def _short(value: object) -> str:
