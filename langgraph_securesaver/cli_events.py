@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich.markup import escape
-
-from .cli_common import console
+from .cli_common import console, shown
+from .textsafety import escape_controls
 
 #: Below this terminal width ``events`` prints one block per entry instead of a table.
 EVENTS_TABLE_MIN_WIDTH = 120
@@ -53,9 +52,9 @@ def print_events(entries: list[Any]) -> None:
         for column in table.columns[2:5]:
             column.overflow = "fold"      # ids wrap, never cut
         for e in entries:
-            table.add_row(when_text(e.as_dict()["at"]), escape(e.kind), escape(e.tenant or "—"),
-                          escape(e.thread_id or "—"), escape(e.actor or "—"),
-                          escape(detail_text(e.detail)))
+            table.add_row(when_text(e.as_dict()["at"]), shown(e.kind), shown(e.tenant or "—"),
+                          shown(e.thread_id or "—"), shown(e.actor or "—"),
+                          shown(detail_text(e.detail)))
         console.print(table)
         return
     from rich.padding import Padding
@@ -63,13 +62,14 @@ def print_events(entries: list[Any]) -> None:
     console.print(f"{len(entries)} entries (one block each; --format json has every field)")
     for e in entries:
         head = Text(f"{when_text(e.as_dict()['at'])}  ")
-        head.append(e.kind, style="bold")
+        head.append(escape_controls(e.kind), style="bold")
         console.print(head, overflow="fold")
         where = [f"tenant={e.tenant}" if e.tenant else "", f"thread={e.thread_id}"
                  if e.thread_id else "", f"by={e.actor}" if e.actor else ""]
+        where = [escape_controls(w) for w in where]
         console.print(Padding(Text("  ".join(w for w in where if w), overflow="fold"),
                               (0, 0, 0, 2), expand=False))
-        text = detail_text(e.detail)
+        text = escape_controls(detail_text(e.detail))
         if text:
             console.print(Padding(Text(text, overflow="fold"), (0, 0, 0, 2), expand=False))
 

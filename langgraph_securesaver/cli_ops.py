@@ -37,7 +37,6 @@ from .cli_common import (
     err_console,
     fail,
     load_keyring,
-    open_saver,
     opened,
     opened_for_audit,
     progress_bar,

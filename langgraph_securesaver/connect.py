@@ -8,15 +8,21 @@ constructor option by name (type checkers and IDEs see them) without growing the
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from .errors import KeyringRequired
+from .keyring import KeyProvider, Keyring
+
 if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol
 
-    from .keyring import KeyProvider
     from .retention import RetentionPolicy
+
+#: what ``keyring=`` accepts: a provider, a keyring file path, or None (the environment)
+KeyringArg = KeyProvider | str | os.PathLike[str] | None
 
 
 class _Default:
@@ -27,6 +33,19 @@ class _Default:
 #: "Use the default policy" (redaction on), distinct from ``None`` (off).
 DEFAULT: Any = _Default()
 
+def _keyring_of(keyring: KeyringArg) -> Any:
+    """A provider for ``keyring=``: a path is loaded as a keyring file (mode and owner
+    checked), None reads the environment."""
+    if isinstance(keyring, (str, os.PathLike)):
+        return Keyring.from_file(keyring)
+    if keyring is None:
+        try:
+            return Keyring.from_env()
+        except KeyringRequired:
+            raise KeyringRequired() from None
+    return keyring
+
+
 S = TypeVar("S", bound="UrlConstructors")
 
 
@@ -36,7 +55,7 @@ class UrlConstructors:
 
     @classmethod
     @contextmanager
-    def from_url(cls: type[S], url: str, *, keyring: KeyProvider | None = None,
+    def from_url(cls: type[S], url: str, *, keyring: KeyringArg = None,
                  redaction: Any = DEFAULT, retention: RetentionPolicy | None = None,
                  default_tenant: str | None = None,
                  metadata_allowlist: frozenset[str] | set[str] | None = None,
@@ -48,8 +67,8 @@ class UrlConstructors:
             url: ``sqlite:///path.db`` (or ``sqlite:///:memory:``) or ``postgresql://...``
                 (needs the ``postgres`` extra). The inner saver is ``SqliteSaver`` or
                 ``PostgresSaver`` on a psycopg pool; the registry lives in the same database.
-            keyring: a :class:`~langgraph_securesaver.Keyring` or any ``KeyProvider``;
-                ``None`` reads ``SECURESAVER_MASTER_KEY``.
+            keyring: a :class:`~langgraph_securesaver.Keyring`, any ``KeyProvider``, or a
+                keyring file's path; ``None`` reads ``SECURESAVER_MASTER_KEY``.
             redaction: a ``Redactor``, the default policy (omit it), or ``None`` for off.
             retention: the default :class:`~langgraph_securesaver.RetentionPolicy`.
             default_tenant: the tenant for calls that name none.
@@ -62,6 +81,7 @@ class UrlConstructors:
             KeyringMismatch: the database was created with another keyring.
         """
         from .backends import open_sync_inner
+        keyring = _keyring_of(keyring)     # refused before the database is opened
         with open_sync_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(
                 inner, keyring=keyring, registry=registry_url, redaction=redaction,
@@ -76,7 +96,7 @@ class UrlConstructors:
 
     @classmethod
     @asynccontextmanager
-    async def afrom_url(cls: type[S], url: str, *, keyring: KeyProvider | None = None,
+    async def afrom_url(cls: type[S], url: str, *, keyring: KeyringArg = None,
                         redaction: Any = DEFAULT, retention: RetentionPolicy | None = None,
                         default_tenant: str | None = None,
                         metadata_allowlist: frozenset[str] | set[str] | None = None,
@@ -86,6 +106,7 @@ class UrlConstructors:
         ``AsyncPostgresSaver`` inside, set up without blocking the event loop; the same
         parameters."""
         from .backends import open_async_inner
+        keyring = await asyncio.to_thread(_keyring_of, keyring)
         async with open_async_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(
                 inner, keyring=keyring, registry=registry_url, redaction=redaction,

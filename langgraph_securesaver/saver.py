@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,11 +36,10 @@ from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .crypto import KeyManager
 from .errors import (
     ConfigurationError,
-    KeyringRequired,
 )
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .inner_access import InnerAccess
-from .keyring import KeyProvider, Keyring
+from .keyring import KeyProvider
 from .listing import (
     ARows,
     aiter_rows,
