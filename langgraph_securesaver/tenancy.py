@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from .errors import ConfigurationError
 from .textsafety import validate_id_text
@@ -49,7 +50,8 @@ def validate_thread_id(value: object, what: str = "a thread id") -> str:
     """Thread ids are non-empty strings (ints and UUIDs are accepted and stringified) of at
     most ``MAX_THREAD_ID_LENGTH`` characters, without NUL."""
     import uuid
-    text = str(value) if isinstance(value, (str, int, uuid.UUID)) else ""
+    text = str.__str__(value) if isinstance(value, str) else (
+        str(value) if isinstance(value, (int, uuid.UUID)) else "")
     if isinstance(value, bool) or not text or "\x00" in text:
         raise ConfigurationError(f"{what} must be a non-empty string without NUL, "
                                  f"got {_short(value)}")
@@ -103,6 +105,49 @@ def tenant_scope(tenant: str) -> Iterator[str]:
 def current_tenant_scope() -> str | None:
     """The tenant of the innermost active :func:`tenant_scope`, or ``None`` outside one."""
     return _scope.get()
+
+
+class TenantThreadId(str):
+    """A thread id, equal to the plain string, that carries the tenant it was returned for.
+
+    SecureSaver returns thread ids of this type in the configs of calls whose config named
+    the tenant: LangGraph builds some configs from a returned config's thread id alone (the
+    subgraph reads of ``get_state(..., subgraphs=True)``, a task's ``state`` config), and the
+    tenant travels with the id there. It is worth exactly a ``tenant_id`` in the config:
+    a scope naming another tenant still refuses the call, and ``str(id)`` keeps the tenant.
+    """
+
+    tenant: str
+
+    def __new__(cls, value: str, tenant: str) -> TenantThreadId:
+        self = super().__new__(cls, value)
+        self.tenant = tenant
+        return self
+
+    def __str__(self) -> str:
+        return self  # LangGraph normalizes ids with str(); the tenant stays with the id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TenantThreadId, (str.__str__(self), self.tenant))
+
+    def __copy__(self) -> TenantThreadId:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> TenantThreadId:
+        return self
+
+
+def thread_id_tenant(value: object) -> str | None:
+    """The tenant a returned thread id carries (see :class:`TenantThreadId`), if any."""
+    tenant = getattr(value, "tenant", None) if isinstance(value, TenantThreadId) else None
+    return tenant if isinstance(tenant, str) else None
+
+
+def tagged_thread_id(value: object, tenant: str) -> object:
+    """``value`` as a thread id carrying ``tenant`` (non-string ids are left alone)."""
+    if isinstance(value, TenantThreadId) and value.tenant == tenant:
+        return value
+    return TenantThreadId(str.__str__(value), tenant) if isinstance(value, str) else value
 
 
 @lru_cache(maxsize=65536)

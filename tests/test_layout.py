@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "errors", "textsafety", "tenancy", "keymaterial", "keyring_file", "keyring", "crypto", "registry", "retention", "pii_vault",
         "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql", "backends",
         "caches", "timeargs", "integrity", "registry_schema", "registry_claims",
-        "registry_verify", "steps"})),
+        "registry_verify", "steps", "run_tenants"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "audit_report", "audit_sql",
