@@ -76,6 +76,7 @@ class Registry(RegistryClaims, RegistryVerification):
         """Use ``provider`` (the saver's keyring) to unwrap the registry MAC key."""
         self.integrity.attach(provider)
         if self._is_setup and self.integrity.available:
+            self.integrity.check_keyring()
             self._adopt_legacy_rows()
 
     @classmethod
@@ -114,6 +115,7 @@ class Registry(RegistryClaims, RegistryVerification):
                     conn.execute(meta_table.update().where(
                         meta_table.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
             self._is_setup = True
+        self.integrity.check_keyring()
         if self.integrity.available:
             self._adopt_legacy_rows()
 

@@ -40,8 +40,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                               "audit_statements",
                               "report_html", "scan",
                               "rotation", "idempotency.*"})),
-    ("checkpointer", frozenset({"saver", "server", "demo", "demo_run", "recover"})),
-    ("cli", frozenset({"cli", "cli_common", "cli_ops"})),
+    ("checkpointer", frozenset({"saver", "connect", "server", "demo", "demo_run",
+                                  "recover"})),
+    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events"})),
     # the facades: the package and the idempotency package re-export names of every layer
     ("package", frozenset({"", "idempotency"})),
 )
