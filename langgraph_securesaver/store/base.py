@@ -77,6 +77,11 @@ class BatchPlan:
     scans: dict[int, bool]           # search op index -> SecureStore pages itself
     core: StoreCore
 
+    def found_items(self, results: Sequence[Result]) -> bool:
+        """Whether the inner store returned any item (to open, keys are needed)."""
+        return any(isinstance(op, (GetOp, SearchOp)) and bool(res)
+                   for op, res in zip(self.ops, results, strict=True))
+
     def texts(self) -> list[str]:
         return [text for put in self.puts.values() for _name, text in put.texts]
 
@@ -149,8 +154,9 @@ class StoreCore:
     """What one SecureStore knows: its PII layer, index configuration and options."""
 
     def __init__(self, pii: PiiLayer, index: Mapping[str, Any] | None, embeddings: Any,
-                 blind_index: bool) -> None:
+                 blind_index: bool, dotted_filters: bool = False) -> None:
         self.pii = pii
+        self.dotted_filters = dotted_filters
         self.index = index
         self.embeddings = embeddings
         self.paths = matching.index_paths(index) if index else []
@@ -256,7 +262,7 @@ class StoreCore:
         opened = []
         for item in items:
             outer, value, vectors = self.open_value(plan, item)
-            if not matching.value_matches(value, op.filter):
+            if not matching.value_matches(value, op.filter, self.dotted_filters):
                 continue
             opened.append((outer, value, vectors, item))
         if query is None:

@@ -50,12 +50,25 @@ def field_matches(value: Any, wanted: Any) -> bool:
     return bool(value == wanted)
 
 
-def value_matches(value: Any, filter: Mapping[str, Any] | None) -> bool:
+def _field(value: Mapping[str, Any], key: str, dotted: bool) -> Any:
+    if not dotted or "." not in key:
+        return value.get(key)
+    node: Any = value
+    for part in key.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def value_matches(value: Any, filter: Mapping[str, Any] | None, dotted: bool = False) -> bool:
+    """Whether ``value`` passes ``filter``; ``dotted``: a key ``a.b`` is the path a -> b (the
+    SQLite stores' convention), else a literal key (the in-memory and PostgreSQL stores')."""
     if not filter:
         return True
     if not isinstance(value, Mapping):
         return False
-    return all(field_matches(value.get(k), v) for k, v in filter.items())
+    return all(field_matches(_field(value, k, dotted), v) for k, v in filter.items())
 
 
 def namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:

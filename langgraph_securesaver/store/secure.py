@@ -78,8 +78,10 @@ class SecureStore(BaseStore):
         self.supports_ttl = bool(getattr(inner, "supports_ttl", False))
         self.ttl_config: TTLConfig | None = getattr(inner, "ttl_config", None)
         self._services = saver.services
+        # filter keys follow the inner store's convention: the SQLite stores read "a.b" as
+        # a path, the others as a literal key
         self._core = StoreCore(saver.services.pii, self.index_config, self.embeddings,
-                               blind_index)
+                               blind_index, dotted_filters="Sqlite" in type(inner).__name__)
 
     def __repr__(self) -> str:
         return f"SecureStore({type(self.inner).__name__})"
@@ -120,6 +122,9 @@ class SecureStore(BaseStore):
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
             if queries and self.embeddings else []
         results = self.inner.batch(plan.inner_ops(vectors))
+        if plan.keys is None and plan.found_items(results):
+            # another caller created the tenant's first item meanwhile
+            plan.keys = self.saver.keys.require(tenant)
         self._forget_deleted(plan)
         return plan.finish(results, query_vectors)
 
@@ -139,6 +144,8 @@ class SecureStore(BaseStore):
             if queries and self.embeddings else []
         inner_ops = await self._offload(plan.inner_ops, vectors)
         results = await self.inner.abatch(inner_ops)
+        if plan.keys is None and plan.found_items(results):
+            plan.keys = await self._services.arequire_keys(tenant)
         if self._core.pii.redactor is not None:
             await asyncio.to_thread(self._forget_deleted, plan)
         return await self._offload(plan.finish, results, query_vectors)
