@@ -1,11 +1,11 @@
 """The stored form of a SecureStore item: one sealed envelope per value, bound to its place.
 
 An inner store's value column holds ``{"__securesaver": "ss1.<token>", "ssbi_<k>": "<d>", ...}``
-and nothing else. The token is AES-GCM (the saver's :class:`..crypto.TenantKeys`) over a JSON
-envelope (the redacted value, its embedding vectors, its blind-index entries) with associated
-data naming (database id, tenant, namespace, key): a value copied to another item, namespace,
-tenant or database does not open. ``ssbi_`` entries are keyed digests of top-level scalar
-fields (equality filters run in the inner store); they are sealed too, and checked on read.
+and nothing else. The token is AES-GCM (the saver's :class:`..crypto.TenantKeys`) over the
+redacted value and its embedding vectors, with associated data naming (database id, tenant,
+namespace, key) and the item's blind-index entries: a value copied to another item, namespace,
+tenant or database, or with its ``ssbi_`` entries altered, does not open. ``ssbi_`` entries
+are keyed digests of top-level scalar fields (equality filters run in the inner store).
 
 Only bytes-in/bytes-out logic here: no tenancy rules, no redaction, no inner store API.
 """
@@ -127,15 +127,23 @@ def unpack_vector(text: Any) -> list[float]:
     return vec.tolist()
 
 
+def _bound(aad: bytes, blind: Mapping[str, Any]) -> bytes:
+    """The item's associated data plus its blind-index entries (so they cannot be altered,
+    added, removed or copied without the value failing to open)."""
+    if not blind:
+        return aad
+    return aad + associated_data("store-blind", *(
+        part for k in sorted(blind) for part in (str(k), str(blind[k]))))
+
+
 def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
               blind: Mapping[str, str]) -> dict[str, Any]:
-    """The inner store's value for one item."""
-    envelope = {"v": ENVELOPE_VERSION, "b": dict(blind),
-                "e": {p: pack_vector(vec) for p, vec in (vectors or {}).items()}}
-    head = json.dumps(envelope, separators=(",", ":")).encode("ascii")
-    plain = len(head).to_bytes(4, "big") + head + value_json
-    return {SEALED_KEY: to_text(keys.seal(plain, aad)), **blind}
+    """The inner store's value for one item: version, vectors (JSON, usually empty), value."""
+    head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
+                      separators=(",", ":")).encode("ascii") if vectors else b""
+    plain = bytes([ENVELOPE_VERSION]) + len(head).to_bytes(4, "big") + head + value_json
+    return {SEALED_KEY: to_text(keys.seal(plain, _bound(aad, blind))), **blind}
 
 
 def open_item(keys: TenantKeys, aad: bytes, stored: Any
@@ -146,19 +154,16 @@ def open_item(keys: TenantKeys, aad: bytes, stored: Any
         raise TamperedDataError(
             "a store item holds a plain value where a SecureStore ciphertext was expected "
             "(written without encryption, or injected)")
-    plain = keys.open(from_text(stored[SEALED_KEY]), aad)
+    blind = {k: v for k, v in stored.items() if k != SEALED_KEY}
+    if not all(isinstance(k, str) and k.startswith(BLIND_PREFIX) for k in blind):
+        raise TamperedDataError("a store item holds fields SecureStore did not write")
+    plain = keys.open(from_text(stored[SEALED_KEY]), _bound(aad, blind))
+    if plain[:1] != bytes([ENVELOPE_VERSION]):
+        raise TamperedDataError("a store item was sealed in an unknown format")
     try:
-        size = int.from_bytes(plain[:4], "big")
-        envelope = json.loads(plain[4:4 + size])
-        value = json.loads(plain[4 + size:].decode("utf-8", "surrogatepass"))
+        size = int.from_bytes(plain[1:5], "big")
+        head = json.loads(plain[5:5 + size]) if size else {}
+        value = json.loads(plain[5 + size:].decode("utf-8", "surrogatepass"))
     except (ValueError, UnicodeDecodeError):  # pragma: no cover - authenticated: ours
         raise TamperedDataError("a sealed store value does not parse") from None
-    if not isinstance(envelope, dict) or envelope.get("v") != ENVELOPE_VERSION:
-        raise TamperedDataError("a store item was sealed in an unknown format")
-    blind = envelope.get("b") or {}
-    extra = {k: v for k, v in stored.items() if k != SEALED_KEY}
-    if extra != blind:
-        raise TamperedDataError("a store item's blind-index entries were added, altered "
-                                "or removed")
-    vectors = {p: unpack_vector(t) for p, t in (envelope.get("e") or {}).items()}
-    return value, vectors
+    return value, {p: unpack_vector(t) for p, t in head.items()}

@@ -7,7 +7,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from ..backends import POSTGRES_EXTRA_HINT, is_postgres, libpq_url, sqlite_path
+from ..backends import (
+    POSTGRES_EXTRA_HINT,
+    SQLITE_FILE_PRAGMAS,
+    is_postgres,
+    libpq_url,
+    sqlite_path,
+)
 from ..errors import ConfigurationError
 
 #: options that configure the store; every other option is SecureSaver's
@@ -26,6 +32,9 @@ def open_sync_store(url: str, ttl: Any) -> Iterator[Any]:
     if path is not None:
         from langgraph.store.sqlite import SqliteStore
         with SqliteStore.from_conn_string(path, ttl=ttl) as store:
+            if path != ":memory:":
+                for pragma in SQLITE_FILE_PRAGMAS:   # as the saver's connection runs
+                    store.conn.execute(pragma)
             yield store
         return
     if is_postgres(url):
@@ -45,6 +54,9 @@ async def open_async_store(url: str, ttl: Any) -> AsyncIterator[Any]:
     if path is not None:
         from langgraph.store.sqlite.aio import AsyncSqliteStore
         async with AsyncSqliteStore.from_conn_string(path, ttl=ttl) as store:
+            if path != ":memory:":
+                for pragma in SQLITE_FILE_PRAGMAS:
+                    await store.conn.execute(pragma)
             yield store
         return
     if is_postgres(url):
