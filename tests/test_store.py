@@ -305,3 +305,45 @@ def test_scope_denial_is_recorded(keyring: Keyring) -> None:
     # registry bug outside the store, reported separately)
     with tenant_scope("acme"), pytest.raises(AccessDenied):
         store.purge_tenant_items("globex")
+
+
+def test_ttl_is_the_inner_stores(tmp_path: Path, keyring: Keyring) -> None:
+    """ttl= and the TTLConfig reach the inner store; its sweep deletes expired items; a store
+    without TTL support refuses ttl= as LangGraph's BaseStore does."""
+    import time
+
+    ttl = {"default_ttl": None, "refresh_on_read": False}
+    with SecureStore.from_url(f"sqlite:///{tmp_path / 't.db'}", keyring=keyring,
+                              default_tenant="acme", redaction=None, ttl=ttl) as store:
+        assert store.supports_ttl and store.ttl_config == ttl
+        store.put(("m",), "short", {"v": 1}, ttl=1 / 60)   # minutes
+        store.put(("m",), "kept", {"v": 2})
+        time.sleep(2.5)  # SQLite keeps expiry times in whole seconds
+        assert store.sweep_ttl() == 1
+        assert store.get(("m",), "short") is None
+        assert store.get(("m",), "kept") is not None
+    plain = SecureStore(InMemoryStore(), keyring=keyring, default_tenant="acme",
+                        redaction=None)
+    assert not plain.supports_ttl
+    with pytest.raises(NotImplementedError):
+        plain.put(("m",), "k", {"v": 1}, ttl=5)
+
+
+def test_redacted_values_restored_for_the_owner_only(tmp_path: Path, keyring: Keyring) -> None:
+    """Default settings: PII is tokenized before sealing, the original comes back on read,
+    and another tenant's same namespace/key never yields it."""
+    with SecureStore.from_url(f"sqlite:///{tmp_path / 'r.db'}", keyring=keyring,
+                              default_tenant="acme") as store:
+        value = {"text": "write to jane.roe@example.com or call +1 415 555 0142"}
+        store.put(("m",), "k", value)
+        assert store.get(("m",), "k").value == value  # type: ignore[union-attr]
+        (raw,) = _raw_items(store)
+        keys = store.saver.keys.keys_for("acme", create=False)
+        from langgraph_securesaver.store.codec import item_aad, open_item
+        sealed_value, _ = open_item(keys, item_aad(store.saver.services.database_id(), "acme",
+                                                   ("m",), "k"), raw.value)
+        assert "jane.roe@example.com" not in json.dumps(sealed_value)   # tokenized inside
+        with tenant_scope("globex"):
+            assert store.get(("m",), "k") is None
+            store.put(("m",), "k", {"text": "globex's own"})
+        assert store.get(("m",), "k").value == value  # type: ignore[union-attr]
