@@ -170,13 +170,16 @@ class StoreCore:
         for op in listed:
             if not isinstance(op, (GetOp, PutOp, SearchOp, ListNamespacesOp)):
                 raise ValueError(f"Unknown operation type: {type(op)}")
+        dumped: dict[int, bytes] = {}
+        for i, op in enumerate(listed):
             validate_op_namespace(op)
             if isinstance(op, PutOp) and op.value is not None:
-                codec.dump_json(op.value)  # bounds (size, depth, JSON) before any redaction
+                # bounds (size, depth, JSON) of every put before any redaction writes
+                dumped[i] = codec.dump_json(op.value)
         plan = BatchPlan(tenant, keys, database_id, listed, {}, {}, {}, self)
         for i, op in enumerate(listed):
             if isinstance(op, PutOp) and op.value is not None and keys is not None:
-                plan.puts[i] = self._prepare_put(keys, op)
+                plan.puts[i] = self._prepare_put(keys, op, dumped[i])
             elif isinstance(op, SearchOp) and op.query and self.embeddings is not None:
                 plan.queries[i] = self._redact(keys, vault_id(("query",), ""), op.query,
                                                remember=False)
@@ -190,10 +193,10 @@ class StoreCore:
             return self.pii.redact_for_store(keys, owner, value, STORE_CHANNEL)
         return self.pii.redact_one(keys, STORE_CHANNEL, value, [])
 
-    def _prepare_put(self, keys: TenantKeys, op: PutOp) -> _Put:
+    def _prepare_put(self, keys: TenantKeys, op: PutOp, dumped: bytes) -> _Put:
         value = cast(dict, op.value)
         redacted = self._redact(keys, vault_id(op.namespace, op.key), value)
-        put = _Put(op, codec.dump_json(redacted))
+        put = _Put(op, dumped if redacted is value else codec.dump_json(redacted))
         if self.blind_index:
             put.blind = codec.blind_entries(keys, value)
         if self.embeddings is not None and op.index is not False:
