@@ -57,9 +57,7 @@ KNOWN_ARTIFACTS: dict[str, str] = {
        for test, params in (
            ("test_omit_expired_filters_read_paths", _CONNS),
            ("test_omit_expired_refresh_ttl_only_refreshes_live_rows", _CONNS),
-           ("test_omit_expired_search_pagination", _CONNS),
-           ("test_omit_expired_disabled_preserves_expired_rows",
-            tuple(f"{c}-{o}" for c in _CONNS for o in ("default", "explicit-false"))))
+           ("test_omit_expired_search_pagination", _CONNS))
        for param in params},
     **{f"sqlite::tests.test_store::test_sql_injection_vulnerability[{conn}]": (
         "expects SqliteStore's ValueError for a filter key it would splice into SQL; "
