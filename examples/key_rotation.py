@@ -23,7 +23,8 @@ from langgraph_securesaver.demo import build_chat_graph
 
 def main(db: str = "rotation.db") -> None:
     ring_path = Path(db + ".keyring.json")
-    Keyring.generate().save(ring_path)
+    if not ring_path.exists():                # `securesaver keygen --out ...` does this
+        Keyring.generate().save(ring_path)
     keyring = Keyring.from_file(ring_path)
     config = {"configurable": {"thread_id": "t-1", "tenant_id": "acme"}}
     with SecureSaver.from_url(f"sqlite:///{db}", keyring=keyring) as saver:
@@ -32,7 +33,7 @@ def main(db: str = "rotation.db") -> None:
         print("in use:", saver.master_versions_in_use())
 
         keyring.add_version()                 # 1. new master version, old ones still unwrap
-        keyring.save(ring_path)
+        keyring.persist()                     #    saved back to its file (mode 0600)
         saver.rewrap_keys()                   # 2. re-seal data keys under it
         print("after rewrap:", saver.master_versions_in_use())
 

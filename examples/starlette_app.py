@@ -74,8 +74,11 @@ async def lifespan(app: Starlette):
         keyring = Keyring.from_env()
     else:                                   # a local keyring file next to the demo database
         path = DB_URL.removeprefix("sqlite:///") + ".keyring.json"
-        keyring = Keyring.from_file(path) if os.path.exists(path) else Keyring.generate()
-        keyring.save(path)
+        if os.path.exists(path):
+            keyring = Keyring.from_file(path)
+        else:
+            keyring = Keyring.generate()
+            keyring.save(path)
     async with SecureSaver.afrom_url(DB_URL, keyring=keyring) as saver:
         builder = StateGraph(MessagesState)
         builder.add_node("chat", lambda state: {"messages": [model.invoke(state["messages"])]})

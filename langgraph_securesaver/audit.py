@@ -47,6 +47,7 @@ from .audit_sql import (  # noqa: F401
 )
 from .crypto import is_token, token_key_version
 from .errors import ConfigurationError
+from .textsafety import json_safe
 
 if TYPE_CHECKING:
 
@@ -280,7 +281,7 @@ def audit_stream(saver: _Source, out: TextIO, *, tenant: str | None = None,
         "generated_at": iso(summary.generated_at), "backend": summary.backend,
         "tenant": tenant, "problems": summary.problems, "ok": summary.ok}
     out.write("\n],\n")
-    out.write(",\n".join(f"{json.dumps(k)}: {json.dumps(v, default=str)}"
+    out.write(",\n".join(f"{json.dumps(k)}: {json_safe(json.dumps(v, default=str))}"
                          for k, v in tail.items()))
     out.write("}\n")
     return summary

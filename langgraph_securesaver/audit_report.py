@@ -12,8 +12,9 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
-from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
+
+from .textsafety import json_str as _json_str  # json.dumps of a str, DEL escaped too
 
 DAY = 86400.0
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (

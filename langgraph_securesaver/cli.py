@@ -23,11 +23,13 @@ from .cli_common import (  # noqa: F401 - re-exported: cli.app, cli.console, ...
     console,
     database_errors,
     db_error,
+    echo_json,
     err_console,
     fail,
     load_keyring,
     main,
     open_saver,
+    shown,
     tenant_arg,
     thread_arg,
 )
@@ -49,15 +51,17 @@ def keygen(
     from .keyring import Keyring
     ring = Keyring.generate()
     if out is None:
-        import base64
-        key = base64.urlsafe_b64encode(ring._masters[ring.current_version]).decode()
-        console.print(f"export {ENV_VAR}={key}", soft_wrap=True, highlight=False)
+        console.print(f"export {ENV_VAR}={ring.env_value().reveal()}", soft_wrap=True,
+                      highlight=False)
         err_console.print("Keep this value in your secret store; losing it loses the data.")
         return
-    if out.exists() and not force:
+    if (out.exists() or out.is_symlink()) and not force:
         raise fail(f"{out} exists; pass --force to overwrite (the old keys would be lost)")
-    ring.save(out)
-    console.print(f"wrote keyring [bold]{out}[/] (mode 0600, master version "
+    try:
+        ring.save(out, overwrite=force)
+    except ConfigurationError as exc:   # a symlink, or a file of other keys serving databases
+        raise fail(str(exc)) from None
+    console.print(f"wrote keyring [bold]{shown(out)}[/] (mode 0600, master version "
                   f"{ring.current_version})")
 
 
@@ -105,7 +109,6 @@ def prune(
     row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
     keyring, unreachable database).
     """
-    import json
     import signal
     import threading
 
@@ -154,7 +157,7 @@ def prune(
                                                  active_grace=grace)
                 failed = failed or not report.ok
                 if as_json:
-                    console.print_json(json.dumps(report.as_dict()))
+                    echo_json(report.as_dict(), indent=2)
                 else:
                     _print_report(report)
                 if interval is None or stop.wait(interval):
@@ -188,7 +191,7 @@ def _print_report(report: Any) -> None:
         if rows:
             table.add_row(label, str(len(rows)))
     for tenant, thread, error in report.errors:
-        table.add_row(f"[red]error[/] {tenant}/{thread}", error)
+        table.add_row(f"[red]error[/] {shown(tenant)}/{shown(thread)}", shown(error))
     if not table.rows:
         table.add_row("nothing expired", "0")
     console.print(table)
@@ -219,18 +222,22 @@ def shred_tenant(
                 "including backups", default=False):
             raise fail("aborted", EXIT_FOUND)
         threads = saver.shred_tenant(tenant, requested_by=requested_by)
-    console.print(f"tenant [bold]{tenant}[/] shredded: {threads} threads deleted, keyring "
-                  f"{keyring} rewritten. Replace every copy of the old keyring file.")
+    console.print(f"tenant [bold]{shown(tenant)}[/] shredded: {threads} threads deleted, "
+                  f"keyring {shown(keyring)} rewritten. Replace every copy of the old keyring "
+                  "file.")
 
 
 @app.command()
 def recover(
     url: UrlOption,
-    graph: Annotated[str, typer.Option("--graph", help="module:attr of the graph (compiled "
-                                       "graph, StateGraph, or factory(saver)).")],
+    graph: Annotated[str | None, typer.Option(
+        "--graph", help="module:attr of the graph (compiled graph, StateGraph, or "
+        "factory(saver)); needed to sweep.")] = None,
     keyring: KeyringOption = None,
-    older_than: Annotated[str, typer.Option("--older-than", help="Idle time before a thread "
-                                            "with pending tasks counts as stalled.")] = "5m",
+    older_than: Annotated[str | None, typer.Option(
+        "--older-than", help="A floor on top of the recovery lease: time since the thread's "
+        "last recorded activity (database clock) before it is resumed (default: none; a "
+        "live run is never resumed whatever this says).")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1)] = 3,
     worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
@@ -239,23 +246,36 @@ def recover(
                                             "sqlite+aiosqlite:// and "
                                             "postgresql+psycopg_async:// URLs).")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    list_dead: Annotated[bool, typer.Option("--dead-letters", help="List the dead-lettered "
+                                            "threads instead of sweeping.")] = False,
+    rearm: Annotated[str | None, typer.Option("--rearm", help="With --dead-letters and "
+                                              "--tenant: re-arm this dead-lettered thread "
+                                              "(a fresh attempt budget).")] = None,
 ) -> None:
     """Resume stalled threads that opted in (mark_recoverable), each by exactly one worker.
+
+    A thread is resumed only when no live process holds its recovery lease (the worker
+    running it, or another recoverer).
 
     An async URL (or --async) resumes through the async saver API (aget_state / ainvoke), for
     graphs whose nodes or checkpointer are async-only.
 
     Exit codes: 0 done, 1 some threads failed or were dead-lettered, 2 could not run.
     """
-    import json
 
     from .recover import recover_main
     from .retention import parse_duration
     tenant = tenant_arg(tenant)
     from .idempotency.recovery import async_url
     check_url(async_url(url) or url)  # the async drivers' names open the same database
+    if list_dead or rearm is not None:
+        _dead_letters(url, keyring, tenant, rearm, as_json)
+        return
+    if graph is None:
+        raise fail("--graph is needed to sweep (or use --dead-letters)")
     try:
-        idle = parse_duration(older_than, what="--older-than") or 0.0
+        idle = (parse_duration(older_than, what="--older-than") or 0.0
+                if older_than not in (None, "0", "0s") else 0.0)
         report = recover_main(url, graph, keyring=str(keyring) if keyring else None,
                               older_than=idle, tenant=tenant, max_attempts=max_attempts,
                               worker_id=worker_id, use_async=use_async or None,
@@ -270,7 +290,7 @@ def recover(
                "resumed": len(report.resumed), "failed": len(report.failed),
                "dead_lettered": len(report.dead_lettered)}
     if as_json:
-        console.print_json(json.dumps(summary))
+        echo_json(summary, indent=2)
     else:
         from rich.table import Table
         table = Table("outcome", "threads")
@@ -278,6 +298,36 @@ def recover(
             table.add_row(key, str(value))
         console.print(table)
     raise typer.Exit(EXIT_FOUND if report.failed or report.dead_lettered else EXIT_OK)
+
+
+def _dead_letters(url: str, keyring: Path | None, tenant: str | None, rearm: str | None,
+                  as_json: bool) -> None:
+    import json
+
+    from .recover import dead_letters_main
+    try:
+        letters, rearmed = dead_letters_main(url, keyring=str(keyring) if keyring else None,
+                                             tenant=tenant, rearm=rearm, redaction=None)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
+    rows = [{"tenant": d.tenant, "thread_id": d.thread_id, "attempts": d.attempts,
+             "at": d.at, "worker": d.worker, "error_type": d.error_type} for d in letters]
+    if as_json:
+        console.print_json(json.dumps({"dead_letters": rows, "rearmed": rearmed}))
+    else:
+        from rich.table import Table
+        table = Table("tenant", "thread", "attempts", "worker", "error")
+        for row in rows:
+            table.add_row(str(row["tenant"]), str(row["thread_id"]), str(row["attempts"]),
+                          str(row["worker"] or ""), str(row["error_type"] or ""))
+        console.print(table)
+        if rearm is not None:
+            console.print(f"thread {rearm!r} " + ("re-armed" if rearmed else
+                                                  "is not dead-lettered: nothing re-armed"))
+    if rearm is not None and not rearmed:
+        raise typer.Exit(EXIT_FOUND)
 
 
 def run() -> Any:  # pragma: no cover - console entry point

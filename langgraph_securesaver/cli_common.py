@@ -8,6 +8,7 @@ their commands on :data:`app`; this module imports neither of them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import typer
 from rich.console import Console
 
 from .errors import ENV_VAR, SecureSaverError
+from .textsafety import escape_controls, json_safe
 
 if TYPE_CHECKING:
     from .keyring import Keyring
@@ -39,11 +41,24 @@ KeyringOption = Annotated[
 ]
 
 
-def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
-    """Print ONE line on stderr (never wrapped, never markup) and return the exit to raise."""
+def shown(value: object) -> str:
+    """A value for a table cell or a printed line: control characters escaped (ids and rows
+    come from the database: see :mod:`.textsafety`), rich markup escaped."""
     from rich.markup import escape
+    return escape(escape_controls(str(value)))
+
+
+def echo_json(data: Any, **options: Any) -> None:
+    """JSON on stdout with every control character escaped (``json.dumps`` leaves DEL, and
+    C1/bidi controls without ``ensure_ascii``)."""
+    typer.echo(json_safe(json.dumps(data, default=str, **options)))
+
+
+def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
+    """Print ONE line on stderr (never wrapped, never markup, control characters escaped)
+    and return the exit to raise."""
     line = " ".join(str(message).split())
-    err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True, highlight=False)
+    err_console.print(f"[bold red]error:[/] {shown(line)}", soft_wrap=True, highlight=False)
     return typer.Exit(code)
 
 

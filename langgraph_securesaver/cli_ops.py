@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from .cli_common import (
     EXIT_CANNOT_RUN,
@@ -34,10 +33,12 @@ from .cli_common import (
     UrlOption,
     app,
     console,
+    echo_json,
     err_console,
     fail,
     load_keyring,
     open_saver,
+    shown,
     tenant_arg,
     thread_arg,
 )
@@ -135,7 +136,7 @@ def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int
         TextColumn,
         TimeRemainingColumn,
     )
-    with Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn(f"[bold]{shown(label)}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task(label, total=None)
 
@@ -146,7 +147,7 @@ def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int
 
 
 def _echo_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+    echo_json(data, indent=2, sort_keys=False)
 
 
 def _dt(value: str | None) -> str:
@@ -263,7 +264,7 @@ def _no_wrap(table: Table, *columns: int) -> None:
 
 
 def _kinds(pii: dict[str, int]) -> str:
-    return "\n".join(f"{escape(k)} {n}" for k, n in sorted(pii.items())) or "—"
+    return "\n".join(f"{shown(k)} {n}" for k, n in sorted(pii.items())) or "—"
 
 
 # (header, priority, kind). Columns are dropped from the highest priority number down until
@@ -332,8 +333,8 @@ def _print_audit(report: Any) -> None:
         keys = (",".join(f"v{v}" for v in t.data_keys) or "—") + " (" + (
             ",".join(f"m{v}" for v in t.master_versions) or "—") + ")"
         tenant_rows.append([
-            escape(t.tenant), str(t.threads), str(t.checkpoints), human_bytes(t.stored_bytes),
-            _dt(t.as_dict()["first_created"]), escape(policy_text(t.policy)), _kinds(t.pii),
+            shown(t.tenant), str(t.threads), str(t.checkpoints), human_bytes(t.stored_bytes),
+            _dt(t.as_dict()["first_created"]), shown(policy_text(t.policy)), _kinds(t.pii),
             keys, f"[red]{t.overdue}[/]" if t.overdue else "0", str(t.held)])
     tenants, tenants_dropped = _fitted("Tenants", _TENANT_COLUMNS, tenant_rows)
     console.print(tenants)
@@ -348,7 +349,7 @@ def _print_audit(report: Any) -> None:
             expires = "[red]unregistered[/]"
         else:
             expires = _dt(d["expires_at"]) if th.expires_at is not None else "never"
-        thread_rows.append([escape(th.tenant), escape(th.thread_id), _dt(d["created_at"]),
+        thread_rows.append([shown(th.tenant), shown(th.thread_id), _dt(d["created_at"]),
                             _dt(d["last_activity"]), expires, str(th.checkpoints),
                             human_bytes(th.stored_bytes),
                             ",".join(f"v{v}" for v in th.key_versions) or "—", _kinds(th.pii)])
@@ -363,10 +364,10 @@ def _print_audit(report: Any) -> None:
         console.print(f"[dim]hidden at {console.width} columns: {hidden}. --format json or "
                       "--format html has every field.[/]")
     for orphan in report.orphans:
-        console.print(f"[red]stored thread of no known tenant[/]: {escape(orphan['thread_id'])}"
+        console.print(f"[red]stored thread of no known tenant[/]: {shown(orphan['thread_id'])}"
                       f" ({orphan['checkpoints']} checkpoints)")
     for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {escape(problem)}")
+        console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
         console.print("[green]no problems[/]")
 
@@ -419,16 +420,17 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
     summary = Table("table", "rows", title=f"Scanned ({report.backend}, "
                                            f"{report.duration:.1f}s)")
     for name, n in report.rows.items():
-        summary.add_row(name, str(n))
+        summary.add_row(shown(name), str(n))
     console.print(summary)
     checked = (f"{report.tokens} ciphertexts checked"
                + (f", {report.verified} authenticated" if report.verified else ""))
     console.print(checked)
-    keys = "; ".join(f"{escape(t)} (" + ", ".join(
+    keys = "; ".join(f"{shown(t)} (" + ", ".join(
         f"v{k}: {n} ciphertexts" for k, n in sorted(v.items())) + ")"
         for t, v in sorted(report.key_versions.items()))
     console.print(f"data-key versions in use: {keys or 'none'}")
-    masters = ", ".join(f"v{k}: {n} key rows" for k, n in sorted(report.master_versions.items()))
+    masters = ", ".join(f"v{shown(k)}: {n} key rows"
+                        for k, n in sorted(report.master_versions.items()))
     console.print(f"master versions wrapping key rows: {masters or 'none'}"
                   + ("" if report.keyring_checked else " (not checked: no keyring)"))
     if report.ok:
@@ -437,12 +439,12 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
     table = Table("kind", "table", "where", "detail", title="Violations")
     table.columns[2].overflow = "fold"       # row keys are never cut short
     for v in report.violations[:MAX_ROWS_SHOWN]:
-        table.add_row(v.kind, v.table, escape(v.location), escape(v.detail))
+        table.add_row(shown(v.kind), shown(v.table), shown(v.location), shown(v.detail))
     console.print(table)
     if len(report.violations) > MAX_ROWS_SHOWN:
         console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more (--format json)")
     for kind, n in sorted(report.by_kind().items()):
-        console.print(f"[bold red]{n}[/] x {kind}: {escape(meanings.get(kind, ''))}")
+        console.print(f"[bold red]{n}[/] x {kind}: {shown(meanings.get(kind, ''))}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,8 +506,8 @@ def rotate_keys(
 def _print_rotation(report: Any, keyring: Path) -> None:
     from rich.table import Table
     verb = "resumed" if report.resumed else "added"
-    console.print(f"master version [bold]{report.master_version}[/] {verb} (keyring "
-                  f"{escape(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
+    console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
+                  f"{shown(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
     re = report.reencrypt
     if re is not None:
         if report.rotated_tenants:
@@ -519,17 +521,17 @@ def _print_rotation(report: Any, keyring: Path) -> None:
                       f"under the newest data key, {re.conflicts} concurrent writes left to "
                       "their writer and revisited")
         for name, n in sorted(re.not_covered.items()):
-            console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {escape(name)} (no "
+            console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {shown(name)} (no "
                           "known place; they stay readable under their data-key version)")
         for error in re.errors[:20]:
-            console.print(f"[red]error[/]: {escape(error)}")
-    in_use = ", ".join(f"v{k}: {n} key rows" for k, n in sorted(
+            console.print(f"[red]error[/]: {shown(error)}")
+    in_use = ", ".join(f"v{shown(k)}: {n} key rows" for k, n in sorted(
         report.master_versions_in_use.items()))
     console.print(f"master versions in use: {in_use or 'none'}")
     if report.retired:
-        console.print(f"retired master version(s): {', '.join(report.retired)}")
+        console.print(f"retired master version(s): {shown(', '.join(report.retired))}")
     for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {escape(problem)}")
+        console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
         console.print("[bold green]done[/]")
 
@@ -592,9 +594,9 @@ def events(
         _no_wrap(table, 0, 1)
         for e in entries:
             d = e.as_dict()
-            table.add_row(_dt(d["at"]), escape(e.kind), escape(e.tenant or "—"),
-                          escape(e.thread_id or "—"), escape(e.actor or "—"),
-                          escape(json.dumps(e.detail, sort_keys=True, default=str)))
+            table.add_row(_dt(d["at"]), shown(e.kind), shown(e.tenant or "—"),
+                          shown(e.thread_id or "—"), shown(e.actor or "—"),
+                          shown(json.dumps(e.detail, sort_keys=True, default=str)))
         console.print(table)
     raise typer.Exit(EXIT_OK if entries else EXIT_FOUND)
 
@@ -635,7 +637,7 @@ def _verify_registry(url: str, keyring: Path | None, anchor: Path | None,
                       title=f"{len(report.problems)} problem(s) in "
                             f"{sum(report.checked.values())} rows")
         for name, row, problem in report.problems[:MAX_ROWS_SHOWN]:
-            table.add_row(escape(name), escape(row), escape(problem))
+            table.add_row(shown(name), shown(row), shown(problem))
         if report.problems:
             console.print(table)
         else:

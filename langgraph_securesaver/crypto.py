@@ -30,6 +30,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .errors import TamperedDataError
+from .keymaterial import SecretBytes
 from .keyring import KeyProvider, WrappedKey
 
 logger = logging.getLogger(__name__)
@@ -124,12 +125,13 @@ def _nonce() -> bytes:
 
 @dataclass
 class TenantKeys:
-    """The unwrapped keys of one tenant: versioned data keys and one stable index (HMAC) key."""
+    """The unwrapped keys of one tenant: versioned data keys (AESGCM objects, which do not
+    print their key) and one stable index (HMAC) key, held as :class:`SecretBytes`."""
 
     tenant: str
     current_version: int
     data: dict[int, AESGCM] = field(repr=False)
-    index_key: bytes = field(repr=False)
+    index_key: SecretBytes = field(repr=False)
     _hmac_cache: dict[str, str] = field(default_factory=dict, repr=False)
     # asks the key store again when a token names a version this process has not seen yet
     # (another process rotated the tenant's data key)
@@ -188,7 +190,7 @@ class TenantKeys:
         hit = self._hmac_cache.get(key)
         if hit is None:
             raw = key.encode("utf-8", "surrogatepass")
-            hit = hmac.new(self.index_key, raw, sha256).hexdigest()[:32]
+            hit = hmac.new(self.index_key.reveal(), raw, sha256).hexdigest()[:32]
             if len(self._hmac_cache) < 4096:
                 self._hmac_cache[key] = hit
         return hit
@@ -337,21 +339,24 @@ class KeyManager:
             return True
 
     def _unwrap_once(self, tenant: str, rows: Sequence[KeyRow]) -> TenantKeys:
+        # the raw keys the provider returns never become locals here: a later row that does
+        # not unwrap raises through this frame, and reporters print its locals
         data: dict[int, AESGCM] = {}
-        index_key: bytes | None = None
+        index_key: SecretBytes | None = None
         for row in rows:
-            raw = self.provider.unwrap(
-                tenant, WrappedKey(row.master_version, row.wrapped),
-                wrap_context(tenant, row.purpose, row.version),
-            )
             if row.purpose == DATA:
-                data[row.version] = AESGCM(raw)
+                data[row.version] = AESGCM(self._unwrap_row(tenant, row).reveal())
             elif row.purpose == INDEX:
-                index_key = raw
+                index_key = self._unwrap_row(tenant, row)
         if not data or index_key is None:
             raise TamperedDataError(f"the key rows of tenant {tenant!r} are incomplete")
         return TenantKeys(tenant, max(data), data, index_key,
                           reload=lambda: self._reload(tenant))
+
+    def _unwrap_row(self, tenant: str, row: KeyRow) -> SecretBytes:
+        return SecretBytes(self.provider.unwrap(
+            tenant, WrappedKey(row.master_version, row.wrapped),
+            wrap_context(tenant, row.purpose, row.version)))
 
     def _reload(self, tenant: str) -> TenantKeys | None:
         now = time.monotonic()
@@ -372,9 +377,8 @@ class KeyManager:
         """Rows re-sealed under the provider's current master version (no data rewrite)."""
         out = []
         for row in rows:
-            ctx = wrap_context(tenant, row.purpose, row.version)
-            raw = self.provider.unwrap(tenant, WrappedKey(row.master_version, row.wrapped), ctx)
-            wrapped = self.provider.wrap(tenant, raw, ctx)
+            wrapped = self.provider.wrap(tenant, self._unwrap_row(tenant, row).reveal(),
+                                         wrap_context(tenant, row.purpose, row.version))
             out.append(KeyRow(tenant, row.purpose, row.version, wrapped.master_version,
                               wrapped.blob, row.created_at))
         return out

@@ -24,9 +24,11 @@ from langchain_core.runnables import RunnableConfig
 
 from .errors import AccessDenied, ConfigurationError, TenantRequired
 from .registry import Registry
+from .run_tenants import RunTenants, run_of
 from .tenancy import (
     ThreadRef,
     current_tenant_scope,
+    thread_id_tenant,
     validate_namespace,
     validate_tenant,
     validate_thread_id,
@@ -69,6 +71,8 @@ class TenantGate:
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
+        #: the tenant of each LangGraph run this saver serves (see :mod:`.run_tenants`)
+        self.runs = RunTenants()
 
     @property
     def registry(self) -> Registry:
@@ -81,14 +85,25 @@ class TenantGate:
         return tenant
 
     # the checkpointer methods -------------------------------------------------------------
-    def tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
-        """The tenant a call acts for: the active scope, else ``explicit``, else the default."""
+    def tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None,
+               run: object | None = None) -> str:
+        """The tenant a call acts for: the active scope, else ``explicit``, else the tenant
+        of the LangGraph run ``run`` on ``thread_id`` (fixed by the run's explicit calls),
+        else the default. An explicit tenant that differs from the run's is refused."""
         scoped = current_tenant_scope()
         if explicit is not None:
             explicit = validate_tenant(explicit)
             if scoped is not None and explicit != scoped:
                 raise DeniedError(Denial(scoped, explicit, operation, thread_id))
-        tenant = scoped or explicit or self.default_tenant
+        tenant = scoped or explicit
+        if run is not None and thread_id is not None:
+            if tenant is not None:
+                other = self.runs.bind(run, thread_id, tenant)
+                if other is not None:
+                    raise DeniedError(Denial(tenant, other, operation, thread_id))
+            else:
+                tenant = self.runs.tenant_of(run, thread_id)
+        tenant = tenant or self.default_tenant
         if tenant is None:
             raise TenantRequired(operation)
         return tenant
@@ -104,7 +119,10 @@ class TenantGate:
             thread_id = None
         # the tenant check comes first: a cross-tenant attempt with a malformed id is still a
         # cross-tenant attempt, and is recorded (without the id, which no column could hold)
-        tenant = self.tenant(operation, conf.get("tenant_id"), thread_id)
+        explicit = conf.get("tenant_id")
+        if explicit is None:
+            explicit = thread_id_tenant(conf["thread_id"])
+        tenant = self.tenant(operation, explicit, thread_id, run_of(conf))
         if thread_id is None:
             thread_id = thread_id_of(conf["thread_id"])  # raises the ConfigurationError
         return ThreadRef(tenant, thread_id, validate_namespace(conf.get("checkpoint_ns", "")))

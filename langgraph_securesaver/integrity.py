@@ -32,6 +32,7 @@ from typing import Any
 
 from .crypto import KeyRow, KeyStore, wrap_context
 from .errors import KeyringRequired, TamperedDataError
+from .keymaterial import SecretBytes
 from .keyring import KeyProvider, NoKeys, WrappedKey
 
 #: tenant_keys.tenant of the registry MAC key; validate_tenant() refuses it (leading space)
@@ -77,7 +78,7 @@ class RegistryIntegrity:
         self.store = store
         self.provider = provider
         self.has_macs = has_macs
-        self._key: bytes | None = None
+        self._key: SecretBytes | None = None
         self._lock = threading.Lock()
 
     def attach(self, provider: KeyProvider) -> None:
@@ -94,7 +95,7 @@ class RegistryIntegrity:
         """Load the key now; raises KeyringRequired / TamperedDataError if it cannot."""
         self.key()
 
-    def key(self) -> bytes:
+    def key(self) -> SecretBytes:
         hit = self._key
         if hit is not None:
             return hit
@@ -108,7 +109,7 @@ class RegistryIntegrity:
                 self._key = self._load_or_create(provider)
             return self._key
 
-    def _load_or_create(self, provider: KeyProvider) -> bytes:
+    def _load_or_create(self, provider: KeyProvider) -> SecretBytes:
         context = wrap_context(RESERVED_TENANT, PURPOSE, VERSION)
         rows = [r for r in self.store.load_key_rows(RESERVED_TENANT) if r.purpose == PURPOSE]
         if not rows:
@@ -124,11 +125,12 @@ class RegistryIntegrity:
             rows = [r for r in self.store.load_key_rows(RESERVED_TENANT)
                     if r.purpose == PURPOSE]  # another process may have won the race
         row = rows[0]
-        return provider.unwrap(RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped),
-                               context)
+        return SecretBytes(provider.unwrap(
+            RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped), context))
 
     def mac(self, domain: str, *parts: Any) -> str:
-        return hmac.new(self.key(), encode(domain, *parts), hashlib.sha256).hexdigest()
+        return hmac.new(self.key().reveal(), encode(domain, *parts),
+                        hashlib.sha256).hexdigest()
 
     def check(self, stored: Any, domain: str, *parts: Any) -> bool:
         if not isinstance(stored, str):

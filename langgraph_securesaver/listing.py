@@ -1,7 +1,7 @@
 """Reading rows from the inner saver safely: every parse failure a stored row causes becomes
 a :class:`TamperedDataError` naming the row (never its bytes), listings are closed however
-the loop over them ends, per-thread listings merge newest first, and returned configs carry
-``tenant_id`` only when the caller's config named it.
+the loop over them ends, per-thread listings merge newest first, and returned configs equal
+the inner saver's (their thread ids carry the tenant when the caller's config did).
 
 Knows the inner saver's rows and configs; nothing of keys, sealing rules or redaction.
 """
@@ -18,7 +18,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
 from .errors import PARSE_ERRORS, TamperedDataError, parse_failure, refusing_rows
-from .tenancy import ThreadRef
+from .tenancy import ThreadRef, tagged_thread_id, thread_id_tenant
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 FIRST_ROW = "(first row)"
@@ -202,9 +202,11 @@ def config_name(config: RunnableConfig) -> str:
 
 
 
-def names_tenant(config: RunnableConfig | None) -> bool:
-    """Whether the caller's own config names the tenant (then returned configs keep it)."""
-    return ((config or {}).get("configurable") or {}).get("tenant_id") is not None
+def config_carries_tenant(config: RunnableConfig | None) -> bool:
+    """Whether the caller's config carries the tenant: ``tenant_id`` or a thread id returned
+    for a config that did (then returned thread ids carry it on)."""
+    conf = (config or {}).get("configurable") or {}
+    return conf.get("tenant_id") is not None or thread_id_tenant(conf.get("thread_id")) is not None
 
 
 @contextmanager
@@ -236,8 +238,8 @@ async def aclosing(rows: Any) -> AsyncIterator[Any]:
 
 def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
                ) -> CheckpointTuple:
-    """``tup`` with ``tenant_id`` in its configs when the caller's config named it."""
-    if not names_tenant(config):
+    """``tup`` with thread ids that carry the tenant when the caller's config carried it."""
+    if not config_carries_tenant(config):
         return tup
     return tup._replace(config=named_cfg(tup.config, config, tenant),
                         parent_config=None if tup.parent_config is None
@@ -246,9 +248,18 @@ def named_tup(tup: CheckpointTuple, config: RunnableConfig | None, tenant: str
 
 def named_cfg(out: RunnableConfig, config: RunnableConfig | None, tenant: str
                ) -> RunnableConfig:
-    if not names_tenant(config):
+    """A returned config: equal to the inner saver's (no key added: LangGraph merges returned
+    configs into the run and copies configurable scalars into metadata). When the caller's
+    config carried the tenant, its thread id carries it on (:class:`.tenancy.TenantThreadId`,
+    equal to the plain id): LangGraph builds subgraph state configs from the id alone, and a
+    returned config reused as is acts for the same tenant."""
+    if not config_carries_tenant(config):
         return out
-    return {**out, "configurable": {**out["configurable"], "tenant_id": tenant}}
+    conf = out.get("configurable") or {}
+    if not isinstance(conf.get("thread_id"), str):
+        return out
+    return {**out, "configurable": {**conf,
+                                    "thread_id": tagged_thread_id(conf["thread_id"], tenant)}}
 
 
 def newest_first(per_thread: Sequence[Sequence[CheckpointTuple]]

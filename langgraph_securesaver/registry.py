@@ -287,9 +287,13 @@ class Registry(RegistryClaims, RegistryVerification):
 
     # keys (KeyStore protocol) -----------------------------------------------------------------
     def load_key_rows(self, tenant: str) -> list[KeyRow]:
+        # CAST: a row a database writer filled with text (SQLite keeps any type in any
+        # column) reads as bytes that fail to unwrap (TamperedDataError), not as a driver error
+        wrapped = sa.cast(tenant_keys.c.wrapped, sa.LargeBinary).label("wrapped")
         with self.begin() as conn:
             rows = conn.execute(
-                sa.select(tenant_keys).where(tenant_keys.c.tenant == tenant)
+                sa.select(*[c for c in tenant_keys.c if c.name != "wrapped"], wrapped)
+                .where(tenant_keys.c.tenant == tenant)
             ).mappings().all()
         return [KeyRow(r["tenant"], r["purpose"], r["version"], r["master_version"],
                        bytes(r["wrapped"]), r["created_at"]) for r in rows]

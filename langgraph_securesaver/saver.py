@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -81,6 +82,8 @@ DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
     {"source", "step", "parents", "run_id", *DELTA_METADATA_KEYS}
 )
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+#: what ``keyring=`` accepts: a provider, a keyring file path, or None (the environment)
+KeyringArg = KeyProvider | str | os.PathLike[str] | None
 
 
 class _Default:
@@ -97,7 +100,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     Args:
         inner: any LangGraph saver (InMemorySaver, SqliteSaver, AsyncSqliteSaver, PostgresSaver,
             AsyncPostgresSaver, or your own).
-        keyring: where master keys come from (a :class:`Keyring` or any :class:`KeyProvider`).
+        keyring: where master keys come from (a :class:`Keyring` or any :class:`KeyProvider`,
+            or the path of a keyring file, loaded with :meth:`Keyring.from_file`).
             ``None`` reads ``SECURESAVER_MASTER_KEY``; with neither, construction fails.
         registry: SecureSaver's own tables: a :class:`Registry`, a SQLAlchemy URL, or ``None``
             (an in-memory registry for an InMemorySaver; the inner saver's own database for
@@ -119,7 +123,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         self,
         inner: BaseCheckpointSaver,
         *,
-        keyring: KeyProvider | None = None,
+        keyring: KeyringArg = None,
         registry: Registry | str | None = None,
         redaction: Any = DEFAULT,
         retention: Any = None,
@@ -134,11 +138,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             raise ConfigurationError(f"inner must be a BaseCheckpointSaver, got {type(inner)!r}")
         if isinstance(inner, SecureSaver):
             raise ConfigurationError("SecureSaver cannot wrap another SecureSaver")
-        if keyring is None:
-            try:
-                keyring = Keyring.from_env()
-            except KeyringRequired:
-                raise KeyringRequired() from None
+        keyring = _keyring_of(keyring)
         if not isinstance(keyring, KeyProvider):
             raise ConfigurationError("keyring must implement the KeyProvider protocol")
         install_strict_serde(inner)  # the inner saver decodes only what SecureSaver stores
@@ -433,13 +433,14 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     # constructors -------------------------------------------------------------------------
     @classmethod
     @contextmanager
-    def from_url(cls, url: str, *, keyring: KeyProvider | None = None,
+    def from_url(cls, url: str, *, keyring: KeyringArg = None,
                  **options: Any) -> Iterator[SecureSaver]:
         """A SecureSaver on one database (inner saver + registry), set up and ready.
 
         ``sqlite:///path.db`` (or ``sqlite:///:memory:``) or ``postgresql://...``.
         """
         from .backends import open_sync_inner
+        keyring = _keyring_of(keyring)     # refused before the database is opened
         with open_sync_inner(url) as (inner, registry_url):
             saver = cls(inner, keyring=keyring, registry=registry_url, **options)
             saver.setup()
@@ -450,10 +451,11 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
 
     @classmethod
     @asynccontextmanager
-    async def afrom_url(cls, url: str, *, keyring: KeyProvider | None = None,
+    async def afrom_url(cls, url: str, *, keyring: KeyringArg = None,
                         **options: Any) -> AsyncIterator[SecureSaver]:
         """Async twin of :meth:`from_url` (AsyncSqliteSaver / AsyncPostgresSaver inside)."""
         from .backends import open_async_inner
+        keyring = await asyncio.to_thread(_keyring_of, keyring)
         async with open_async_inner(url) as (inner, registry_url):
             saver = cls(inner, keyring=keyring, registry=registry_url, **options)
             await saver.asetup()
@@ -461,6 +463,19 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
                 yield saver
             finally:
                 await asyncio.to_thread(saver.registry.dispose)
+
+
+def _keyring_of(keyring: KeyringArg) -> Any:
+    """A provider for ``keyring=``: a path is loaded as a keyring file (mode and owner
+    checked), None reads the environment."""
+    if isinstance(keyring, (str, os.PathLike)):
+        return Keyring.from_file(keyring)
+    if keyring is None:
+        try:
+            return Keyring.from_env()
+        except KeyringRequired:
+            raise KeyringRequired() from None
+    return keyring
 
 
 @contextmanager

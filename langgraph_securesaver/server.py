@@ -197,10 +197,11 @@ class AuthTenantGate(TenantGate):
             _RUNS.remember(run_id, ref.tenant)
         return ref
 
-    def tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None) -> str:
+    def tenant(self, operation: str, explicit: Any = None, thread_id: str | None = None,
+               run: object | None = None) -> str:
         tenant = self._caller_tenant(None, operation, thread_id)
         with _scope_as(tenant):
-            return super().tenant(operation, explicit, thread_id)
+            return super().tenant(operation, explicit, thread_id, run)
 
 
 class AuthTenantSaver(SecureSaver):

@@ -8,6 +8,10 @@ different tenant is refused with :class:`AccessDenied` and recorded.
 Storage is namespaced: tenant ``acme``'s thread ``t1`` is stored under
 ``<tag(acme)>:t1`` where the tag is a fixed-length digest of the tenant id, so two tenants
 can use the same thread id without colliding, and a thread id cannot forge another tag.
+
+Ids are printed to operators, so none may hold a control character (C0/C1, DEL,
+bidirectional controls, line separators: :mod:`.textsafety`); letters of every script,
+punctuation, spaces inside and emoji are fine.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from .errors import ConfigurationError
+from .textsafety import validate_id_text
 
 _scope: ContextVar[str | None] = ContextVar("securesaver_tenant_scope", default=None)
 MAX_TENANT_LENGTH = 255
@@ -37,14 +43,15 @@ def validate_tenant(tenant: object) -> str:
         )
     if "\x00" in tenant or tenant != tenant.strip():
         raise ConfigurationError(f"tenant id {_short(tenant)} has NUL or surrounding whitespace")
-    return tenant
+    return validate_id_text(tenant, "a tenant id")
 
 
 def validate_thread_id(value: object, what: str = "a thread id") -> str:
     """Thread ids are non-empty strings (ints and UUIDs are accepted and stringified) of at
     most ``MAX_THREAD_ID_LENGTH`` characters, without NUL."""
     import uuid
-    text = str(value) if isinstance(value, (str, int, uuid.UUID)) else ""
+    text = str.__str__(value) if isinstance(value, str) else (
+        str(value) if isinstance(value, (int, uuid.UUID)) else "")
     if isinstance(value, bool) or not text or "\x00" in text:
         raise ConfigurationError(f"{what} must be a non-empty string without NUL, "
                                  f"got {_short(value)}")
@@ -52,7 +59,7 @@ def validate_thread_id(value: object, what: str = "a thread id") -> str:
         raise ConfigurationError(
             f"{what} is {len(text)} characters long; thread ids are at most "
             f"{MAX_THREAD_ID_LENGTH} characters")
-    return text
+    return validate_id_text(text, what)
 
 
 def validate_namespace(value: object) -> str:
@@ -64,7 +71,7 @@ def validate_namespace(value: object) -> str:
         raise ConfigurationError(
             f"checkpoint_ns must be at most {MAX_NAMESPACE_LENGTH} characters without NUL "
             f"(got {len(text)} characters)")
-    return text
+    return validate_id_text(text, "checkpoint_ns")
 
 
 def validate_actor(value: object, what: str = "requested_by") -> str | None:
@@ -76,7 +83,7 @@ def validate_actor(value: object, what: str = "requested_by") -> str | None:
         raise ConfigurationError(
             f"{what} must be a non-empty string of at most {MAX_TENANT_LENGTH} characters "
             f"without NUL, got {_short(value)}")
-    return value
+    return validate_id_text(value, what)
 
 
 def _short(value: object) -> str:
@@ -97,6 +104,49 @@ def tenant_scope(tenant: str) -> Iterator[str]:
 
 def current_tenant_scope() -> str | None:
     return _scope.get()
+
+
+class TenantThreadId(str):
+    """A thread id, equal to the plain string, that carries the tenant it was returned for.
+
+    SecureSaver returns thread ids of this type in the configs of calls whose config named
+    the tenant: LangGraph builds some configs from a returned config's thread id alone (the
+    subgraph reads of ``get_state(..., subgraphs=True)``, a task's ``state`` config), and the
+    tenant travels with the id there. It is worth exactly a ``tenant_id`` in the config:
+    a scope naming another tenant still refuses the call, and ``str(id)`` keeps the tenant.
+    """
+
+    tenant: str
+
+    def __new__(cls, value: str, tenant: str) -> TenantThreadId:
+        self = super().__new__(cls, value)
+        self.tenant = tenant
+        return self
+
+    def __str__(self) -> str:
+        return self  # LangGraph normalizes ids with str(); the tenant stays with the id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TenantThreadId, (str.__str__(self), self.tenant))
+
+    def __copy__(self) -> TenantThreadId:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> TenantThreadId:
+        return self
+
+
+def thread_id_tenant(value: object) -> str | None:
+    """The tenant a returned thread id carries (see :class:`TenantThreadId`), if any."""
+    tenant = getattr(value, "tenant", None) if isinstance(value, TenantThreadId) else None
+    return tenant if isinstance(tenant, str) else None
+
+
+def tagged_thread_id(value: object, tenant: str) -> object:
+    """``value`` as a thread id carrying ``tenant`` (non-string ids are left alone)."""
+    if isinstance(value, TenantThreadId) and value.tenant == tenant:
+        return value
+    return TenantThreadId(str.__str__(value), tenant) if isinstance(value, str) else value
 
 
 @lru_cache(maxsize=65536)

@@ -162,6 +162,7 @@ def test_a_malformed_keyring_file_is_a_clear_configuration_error(tmp_path: Path,
     from langgraph_securesaver.cli import app
     path = tmp_path / "keyring.json"
     path.write_text(document)
+    path.chmod(0o600)                      # refused for its contents, not its mode
     with pytest.raises(ConfigurationError):
         Keyring.from_file(path)
     db = tmp_path / "db.sqlite"
@@ -197,7 +198,7 @@ def test_keyring_reload_follows_its_file_and_env(tmp_path: Path,
     assert running.reload() is False and running.versions() == ["2"]
     one = Keyring.generate()
     import base64
-    first = base64.urlsafe_b64encode(one._masters["1"]).decode()
+    first = one.env_value().reveal()
     monkeypatch.setenv("SECURESAVER_MASTER_KEY", first)
     from_env = Keyring.from_env()
     assert from_env.reload() is False

@@ -279,25 +279,31 @@ def test_stream_checkpoints_match_get_state_under_a_default_tenant() -> None:
     assert events[-1]["next"] == ["two"]
 
 
-def test_a_tenant_the_caller_named_is_kept_in_returned_configs(call: Caller) -> None:
+def test_returned_configs_never_gain_tenant_id_but_their_thread_id_carries_it(
+        call: Caller) -> None:
+    """A config that named the tenant gets back the inner saver's configs (no tenant_id: LangGraph
+    would copy it into metadata and merge it into runs); their thread id carries the tenant, so
+    a returned config reused as is (e.g. LangGraph's subgraph state configs) acts for it."""
     saver = call.saver
     tup = call("get_tuple", _cfg("shared", "acme"))
-    assert tup.config["configurable"]["tenant_id"] == "acme"
-    assert tup.parent_config["configurable"]["tenant_id"] == "acme"
-    assert all(t.config["configurable"]["tenant_id"] == "acme"
-               for t in call("list", _cfg("shared", "acme")))
+    listed = call("list", _cfg("shared", "acme"))
     saved = call("put", tup.config, tup.checkpoint, tup.metadata, {})
-    assert saved["configurable"]["tenant_id"] == "acme"
-    # ... and the same calls without it (tenant from a scope) return configs without it
+    for cfg in (tup.config, tup.parent_config, *(t.config for t in listed), saved):
+        assert "tenant_id" not in cfg["configurable"]
+        assert cfg["configurable"]["thread_id"] == "shared"
+        assert saver.get_tuple(cfg) is not None  # unscoped: the id carries acme
+    assert set(saved["configurable"]) == {"thread_id", "checkpoint_ns", "checkpoint_id"}
+    with tenant_scope("globex"), pytest.raises(AccessDenied):
+        saver.get_tuple(saved)
+    # the same calls without it (tenant from a scope) return plain configs
     with tenant_scope("acme"):
         bare = call("get_tuple", _cfg("shared"))
-        assert "tenant_id" not in bare.config["configurable"]
-        assert "tenant_id" not in bare.parent_config["configurable"]
-        assert all("tenant_id" not in t.config["configurable"]
-                   for t in call("list", _cfg("shared")))
         saved = call("put", bare.config, bare.checkpoint, bare.metadata, {})
-        assert "tenant_id" not in saved["configurable"]
         assert saver.get_tuple(saved).checkpoint["id"] == bare.checkpoint["id"]
+    with pytest.raises(TenantRequired):
+        saver.get_tuple(saved)
+    with pytest.raises(TenantRequired):
+        saver.get_tuple(bare.config)
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])

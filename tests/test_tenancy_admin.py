@@ -480,7 +480,7 @@ def test_no_key_material_in_repr_str_logs_or_tracebacks(url: str,
         graph.invoke({"messages": [HumanMessage("hi")]}, _cfg("t", "acme"))
         keys = saver.keys.require("acme")
         rows = saver.registry.load_key_rows("acme")
-        secrets_ = [m for m in ring._masters.values()] + [keys.index_key]
+        secrets_ = [m.reveal() for m in ring._masters.values()] + [keys.index_key.reveal()]
         secrets_ += [ring.unwrap("acme", WrappedKey(r.master_version, r.wrapped),
                                  wrap_context("acme", r.purpose, r.version)) for r in rows]
         forms = [f for raw in secrets_ for f in _key_forms(raw)]

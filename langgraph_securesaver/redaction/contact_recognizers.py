@@ -122,15 +122,32 @@ class CnResidentIdRecognizer(LinearRecognizer):
 # --------------------------------------------------------------------------------------------
 # Chinese mainland mobile number
 # --------------------------------------------------------------------------------------------
+_CN_SHAPES = frozenset({(11,), (3, 4, 4), (3, 8), (7, 4), (4, 3, 4), (4, 4, 3)})
+_CN_PREFIX = re.compile(r"(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)")
+
+
+def _validate_cn_mobile(m: re.Match[str], view: str) -> float | None:
+    """One kind of separator, in the groupings people write (3-4-4, 3-8, 7-4, 4-3-4, 4-4-3);
+    "151940 12996" (a time of day, then a pid) is not one."""
+    value = m.group(0)
+    head = _CN_PREFIX.match(value)
+    body = value[head.end():] if head else value
+    seps = {c for c in body if not c.isdigit()}
+    shape = tuple(len(g) for g in re.split(r"[ \-]", body))
+    if len(seps) > 1 or shape not in _CN_SHAPES:
+        return None
+    return 0.75
+
+
 class CnMobileRecognizer(LinearRecognizer):
     """Mainland mobile: optional +86 / 0086 / (+86), then 1[3-9]x and 8 digits, optionally in
-    3-4-4 groups separated by one consistent space or hyphen."""
+    the groupings of :data:`_CN_SHAPES`, separated by one kind of space or hyphen."""
 
     ENTITY = CN_MOBILE
     PATTERNS = (
         rx("cn_mobile",
            r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)?"
-           r"1[3-9][0-9](?P<s>[ \-]?)[0-9]{4}(?P=s)[0-9]{4}" + _NOT_ALNUM_AFTER, 0.75),
+           r"1[3-9][0-9](?:[ \-]?[0-9]){8}" + _NOT_ALNUM_AFTER, 0.75, _validate_cn_mobile),
     )
 
 
@@ -143,7 +160,19 @@ _PHONE_CANDIDATE = re.compile(
 
 
 _NON_DIGITS = re.compile(r"[^0-9]+")
+_GROUP_HEAD = re.compile(r"\(?[0-9]*")
+# right before a plain digit run: it is the value of a field ("Seq: ", "ack=", "[", "#")
+_VALUE_MARK = re.compile(r"[:=\[#/,|]")
+_COMPACT_DATE = re.compile(r"(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])"
+                           r"[\-T_ :.][0-2]?[0-9](?![0-9])")
 _DATE_START = re.compile(r"(?:19|20)[0-9]{2}[\-. ](?:0?[1-9]|1[0-2])[\-. ](?:[0-3]?[0-9])(?![0-9])")
+
+
+def _cn_national(value: str) -> bool:
+    """A mainland number written nationally: with the trunk 0 (``010-12345678``) or a mobile.
+    Without them "1074289164" would be a Beijing line: any ten digits starting with 10."""
+    digits = "".join(c for c in value if c.isdigit())
+    return digits.startswith("0") or (len(digits) == 11 and digits[1] in "3456789")
 
 
 class LinearPhoneRecognizer(LinearRecognizer):
@@ -175,10 +204,20 @@ class LinearPhoneRecognizer(LinearRecognizer):
                 continue
             if sum(len(g) == 1 for g in _NON_DIGITS.split(value)) >= 2:
                 continue  # "1.3.6.1.4.1.2021" (an OID), "3 1 4 1 5 9 2 6": not phone groups
-            if _DATE_START.match(value):
-                continue  # "2024-03-08 1422", "2024.03.08 14"
+            if _DATE_START.match(value) or _COMPACT_DATE.match(value):
+                continue  # "2024-03-08 1422", "2024.03.08 14", "20171223-22" (date-hour)
+            if (value.isdigit() and (digits < 10 or (value[0] != "0"
+                                     and _VALUE_MARK.search(text, max(0, m.start() - 2),
+                                                            m.start())))
+                    and not _phone_label_near(text, m.start())):
+                continue  # "2596321", "Seq: 2502126767": counts, ids and logged values
             intl = value.startswith(("+", "00"))
+            head = _GROUP_HEAD.match(value)
+            if not intl and head is not None and len(head.group(0)) >= 6 and not value.isdigit():
+                continue  # "301526 2797", "240717 3664": a time or a counter, then a pid
             for region in (None,) if intl else self.regions:
+                if region == "CN" and not _cn_national(value):
+                    continue
                 try:
                     number = phonenumbers.parse("+" + value[2:] if value.startswith("00")
                                                 else value, region)
@@ -195,8 +234,9 @@ class LinearPhoneRecognizer(LinearRecognizer):
 # Phone-shaped numbers that phonenumbers rejects (unassigned area codes, odd grouping)
 # --------------------------------------------------------------------------------------------
 _PHONE_LABEL = re.compile(
-    r"(?:(?<![A-Za-z])(?:phone|tel|telephone|mobile|cell|call|fax|contact|whatsapp|sms|text me|"
-    r"reach me|number|ph|mob|tfn)(?![a-z])|\u7535\u8bdd|\u624b\u673a|\u8054\u7cfb)",
+    r"(?:(?<![A-Za-z])(?:phones?|tel|telephone|mobiles?|cell|call|fax|contact|whatsapp|sms|text me|"
+    r"reach me|numbers?|ph|mob|tfn)(?![a-z])|\u7535\u8bdd|\u624b\u673a|\u8054\u7cfb"
+    r"|(?<![A-Za-z0-9_])(?:to|from|msisdn|caller|callee|callback|recipient)[\"']?\s{0,2}[=:])",
     re.IGNORECASE)
 _PHONE_LABEL_NEAR = 32
 
@@ -233,6 +273,10 @@ def _validate_intl(m: re.Match[str], view: str) -> float | None:
     return 0.45 if _phone_label_near(view, m.start()) else 0.4
 
 
+# an extension after a NANP number: "x5924", " ext. 12", " extension 7", " #205"
+_EXTENSION = r"(?:[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6})?"
+
+
 class PhoneShapeRecognizer(LinearRecognizer):
     """Numbers shaped like phone numbers that the ``phonenumbers`` validation drops: NANP
     3-3-4 groups (``880.963.5169``, ``(212) 555-01234`` excluded), ``+`` and a country code
@@ -242,11 +286,14 @@ class PhoneShapeRecognizer(LinearRecognizer):
     PATTERNS = (
         rx("nanp_grouped",
            r"(?<![0-9A-Za-z+.\-/])(?:(?:\+|00)?1[ .\-]?)?"
-           r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}(?P<s>[ .\-]))[2-9][0-9]{2}[ .\-][0-9]{4}"
+           r"(?:\([0-9]{3}\) ?|[0-9]{3}[ .\-])[0-9]{3}[ .\-][0-9]{4}" + _EXTENSION +
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
         rx("intl_plus",
            r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
+        rx("gb_344",
+           r"(?<![0-9A-Za-z+.\-/])0[1-9][0-9](?P<s>[ \-])[0-9]{4}(?P=s)[0-9]{4}"
+           r"(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("gb_grouped",
            r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{2,4}) ?[0-9]{3}[ \-]?"
            r"[0-9]{3,4}(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),

@@ -16,6 +16,7 @@ from typing import Any
 
 from presidio_analyzer import AnalyzerEngine, RecognizerResult
 
+from .decoding import DECODABLE, decoded_view
 from .engine import (
     LANGUAGE,
 )
@@ -142,6 +143,9 @@ class Detection:
                 collect([RecognizerResult(API_SECRET, s, e, score)
                          for s, e, score in private_key_spans(view)])
                 check()
+        if not nested and DECODABLE.search(text) is not None:
+            self._decoded(text, policy, deadline, found)
+            check()
         if self._ner_entities and not nested:
             ner_text = MARKER_RE.sub(lambda m: " " * len(m.group(0)), text)
             for r in self.analyzer.analyze(text=ner_text, language=LANGUAGE,
@@ -152,6 +156,21 @@ class Detection:
                     found[k] = r.score
             check()
         return found
+
+    def _decoded(self, text: str, policy: RedactionPolicy, deadline: float,
+                 found: dict[tuple[str, int, int], float]) -> None:
+        """Analyze the percent- and HTML-reference-decoded view too; a detection there is
+        reported on the span of the original characters it was decoded from."""
+        view = decoded_view(text)
+        if view is None:
+            return
+        decoded, starts, ends = view
+        for (kind, s, e), score in self._raw_detect(decoded, policy, deadline, True).items():
+            if e <= s:
+                continue
+            k = (kind, starts[s], ends[e - 1])
+            if found.get(k, -1.0) < score:
+                found[k] = score
 
     def _data_urls(self, view: str, policy: RedactionPolicy, deadline: float, nested: bool,
                    collect: Callable[[Sequence[RecognizerResult]], None]) -> str:

@@ -76,7 +76,7 @@ def _in(prefix: str, lo: int, hi: int) -> bool:
 
 _ALL_LENGTHS = frozenset(range(12, 20))
 _MAESTRO_IINS = frozenset({"5018", "5020", "5038", "5893", "6304", "6390", "6759", "6761",
-                           "6762", "6763", "6220"})
+                           "6762", "6763", "6220", "0604"})
 # (predicate on the digit string, allowed lengths)
 _ISSUERS: list[tuple[Callable[[str], bool], frozenset[int]]] = [
     (lambda d: d[0] == "4", frozenset({13, 16, 19})),                                 # Visa
@@ -136,9 +136,10 @@ class StrictCreditCardRecognizer(LinearRecognizer):
     _END = r"(?![0-9A-Za-z]|[.,\-][0-9])"
     PATTERNS = (
         rx("card_grouped",
-           _START + r"[1-8][0-9]{3}(?P<s>[ .\-])[0-9]{4,6}(?P=s)[0-9]{4,5}"
+           _START + r"(?:[1-8][0-9]{3}|0604)(?P<s>[ .\-])[0-9]{4,6}(?P=s)[0-9]{4,5}"
            r"(?:(?P=s)[0-9]{1,4})?(?:(?P=s)[0-9]{3})?" + _END, 1.0, _validate_card),
-        rx("card_plain", _START + r"[1-8][0-9]{11,18}" + _END, 1.0, _validate_card),
+        rx("card_plain", _START + r"(?:[1-8][0-9]{3}|0604)[0-9]{8,15}" + _END, 1.0,
+           _validate_card),
     )
 
 
@@ -174,6 +175,12 @@ def _validate_ip(m: re.Match[str], view: str) -> float | None:
     return 0.6
 
 
+def _validate_ip_plus_one(m: re.Match[str], view: str) -> float | None:
+    if len(m.group(0).split(".", 1)[0]) < 2:
+        return None  # "4.9.56.47.33": an OID or a version more likely than a host
+    return _validate_ip(m, view)
+
+
 class LabelAwareIpRecognizer(LinearRecognizer):
     """IPv4 (not part of a longer dotted number), IPv6 and IPv4-mapped IPv6 addresses; an
     address may directly follow the label "IP"."""
@@ -183,6 +190,11 @@ class LabelAwareIpRecognizer(LinearRecognizer):
         rx("ipv4", r"(?:(?<=[Ii][Pp])|(?<![0-9A-Za-z_.]))" + _IPV4
            + r"(?:/(?:3[0-2]|[12]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])",
            0.6, _validate_ip, needles=(".",)),
+        # "192.168.1.1.1": an address and one more group (a port or a typo), not a longer
+        # dotted number (OIDs, versions: three or more groups beyond, or an octet > 255)
+        rx("ipv4_plus_one", r"(?:(?<=[Ii][Pp])|(?<![0-9A-Za-z_.]))" + _IPV4
+           + r"(?=\.[0-9]{1,3}(?![0-9A-Za-z_]|\.[0-9]))", 0.6, _validate_ip_plus_one,
+           needles=(".",)),
         rx("ipv4_mapped", _IP_START + rf"::(?:ffff(?::0{{1,4}})?:)?{_IPV4}"
            r"(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?(?![0-9A-Za-z_]|\.[0-9])", 0.6,
            _validate_ip, needles=("::",)),

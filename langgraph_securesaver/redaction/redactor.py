@@ -36,6 +36,7 @@ from .engine import (
     shared_analyzer,
 )
 from .errors import RedactionError
+from .numbers import NumberRedaction
 from .policy import RedactionPolicy
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
     TOKEN_HEX_CHARS,
@@ -107,7 +108,7 @@ class _Call:
 # --------------------------------------------------------------------------------------------
 # Redactor
 # --------------------------------------------------------------------------------------------
-class Redactor(Detection):
+class Redactor(Detection, NumberRedaction):
     """Finds personal data and secrets in LangGraph state and replaces them per a policy.
 
     One instance can be shared by threads; the presidio engine is built lazily on first use
@@ -244,8 +245,10 @@ class Redactor(Detection):
         if policy is None:
             return value, []
         call = self._new_call(policy, self._check_key(token_key, required=True))
+        walker = self._walker(call)
+        walker.name = channel  # a state channel is named like a key ({"phone": 4155550142})
         try:
-            result = self._walker(call).walk(value)
+            result = walker.walk(value)
         finally:
             self._flush(call)
         return result, list(call.scopes[0].values())
@@ -428,10 +431,7 @@ class Redactor(Detection):
         def on_str(s: str, depth: int, is_key: bool) -> str:
             if not is_key and looks_like_json(s):
                 return self._redact_json(s, call, depth)
-            entry = self._redact_plain(s, call)
-            if entry.vault:
-                call.add(entry.vault)
-            return entry.text
+            return self._redact_str_named(s, None if is_key else walker.name, call)
 
         def on_message(msg: Any, depth: int) -> Any:
             return self._redact_message(msg, call, walker, depth)[0]
@@ -440,7 +440,8 @@ class Redactor(Detection):
             return self._redact_message_list(messages, call, walker, depth)
 
         walker = Walker(on_str, max_depth=call.policy.max_depth, on_message=on_message,
-                        on_message_list=on_message_list)
+                        on_message_list=on_message_list,
+                        on_number=lambda n, name: self._redact_number(n, name, call))
         return walker
 
     def _redact_message_list(self, messages: list[Any], call: _Call, walker: Walker,

@@ -14,6 +14,8 @@ import re
 import unicodedata
 from typing import Any
 
+from .decoding import decode_text, drop_default_ignorables
+
 # --------------------------------------------------------------------------------------------
 # Tokens and markers
 # --------------------------------------------------------------------------------------------
@@ -30,7 +32,9 @@ def kind_label(kind: str) -> str:
 
 def normalize_value(kind: str, value: str) -> str:
     """The form of ``value`` that is tokenized: equal normalized values share a token."""
-    v = unicodedata.normalize("NFKC", value)
+    v = unicodedata.normalize("NFKC", decode_text(value))
+    if not v.isascii():
+        v = drop_default_ignorables(v)
     if not v.isascii():  # the same value in other digits/dots gets the same token
         v = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else
                     "." if c in "\u3002\uff61" else c for c in v

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from .decoding import decode_text
 from .number_recognizers import IBAN_HEAD, NOT_CARDS
 
 # --------------------------------------------------------------------------------------------
@@ -15,7 +16,7 @@ from .number_recognizers import IBAN_HEAD, NOT_CARDS
 # or when the number is glued to an identifier ("INV-2723916661", "uid=12894277801").
 # Applied by the redactor to the original text.
 # --------------------------------------------------------------------------------------------
-_VERSION_LABEL = (r"v|ver|version|rev|revision|build|release|firmware|fw|sdk|section|sec|"
+_VERSION_LABEL = (r"v|ver|version|rev|revision|build|release|firmware|fw|sdk|section|sec|oid|"
                   r"chapter|clause|step|\u00a7|\u7248\u672c|\u7248\u672c\u53f7|\u56fa\u4ef6|"
                   r"\u5185\u6838|\u5347\u7ea7\u5230|\u66f4\u65b0\u5230")
 _REFERENCE_LABEL = (r"created_?at|updated_?at|expires?_?at|exp|iat|nbf|time|date|since|until|"
@@ -34,10 +35,13 @@ _LABEL_TAIL = (r"\s*(?:no\.?|number|num|id|#|\u53f7|\u53f7\u7801|\u7801)?\s*"
                r"[:\uff1a#\uff03=]?\s*(?:\u662f|\u4e3a)?\s*$")
 _REFERENCE_VETO = re.compile(rf"(?<![A-Za-z])(?:{_REFERENCE_LABEL}){_LABEL_TAIL}", re.IGNORECASE)
 # "Chrome/122.0.6261.112", "int max = 2147483647", "INV-2723916661", "uid=12894277801"
-_GLUED_ID = re.compile(r"(?:[A-Za-z][A-Za-z0-9_]*[\-_#/=:]|[A-Za-z_][A-Za-z0-9_]*\s{0,2}=\s{0,2}|"
-                       r"[0-9]\.)$")
-_PHONE_KEY = re.compile(r"(?:phone|tel|mobile|cell|fax|call|contact|whatsapp|sms|ssn|card|"
-                        r"cc|pan)[A-Za-z0-9_]*[\s\"']{0,2}[\-_#/=:]\s{0,2}$", re.IGNORECASE)
+_GLUED_ID = re.compile(r"(?:[A-Za-z][A-Za-z0-9_]*[\-_#/=:\[]|[A-Za-z_][A-Za-z0-9_]*\s{0,2}=\s{0,2}|"
+                       r"[0-9][._:])$")  # "30546354_2879516879", "00:07:42.587 25746"
+# a host name goes on after the number: "211-76-104-65.ebix.net.tw" is a host, not a phone
+_HOST_AFTER = re.compile(r"\.[A-Za-z][A-Za-z0-9\-]{0,62}\.[A-Za-z]")
+_PHONE_KEY = re.compile(r"(?:(?:phone|tel|mobile|cell|fax|call|contact|whatsapp|sms|ssn|card|"
+                        r"cc|pan)[A-Za-z0-9_]*|(?<![A-Za-z0-9_])(?:to|from|number|msisdn|"
+                        r"callee|recipient))[\s\"']{0,2}[\-_#/=:\[]\s{0,2}$", re.IGNORECASE)
 LABEL_VETOES: dict[str, re.Pattern[str]] = {
     "IP_ADDRESS": re.compile(rf"(?<![A-Za-z])(?:{_VERSION_LABEL})\.?{_LABEL_TAIL}",
                              re.IGNORECASE),
@@ -50,6 +54,9 @@ LABEL_VETOES: dict[str, re.Pattern[str]] = {
                               r"\u8ba2\u5355\u53f7|\u8fd0\u5355\u53f7|\u5feb\u9012\u5355\u53f7)"
                               + _LABEL_TAIL, re.IGNORECASE),
 }
+_KEY_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\s{0,2}[=:]\s{0,2}$")
+_FORMATTED = re.compile(r"[+()]|[0-9][ .\-]+[0-9]")
+_PHONE_KINDS = frozenset({"PHONE_NUMBER", "CN_MOBILE"})
 _GLUED_KINDS = frozenset({"PHONE_NUMBER", "CN_MOBILE", "US_SSN", "CREDIT_CARD"})
 _AFTER_VETO = re.compile(r"\s{0,2}(?:\u7248\u672c|\u7248|version|release)", re.IGNORECASE)
 _VETO_WINDOW = 24
@@ -64,13 +71,20 @@ def label_veto(kind: str, text: str, start: int, end: int | None = None) -> bool
     lo = max(0, start - _VETO_WINDOW)
     if pattern.search(text, lo, start) is not None:
         return True
+    if kind in _PHONE_KINDS and end is not None and _HOST_AFTER.match(text, end):
+        return True
     if end is not None and kind in _GLUED_KINDS:
         if "".join(c for c in text[start:end] if c.isdigit()) in NOT_CARDS:
             return True  # 2147483647 and friends
         if IBAN_HEAD.search(text, max(0, start - 40), start):
             return True  # digits inside an IBAN
     if kind in _GLUED_KINDS and _GLUED_ID.search(text, lo, start) is not None:
-        return _PHONE_KEY.search(text, lo, start) is None
+        if _PHONE_KEY.search(text, lo, start) is not None:
+            return False
+        # "to=+86-167-3376-0814", "number=001-875-439-1887": a formatted number as the value
+        # of a key in a log line; a plain digit run after a key ("uid=12894277801") stays out
+        return not (kind != "CREDIT_CARD" and _KEY_VALUE.search(text, lo, start) is not None
+                    and end is not None and _FORMATTED.search(decode_text(text[start:end])))
     if kind == "IP_ADDRESS" and end is not None and _AFTER_VETO.match(text, end):
         return True
     return False

@@ -12,6 +12,7 @@ import re
 import unicodedata
 from typing import Any
 
+from .decoding import DECODABLE, is_default_ignorable
 from .recognizers import API_SECRET, CANDIDATE_RE
 
 # --------------------------------------------------------------------------------------------
@@ -49,6 +50,8 @@ def _fold_char(ch: str) -> str:
     characters, or the blank."""
     if ch in "\u3002\uff61":
         return _IDEO_STOP
+    if is_default_ignorable(ch):
+        return ""  # invisible: zero-width and bidi controls, Hangul fillers, variation selectors
     if _CJK_RE.match(ch):
         return BLANK
     cat = unicodedata.category(ch)
@@ -185,7 +188,8 @@ def may_have_pii(s: str) -> bool:
     non-ASCII text always goes to the analysis view and its own pre-filter."""
     if len(s) > _SLICE:
         return True  # long text is pre-filtered chunk by chunk in _raw_detect
-    return not s.isascii() or CANDIDATE_RE.search(s) is not None
+    return (not s.isascii() or CANDIDATE_RE.search(s) is not None
+            or DECODABLE.search(s) is not None)
 
 
 CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP

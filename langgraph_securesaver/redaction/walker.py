@@ -11,8 +11,9 @@ when it accepts a string, else returned as a plain ``str`` once changed), ``byte
 (an exception whose ``repr`` changes is replaced by that redacted ``repr``: the string
 LangGraph's serializer stores for it anyway), ``dict`` (and subclasses), ``list``,
 ``tuple`` (and named tuples), ``set``/``frozenset``, dataclass instances, pydantic v2 models,
-LangChain messages, and LangGraph ``Send``. Left alone (returned as the same object): numbers,
-``None``, ``memoryview`` and any other type.
+LangChain messages, and LangGraph ``Send``. Numbers (``int``, ``float``, ``Decimal``) go to
+an ``on_number`` callback with the name of the nearest key or field, when one is given. Left
+alone (returned as the same object): ``None``, ``memoryview`` and any other type.
 
 LangChain messages: ``content`` (string or content blocks), ``tool_calls[*]["args"]``,
 ``invalid_tool_calls[*]["args"/"error"]``, ``tool_call_chunks[*]["args"]``,
@@ -31,6 +32,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from .errors import RedactionError
@@ -54,6 +56,9 @@ except ImportError:  # pragma: no cover
 
 # on_str(text, depth, is_key) -> new text
 StrCallback = Callable[[str, int, bool], str]
+# on_number(number, name) -> the number or what replaces it (name: the nearest key/field)
+NumberCallback = Callable[[Any, "str | None"], Any]
+_NUMBERS: frozenset[type] = frozenset({int, float, Decimal})
 
 (_LEAF, _DICT, _LIST, _TUPLE, _SET, _MESSAGE, _PYDANTIC, _DATACLASS, _SEND, _STRSUB, _BYTES,
  _EXC) = range(12)
@@ -135,9 +140,12 @@ class Walker:
 
     def __init__(self, on_str: StrCallback, *, max_depth: int,
                  on_message: Callable[[Any, int], Any] | None = None,
-                 on_message_list: Callable[[list[Any], int], list[Any]] | None = None
-                 ) -> None:
+                 on_message_list: Callable[[list[Any], int], list[Any]] | None = None,
+                 on_number: NumberCallback | None = None) -> None:
         self._on_str = on_str
+        self._on_number = on_number
+        #: the name of what is being walked: the nearest dictionary key or field name
+        self.name: str | None = None
         self._max_depth = max_depth
         self._on_message = on_message
         self._on_message_list = on_message_list
@@ -165,6 +173,8 @@ class Walker:
         if kind is None:
             kind = _classify(cls)
         if kind == _LEAF:
+            if self._on_number is not None and cls in _NUMBERS:
+                return self._on_number(value, self.name)
             return value
         if kind == _STRSUB:
             return self._walk_str_subclass(value, depth)
@@ -244,6 +254,7 @@ class Walker:
                    ) -> dict[Any, Any]:
         changed = False
         items: list[tuple[Any, Any]] = []
+        outer = self.name
         for k, v in value.items():
             try:
                 handler = special.get(k) if special and type(k) is str else None
@@ -251,8 +262,11 @@ class Walker:
                     nk, nv = k, handler(v, depth)
                 else:
                     nk = self._on_str(k, depth, True) if type(k) is str else k
+                    self.name = k if type(k) is str else outer
                     nv = self._walk(v, depth)
+                    self.name = outer
             except _PathError as exc:
+                self.name = outer
                 exc.path.append(_path_key(k))
                 raise
             if nk is not k or nv is not v:
@@ -328,17 +342,21 @@ class Walker:
                        ) -> dict[str, Any]:
         """Walk the named attributes; return {name: new value} for those that changed."""
         changes: dict[str, Any] = {}
+        outer = self.name
         for name in names:
             try:
                 old = getattr(value, name)
             except AttributeError:
                 continue
             handler = special.get(name) if special else None
+            self.name = name
             try:
                 new = handler(old, depth) if handler else self._walk(old, depth)
             except _PathError as exc:
                 exc.path.append(f".{name}")
                 raise
+            finally:
+                self.name = outer
             if new is not old:
                 changes[name] = new
         return changes

@@ -130,3 +130,171 @@ SS_ASYNC_CKPTS = {
     "secure_sqlite_aio": _checkpointer_secure_sqlite_aio,
     "secure_postgres_aio": _checkpointer_secure_postgres_aio,
 }
+
+
+# --- tenancy modes (SS_TENANCY, set by run_langgraph_suite.py --tenancy) ----------------------
+# "default": default_tenant="t" (above). "scope": no default tenant; conftest_patch.py runs every
+# test inside tenant_scope("t"). "config": no default tenant; the tenant only in the
+# configurable of the configs the tests pass: a graph entry point or checkpointer method called
+# *from test code* (a file of this tests directory) gets "tenant_id": "t" added to its config;
+# configs LangGraph builds itself are never touched. The checkpointer methods that take no
+# config (delete_thread, copy_thread, prune, delete_for_runs) can name no tenant that way; called
+# from test code they run inside tenant_scope("t").
+SS_TENANCY = _ss_os.environ.get("SS_TENANCY", "default")
+_SS_TESTS_DIR = _ss_os.path.dirname(_ss_os.path.abspath(__file__)) + _ss_os.sep
+
+
+def _ss_from_tests(depth: int = 2) -> bool:
+    """Whether the call comes from test code: its caller is a file of the tests directory,
+    or no LangGraph/LangChain frame is on the stack at all (a test that hands its config to
+    another thread, e.g. ``asyncio.to_thread(graph.get_state, config)``)."""
+    import sys
+
+    frame = sys._getframe(depth)
+    if frame.f_code.co_filename.startswith(_SS_TESTS_DIR):
+        return True
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(("langgraph.", "langchain_core.")):
+            return False
+        frame = frame.f_back
+    return True
+
+
+def _ss_with_tenant(config):
+    """The config with tenant_id "t" when it addresses a thread (configs without a thread id
+    are left alone: giving them a configurable would change what LangGraph does with them)."""
+    conf = (config or {}).get("configurable") or {}
+    if "tenant_id" in conf or "thread_id" not in conf:
+        return config
+    return {**config, "configurable": {**conf, "tenant_id": "t"}}
+
+
+def _ss_config_saver_class():
+    from langgraph_securesaver import SecureSaver, tenant_scope
+
+    class ConfigModeSaver(SecureSaver):
+        """SecureSaver whose methods add tenant_id to configs passed by test code only."""
+
+        def get_tuple(self, config):
+            return super().get_tuple(_ss_with_tenant(config) if _ss_from_tests() else config)
+
+        async def aget_tuple(self, config):
+            return await super().aget_tuple(
+                _ss_with_tenant(config) if _ss_from_tests() else config)
+
+        def get(self, config):
+            return super().get(_ss_with_tenant(config) if _ss_from_tests() else config)
+
+        async def aget(self, config):
+            return await super().aget(_ss_with_tenant(config) if _ss_from_tests() else config)
+
+        def list(self, config, *, filter=None, before=None, limit=None):
+            if _ss_from_tests() and config is not None:
+                config = _ss_with_tenant(config)
+            return super().list(config, filter=filter, before=before, limit=limit)
+
+        def alist(self, config, *, filter=None, before=None, limit=None):
+            if _ss_from_tests() and config is not None:
+                config = _ss_with_tenant(config)
+            return super().alist(config, filter=filter, before=before, limit=limit)
+
+        def put(self, config, checkpoint, metadata, new_versions):
+            if _ss_from_tests():
+                config = _ss_with_tenant(config)
+            return super().put(config, checkpoint, metadata, new_versions)
+
+        async def aput(self, config, checkpoint, metadata, new_versions):
+            if _ss_from_tests():
+                config = _ss_with_tenant(config)
+            return await super().aput(config, checkpoint, metadata, new_versions)
+
+        def put_writes(self, config, writes, task_id, task_path=""):
+            if _ss_from_tests():
+                config = _ss_with_tenant(config)
+            return super().put_writes(config, writes, task_id, task_path)
+
+        async def aput_writes(self, config, writes, task_id, task_path=""):
+            if _ss_from_tests():
+                config = _ss_with_tenant(config)
+            return await super().aput_writes(config, writes, task_id, task_path)
+
+    def scoped(name):
+        method = getattr(SecureSaver, name)
+        if name.startswith("a"):
+            async def call(self, *args, **kwargs):
+                if not _ss_from_tests():
+                    return await method(self, *args, **kwargs)
+                with tenant_scope("t"):
+                    return await method(self, *args, **kwargs)
+        else:
+            def call(self, *args, **kwargs):
+                if not _ss_from_tests():
+                    return method(self, *args, **kwargs)
+                with tenant_scope("t"):
+                    return method(self, *args, **kwargs)
+        call.__name__ = name
+        return call
+
+    for name in ("delete_thread", "copy_thread", "prune", "delete_for_runs"):
+        setattr(ConfigModeSaver, name, scoped(name))
+        setattr(ConfigModeSaver, "a" + name, scoped("a" + name))
+    return ConfigModeSaver
+
+
+def _ss_patch_graph_entry_points():
+    """Graph entry points called from test code get the tenant in their config(s)."""
+    import functools
+
+    from langgraph.pregel import Pregel
+
+    def wrap(name, position, many=False):
+        method = getattr(Pregel, name)
+
+        def fix(args, kwargs):
+            if "config" in kwargs:
+                value = kwargs["config"]
+                kwargs["config"] = ([_ss_with_tenant(c) for c in value] if many
+                                    and isinstance(value, list) else _ss_with_tenant(value))
+            elif len(args) > position:
+                value = args[position]
+                fixed = ([_ss_with_tenant(c) for c in value] if many and isinstance(value, list)
+                         else _ss_with_tenant(value))
+                args = (*args[:position], fixed, *args[position + 1:])
+            return args, kwargs
+
+        if name.startswith("a") and name not in ("astream", "aget_state_history",
+                                                 "astream_events"):
+            @functools.wraps(method)
+            async def call(self, *args, **kwargs):
+                if _ss_from_tests():
+                    args, kwargs = fix(args, kwargs)
+                return await method(self, *args, **kwargs)
+        else:
+            @functools.wraps(method)
+            def call(self, *args, **kwargs):
+                if _ss_from_tests():
+                    args, kwargs = fix(args, kwargs)
+                return method(self, *args, **kwargs)
+        setattr(Pregel, name, call)
+
+    for name in ("invoke", "ainvoke", "stream", "astream", "astream_events"):
+        wrap(name, 1)
+    for name in ("batch", "abatch"):
+        wrap(name, 1, many=True)
+    for name in ("get_state", "aget_state", "get_state_history", "aget_state_history",
+                 "update_state", "aupdate_state", "bulk_update_state", "abulk_update_state"):
+        wrap(name, 0)
+
+
+if SS_TENANCY in ("scope", "config"):
+    def _ss_secure(inner, registry=None):  # the tenancy modes: no default tenant
+        from langgraph_securesaver import Keyring
+
+        cls = _ss_config_saver_class() if SS_TENANCY == "config" else None
+        if cls is None:
+            from langgraph_securesaver import SecureSaver as cls
+        return cls(inner, keyring=Keyring.generate(), registry=registry)
+
+if SS_TENANCY == "config":
+    _ss_patch_graph_entry_points()

@@ -27,3 +27,13 @@ async def async_checkpointer(request):
         with cm as checkpointer:
             yield checkpointer
 
+
+
+if os.environ.get("SS_TENANCY") == "scope":  # noqa: F821
+    @pytest.fixture(autouse=True)  # noqa: F821
+    def _ss_tenant_scope():
+        """Every test runs inside tenant_scope("t") (the saver has no default tenant)."""
+        from langgraph_securesaver import tenant_scope
+
+        with tenant_scope("t"):
+            yield

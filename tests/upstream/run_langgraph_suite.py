@@ -11,6 +11,13 @@ checkpointer fixture, one pytest process per backend.
     python tests/upstream/run_langgraph_suite.py --backends sqlite,postgres
     python tests/upstream/run_langgraph_suite.py --backends memory --compare   # raw side by side
     python tests/upstream/run_langgraph_suite.py --backends sqlite -- -k interrupt
+    python tests/upstream/run_langgraph_suite.py --backends sqlite --tenancy scope,config
+
+``--tenancy`` says how the tests name their tenant: ``default`` (the saver's
+``default_tenant``), ``scope`` (no default tenant; every test runs inside ``tenant_scope``) or
+``config`` (no default tenant; ``tenant_id`` only in the configs that test code passes to graph
+entry points and checkpointer methods; see ``checkpointer_patch.py``). Each mode is its own
+pytest process per backend.
 
 Without ``--compare`` only the SecureSaver variants run, and any test that does not pass is a
 failure unless it is listed in KNOWN_ARTIFACTS below (with its reason; the README repeats them).
@@ -62,6 +69,101 @@ KNOWN_ARTIFACTS: dict[str, dict[str, str]] = {"memory": {
     for version in ("3", "2-start:*", "2-quadratic")
 }}
 
+TENANCY_MODES = ("default", "scope", "config")
+#: artifacts of one tenancy mode only: (mode, backend) -> {test key: reason}
+_CONFIG_RAW_TOO = (
+    "fails with the raw saver too when run side by side on the same configs (--compare): the "
+    "tenant_id the harness adds to the test's configurable is copied by LangGraph into checkpoint "
+    "metadata, stream/debug events and run metadata, which the test compares exactly")
+#: config mode: the tests that fail with the raw saver too (measured with --compare on SQLite;
+#: every one of them fails wrapped and raw with a tenant_id in the compared value)
+CONFIG_MODE_RAW_FAILURES = (
+    "tests/test_checkpoint_migration::test_latest_checkpoint_state_graph[<ckpt>]",
+    "tests/test_checkpoint_migration::test_latest_checkpoint_state_graph_async[<ckpt>]",
+    "tests/test_checkpoint_migration::test_saved_checkpoint_state_graph[<ckpt>-2-quadratic]",
+    "tests/test_checkpoint_migration::test_saved_checkpoint_state_graph[<ckpt>-2-start:*]",
+    "tests/test_checkpoint_migration::test_saved_checkpoint_state_graph[<ckpt>-3]",
+    "tests/test_checkpoint_migration::test_saved_checkpoint_state_graph_async[<ckpt>-2-quadratic]",
+    "tests/test_checkpoint_migration::test_saved_checkpoint_state_graph_async[<ckpt>-2-start:*]",
+    "tests/test_checkpoint_migration::test_saved_checkpoint_state_graph_async[<ckpt>-3]",
+    "tests/test_large_cases::test_conditional_state_graph[<ckpt>]",
+    "tests/test_large_cases::test_doubly_nested_graph_state[<ckpt>]",
+    "tests/test_large_cases::test_dynamic_interrupt[<ckpt>]",
+    "tests/test_large_cases::test_dynamic_interrupt_subgraph[<ckpt>]",
+    "tests/test_large_cases::test_fork_always_re_runs_nodes[<ckpt>]",
+    "tests/test_large_cases::test_invoke_two_processes_in_out_interrupt[<ckpt>]",
+    "tests/test_large_cases::test_message_graph[<ckpt>]",
+    "tests/test_large_cases::test_nested_graph_state[<ckpt>]",
+    "tests/test_large_cases::test_partial_pending_checkpoint[<ckpt>]",
+    "tests/test_large_cases::test_root_graph[<ckpt>]",
+    "tests/test_large_cases::test_send_dedupe_on_resume[<ckpt>-async]",
+    "tests/test_large_cases::test_send_dedupe_on_resume[<ckpt>-exit]",
+    "tests/test_large_cases::test_send_dedupe_on_resume[<ckpt>-sync]",
+    "tests/test_large_cases::test_send_react_interrupt[<ckpt>]",
+    "tests/test_large_cases::test_send_react_interrupt_control[<ckpt>]",
+    "tests/test_large_cases::test_state_graph_packets[<ckpt>]",
+    "tests/test_large_cases::test_weather_subgraph[<ckpt>]",
+    "tests/test_large_cases_async::test_conditional_graph_state[<ckpt>]",
+    "tests/test_large_cases_async::test_doubly_nested_graph_state[<ckpt>]",
+    "tests/test_large_cases_async::test_fork_always_re_runs_nodes[<ckpt>]",
+    "tests/test_large_cases_async::test_invoke_two_processes_in_out_interrupt[<ckpt>]",
+    "tests/test_large_cases_async::test_message_graph[<ckpt>]",
+    "tests/test_large_cases_async::test_nested_graph_state[<ckpt>]",
+    "tests/test_large_cases_async::test_state_graph_packets[<ckpt>]",
+    "tests/test_large_cases_async::test_weather_subgraph[<ckpt>]",
+    "tests/test_pregel::test_debug_retry[<ckpt>]",
+    "tests/test_pregel::test_debug_subgraphs[<ckpt>-async]",
+    "tests/test_pregel::test_debug_subgraphs[<ckpt>-exit]",
+    "tests/test_pregel::test_debug_subgraphs[<ckpt>-sync]",
+    "tests/test_pregel::test_falsy_return_from_task[<ckpt>]",
+    "tests/test_pregel::test_in_one_fan_out_state_graph_defer_node[<ckpt>-False]",
+    "tests/test_pregel::test_in_one_fan_out_state_graph_defer_node[<ckpt>-True]",
+    "tests/test_pregel::test_in_one_fan_out_state_graph_waiting_edge[<ckpt>]",
+    "tests/test_pregel::test_interrupt_after_streams_the_checkpoint_it_pauses_on[<ckpt>]",
+    "tests/test_pregel::test_parent_command[<ckpt>-False]",
+    "tests/test_pregel::test_parent_command[<ckpt>-True]",
+    "tests/test_pregel::test_pending_writes_resume[<ckpt>-async]",
+    "tests/test_pregel::test_pending_writes_resume[<ckpt>-exit]",
+    "tests/test_pregel::test_pending_writes_resume[<ckpt>-sync]",
+    "tests/test_pregel::test_recursion_limit_streams_the_last_checkpoint_saved[<ckpt>]",
+    "tests/test_pregel_async::test_cancel_graph_astream[<ckpt>]",
+    "tests/test_pregel_async::test_cancel_graph_astream_events_v2[<ckpt>]",
+    "tests/test_pregel_async::test_debug_retry[<ckpt>]",
+    "tests/test_pregel_async::test_debug_subgraphs[<ckpt>-async]",
+    "tests/test_pregel_async::test_debug_subgraphs[<ckpt>-exit]",
+    "tests/test_pregel_async::test_debug_subgraphs[<ckpt>-sync]",
+    "tests/test_pregel_async::test_dynamic_interrupt[<ckpt>]",
+    "tests/test_pregel_async::test_dynamic_interrupt_subgraph[<ckpt>]",
+    "tests/test_pregel_async::test_in_one_fan_out_state_graph_waiting_edge_custom_state_class[<ckpt>]",
+    "tests/test_pregel_async::test_interrupt_after_streams_the_checkpoint_it_pauses_on[<ckpt>]",
+    "tests/test_pregel_async::test_parent_command[<ckpt>-False]",
+    "tests/test_pregel_async::test_parent_command[<ckpt>-True]",
+    "tests/test_pregel_async::test_partial_pending_checkpoint[<ckpt>]",
+    "tests/test_pregel_async::test_pending_writes_resume[<ckpt>-async]",
+    "tests/test_pregel_async::test_pending_writes_resume[<ckpt>-exit]",
+    "tests/test_pregel_async::test_pending_writes_resume[<ckpt>-sync]",
+    "tests/test_pregel_async::test_recursion_limit_streams_the_last_checkpoint_saved[<ckpt>]",
+    "tests/test_pregel_async::test_send_dedupe_on_resume[<ckpt>-async]",
+    "tests/test_pregel_async::test_send_dedupe_on_resume[<ckpt>-exit]",
+    "tests/test_pregel_async::test_send_dedupe_on_resume[<ckpt>-sync]",
+    "tests/test_pregel_async::test_send_react_interrupt[<ckpt>]",
+    "tests/test_pregel_async::test_send_react_interrupt_control[<ckpt>]",
+)
+KNOWN_MODE_ARTIFACTS: dict[tuple[str, str], dict[str, str]] = {
+    ("config", backend): dict.fromkeys(CONFIG_MODE_RAW_FAILURES, _CONFIG_RAW_TOO)
+    for backend in ("memory", "sqlite", "postgres")
+}
+
+
+def known_artifacts(backend: str, tenancy: str, compare: bool = False) -> dict[str, str]:
+    """The listed artifacts of a run. With ``--compare`` the mode's list (tests that fail raw
+    too) is not used: the raw run side by side decides, test by test."""
+    if compare:
+        return dict(KNOWN_ARTIFACTS.get(backend, {}))
+    return {**KNOWN_ARTIFACTS.get(backend, {}),
+            **KNOWN_MODE_ARTIFACTS.get((tenancy, backend), {})}
+
+
 _FIXTURE_USE = re.compile(r"\b(a?sync_checkpointer)\b")
 
 
@@ -73,7 +175,8 @@ def prepare(version: str, cache: Path) -> Path:
     """The patched sdist tree for ``version`` (downloaded and patched once, then reused)."""
     root = cache / f"langgraph-{version}"
     marker = root / ".securesaver-patched"
-    if marker.exists():
+    stamp = f"{version} {patch_digest()}"
+    if marker.exists() and marker.read_text() == stamp:
         return root
     cache.mkdir(parents=True, exist_ok=True)
     sdist = cache / f"langgraph-{version}.tar.gz"
@@ -95,8 +198,17 @@ def prepare(version: str, cache: Path) -> Path:
         text = path.read_text()
         if PATCH_MARK not in text:
             path.write_text(text + "\n\n" + (HERE / patch).read_text())
-    marker.write_text(version)
+    marker.write_text(stamp)
     return root
+
+
+def patch_digest() -> str:
+    """Changes when a patch file changes (the cached tree is then patched again)."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name in ("checkpointer_patch.py", "conftest_patch.py"):
+        digest.update((HERE / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def test_files(root: Path) -> list[str]:
@@ -106,7 +218,8 @@ def test_files(root: Path) -> list[str]:
 
 
 def run_backend(root: Path, backend: str, compare: bool, workers: int, extra: list[str],
-                out: Path, targets: list[str] | None = None, tag: str = ""
+                out: Path, targets: list[str] | None = None, tag: str = "",
+                tenancy: str = "default"
                 ) -> tuple[dict[str, dict[str, str]], dict[str, str], float, int]:
     """One pytest process for ``backend`` over ``targets`` (default: every checkpointer file).
     Returns (results, node ids of the wrapped tests by key, seconds, pytest exit code)."""
@@ -130,8 +243,9 @@ def run_backend(root: Path, backend: str, compare: bool, workers: int, extra: li
         "PYTHONPATH": os.pathsep.join(
             [str(shim), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": "",
+        "SS_TENANCY": tenancy,
     })
-    junit = out / f"junit-{backend}{tag}.xml"
+    junit = out / f"junit-{backend}-{tenancy}{tag}.xml"
     if junit.exists():
         junit.unlink()
     cmd = [sys.executable, "-m", "pytest", *(targets or test_files(root)), "-q",
@@ -150,18 +264,19 @@ def run_backend(root: Path, backend: str, compare: bool, workers: int, extra: li
 
 
 def rerun_failures(root: Path, backend: str, results: dict[str, dict[str, str]],
-                   nodeids: dict[str, str], out: Path) -> list[str]:
+                   nodeids: dict[str, str], out: Path, tenancy: str = "default") -> list[str]:
     """Run the wrapped tests that did not pass once more, alone and serially. Some upstream
     tests order their output by sleeping a few milliseconds; on a loaded machine (xdist, other
     jobs) an extra millisecond of encryption or redaction in a write can reorder them. A test
     that passes alone is reported as "passed on rerun", never silently."""
-    artifacts = KNOWN_ARTIFACTS.get(backend, {})
+    artifacts = known_artifacts(backend, tenancy)
     failed = [k for k, by in results.items() if by.get("secure") in ("failure", "error")
               and k not in artifacts and k in nodeids]
     if not failed or len(failed) > 20:  # many failures are not flakes: report them as they are
         return []
     again, _ids, _t, _code = run_backend(root, backend, False, 0, [], out,
-                                         targets=[nodeids[k] for k in failed], tag="-rerun")
+                                         targets=[nodeids[k] for k in failed], tag="-rerun",
+                                         tenancy=tenancy)
     passed = []
     for key in failed:
         if again.get(key, {}).get("secure") == "passed":
@@ -207,10 +322,10 @@ def parse_junit(path: Path, variants: dict[str, str]
     return results, nodeids
 
 
-def summarize(backend: str, results: dict[str, dict[str, str]], compare: bool
-              ) -> tuple[list[str], str]:
+def summarize(backend: str, results: dict[str, dict[str, str]], compare: bool,
+              tenancy: str = "default") -> tuple[list[str], str]:
     problems: list[str] = []
-    artifacts = KNOWN_ARTIFACTS.get(backend, {})
+    artifacts = known_artifacts(backend, tenancy, compare)
     counts: dict[str, dict[str, int]] = {}
     for key, by_variant in sorted(results.items()):
         secure = [o for v, o in by_variant.items() if v == "secure"]
@@ -229,7 +344,7 @@ def summarize(backend: str, results: dict[str, dict[str, str]], compare: bool
                 problems.append(f"{key}: passes raw, {secure[0]} wrapped")
         elif not ok and key not in artifacts:
             problems.append(f"{key}: {secure[0]}")
-    line = f"{backend}: " + "; ".join(
+    line = f"{backend} ({tenancy}): " + "; ".join(
         f"{side} " + ", ".join(f"{n} {o}" for o, n in sorted(c.items()))
         for side, c in sorted(counts.items()))
     return problems, line
@@ -242,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the raw savers and compare test by test")
     parser.add_argument("-n", "--workers", type=int, default=0,
                         help="pytest-xdist workers per backend (0: no xdist)")
+    parser.add_argument("--tenancy", default="default",
+                        help="comma-separated tenancy modes: default, scope, config")
     parser.add_argument("--cache", type=Path, default=REPO / ".upstream")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
@@ -252,29 +369,36 @@ def main(argv: list[str] | None = None) -> int:
     out = args.cache / "results"
     out.mkdir(parents=True, exist_ok=True)
     all_problems: list[str] = []
-    all_results: list[tuple[str, dict[str, dict[str, str]]]] = []
+    all_results: list[tuple[str, str, dict[str, dict[str, str]]]] = []
     lines: list[str] = []
-    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        if backend not in BACKENDS:
-            parser.error(f"unknown backend {backend!r}; use {sorted(BACKENDS)}")
-        results, nodeids, elapsed, code = run_backend(root, backend, args.compare, args.workers,
-                                                      args.pytest_args, out)
-        if not results:
-            all_problems.append(f"{backend}: no results (pytest exit {code})")
-            continue
-        for key in rerun_failures(root, backend, results, nodeids, out):
-            print(f"passed on rerun ({backend}, alone, serially): {key}", flush=True)
-        all_results.append((backend, results))
-        problems, line = summarize(backend, results, args.compare)
-        lines.append(f"{line}  ({elapsed:.0f} s)")
-        all_problems += problems
+    modes = [m.strip() for m in args.tenancy.split(",") if m.strip()]
+    for mode in modes:
+        if mode not in TENANCY_MODES:
+            parser.error(f"unknown tenancy mode {mode!r}; use {TENANCY_MODES}")
+    for mode in modes:
+        for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+            if backend not in BACKENDS:
+                parser.error(f"unknown backend {backend!r}; use {sorted(BACKENDS)}")
+            results, nodeids, elapsed, code = run_backend(
+                root, backend, args.compare, args.workers, args.pytest_args, out,
+                tenancy=mode)
+            if not results:
+                all_problems.append(f"{backend} ({mode}): no results (pytest exit {code})")
+                continue
+            for key in rerun_failures(root, backend, results, nodeids, out, mode):
+                print(f"passed on rerun ({backend}, {mode}, alone, serially): {key}",
+                      flush=True)
+            all_results.append((backend, mode, results))
+            problems, line = summarize(backend, results, args.compare, mode)
+            lines.append(f"{line}  ({elapsed:.0f} s)")
+            all_problems += [f"({mode}) {p}" for p in problems]
     print("\n== LangGraph's own suite with SecureSaver ==")
     for line in lines:
         print(line)
-    for backend, results in all_results:
-        for key, reason in KNOWN_ARTIFACTS.get(backend, {}).items():
+    for backend, mode, results in all_results:
+        for key, reason in known_artifacts(backend, mode, args.compare).items():
             if key in results:
-                print(f"known harness artifact ({backend}): {key}: {reason}")
+                print(f"known harness artifact ({backend}, {mode}): {key}: {reason}")
     for problem in all_problems:
         print("FAIL", problem)
     return 1 if all_problems else 0
