@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .registry import Registry
     from .retention import PruneReport, RetentionPolicy
     from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
+    from .store import SecureStore
     from .tenancy import current_tenant_scope, tenant_scope
 
 __version__ = "0.1.0"
@@ -55,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "Registry": "registry",
     **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
     **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),
+    "SecureStore": "store",
     **dict.fromkeys(("current_tenant_scope", "tenant_scope"), "tenancy"),
 }
 
@@ -92,6 +94,7 @@ __all__ = [
     "RetentionPolicy",
     "SecureSaver",
     "SecureSaverError",
+    "SecureStore",
     "TamperedDataError",
     "TenantKeys",
     "TenantRequired",

@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 COVERED_HERE = {"quickstart_sqlite.py", "async_postgres_service.py", "starlette_app.py",
-                "react_agent_idempotent.py", "retention_pruner.py", "key_rotation.py"}
+                "react_agent_idempotent.py", "retention_pruner.py", "key_rotation.py",
+                "react_agent_store.py"}
 COVERED_BY_TEST_SERVER = {"langgraph_server"}
 
 
@@ -142,3 +143,17 @@ def test_key_rotation(tmp_path: Path) -> None:
     assert "retired master versions: ['1', '2'] ok: True" in out
     assert "still readable: ['written under master v1', 'written under data key v2']" in out
     assert "keyring versions now: ['3']" in out
+
+
+def test_react_agent_store(tmp_path: Path) -> None:
+    """Runs twice in a row in one directory: the second run opens the first run's keys and
+    memories (and recalls both runs' facts); every run keeps the fact off the disk."""
+    first = run_example("react_agent_store.py", tmp_path)
+    second = run_example("react_agent_store.py", tmp_path)
+    for out in (first, second):
+        assert "acme: (remember) remembered" in out
+        assert "acme, another thread: (recall) prefers invoices" in out
+        assert "globex: (recall) nothing remembered" in out
+        assert "fact on disk: False" in out
+        assert "e-mail shown to the embedder: False" in out
+    assert second.count("prefers invoices") == 2 and first.count("prefers invoices") == 1

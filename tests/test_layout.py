@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                               "report_html", "scan",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "connect", "server", "demo", "demo_run",
-                                  "recover"})),
+                                  "recover", "store", "store.*"})),
     ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events"})),
     # the facades: the package and the idempotency package re-export names of every layer
     ("package", frozenset({"", "idempotency"})),
