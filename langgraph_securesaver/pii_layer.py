@@ -123,14 +123,21 @@ class PiiLayer:
         # one query for the tokens already found in the bytes; other channels look up their own
         originals = lookup([t for found in known.values() if found for t in found])
 
+        token_key = self.token_key(keys)
+
         def restore_channel(ch: str, value: Any) -> Any:
             in_bytes = known.get(ch)
             if in_bytes is None:
-                return self.redactor.restore_value(value, lookup)
-            if not in_bytes:
-                return value
-            return self.redactor.restore_value(
-                value, lookup, originals={t: originals[t] for t in in_bytes if t in originals})
+                out = self.redactor.restore_value(value, lookup)
+            elif not in_bytes:
+                out = value
+            else:
+                out = self.redactor.restore_value(
+                    value, lookup, originals={t: originals[t] for t in in_bytes if t in originals})
+            # what the tenant reads back was paid for when stored: writing it again after a
+            # restart (cold caches) must not spend, and so withhold, the new write's budget
+            self.redactor.remember_read(out, channel=ch, token_key=token_key)
+            return out
 
         checkpoint = tup.checkpoint.copy()
         checkpoint["channel_values"] = {

@@ -63,36 +63,42 @@ class BudgetedDetection(Detection):
                 "hard_max_chars": policy.hard_max_chars, "time_budget": policy.time_budget,
                 "max_detections": policy.max_detections}
 
-    def _budgeted_detect(self, text: str, policy: RedactionPolicy,
-                         spend: Spend) -> Raw | str:
+    def _budgeted_detect(self, text: str, policy: RedactionPolicy, spend: Spend,
+                         free: bool = False) -> Raw | str:
         """Raw detections of ``text``, or why it must be withheld. Raises RedactionError when
-        the write's budget is spent and its policy refuses rather than withholds."""
+        the write's budget is spent and its policy refuses rather than withholds.
+
+        ``free``: ``text`` is (part of) a string the tenant read back from storage (see
+        :mod:`.readback`), paid for when it was stored: it is analyzed within its own time
+        budget, whatever the write has spent, and is not charged to the write."""
         spend.calls += 1
         if spend.calls > YIELD_AFTER and not spend.calls % YIELD_EVERY:
             time.sleep(0)  # a large write hands the GIL to other requests between strings
         spent = spend.exceeded
-        if spent is not None and spend.budget is not None and spend.budget.on_exceed == "mask":
+        if (not free and spent is not None and spend.budget is not None
+                and spend.budget.on_exceed == "mask"):
             spend.withheld += 1  # the fast path of a write past its budget (a hostile one)
             return spent
-        reason = spend.admit(len(text))
+        reason = None if free else spend.admit(len(text))
         if reason is not None:
             return reason
         self._ensure_engine()  # building the engine is not analysis time of this write
         units = max(1, -(-len(text) // policy.max_chars))
         own = policy.time_budget * units
-        left = spend.remaining()
+        left = own / WALL_SLACK if free else spend.remaining()
         # the budget counts CPU seconds (a loaded machine does not make a turn "bigger"); one
         # string may take up to WALL_SLACK times what is left in wall-clock time
         limit = max(0.0, min(own, left * WALL_SLACK))
         pool = shared_pool()
         clock, cpu = self._clock, self._cpu_clock
         answer = None
-        if (pool.enabled and not self._custom_analyzer and spend.chars > pool.offload_after
+        offload = free or spend.chars > pool.offload_after
+        if (pool.enabled and not self._custom_analyzer and offload
                 and len(text) <= policy.hard_max_chars):
             answer = pool.detect(text, self._worker_params(policy), limit)
         if answer is not None:
             raw, why, took = answer
-            spend.charge(took)
+            spend.charge(0.0 if free else took)
         else:
             started, used = clock(), cpu()
             try:
@@ -100,10 +106,10 @@ class BudgetedDetection(Detection):
             except Overrun as exc:
                 raw, why = None, str(exc)
             finally:
-                spend.charge(cpu() - used)
+                spend.charge(0.0 if free else cpu() - used)
         if raw is not None:
             return raw
         reason = why or "time budget"
-        if reason == "time budget" and left * WALL_SLACK < own:  # the write's deadline bound
+        if reason == "time budget" and left * WALL_SLACK < own and not free:  # write deadline
             return spend.overran()
         return reason

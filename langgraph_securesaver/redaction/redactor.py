@@ -20,12 +20,7 @@ from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
 from .budget import Spend
-from .caches import (
-    Cache,
-    Cached,
-    IdentityCache,
-    vault_size,
-)
+from .caches import Cache, Cached, IdentityCache, vault_size
 from .engine import (
     DEFAULT_PHONE_REGIONS,
     LANGUAGE,
@@ -39,6 +34,7 @@ from .errors import RedactionError
 from .numbers import NumberRedaction
 from .offload import BudgetedDetection
 from .policy import RedactionPolicy
+from .readback import ReadBack
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
     TOKEN_HEX_CHARS,
     TOKEN_RE,
@@ -79,8 +75,8 @@ _WITHHELD_MARKER = mask_marker(WITHHELD)
 class _Call:
     """State of one call: context, policy, key, collected vault entries and counters."""
 
-    __slots__ = ("analyzed", "chars", "ctx", "found", "hits", "key", "policy", "scopes", "seen",
-                 "spend")
+    __slots__ = ("analyzed", "chars", "ctx", "found", "free", "hits", "key", "policy", "scopes",
+                 "seen", "spend", "unbilled")
 
     def __init__(self, ctx: bytes, key: bytes, policy: RedactionPolicy, spend: Spend) -> None:
         self.spend = spend  # the budget of the write this call belongs to
@@ -93,6 +89,8 @@ class _Call:
         self.analyzed = 0
         self.chars = 0
         self.found: list[Entity] = []
+        self.free: dict[int, str] | None = None  # strings read back (see .readback), by id
+        self.unbilled = 0  # > 0 while redacting one of them: analysis not charged
 
     def add(self, entries: Sequence[VaultEntry]) -> None:
         top = self.scopes[-1]
@@ -164,6 +162,8 @@ class Redactor(BudgetedDetection, NumberRedaction):
         # per conversation: the last list of messages and its results (prefix reuse)
         self._list_cache = Cache(max(cache_size // 16, 1) if cache_size > 0 else 0,
                                  cache_max_chars)
+        # message objects handed out by reads: their content was paid for when stored
+        self._readback = ReadBack(cache_size > 0)
         self._stats = RedactionStats()
         self._process_key = secrets.token_bytes(32)
         self._known_labels: frozenset[str] | None = None
@@ -214,6 +214,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
         self._identity_cache.clear()
         self._list_cache.clear()
         self._restore_cache.clear()
+        self._readback.clear()
 
     # -- public API --------------------------------------------------------------------------
     def redact(self, text: str, *, token_key: bytes | None = None,
@@ -256,6 +257,14 @@ class Redactor(BudgetedDetection, NumberRedaction):
         finally:
             self._flush(call)
         return result, list(call.scopes[0].values())
+
+    def remember_read(self, value: Any, *, channel: str | None, token_key: bytes) -> None:
+        """``value`` was just read back for the tenant of ``token_key``: analysis of its
+        messages' strings, stored and paid for before, is not charged to a later write."""
+        policy = self.policy.for_channel(channel)
+        if policy is not None:
+            key = self._check_key(token_key, required=True)
+            self._readback.remember(self._new_call(policy, key).ctx, value)
 
     def find_tokens(self, value: Any) -> list[str]:
         """The distinct tokens in ``value``, in order of first appearance."""
@@ -433,9 +442,14 @@ class Redactor(BudgetedDetection, NumberRedaction):
         walker: Walker
 
         def on_str(s: str, depth: int, is_key: bool) -> str:
-            if not is_key and looks_like_json(s):
-                return self._redact_json(s, call, depth)
-            return self._redact_str_named(s, None if is_key else walker.name, call)
+            free = call.free is not None and call.free.get(id(s)) is s
+            call.unbilled += free
+            try:
+                if not is_key and looks_like_json(s):
+                    return self._redact_json(s, call, depth)
+                return self._redact_str_named(s, None if is_key else walker.name, call)
+            finally:
+                call.unbilled -= free
 
         def on_message(msg: Any, depth: int) -> Any:
             return self._redact_message(msg, call, walker, depth)[0]
@@ -537,9 +551,12 @@ class Redactor(BudgetedDetection, NumberRedaction):
             call.add(vault)
         else:
             call.push()
+            outer = call.free
+            call.free = self._readback.exempt(call.ctx, msg) or outer
             try:
                 result = walker.walk_message_guarded(msg, depth)
             finally:
+                call.free = outer
                 vault = call.pop()
             if dumped is not None:
                 self._message_cache.put(content_key, (result, vault),
@@ -608,7 +625,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
     def _redact_batch(self, texts: list[str], call: _Call) -> None:
         """Analyze ``texts`` joined by a separator no recognizer matches across; cache each."""
         joined = BATCH_SEP.join(texts)
-        found = self._budgeted_detect(joined, call.policy, call.spend)
+        found = self._budgeted_detect(joined, call.policy, call.spend, call.unbilled > 0)
         if isinstance(found, str):
             return  # nothing cached: each string is then analyzed on its own, with its budget
         starts: list[int] = []
@@ -640,7 +657,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
             return hit
         if not self._custom_analyzer and not may_have_pii(s):
             return Cached(s, (), ())
-        found = self._budgeted_detect(s, call.policy, call.spend)
+        found = self._budgeted_detect(s, call.policy, call.spend, call.unbilled > 0)
         if isinstance(found, str):
             return self._withheld(s, call, found)
         return self._store_plain(s, self._finish(s, found, call.policy), call)
