@@ -1,6 +1,6 @@
 """After a restart, a long conversation keeps its old messages; the write budget still holds.
 
-The conversation (tests/scripts/budget_restart.py) holds 24 JSON tool outputs of ~100 KB on
+The conversation (tests/scripts/budget_restart.py) holds 24 JSON tool outputs of ~120 KB on
 SQLite, written with default settings. A fresh process (cold caches) then takes one more
 turn: re-analyzing the old outputs costs more than the write budget (its character bound
 alone, which does not depend on the machine's speed), yet nothing stored before may be
@@ -107,3 +107,44 @@ def test_new_content_of_the_same_size_is_still_withheld(
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("copy.db*"))
     assert b"customer.x1000@example.com" not in stored
     assert b"customer.y1000@example.com" not in stored
+
+
+def _notes(n: int, salt: str = "") -> list[ToolMessage]:
+    return [ToolMessage(f"note {salt}{i}: {'x' * 300} mail user{salt}{i}@example.com",
+                        tool_call_id=f"c{i}", id=f"m{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize("attack", ["other tenant", "edited in place", "copied text",
+                                    "new message"])
+def test_only_what_this_tenant_read_back_is_free(attack: str) -> None:
+    """A budget of one string: the read-back messages go through whole; anything else past
+    the first string is withheld -- another tenant's key, content replaced in place (even by
+    an equal copy), a message that was never read."""
+    pool_mod.configure_pool(0)
+    try:
+        redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=1)))
+        read = _notes(6)
+        redactor.remember_read(read, channel="messages", token_key=b"a" * 32)
+        key = b"a" * 32
+        if attack == "other tenant":
+            key = b"b" * 32
+        elif attack == "edited in place":
+            for m in read:
+                m.content = m.content.replace("user", "victim")
+        elif attack == "copied text":
+            for m in read:
+                m.content = "".join(list(str(m.content)))
+        else:
+            read = read + _notes(3, salt="new")
+        out, _ = redactor.redact_value(read, channel="messages", token_key=key)
+        withheld = [m.id for m in out if WITHHELD in str(m.content)]
+        assert withheld and len(withheld) >= 2, attack
+        # the honest case: the same messages, read back by this tenant, all go through
+        honest = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=1)))
+        again = _notes(6)
+        honest.remember_read(again, channel="messages", token_key=b"a" * 32)
+        out, vault = honest.redact_value(again, channel="messages", token_key=b"a" * 32)
+        assert not [m.id for m in out if WITHHELD in str(m.content)]
+        assert all("<EMAIL_ADDRESS:" in str(m.content) for m in out) and len(vault) == 6
+    finally:
+        pool_mod.configure_pool()

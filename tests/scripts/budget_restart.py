@@ -23,7 +23,7 @@ from langgraph.graph.message import add_messages
 from langgraph_securesaver import Keyring, SecureSaver
 
 TURNS = 24
-RECORDS = 420  # ~100 KB of JSON per tool output
+RECORDS = 500  # ~120 KB of JSON per tool output
 THREAD = {"configurable": {"thread_id": "conv", "tenant_id": "acme"}}
 WORDS = ("order shipped delayed refund invoice customer ticket escalated resolved pending "
          "warehouse priority contact address billing account").split()
