@@ -9,7 +9,8 @@ refused with :class:`RedactionError`, per ``on_exceed``.
 
 Only work counts: strings answered from the redactor's caches and strings the pre-filter
 shows cannot hold anything detectable cost nothing, so a long conversation pays for its new
-turn only.
+turn only. Message content the tenant read back (:mod:`.readback`) is analyzed again after a
+restart but never charged: what a thread already stored is never withheld by the budget.
 
 :func:`write_scope` makes the redactions of one write share one :class:`Spend` (the saver
 opens it around a put's channels and metadata); a redaction outside any scope is a write of
