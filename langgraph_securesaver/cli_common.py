@@ -122,10 +122,20 @@ def load_keyring(path: Path | None) -> Keyring:
 
 
 
+class EscapingFormatter(logging.Formatter):
+    """Log lines with control characters escaped line by line: library log lines name
+    tenants and threads read from the database (see :mod:`.textsafety`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(escape_controls(line) for line in super().format(record).split("\n"))
+
+
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        handlers=[handler])
     if not verbose:  # the pool logs each failed connection attempt with a traceback
         logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 

@@ -152,3 +152,22 @@ def test_decimal_forms_of_a_card_are_redacted(redactor: Redactor) -> None:
 def test_a_doubly_percent_encoded_address_is_redacted(redactor: Redactor) -> None:
     out = _redact(redactor, {"u": "https://x.test/login?next=%2Fmail%3Fto%3Dalice%2540example.com"})
     assert "alice" not in repr(out)
+
+
+def test_cli_log_lines_escape_ids_read_from_the_database(tmp_path: Any) -> None:
+    """Library log lines name tenants and threads with ``%s`` (recovery, rotation); under
+    the CLI they reach the operator's terminal, so its log handler escapes them."""
+    import subprocess
+    import sys
+    script = (
+        "import logging, sys\n"
+        "from langgraph_securesaver.cli_common import main\n"
+        "main(verbose=False)\n"
+        "logging.getLogger('langgraph_securesaver.idempotency.recovery').error(\n"
+        "    'recovery of %s/%s failed outside the run', 'acme', '\\x1b]0;pwned\\x07\\x1b[2J',\n"
+        "    exc_info=ValueError('thread \\x1b[31mred\\u202e'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "pwned" in done.stderr and "red" in done.stderr
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert "\u202e" not in done.stderr
