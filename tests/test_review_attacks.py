@@ -171,3 +171,82 @@ def test_cli_log_lines_escape_ids_read_from_the_database(tmp_path: Any) -> None:
     assert "pwned" in done.stderr and "red" in done.stderr
     assert "\x1b" not in done.stderr and "\x07" not in done.stderr
     assert "\u202e" not in done.stderr
+
+
+# -- key secrecy: operations other than reads and rewrap on tampered key rows -----------------
+def _op(url: str, ring_path: Any, op: str) -> object:
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_securesaver.demo import build_chat_graph
+    ring = Keyring.from_file(ring_path)
+    with SecureSaver.from_url(url, keyring=ring) as saver:
+        cfg: Any = {"configurable": {"thread_id": "t1", "tenant_id": "acme"}}
+        if op == "reencrypt":
+            return saver.reencrypt()
+        if op == "rotate_data_key":
+            return saver.rotate_data_key("acme")
+        if op == "rotate_keys":
+            return saver.rotate_keys()
+        if op == "forget_pii":
+            return saver.forget_pii("acme", "ann@example.com")
+        if op == "pii_inventory":
+            return saver.pii_inventory("acme")
+        if op == "invoke":
+            return build_chat_graph(saver).invoke({"messages": [HumanMessage("again")]}, cfg)
+        if op == "list":
+            return list(saver.list(cfg))
+        if op == "delete_thread":
+            with tenant_scope("acme"):
+                return saver.delete_thread("t1")
+        raise AssertionError(op)
+
+
+async def _aop(url: str, ring_path: Any, op: str) -> object:
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_securesaver.demo import build_chat_graph
+    ring = Keyring.from_file(ring_path)
+    async with SecureSaver.afrom_url(url, keyring=ring) as saver:
+        cfg: Any = {"configurable": {"thread_id": "t1", "tenant_id": "acme"}}
+        if op == "ainvoke":
+            return await build_chat_graph(saver).ainvoke({"messages": [HumanMessage("x")]}, cfg)
+        return [c async for c in saver.alist(cfg)]
+
+
+_OPS = ["reencrypt", "rotate_data_key", "rotate_keys", "forget_pii", "pii_inventory",
+        "invoke", "list", "delete_thread", "ainvoke", "alist"]
+
+
+@pytest.mark.parametrize("op", _OPS)
+@pytest.mark.parametrize("case", ["altered data row v2", "altered index row"])
+def test_operations_on_tampered_key_rows_leak_no_key(case: str, op: str, tmp_path: Any) -> None:
+    import asyncio
+    from functools import partial
+
+    from . import test_no_side_doors_keys as keys_tests
+    from .secrecy_helpers import leaks
+    url, ring_path, found = keys_tests._database(tmp_path)
+    statement, params = keys_tests._TAMPER[case]
+    keys_tests._sql(url, statement, *params)
+    if op.startswith("a"):
+        def run() -> object:
+            return asyncio.run(_aop(url, ring_path, op))
+        fn: Any = run
+    else:
+        fn = partial(_op, url, ring_path, op)
+    exc, result = _outcome(fn)
+    if exc is not None:   # formatted as error reporters do
+        hits = leaks(exc, found)
+        assert not hits, (op, type(exc).__name__, hits)
+    else:   # refusals kept in a report: its text holds no key either
+        shown = repr(result) + repr(getattr(result, "__dict__", ""))
+        assert not [n for _, n in found.needles() if n in shown], (op, shown)
+
+
+def _outcome(fn: Any) -> tuple[BaseException | None, object]:
+    """What ``fn`` raised or returned, from a frame that holds no secret (the test's frame
+    holds them all)."""
+    try:
+        return None, fn()
+    except Exception as exc:
+        return exc, None
