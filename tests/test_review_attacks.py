@@ -250,3 +250,36 @@ def _outcome(fn: Any) -> tuple[BaseException | None, object]:
         return None, fn()
     except Exception as exc:
         return exc, None
+
+
+# -- run tenants with a default tenant ----------------------------------------------------------
+def _run_config(saver: SecureSaver) -> Any:
+    """A config exactly as LangGraph hands put_writes, captured from inside acme's run."""
+    seen: list[Any] = []
+    original = saver.put_writes
+
+    def spy(config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        seen.append(config)
+        original(config, writes, task_id, task_path)
+    saver.put_writes = spy  # type: ignore[method-assign]
+    try:
+        with tenant_scope("acme"):
+            _graph(saver).invoke({"log": ["acme-secret"]}, CFG)
+    finally:
+        del saver.put_writes
+    return seen[-1]
+
+
+def test_an_ambiguous_run_files_nothing_under_the_default_tenant() -> None:
+    """docs/tenancy.md: an ambiguous run resolves nobody -- with a ``default_tenant`` too:
+    acme's tenant-less writes must not land in the default tenant's thread."""
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                        default_tenant="public")
+    config = _run_config(saver)
+    with tenant_scope("globex"), pytest.raises(AccessDenied):
+        saver.put_writes(config, [("log", ["globex"])], "task-x")
+    with pytest.raises(TenantRequired):
+        saver.put_writes(config, [("log", ["acme-late"])], "task-y")
+    with tenant_scope("public"):
+        public = saver.get_tuple(CFG)
+    assert public is None or not any(t == "task-y" for t, _c, _v in public.pending_writes)
