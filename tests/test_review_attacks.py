@@ -283,3 +283,20 @@ def test_an_ambiguous_run_files_nothing_under_the_default_tenant() -> None:
     with tenant_scope("public"):
         public = saver.get_tuple(CFG)
     assert public is None or not any(t == "task-y" for t, _c, _v in public.pending_writes)
+
+
+# -- invisible characters in ids ----------------------------------------------------------------
+@pytest.mark.parametrize("char", ["\u2060", "\ufeff", "\u180e", "\u200b", "\U000e0041",
+                                  "\u034f", "\u2064"])
+@pytest.mark.xfail(strict=True, reason=(
+    "default-ignorable characters (word joiner, BOM, Mongolian vowel separator, zero-width "
+    "space, tag characters, CGJ, invisible plus) are accepted in ids and printed raw: "
+    "'acme' and 'acme<U+2060>' are two tenants that an operator's terminal shows alike"))
+def test_two_tenants_never_print_alike(char: str) -> None:
+    from langgraph_securesaver.cli_common import shown
+    from langgraph_securesaver.tenancy import validate_tenant
+    try:
+        validate_tenant(f"ac{char}me")
+    except ConfigurationError:
+        return
+    assert char not in shown(f"ac{char}me")   # shown escaped, as controls are
