@@ -77,7 +77,8 @@ def demo(
     if db.exists() and not db.is_file():
         raise fail(f"--db {db} is not a file")
     try:
-        ok = run_demo(db, keyring_path=keyring, keep=keep, console=console)
+        ok = run_demo(db, keyring_path=Path(keyring) if keyring else None, keep=keep,
+                      console=console)
     except (SecureSaverError, ConfigurationError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
@@ -201,7 +202,8 @@ def _print_report(report: Any) -> None:
 def shred_tenant(
     tenant: Annotated[str, typer.Argument(help="The tenant to crypto-shred.")],
     url: UrlOption,
-    keyring: Annotated[Path, typer.Option("--keyring", help="Keyring file (it is rewritten).")],
+    keyring: Annotated[str, typer.Option(
+        "--keyring", help="Keyring file (it is rewritten) or key provider URL.")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     requested_by: Annotated[str | None, typer.Option("--requested-by")] = None,
 ) -> None:

@@ -40,6 +40,7 @@ from .errors import (
 )
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .inner_access import InnerAccess
+from .key_urls import is_provider_url, provider_from_url
 from .keyring import KeyProvider, Keyring
 from .listing import (
     ARows,
@@ -468,6 +469,8 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
 def _keyring_of(keyring: KeyringArg) -> Any:
     """A provider for ``keyring=``: a path is loaded as a keyring file (mode and owner
     checked), None reads the environment."""
+    if isinstance(keyring, str) and is_provider_url(keyring):
+        return provider_from_url(keyring)
     if isinstance(keyring, (str, os.PathLike)):
         return Keyring.from_file(keyring)
     if keyring is None:
