@@ -41,6 +41,9 @@ _REFUSED = frozenset({"InvalidCiphertextException", "IncorrectKeyException",
                       "NotFoundException", "KMSInvalidStateException", "DisabledException",
                       "InvalidKeyUsageException", "ValidationException"})
 _AAD_PREFIX = b"securesaver/aad/v1"
+#: tag key prefix naming a database a KMS key serves (the tag value is its label)
+_DB_TAG = "securesaver-db:"
+_TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.:/=+-@")
 #: days KMS waits before deleting a retired key (its minimum; it can be cancelled meanwhile)
 DEFAULT_DELETION_DAYS = 7
 
@@ -184,6 +187,7 @@ class AwsKmsKeyProvider:
                              Description=f"langgraph-securesaver master key ({self.key})",
                              KeyUsage="ENCRYPT_DECRYPT", KeySpec="SYMMETRIC_DEFAULT")
         new = created["KeyMetadata"]["KeyId"]
+        self._copy_database_tags(self.current_version, new)
         self._call("UpdateAlias", self._client.update_alias, AliasName=self.key,
                    TargetKeyId=new)
         with self._lock:
@@ -218,6 +222,48 @@ class AwsKmsKeyProvider:
         for version in self.versions():
             if version != current:
                 self.retire_version(version)
+
+    # the databases this provider serves (tags on its KMS keys) ------------------------------
+    def record_database(self, database_id: str, label: str) -> None:
+        """Tag the current KMS key with ``database_id`` so destructive operations elsewhere
+        see that this database depends on it (needs ``kms:TagResource``; a failure is
+        logged, and the database then counts as unknown to :meth:`other_databases`)."""
+        key = self.current_version
+        try:
+            if _DB_TAG + database_id in self._tags(key):
+                return
+            self._call("TagResource", self._client.tag_resource, KeyId=key,
+                       Tags=[{"TagKey": _DB_TAG + database_id, "TagValue": _tag_value(label)}])
+        except (KeyProviderUnavailable, ConfigurationError) as exc:
+            logger.warning("could not tag KMS key %s with database %s: %s", key, database_id,
+                           exc)
+
+    def other_databases(self, database_id: str) -> dict[str, str]:
+        """Databases other than ``database_id`` whose id is tagged on any KMS key this
+        provider knows (the current one included): shredding or retiring here is refused."""
+        out: dict[str, str] = {}
+        for version in self.versions():
+            for tag, label in self._tags(version).items():
+                if tag.startswith(_DB_TAG) and tag != _DB_TAG + database_id:
+                    out[tag[len(_DB_TAG):]] = label
+        return out
+
+    def forget_database(self, database_id: str) -> None:
+        """Remove ``database_id``'s tag from every known KMS key (it was decommissioned)."""
+        for version in self.versions():
+            if _DB_TAG + database_id in self._tags(version):
+                self._call("UntagResource", self._client.untag_resource, KeyId=version,
+                           TagKeys=[_DB_TAG + database_id])
+
+    def _tags(self, key: str) -> dict[str, str]:
+        listed = self._call("ListResourceTags", self._client.list_resource_tags, KeyId=key)
+        return {t["TagKey"]: t["TagValue"] for t in listed.get("Tags", [])}
+
+    def _copy_database_tags(self, old: str, new: str) -> None:
+        tags = [{"TagKey": k, "TagValue": v} for k, v in self._tags(old).items()
+                if k.startswith(_DB_TAG)]
+        if tags:
+            self._call("TagResource", self._client.tag_resource, KeyId=new, Tags=tags)
 
     # calling KMS --------------------------------------------------------------------------
     def _call(self, operation: str, method: Any, *, tenant: str | None = None,
@@ -275,3 +321,8 @@ def _client(region: str | None) -> Any:
         problem = type(exc).__name__
     raise ConfigurationError(
         f"cannot create a KMS client ({problem}): set ?region= or AWS_DEFAULT_REGION")
+
+
+def _tag_value(label: str) -> str:
+    """A database label as a KMS tag value (its allowed characters, at most 256)."""
+    return "".join(c if c in _TAG_CHARS else "_" for c in label)[:256]

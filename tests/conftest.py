@@ -95,9 +95,12 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Raw]:
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[int]:
     """moto's standalone server (a real HTTP KMS API) on a free loopback port; its port."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
     from .kms_helpers import free_port
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)   # one line per request otherwise
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
