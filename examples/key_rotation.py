@@ -6,25 +6,25 @@ new writes, and ``saver.rotate_keys(reencrypt=True, retire_old=True)``, which re
 stored ciphertext online and forgets master versions nothing uses. Old checkpoints stay
 readable at every step. The same from the shell:
 
-    securesaver rotate-keys --url sqlite:///rotation.db --keyring rotation.db.keyring.json \
+    securesaver rotate-keys --url sqlite:///rotation.db --keyring keyring.json \
         --reencrypt --retire-old
 
-Run:  python examples/key_rotation.py [DB_PATH]        (default: ./rotation.db)
+Run:  python examples/key_rotation.py
+      (from any directory; its database and keyring go to
+      ./.securesaver-examples/key_rotation/, removed and recreated on every run)
 """
-
-import sys
-from pathlib import Path
 
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.demo import build_chat_graph, example_workspace
 
 
-def main(db: str = "rotation.db") -> None:
-    ring_path = Path(db + ".keyring.json")
-    if not ring_path.exists():                # `securesaver keygen --out ...` does this
-        Keyring.generate().save(ring_path)
+def main() -> None:
+    workspace = example_workspace("key_rotation")   # a fresh dir and keyring.json in it
+    print(workspace.describe())
+    db = str(workspace.path / "rotation.db")
+    ring_path = workspace.path / "keyring.json"
     keyring = Keyring.from_file(ring_path)
     config = {"configurable": {"thread_id": "t-1", "tenant_id": "acme"}}
     with SecureSaver.from_url(f"sqlite:///{db}", keyring=keyring) as saver:
@@ -49,4 +49,4 @@ def main(db: str = "rotation.db") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

@@ -4,17 +4,21 @@ Shows: a keyring file, ``SecureSaver.from_url`` on SQLite, a graph compiled with
 conversation continued by a fresh saver on the same file (as after a restart), and that the
 database file holds none of the conversation's words.
 
-Run:  python examples/quickstart_sqlite.py [DB_PATH]        (default: ./quickstart.db)
+Run:  python examples/quickstart_sqlite.py
+      (from any directory; its database and keyring go to
+      ./.securesaver-examples/quickstart_sqlite/, removed and recreated on every run)
 """
 
-import sys
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import ScriptedChatModel  # a chat model that needs no API key
+from langgraph_securesaver.demo import (
+    ScriptedChatModel,  # a chat model that needs no API key
+    example_workspace,
+)
 
 model = ScriptedChatModel()
 
@@ -26,11 +30,11 @@ def build(checkpointer: SecureSaver):
     return builder.compile(checkpointer=checkpointer)
 
 
-def main(db: str = "quickstart.db") -> None:
-    ring_path = Path(db + ".keyring.json")
-    if not ring_path.exists():                      # `securesaver keygen --out ...` does this
-        Keyring.generate().save(ring_path)
-    keyring = Keyring.from_file(ring_path)
+def main() -> None:
+    workspace = example_workspace("quickstart_sqlite")   # a fresh dir and keyring.json in it
+    print(workspace.describe())
+    db = str(workspace.path / "quickstart.db")
+    keyring = Keyring.from_file(workspace.path / "keyring.json")   # `securesaver keygen --out`
     config = {"configurable": {"thread_id": "t-1", "tenant_id": "acme"}}
 
     with SecureSaver.from_url(f"sqlite:///{db}", keyring=keyring) as saver:
@@ -47,4 +51,4 @@ def main(db: str = "quickstart.db") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

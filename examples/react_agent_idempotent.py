@@ -7,10 +7,11 @@ replayed from the idempotency store instead of being sent again, and the payment
 the same idempotency key on both attempts. (``langchain.agents.create_agent`` takes the same
 kind of tool list: pass it the wrapped ToolNode.)
 
-Run:  python examples/react_agent_idempotent.py [DB_PATH]     (default: ./agent.db)
+Run:  python examples/react_agent_idempotent.py
+      (from any directory; its database and keyring go to
+      ./.securesaver-examples/react_agent_idempotent/, removed and recreated on every run)
 """
 
-import sys
 import warnings
 
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -19,7 +20,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.prebuilt import create_react_agent
 
-from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver import SecureSaver
+from langgraph_securesaver.demo import example_workspace
 from langgraph_securesaver.idempotency import current_idempotency_key, idempotent_tool_node
 
 SENT: list[str] = []            # what the outside world saw
@@ -65,9 +67,12 @@ class TwoToolModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
-def main(db: str = "agent.db") -> None:
+def main() -> None:
+    workspace = example_workspace("react_agent_idempotent")   # a fresh dir and keyring.json
+    print(workspace.describe())
+    db = workspace.path / "agent.db"
     config = {"configurable": {"thread_id": "order-42", "tenant_id": "acme"}}
-    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=workspace.keyring) as saver:
         with warnings.catch_warnings():      # create_react_agent is deprecated upstream
             warnings.simplefilter("ignore")
             # version="v1": both tool calls run as one task, so a failure re-runs the sibling
@@ -86,4 +91,4 @@ def main(db: str = "agent.db") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

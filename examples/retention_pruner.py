@@ -11,17 +11,18 @@ hold is reported, never obeyed); without one it exits 2 and touches nothing:
 
 The example pretends 40 days have passed (``clock``) so the sweep has something to do.
 
-Run:  python examples/retention_pruner.py [DB_PATH]      (default: ./retention.db)
+Run:  python examples/retention_pruner.py
+      (from any directory; its database and keyring go to
+      ./.securesaver-examples/retention_pruner/, removed and recreated on every run)
 """
 
 import asyncio
-import sys
 import time
 
 from langchain_core.messages import HumanMessage
 
-from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_scope
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver import RetentionPolicy, SecureSaver, tenant_scope
+from langgraph_securesaver.demo import build_chat_graph, example_workspace
 
 DAY = 86400.0
 
@@ -39,9 +40,12 @@ async def pruner(saver: SecureSaver, every: float, stop: asyncio.Event, clock=ti
             pass
 
 
-async def main(db: str = "retention.db") -> None:
+async def main() -> None:
+    workspace = example_workspace("retention_pruner")   # a fresh dir and keyring.json in it
+    print(workspace.describe())
+    db = workspace.path / "retention.db"
     default = RetentionPolicy(idle_ttl="90d", max_age="1y")
-    async with SecureSaver.afrom_url(f"sqlite:///{db}", keyring=Keyring.generate(),
+    async with SecureSaver.afrom_url(f"sqlite:///{db}", keyring=workspace.keyring,
                                      retention=default) as saver:
         await saver.aset_tenant_retention("globex", RetentionPolicy(idle_ttl="30d"))
         graph = build_chat_graph(saver)
@@ -69,4 +73,4 @@ async def main(db: str = "retention.db") -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:]))
+    asyncio.run(main())

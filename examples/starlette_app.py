@@ -6,14 +6,21 @@ middleware that authenticates the bearer token and runs the whole request inside
 a client tries to name another tenant (403, recorded in ``securesaver_events``). FastAPI is
 Starlette underneath: ``app.add_middleware(TenantMiddleware)`` works the same way there.
 
-Run:  python examples/starlette_app.py --demo     (drives the app in-process and exits)
-      python examples/starlette_app.py            (serves on 127.0.0.1:8000; needs uvicorn)
+Run:  python examples/starlette_app.py --demo     (drives the app in-process and exits; its
+                                                  data goes to a fresh
+                                                  ./.securesaver-examples/starlette_app_demo/)
+      python examples/starlette_app.py            (serves on 127.0.0.1:8000; needs uvicorn;
+                                                  keeps its data and keyring between runs in
+                                                  ./.securesaver-examples/starlette_app/, or
+                                                  uses $SECURESAVER_URL and
+                                                  $SECURESAVER_MASTER_KEY)
       curl -H 'Authorization: Bearer token-acme' -d '{"text": "hi"}' localhost:8000/chat/t1
 """
 
 import os
 import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
@@ -23,10 +30,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.demo import ScriptedChatModel
+from langgraph_securesaver.demo import ScriptedChatModel, example_workspace
 
 TOKENS = {"token-acme": "acme", "token-globex": "globex"}   # your identity provider, really
-DB_URL = os.environ.get("SECURESAVER_URL", "sqlite:///starlette_app.db")
+# where the served app keeps its data (kept between runs, with its keyring beside it);
+# --demo uses a fresh directory instead
+DATA = Path.cwd() / ".securesaver-examples" / "starlette_app"
+SETTINGS = {"url": os.environ.get("SECURESAVER_URL", f"sqlite:///{DATA / 'app.db'}"),
+            "keyring": str(DATA / "keyring.json")}
 model = ScriptedChatModel()
 
 
@@ -72,14 +83,13 @@ async def threads(request: Request) -> JSONResponse:
 async def lifespan(app: Starlette):
     if os.environ.get("SECURESAVER_MASTER_KEY"):
         keyring = Keyring.from_env()
-    else:                                   # a local keyring file next to the demo database
-        path = DB_URL.removeprefix("sqlite:///") + ".keyring.json"
-        if os.path.exists(path):
-            keyring = Keyring.from_file(path)
-        else:
-            keyring = Keyring.generate()
-            keyring.save(path)
-    async with SecureSaver.afrom_url(DB_URL, keyring=keyring) as saver:
+    else:                                   # a local keyring file beside the database
+        path = Path(SETTINGS["keyring"])
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Keyring.generate().save(path)
+        keyring = Keyring.from_file(path)
+    async with SecureSaver.afrom_url(SETTINGS["url"], keyring=keyring) as saver:
         builder = StateGraph(MessagesState)
         builder.add_node("chat", lambda state: {"messages": [model.invoke(state["messages"])]})
         builder.add_edge(START, "chat")
@@ -95,6 +105,10 @@ app.add_middleware(TenantMiddleware)
 
 def demo() -> None:
     from starlette.testclient import TestClient
+    workspace = example_workspace("starlette_app_demo")   # a fresh dir and keyring.json in it
+    print(workspace.describe())
+    SETTINGS.update(url=f"sqlite:///{workspace.path / 'app.db'}",
+                    keyring=str(workspace.path / "keyring.json"))
     acme = {"Authorization": "Bearer token-acme"}
     globex = {"Authorization": "Bearer token-globex"}
     with TestClient(app) as client:

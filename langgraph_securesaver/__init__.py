@@ -9,6 +9,7 @@ if TYPE_CHECKING:
         AsyncOnlySaverError,
         ConfigurationError,
         DeltaChannelPruneError,
+        KeyringMismatch,
         KeyringRequired,
         SecureSaverError,
         TamperedDataError,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .registry import Registry
     from .retention import PruneReport, RetentionPolicy
     from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
+    from .store import SecureStore
     from .tenancy import current_tenant_scope, tenant_scope
 
 __version__ = "0.1.0"
@@ -42,8 +44,9 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "TenantKeys": "crypto",
     **dict.fromkeys(("AccessDenied", "AsyncOnlySaverError", "ConfigurationError",
-                     "DeltaChannelPruneError", "KeyringRequired", "SecureSaverError",
-                     "TamperedDataError", "TenantRequired", "UnsupportedFilterError"),
+                     "DeltaChannelPruneError", "KeyringMismatch", "KeyringRequired",
+                     "SecureSaverError", "TamperedDataError", "TenantRequired",
+                     "UnsupportedFilterError"),
                     "errors"),
     **dict.fromkeys(("IdempotencyConflict", "IdempotencyKeyReused", "IdempotencyPolicy",
                      "IdempotentToolCalls", "arecover_stalled", "current_idempotency_key",
@@ -53,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "Registry": "registry",
     **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
     **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),
+    "SecureStore": "store",
     **dict.fromkeys(("current_tenant_scope", "tenant_scope"), "tenancy"),
 }
 
@@ -83,12 +87,14 @@ __all__ = [
     "IdempotentToolCalls",
     "KeyProvider",
     "Keyring",
+    "KeyringMismatch",
     "KeyringRequired",
     "PruneReport",
     "Registry",
     "RetentionPolicy",
     "SecureSaver",
     "SecureSaverError",
+    "SecureStore",
     "TamperedDataError",
     "TenantKeys",
     "TenantRequired",

@@ -6,6 +6,7 @@ Exit codes: 0 success; 1 the command ran and found a problem (e.g. a failed chec
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 
 @app.command()
 def keygen(
-    out: Annotated[Path | None, typer.Option("--out", help="Write a keyring file (mode 0600).")]
+    out: Annotated[Path | None, typer.Option("--out", metavar="PATH",
+                                             help="Write a keyring file (mode 0600).")]
     = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
@@ -67,7 +69,8 @@ def keygen(
 
 @app.command()
 def demo(
-    db: Annotated[Path, typer.Option("--db", help="SQLite file for the demo.")] = Path(
+    db: Annotated[Path, typer.Option("--db", metavar="PATH", help="SQLite file for the demo; "
+                                     "its keyring is written beside it.")] = Path(
         "securesaver-demo.db"),
     keyring: KeyringOption = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep an existing demo database.")] = False,
@@ -78,7 +81,8 @@ def demo(
         raise fail(f"--db {db} is not a file")
     try:
         ok = run_demo(db, keyring_path=Path(keyring) if keyring else None, keep=keep,
-                      console=console)
+                      console=console,
+                      quiet_logs=not logging.getLogger().isEnabledFor(logging.INFO))
     except (SecureSaverError, ConfigurationError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
@@ -90,22 +94,28 @@ def demo(
 def prune(
     url: UrlOption,
     keyring: KeyringOption = None,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, delete nothing.")] = False,
+    tenant: Annotated[str | None, typer.Option("--tenant", metavar="TENANT",
+                                               help="Only this tenant.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Report what this command would do with the same options (the same "
+        "checks, --active-grace included); delete nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     every: Annotated[str | None, typer.Option(
-        "--every", help="Keep running, one sweep per interval (e.g. 10m); stops on SIGTERM.")]
+        "--every", metavar="DURATION",
+        help="Keep running, one sweep per interval (e.g. 10m); stops on SIGTERM.")]
     = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N",
                                               help="At most this many threads per sweep.")]
     = None,
     active_grace: Annotated[str, typer.Option(
-        "--active-grace", help="Skip threads written this recently (a run may be in flight).")]
+        "--active-grace", metavar="DURATION",
+        help="Skip threads written this recently (a run may be in flight); 0s skips none.")]
     = "2m",
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
 
-    Needs the keyring (only to verify the MACs of the retention rows; nothing is decrypted).
+    Needs the keyring: it verifies the MACs of the retention rows, and authenticates the
+    latest checkpoint of a thread whose time would keep it (a forged time keeps nothing).
     Exit codes: 0 done (also when nothing expired), 1 some threads failed or their registry
     row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
     keyring, unreachable database).
@@ -121,7 +131,7 @@ def prune(
     tenant = tenant_arg(tenant)
     try:
         interval = parse_duration(every, what="--every") if every else None
-        grace = parse_duration(active_grace, what="--active-grace") or 0.0
+        grace = parse_duration(active_grace, what="--active-grace", allow_zero=True) or 0.0
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
     if interval is not None and interval <= 0:
@@ -129,8 +139,8 @@ def prune(
     ring: Any = load_keyring(keyring) if keyring else _env_keyring_or_none() or NoKeys()
     if isinstance(ring, NoKeys):  # checked before connecting: nothing is touched
         raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
-                   "verifies the MACs of the retention rows before it deletes anything (it "
-                   "decrypts nothing)")
+                   "verifies the MACs of the retention rows and authenticates the checkpoints "
+                   "whose time would keep a thread, before it deletes anything")
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -200,12 +210,15 @@ def _print_report(report: Any) -> None:
 
 @app.command("shred-tenant")
 def shred_tenant(
-    tenant: Annotated[str, typer.Argument(help="The tenant to crypto-shred.")],
+    tenant: Annotated[str, typer.Argument(metavar="TENANT", help="The tenant to crypto-shred.")],
     url: UrlOption,
     keyring: Annotated[str, typer.Option(
-        "--keyring", help="Keyring file (it is rewritten) or key provider URL.")],
+        "--keyring", metavar="PATH|URL",
+        help="Keyring file (it is rewritten) or key provider URL.")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
-    requested_by: Annotated[str | None, typer.Option("--requested-by")] = None,
+    requested_by: Annotated[str | None, typer.Option(
+        "--requested-by", metavar="WHO",
+        help="Who asked for it (recorded in the receipt; no personal data).")] = None,
 ) -> None:
     """Destroy a tenant's keys (backups included) and delete its data. Irreversible."""
     tenant = tenant_arg(tenant, "tenant") or tenant
@@ -232,21 +245,39 @@ def shred_tenant(
 @app.command()
 def recover(
     url: UrlOption,
-    graph: Annotated[str, typer.Option("--graph", help="module:attr of the graph (compiled "
-                                       "graph, StateGraph, or factory(saver)).")],
+    graph: Annotated[str | None, typer.Option(
+        "--graph", metavar="MODULE:ATTR", help="module:attr of the graph (compiled graph, "
+        "StateGraph, or factory(saver)); needed to sweep.")] = None,
     keyring: KeyringOption = None,
-    older_than: Annotated[str, typer.Option("--older-than", help="Idle time before a thread "
-                                            "with pending tasks counts as stalled.")] = "5m",
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
-    max_attempts: Annotated[int, typer.Option("--max-attempts", min=1)] = 3,
-    worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    older_than: Annotated[str | None, typer.Option(
+        "--older-than", metavar="DURATION", help="A floor on top of the recovery lease: time "
+        "since the thread's last recorded activity (database clock) before it is resumed "
+        "(default: none; a live run is never resumed whatever this says).")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", metavar="TENANT",
+                                               help="Only this tenant's threads.")] = None,
+    max_attempts: Annotated[int, typer.Option(
+        "--max-attempts", min=1, metavar="N",
+        help="Resume attempts per thread before it goes to the dead letters.")] = 3,
+    worker_id: Annotated[str | None, typer.Option(
+        "--worker-id", metavar="ID",
+        help="This worker's name in the recovery records (default: host and pid).")] = None,
     use_async: Annotated[bool, typer.Option("--async", help="Open an async saver and sweep "
                                             "with arecover_stalled (implied by "
                                             "sqlite+aiosqlite:// and "
                                             "postgresql+psycopg_async:// URLs).")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
+    = False,
+    list_dead: Annotated[bool, typer.Option("--dead-letters", help="List the dead-lettered "
+                                            "threads instead of sweeping.")] = False,
+    rearm: Annotated[str | None, typer.Option("--rearm", metavar="THREAD",
+                                              help="With --dead-letters and "
+                                              "--tenant: re-arm this dead-lettered thread "
+                                              "(a fresh attempt budget).")] = None,
 ) -> None:
     """Resume stalled threads that opted in (mark_recoverable), each by exactly one worker.
+
+    A thread is resumed only when no live process holds its recovery lease (the worker
+    running it, or another recoverer).
 
     An async URL (or --async) resumes through the async saver API (aget_state / ainvoke), for
     graphs whose nodes or checkpointer are async-only.
@@ -259,8 +290,14 @@ def recover(
     tenant = tenant_arg(tenant)
     from .idempotency.recovery import async_url
     check_url(async_url(url) or url)  # the async drivers' names open the same database
+    if list_dead or rearm is not None:
+        _dead_letters(url, keyring, tenant, rearm, as_json)
+        return
+    if graph is None:
+        raise fail("--graph is needed to sweep (or use --dead-letters)")
     try:
-        idle = parse_duration(older_than, what="--older-than") or 0.0
+        idle = (parse_duration(older_than, what="--older-than") or 0.0
+                if older_than not in (None, "0", "0s") else 0.0)
         report = recover_main(url, graph, keyring=str(keyring) if keyring else None,
                               older_than=idle, tenant=tenant, max_attempts=max_attempts,
                               worker_id=worker_id, use_async=use_async or None,
@@ -283,6 +320,36 @@ def recover(
             table.add_row(key, str(value))
         console.print(table)
     raise typer.Exit(EXIT_FOUND if report.failed or report.dead_lettered else EXIT_OK)
+
+
+def _dead_letters(url: str, keyring: str | None, tenant: str | None, rearm: str | None,
+                  as_json: bool) -> None:
+    import json
+
+    from .recover import dead_letters_main
+    try:
+        letters, rearmed = dead_letters_main(url, keyring=str(keyring) if keyring else None,
+                                             tenant=tenant, rearm=rearm, redaction=None)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
+    rows = [{"tenant": d.tenant, "thread_id": d.thread_id, "attempts": d.attempts,
+             "at": d.at, "worker": d.worker, "error_type": d.error_type} for d in letters]
+    if as_json:
+        console.print_json(json.dumps({"dead_letters": rows, "rearmed": rearmed}))
+    else:
+        from rich.table import Table
+        table = Table("tenant", "thread", "attempts", "worker", "error")
+        for row in rows:
+            table.add_row(str(row["tenant"]), str(row["thread_id"]), str(row["attempts"]),
+                          str(row["worker"] or ""), str(row["error_type"] or ""))
+        console.print(table)
+        if rearm is not None:
+            console.print(f"thread {rearm!r} " + ("re-armed" if rearmed else
+                                                  "is not dead-lettered: nothing re-armed"))
+    if rearm is not None and not rearmed:
+        raise typer.Exit(EXIT_FOUND)
 
 
 def run() -> Any:  # pragma: no cover - console entry point

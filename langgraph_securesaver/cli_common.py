@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,9 +23,13 @@ from .textsafety import escape_controls, json_safe
 
 app = typer.Typer(
     name="securesaver",
-    help="Encrypted, tenant-isolated LangGraph checkpoints: keys, demo, and operations.",
+    help="Encrypted, tenant-isolated LangGraph checkpoints: keys, demo, and operations.\n\n"
+         "Exit codes of every command: 0 success, 1 the command ran and found a problem, 2 it "
+         "could not run (one line on stderr, nothing changed).",
     no_args_is_help=True,
     add_completion=False,
+    # plain Click help: flags show no "<bool>" type, every value option names its metavar
+    rich_markup_mode=None,
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -34,7 +38,8 @@ EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
 
 KeyringOption = Annotated[
     str | None,
-    typer.Option("--keyring", help=f"Keyring file or key provider URL (aws-kms://alias/NAME); "
+    typer.Option("--keyring", metavar="PATH|URL",
+                 help=f"Keyring file or key provider URL (aws-kms://alias/NAME); "
                  f"defaults to ${ENV_VAR}."),
 ]
 
@@ -121,14 +126,19 @@ def load_keyring(path: str | Path | None) -> Any:
 
 
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+def main(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log what the library does (INFO) on stderr; without it only "
+        "warnings and errors are logged.")] = False) -> None:
+    """Set up logging for every command (``--verbose``: INFO)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not verbose:  # the pool logs each failed connection attempt with a traceback
         logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 
-UrlOption = Annotated[str, typer.Option("--url", help="sqlite:///path.db or postgresql://...")]
+UrlOption = Annotated[str, typer.Option("--url", metavar="URL",
+                                         help="The database: sqlite:///path.db or "
+                                              "postgresql://user@host/db.")]
 
 
 @contextmanager
@@ -162,3 +172,71 @@ def database_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # the postgres extra is optional
         pass
     return tuple(errors)
+
+
+# opening for the operations commands (audit, scan, events, rotate-keys) ---------------------
+@contextmanager
+def opened(url: str, ring: Any) -> Iterator[Any]:
+    """A SecureSaver on ``url`` for an operations command; exit 2 with the reason if the
+    database is missing or unusable (also when that surfaces half-way)."""
+    with open_saver(url, ring) as saver:
+        yield saver
+
+
+@contextmanager
+def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
+    """What ``audit`` and ``events`` read: the registry's engine on ``url`` alone
+    (:class:`~langgraph_securesaver.audit.AuditDatabase`) when the database already holds the
+    inner saver's tables -- no inner saver, no LangGraph import, a second less to start.
+    Otherwise (a database SecureSaver never set up) a full SecureSaver, as :func:`opened`."""
+    check_url(url)
+    try:
+        from .audit import AuditDatabase
+        from .backends import registry_url_for
+        from .registry import Registry
+        registry = Registry(registry_url_for(url))
+        try:
+            inner = AuditDatabase.inner_tables(registry.dialect)
+            if registry.ready_for_reading(inner):   # current schema: no DDL, no migration
+                yield AuditDatabase(registry)
+                return
+            registry.setup()
+            light = AuditDatabase(registry)
+            if light.has_inner_tables():
+                yield light
+                return
+        finally:
+            registry.dispose()
+    except typer.Exit:
+        raise
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
+    with opened(url, ring) as saver:
+        yield saver
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback ``(done, total)`` drawing a transient bar on stderr (only when
+    stderr is a terminal: logs and pipes get no control characters)."""
+    if quiet or not err_console.is_terminal:
+        yield lambda done, total: None
+        return
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    with Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, done))
+
+        yield advance

@@ -16,7 +16,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import Enum
@@ -37,11 +37,14 @@ from .cli_common import (
     err_console,
     fail,
     load_keyring,
-    open_saver,
+    opened,
+    opened_for_audit,
+    progress_bar,
     shown,
     tenant_arg,
     thread_arg,
 )
+from .cli_events import print_events
 from .errors import SecureSaverError
 
 if TYPE_CHECKING:  # rich.table is imported where a table is printed: JSON output needs none
@@ -62,7 +65,8 @@ class AuditFormat(str, Enum):
 
 
 FormatOption = Annotated[OutputFormat, typer.Option(
-    "--format", case_sensitive=False, help="table (for people) or json (for scripts).")]
+    "--format", case_sensitive=False, metavar="FORMAT",
+    help="table (for people) or json (for scripts).")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,73 +81,6 @@ def _keyring_or_none(path: str | None) -> Any:
         return Keyring.from_env()
     except SecureSaverError:
         return None
-
-
-@contextmanager
-def opened(url: str, ring: Any) -> Iterator[Any]:
-    """A SecureSaver on ``url`` for an operations command; exit 2 with the reason if the
-    database is missing or unusable (also when that surfaces half-way)."""
-    with open_saver(url, ring) as saver:
-        yield saver
-
-
-@contextmanager
-def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
-    """What ``audit`` and ``events`` read: the registry's engine on ``url`` alone
-    (:class:`~langgraph_securesaver.audit.AuditDatabase`) when the database already holds the
-    inner saver's tables -- no inner saver, no LangGraph import, a second less to start.
-    Otherwise (a database SecureSaver never set up) a full SecureSaver, as :func:`opened`."""
-    from .cli_common import check_url, database_errors, db_error
-    check_url(url)
-    try:
-        from .audit import AuditDatabase
-        from .backends import registry_url_for
-        from .registry import Registry
-        registry = Registry(registry_url_for(url))
-        try:
-            inner = AuditDatabase.inner_tables(registry.dialect)
-            if registry.ready_for_reading(inner):   # current schema: no DDL, no migration
-                yield AuditDatabase(registry)
-                return
-            registry.setup()
-            light = AuditDatabase(registry)
-            if light.has_inner_tables():
-                yield light
-                return
-        finally:
-            registry.dispose()
-    except typer.Exit:
-        raise
-    except SecureSaverError as exc:
-        raise fail(str(exc)) from None
-    except database_errors() as exc:
-        raise db_error(exc) from None
-    with opened(url, ring) as saver:
-        yield saver
-
-
-@contextmanager
-def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
-    """A progress callback ``(done, total)`` drawing a transient bar on stderr (only when
-    stderr is a terminal: logs and pipes get no control characters)."""
-    if quiet or not err_console.is_terminal:
-        yield lambda done, total: None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-    with Progress(TextColumn(f"[bold]{shown(label)}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
-        task = bar.add_task(label, total=None)
-
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=max(total, done))
-
-        yield advance
 
 
 def _echo_json(data: Any) -> None:
@@ -196,27 +133,40 @@ def parse_when(value: str | None, *, what: str, now: float | None = None) -> flo
 @app.command()
 def audit(
     url: UrlOption,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", metavar="TENANT",
+                                               help="Only this tenant.")] = None,
     keyring: KeyringOption = None,
     output: Annotated[AuditFormat, typer.Option(
-        "--format", case_sensitive=False,
+        "--format", case_sensitive=False, metavar="FORMAT",
         help="table, json, or html (a self-contained report with charts).")]
     = AuditFormat.table,
     out: Annotated[Path | None, typer.Option(
-        "--out", help="Write the report to this file (html and json).", dir_okay=False)]
+        "--out", metavar="FILE", help="Write the report to this file (html and json).",
+        dir_okay=False)]
     = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN", help="html: list the deletion receipts and refused reads "
+        "from this time on (same forms as events --since; default: all).")] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", metavar="WHEN", help="html: ... up to this time.")] = None,
 ) -> None:
     """What is held per tenant and thread: since when, until when, how much, under which
     keys, which personal data; threads past their expiry are flagged.
 
+    With --format html the report is one self-contained page for an auditor: the database
+    and library version, the verification results (with --keyring: scan --verify and events
+    --verify), the deletion receipts and refused reads of the period, and a legend.
+
     Exit codes: 0 ok, 1 threads past their expiry (retention not running) or stored outside
-    the registry, 2 could not run.
+    the registry (or, with --format html and a keyring, a verification failed), 2 could not
+    run.
     """
     from .audit import audit as run_audit
     tenant = tenant_arg(tenant)
     ring = _keyring_or_none(keyring)
+    period = (parse_when(since, what="--since"), parse_when(until, what="--until"))
     if output is not AuditFormat.table:
-        _stream_audit(url, ring, tenant, output, out)
+        _stream_audit(url, ring, tenant, output, out, period)
     with opened_for_audit(url, ring) as saver:
         try:
             with progress_bar("audit") as advance:
@@ -228,12 +178,13 @@ def audit(
 
 
 def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
-                  out: Path | None) -> None:
+                  out: Path | None, period: tuple[float | None, float | None]) -> None:
     """json / html: written while the database is read (memory stays flat); always exits."""
     import sys
 
     from .audit import audit_stream, iter_audit
     from .report_html import write_html
+    context = _report_context(url, ring, tenant, period) if output is AuditFormat.html else None
     with opened_for_audit(url, ring) as saver:
         try:
             if tenant is not None and tenant not in saver.registry.tenants():
@@ -242,14 +193,58 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
                     stream, finish = iter_audit(saver, tenant=tenant)
-                    summary = write_html(stream, finish, target)
+                    summary = write_html(stream, finish, target, context=context)
                 else:
                     summary = audit_stream(saver, target, tenant=tenant)
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
     if out is not None:
         err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
-    raise typer.Exit(EXIT_OK if summary.ok else EXIT_FOUND)
+    verified = context is None or all(
+        part is None or part.get("ok") for part in (context.scan, context.registry))
+    raise typer.Exit(EXIT_OK if summary.ok and verified else EXIT_FOUND)
+
+
+def _report_context(url: str, ring: Any, tenant: str | None,
+                    period: tuple[float | None, float | None]) -> Any:
+    """What the HTML report states beyond the inventory: the database's identity, the library
+    version, ``scan --verify`` and ``events --verify`` (with a keyring), and the receipts and
+    refused reads of the period."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import sqlalchemy as sa
+
+    from .audit import events as list_entries
+    from .registry_schema import meta_table
+    from .report_html import ReportContext
+    from .scan import scan as run_scan
+    since, until = period
+    try:
+        release = version("langgraph-securesaver")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        release = "(not installed)"
+    context = ReportContext(version=release, period=period)
+    with opened_for_audit(url, ring) as light:
+        registry = light.registry
+        context.database = registry.engine.url.render_as_string(hide_password=True)
+        with registry.begin() as conn:
+            context.database_id = conn.execute(sa.select(meta_table.c.value).where(
+                meta_table.c.key == "database_id")).scalar()
+        trail = list_entries(light, tenant=tenant, since=since, until=until)
+    context.receipts = [e for e in trail if e.kind.startswith("receipt:")]
+    context.denials = [e for e in trail if e.kind == "access_denied"]
+    if ring is None:
+        context.not_verified = ("The report was made without the keyring, so ciphertexts were "
+                                "not authenticated and registry MACs not checked.")
+        return context
+    with opened(url, ring) as saver:
+        try:
+            with progress_bar("verify"):
+                context.scan = run_scan(saver, keyring=ring, verify=True).as_dict()
+            context.registry = saver.registry.verify_integrity().as_dict()
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    return context
 
 
 @contextmanager
@@ -383,7 +378,8 @@ def scan(
         "--verify", help="Also authenticate every ciphertext against its place (needs the "
         "keyring).")] = False,
     allow_metadata: Annotated[list[str] | None, typer.Option(
-        "--allow-metadata", help="A metadata key your saver stores in clear (repeatable).")]
+        "--allow-metadata", metavar="KEY",
+        help="A metadata key your saver stores in clear (repeatable).")]
     = None,
     output: FormatOption = OutputFormat.table,
 ) -> None:
@@ -454,18 +450,20 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
 def rotate_keys(
     url: UrlOption,
     keyring: Annotated[str, typer.Option(
-        "--keyring", help="Keyring file (a master version is added; the file is rewritten) "
-        "or key provider URL (aws-kms://alias/NAME: a new KMS key, the alias moved).")],
+        "--keyring", metavar="PATH|URL",
+        help="Keyring file (a master version is added; the file is rewritten) or key "
+        "provider URL (aws-kms://alias/NAME: a new KMS key, the alias moved).")],
     reencrypt: Annotated[bool, typer.Option(
         "--reencrypt", help="Also rotate every tenant's data key and re-encrypt the stored "
         "data (online, resumable).")] = False,
     retire_old: Annotated[bool, typer.Option(
         "--retire-old", help="Then remove master versions that no key row uses any more.")]
     = False,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N",
                                             help="Rows per transaction.")] = 200,
     max_rate: Annotated[float | None, typer.Option(
-        "--max-rate", min=0.001, help="At most this many rows rewritten per second.")] = None,
+        "--max-rate", min=0.001, metavar="ROWS_PER_S",
+        help="At most this many rows rewritten per second.")] = None,
     output: FormatOption = OutputFormat.table,
 ) -> None:
     """Add a master key version and rewrap every data key under it (fast, no data rewrite);
@@ -543,18 +541,23 @@ def _print_rotation(report: Any, keyring: str) -> None:
 @app.command()
 def events(
     url: UrlOption,
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
-    thread: Annotated[str | None, typer.Option("--thread", help="Thread id (as the app "
-                                                                "knows it).")] = None,
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", metavar="TENANT",
+        help="Only entries about this tenant's data (the tenant that was asked for).")] = None,
+    thread: Annotated[str | None, typer.Option("--thread", metavar="THREAD",
+                                               help="Thread id (as the app knows it).")] = None,
     kind: Annotated[str | None, typer.Option(
-        "--kind", help="An event kind (access_denied, keys_rewrapped, ...), `receipt` for "
+        "--kind", metavar="KIND",
+        help="An event kind (access_denied, keys_rewrapped, ...), `receipt` for "
         "every deletion receipt, or `receipt:deleted|pruned|shredded`.")] = None,
     since: Annotated[str | None, typer.Option(
-        "--since", help="2025-11-01, 2025-11-01T10:00:00Z, an epoch, or a duration ago (7d).")]
+        "--since", metavar="WHEN",
+        help="2025-11-01, 2025-11-01T10:00:00Z, an epoch, or a duration ago (7d).")]
     = None,
-    until: Annotated[str | None, typer.Option("--until", help="Same forms as --since.")]
+    until: Annotated[str | None, typer.Option("--until", metavar="WHEN",
+                                              help="Same forms as --since.")]
     = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N",
                                               help="Only the latest N entries.")] = None,
     keyring: KeyringOption = None,
     output: FormatOption = OutputFormat.table,
@@ -562,17 +565,21 @@ def events(
         "--verify", help="Check the MACs of every registry row and the hash chains of events "
         "and receipts (needs the keyring); exit 1 naming each broken row.")] = False,
     anchor: Annotated[Path | None, typer.Option(
-        "--anchor", help="With --verify: a JSON anchor saved by an earlier --verify (kept "
+        "--anchor", metavar="FILE",
+        help="With --verify: a JSON anchor saved by an earlier --verify (kept "
         "outside the database); detects deleted newest rows.", dir_okay=False)] = None,
     save_anchor: Annotated[Path | None, typer.Option(
-        "--save-anchor", help="With --verify: write the verified chain heads to this file.",
+        "--save-anchor", metavar="FILE",
+        help="With --verify: write the verified chain heads to this file.",
         dir_okay=False)] = None,
 ) -> None:
     """The audit trail: security events (denied access, key operations, retention changes)
     and deletion receipts, oldest first.
 
-    Exit codes: 0 entries found, 1 nothing matched, 2 could not run. With --verify: 0 every
-    row verifies, 1 something does not (each broken row named), 2 could not run.
+    Exit codes: 0 done (also when nothing matched), 2 could not run. With --verify: 0 every
+    row verifies, 1 something does not (each broken row named), 2 could not run. In a
+    terminal narrower than 120 columns each entry is printed as a block instead of a table
+    row; --format json has every field.
     """
     if verify:
         _verify_registry(url, keyring, anchor, save_anchor, output)
@@ -589,17 +596,8 @@ def events(
     if output is OutputFormat.json:
         _echo_json([e.as_dict() for e in entries])
     else:
-        from rich.table import Table
-        table = Table("at (UTC)", "kind", "tenant", "thread", "actor / by", "detail",
-                      title=f"{len(entries)} entries")
-        _no_wrap(table, 0, 1)
-        for e in entries:
-            d = e.as_dict()
-            table.add_row(_dt(d["at"]), shown(e.kind), shown(e.tenant or "—"),
-                          shown(e.thread_id or "—"), shown(e.actor or "—"),
-                          shown(json.dumps(e.detail, sort_keys=True, default=str)))
-        console.print(table)
-    raise typer.Exit(EXIT_OK if entries else EXIT_FOUND)
+        print_events(entries)
+    raise typer.Exit(EXIT_OK)
 
 
 def _verify_registry(url: str, keyring: str | None, anchor: Path | None,

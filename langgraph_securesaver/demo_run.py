@@ -6,11 +6,13 @@ SQLite files byte by byte, and the cross-tenant read is really attempted.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -69,19 +71,32 @@ def _resume(saver: SecureSaver, tenant: str, texts: list[str], console: Console)
     if state.next:
         result = graph.invoke(None, _config(tenant))
         console.print(f"  [green]{tenant}[/]: resumed from the encrypted checkpoint → "
-                      f"{result['messages'][-1].content[:70]}")
+                      f"{escape(str(result['messages'][-1].content))}")
     done = sum(isinstance(m, HumanMessage) for m in graph.get_state(_config(tenant))
                .values["messages"])
     for text in texts[done:]:
         result = graph.invoke({"messages": [HumanMessage(text)]}, _config(tenant))
         if graph.get_state(_config(tenant)).next:
             result = graph.invoke(None, _config(tenant))
-        console.print(f"  [green]{tenant}[/]: {result['messages'][-1].content[:70]}")
+        console.print(f"  [green]{tenant}[/]: {escape(str(result['messages'][-1].content))}")
 
 
-def run_demo(db: Path, *, keyring_path: Path | None, keep: bool, console: Console) -> bool:
-    """Returns True when every check held."""
-    db = db.resolve()
+def run_demo(db: Path, *, keyring_path: Path | None, keep: bool, console: Console,
+             quiet_logs: bool = True) -> bool:
+    """Returns True when every check held. Replies are printed whole (the console wraps
+    them); with ``quiet_logs`` the library's own warnings (the refused cross-tenant read is
+    one) stay out of the report, which states each outcome itself."""
+    package = logging.getLogger("langgraph_securesaver")
+    level = package.level
+    if quiet_logs:
+        package.setLevel(logging.ERROR)
+    try:
+        return _run(db.resolve(), keyring_path, keep, console)
+    finally:
+        package.setLevel(level)
+
+
+def _run(db: Path, keyring_path: Path | None, keep: bool, console: Console) -> bool:
     if not keep:
         for stale in db.parent.glob(db.name + "*"):
             stale.unlink()

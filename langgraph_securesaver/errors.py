@@ -43,6 +43,22 @@ class TamperedDataError(SecureSaverError):
     """
 
 
+class KeyringMismatch(TamperedDataError):
+    """The database's registry key does not unwrap with this keyring.
+
+    Almost always a different keyring than the one the database was created with (a new
+    ``Keyring.generate()`` against an existing database, another environment's key). A
+    :class:`TamperedDataError`, so code that fails closed on tampering also stops here; the
+    message is one line that says which keyring to load.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            "this database was created with another keyring: its keys do not unwrap with this "
+            f"one ({reason}); load the keyring it was created with, or, if this is that "
+            "keyring, the key row was altered: restore it from a backup")
+
+
 # what a stored row can do to an inner saver's own parsing (SQLite's clear metadata is JSON;
 # the strict serializer raises TamperedDataError itself)
 PARSE_ERRORS = (TamperedDataError, json.JSONDecodeError, UnicodeDecodeError, TypeError,

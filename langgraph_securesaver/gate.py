@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 
+from .denials import log_for
 from .errors import AccessDenied, ConfigurationError, TenantRequired
 from .registry import Registry
 from .run_tenants import RunTenants, run_of
@@ -186,31 +187,40 @@ class TenantGate:
 
     # the record -----------------------------------------------------------------------------
     def record_denial(self, denial: Denial) -> AccessDenied:
-        """Record an access-denied event (retried) and return the error to raise. The call is
-        refused either way; if the event cannot be written the error says so."""
-        logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
-                       denial.actor, denial.operation, denial.target, denial.thread_id)
-        failure: Exception | None = None
+        """Record an access-denied event and return the error to raise. The call is refused
+        either way. The first attempt of an (actor, target, operation) is written at once
+        (retried; if it cannot be, the error says so and it is kept for the next summary);
+        further attempts within the window are counted into one summary event (see
+        :mod:`.denials`), so a flood cannot take the target's chain head on every attempt."""
         thread_id = denial.thread_id
         if thread_id is not None:
             try:   # an id no column could hold is left out, never the event
                 thread_id = validate_thread_id(thread_id)
             except ConfigurationError:
                 thread_id = None
+        message = (f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
+                   f"{denial.target!r}")
+        log = log_for(self.registry)
+        if not log.attempt(denial.actor, denial.target, denial.operation, thread_id):
+            if log.failing:
+                return AccessDenied(message + "; the attempt could NOT be recorded yet (the "
+                                    "registry is failing): it is counted and retried")
+            return AccessDenied(message + "; the attempt was recorded (counted into the "
+                                "access_denied summary of this window)")
+        logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
+                       denial.actor, denial.operation, denial.target, denial.thread_id)
+        failure: Exception | None = None
         for attempt in range(self.DENIAL_ATTEMPTS):
             try:
-                self.registry.record_event(
-                    "access_denied", tenant=denial.target, thread_id=thread_id,
-                    actor=denial.actor, operation=denial.operation)
+                log.write_first(denial.actor, denial.target, denial.operation, thread_id)
                 failure = None
                 break
             except Exception as exc:  # noqa: BLE001 - retried; the caller is refused anyway
                 failure = exc
                 time.sleep(0.05 * (attempt + 1))
-        message = (f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
-                   f"{denial.target!r}")
         if failure is None:
             return AccessDenied(message + "; the attempt was recorded")
+        log.defer(denial.actor, denial.target, denial.operation, thread_id)
         logger.error("could not record an access-denied event (%s); the call is refused",
                      type(failure).__name__)
         error = AccessDenied(message + f"; the attempt could NOT be recorded "

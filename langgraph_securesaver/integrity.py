@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .crypto import KeyRow, KeyStore, wrap_context
-from .errors import KeyringRequired, TamperedDataError
+from .errors import KeyringMismatch, KeyringRequired, TamperedDataError
 from .keymaterial import SecretBytes
 from .keyring import KeyProvider, NoKeys, WrappedKey
 
@@ -95,6 +95,14 @@ class RegistryIntegrity:
         """Load the key now; raises KeyringRequired / TamperedDataError if it cannot."""
         self.key()
 
+    def check_keyring(self) -> None:
+        """Unwrap the registry key now when the database has one, so that a keyring the
+        database was not created with is reported at start-up as :class:`KeyringMismatch`
+        rather than later as a tenant key that does not unwrap."""
+        rows = self.store.load_key_rows(RESERVED_TENANT) if self.available else []
+        if any(r.purpose == PURPOSE for r in rows):
+            self.key()
+
     def key(self) -> SecretBytes:
         hit = self._key
         if hit is not None:
@@ -125,8 +133,16 @@ class RegistryIntegrity:
             rows = [r for r in self.store.load_key_rows(RESERVED_TENANT)
                     if r.purpose == PURPOSE]  # another process may have won the race
         row = rows[0]
-        return SecretBytes(provider.unwrap(
-            RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped), context))
+        try:
+            return SecretBytes(provider.unwrap(
+                RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped), context))
+        except KeyringMismatch:
+            raise
+        except TamperedDataError as exc:  # the first key any start unwraps: name the cause
+            reason = (f"master version {row.master_version} is not in it"
+                      if row.master_version not in provider.versions()
+                      else f"its master version {row.master_version} differs")
+            raise KeyringMismatch(reason) from exc
 
     def mac(self, domain: str, *parts: Any) -> str:
         return hmac.new(self.key().reveal(), encode(domain, *parts),

@@ -153,13 +153,12 @@ class Sweep:
         if self.limit is not None:
             total = min(total, self.limit)
         if self.dry_run:
-            for row in self.registry.list_expired(self.now, self.tenant, self.limit):
-                ok, expiry = self._verified(row)
-                if not ok or expiry is None or expiry > self.now:
-                    continue  # unverifiable or forged expiry: reported (errors), not listed
-                target = (self.report.would_delete if row.strategy == "delete"
-                          else self.report.would_prune)
-                target.append((row.tenant, row.thread_id))
+            wall = time.time()   # rows a live pruner holds are not claimable: not listed
+            rows = [r for r in self.registry.list_expired(self.now, self.tenant)
+                    if r.claim_expires is None or r.claim_expires < wall]
+            rows = rows if self.limit is None else rows[:self.limit]
+            for start in range(0, len(rows), self.batch):
+                self._dry_batch(rows[start:start + self.batch])
             return self.report
         self._shared = shares_database(self.services)
         done = 0
@@ -259,6 +258,57 @@ class Sweep:
             self._process_safely(row)
         if doomed:
             self._delete_safely(doomed)
+
+    def _dry_batch(self, rows: list[ThreadRow]) -> None:
+        """What :meth:`_batch` would decide for these rows, with the same checks in the same
+        order (verified TTLs, hold, the latest checkpoint time, ``active_grace``), changing
+        nothing: no claim, no touch, no delete. Only a concurrent writer or pruner can make
+        the real sweep that follows differ."""
+        check: list[ThreadRow] = []
+        for row in rows:
+            key = (row.tenant, row.thread_id)
+            ok, expiry = self._verified(row)
+            if not ok:
+                continue
+            if row.legal_hold:
+                if key not in self.report.held:
+                    self.report.held.append(key)
+            elif expiry is None or expiry > self.now:
+                if row.expires_at is not None and row.expires_at <= self.now:
+                    self._record_error(row, _forged_expiry(row))
+                else:
+                    self.report.survived.append(key)
+            elif row.state == "deleting":
+                self.report.would_delete.append(key)
+            else:
+                check.append(row)
+        try:
+            latest = self._latest_times(check)
+        except TamperedDataError:
+            latest = {}
+            for row in check:  # one by one, as the real sweep re-checks them
+                try:
+                    latest.update(self._latest_times([row]))
+                except TamperedDataError as exc:
+                    self._record_error(row, _kept(exc))
+            errors = {(t, th) for t, th, _ in self.report.errors}
+            check = [r for r in check if (r.tenant, r.thread_id) not in errors]
+        for row in check:
+            key = (row.tenant, row.thread_id)
+            try:
+                last = self._believed(row, latest.get(inner_thread_id(row.tenant,
+                                                                      row.thread_id)))
+            except TamperedDataError as exc:
+                self._record_error(row, _kept(exc))
+                continue
+            if self._alive(row, last):
+                self.report.survived.append(key)
+            elif self._active(last):
+                self.report.skipped_active.append(key)
+            elif row.strategy == "keep_latest":
+                self.report.would_prune.append(key)
+            else:
+                self.report.would_delete.append(key)
 
     # what a thread's latest checkpoint time may decide -------------------------------------
     def _alive(self, row: ThreadRow, last: float | None) -> bool:

@@ -9,10 +9,13 @@ import logging
 from typing import Any
 
 from .idempotency.recovery import (
+    DeadLetter,
     RecoveryReport,
     arecover_stalled,
     async_url,
+    dead_letters_of,
     load_graph,
+    rearm_dead_letter,
     recover_stalled,
 )
 from .saver import SecureSaver
@@ -21,7 +24,7 @@ logger = logging.getLogger("langgraph_securesaver.idempotency.recovery")
 
 
 def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
-                 older_than: float = 300.0, tenant: str | None = None, max_attempts: int = 3,
+                 older_than: float = 0.0, tenant: str | None = None, max_attempts: int = 3,
                  worker_id: str | None = None, lease: float = 300.0, limit: int | None = None,
                  durability: str = "sync", use_async: bool | None = None,
                  **saver_options: Any) -> RecoveryReport:
@@ -33,7 +36,7 @@ def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
     opens the saver with ``SecureSaver.afrom_url`` (an async inner saver, as LangGraph Server
     uses) and sweeps with :func:`arecover_stalled`.
     """
-    from .keyring import Keyring
+    from .key_urls import load_provider
     plain = async_url(url)
     if plain is not None or use_async:
         import asyncio
@@ -41,7 +44,7 @@ def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
             plain or url, graph_ref, keyring=keyring, older_than=older_than, tenant=tenant,
             max_attempts=max_attempts, worker_id=worker_id, lease=lease, limit=limit,
             durability=durability, **saver_options))
-    ring = Keyring.load(keyring)
+    ring = load_provider(keyring)
     with SecureSaver.from_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = recover_stalled(graph, saver, older_than=older_than, tenant=tenant,
@@ -57,8 +60,8 @@ async def _arecover_main(url: str, graph_ref: str, *, keyring: str | None, older
                          **saver_options: Any) -> RecoveryReport:
     import asyncio
 
-    from .keyring import Keyring
-    ring = await asyncio.to_thread(Keyring.load, keyring)
+    from .key_urls import load_provider
+    ring = await asyncio.to_thread(load_provider, keyring)
     async with SecureSaver.afrom_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = await arecover_stalled(graph, saver, older_than=older_than, tenant=tenant,
@@ -72,3 +75,21 @@ def _log_sweep(report: RecoveryReport) -> None:
     logger.info("recovery sweep by %s: examined %s, resumed %s, failed %s, dead-lettered %s",
                 report.worker_id, report.examined, len(report.resumed), len(report.failed),
                 len(report.dead_lettered))
+
+
+def dead_letters_main(url: str, *, keyring: str | None = None, tenant: str | None = None,
+                      rearm: str | None = None, **saver_options: Any
+                      ) -> tuple[list[DeadLetter], bool | None]:
+    """``securesaver recover --dead-letters``: the dead letters at ``url`` (errors opened),
+    and with ``rearm=THREAD`` (needs ``tenant``) whether that dead-lettered thread was
+    re-armed for recovery."""
+    from .key_urls import load_provider
+    ring = load_provider(keyring)
+    with SecureSaver.from_url(async_url(url) or url, keyring=ring, **saver_options) as saver:
+        rearmed = None
+        if rearm is not None:
+            if tenant is None:
+                from .errors import ConfigurationError
+                raise ConfigurationError("re-arming a dead letter needs --tenant")
+            rearmed = rearm_dead_letter(saver, tenant, rearm)
+        return dead_letters_of(saver, tenant=tenant), rearmed

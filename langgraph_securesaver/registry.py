@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import integrity as mac
 from .crypto import KeyRow
+from .denials import flush_for
 from .errors import ConfigurationError, KeyringRequired, TamperedDataError
 from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
 from .registry_claims import RegistryClaims
@@ -75,6 +76,7 @@ class Registry(RegistryClaims, RegistryVerification):
         """Use ``provider`` (the saver's keyring) to unwrap the registry MAC key."""
         self.integrity.attach(provider)
         if self._is_setup and self.integrity.available:
+            self.integrity.check_keyring()
             self._adopt_legacy_rows()
 
     @classmethod
@@ -113,6 +115,7 @@ class Registry(RegistryClaims, RegistryVerification):
                     conn.execute(meta_table.update().where(
                         meta_table.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
             self._is_setup = True
+        self.integrity.check_keyring()
         if self.integrity.available:
             self._adopt_legacy_rows()
 
@@ -684,4 +687,5 @@ class Registry(RegistryClaims, RegistryVerification):
                           json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
 
     def dispose(self) -> None:
+        flush_for(self)  # coalesced access-denied summaries still pending
         self.engine.dispose()

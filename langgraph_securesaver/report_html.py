@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .audit import AGE_BUCKETS, UNKNOWN_AGE, AuditReport, ThreadAudit, iso
@@ -36,6 +37,22 @@ tr.overdue td{background:#fef2f2}.tag{font-size:11px;padding:1px 6px;border-radi
 background:#fee2e2;color:#991b1b}.held{background:#e0e7ff;color:#3730a3}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.chart svg{max-width:100%;height:auto}.wide{overflow-x:auto;max-width:100%}
+td{overflow-wrap:anywhere}table{max-width:100%}
+.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;font-size:13px;
+margin:10px 0}.facts dt{color:#6b7280}.facts dd{margin:0;overflow-wrap:anywhere}
+.verdict{border-radius:8px;padding:8px 14px;margin:6px 0}.pass{background:#f0fdf4;
+border:1px solid #bbf7d0}.fail{background:#fef2f2;border:1px solid #fecaca}
+.skip{background:#fffbeb;border:1px solid #fde68a}
+dl.glossary dt{font-weight:600;margin-top:6px}dl.glossary dd{margin:0 0 0 0;font-size:13px}
+@media (max-width:640px){body{margin:10px}h1{font-size:19px}
+.stack table,.stack thead,.stack tbody,.stack tr,.stack td{display:block;width:auto}
+.stack tr:first-child{display:none}.stack tr{border:1px solid #e5e7eb;border-radius:6px;
+margin:8px 0;padding:4px 8px}.stack td{border:0;padding:2px 0;white-space:normal;text-align:left}
+.stack td::before{content:attr(data-label) ": ";color:#6b7280}.tile{min-width:80px}}
+@media print{body{margin:0;font-size:11px}.chart,.tile,.verdict{break-inside:avoid}
+tr{break-inside:avoid}h2{break-after:avoid}.wide{overflow:visible}
+a{color:inherit;text-decoration:none}.charts{display:block}}
 """
 
 
@@ -174,18 +191,153 @@ def _dt(ts: float | None) -> str:
 
 
 HTML_MAX_THREADS = 2000
+#: At most this many receipts and refused-access events are listed (the counts are whole).
+HTML_MAX_TRAIL = 2000
+
+
+@dataclass
+class ReportContext:
+    """What an auditor needs around the inventory: which database, by which version, what
+    was verified and how, and the deletions and refused reads of the period."""
+
+    database_id: str | None = None
+    database: str = ""                       # the URL, password hidden
+    version: str = ""
+    period: tuple[float | None, float | None] = (None, None)
+    #: ``scan --verify`` as a dict (ScanReport.as_dict) or None when it did not run
+    scan: dict[str, Any] | None = None
+    #: ``events --verify`` as a dict (IntegrityReport.as_dict) or None when it did not run
+    registry: dict[str, Any] | None = None
+    not_verified: str = ""                   # why verification did not run
+    receipts: list[Any] = field(default_factory=list)   # TrailEntry, oldest first
+    denials: list[Any] = field(default_factory=list)
+
+
+def _td(label: str, value: str, cls: str = "") -> str:
+    klass = f" class={cls}" if cls else ""
+    return f'<td{klass} data-label="{_e(label)}">{value}</td>'
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[tuple[str, str]]]) -> Iterator[str]:
+    """A table that scrolls sideways when wide and stacks into labelled cards on a phone."""
+    yield ('<div class="wide stack"><table><tr>' + "".join(f"<th>{_e(h)}</th>" for h in headers)
+           + "</tr>")
+    for cells in rows:
+        pairs = zip(headers, cells, strict=True)
+        yield "<tr>" + "".join(_td(h, v, c) for h, (v, c) in pairs) + "</tr>"
+    yield "</table></div>"
+
+
+def _period(ctx: ReportContext) -> str:
+    since, until = ctx.period
+    if since is None and until is None:
+        return "everything recorded"
+    return f"{_dt(since) if since is not None else 'the start'} to " \
+           f"{_dt(until) if until is not None else 'now'}"
+
+
+def _about(report: Any, ctx: ReportContext) -> Iterator[str]:
+    facts = [("database", _e(ctx.database) or "—"),
+             ("database id", _e(ctx.database_id) or "—"),
+             ("backend", _e(report.backend)),
+             ("generated", _dt(report.generated_at)),
+             ("library", f"langgraph-securesaver {_e(ctx.version)}"),
+             ("scope", _e(f"tenant {report.tenant_filter}") if report.tenant_filter
+              else "every tenant"),
+             ("period of the trail", _period(ctx))]
+    yield '<h2>About this report</h2><dl class="facts">' + "".join(
+        f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+
+
+def _verification(ctx: ReportContext) -> Iterator[str]:
+    yield "<h2>Verification</h2>"
+    if ctx.scan is None and ctx.registry is None:
+        yield (f'<div class="verdict skip"><b>Not verified.</b> {_e(ctx.not_verified)} '
+               "Run <code>securesaver audit --keyring PATH --format html</code> to include "
+               "the checks below.</div>")
+        return
+    if ctx.scan is not None:
+        s = ctx.scan
+        kinds = sorted({v.get("kind", "?") for v in s.get("violations", [])})
+        ok = s.get("ok")
+        yield (f'<div class="verdict {"pass" if ok else "fail"}" id="verify-checkpoints">'
+               f"<b>Checkpoints at rest: {'pass' if ok else 'FAIL'}.</b> "
+               f"{sum(s.get('rows', {}).values()):,} rows in {len(s.get('rows', {}))} tables "
+               f"scanned; {s.get('tokens', 0):,} ciphertexts found, {s.get('verified', 0):,} "
+               f"authenticated against their place; {len(s.get('violations', [])):,} "
+               f"violations{(' (' + _e(', '.join(kinds)) + ')') if kinds else ''}. "
+               "(<code>securesaver scan --verify</code>: no clear value, no PII or secret in a "
+               "clear column, every ciphertext under a known key and bound to its row.)</div>")
+    if ctx.registry is not None:
+        r = ctx.registry
+        checked = r.get("checked", {})
+        ok = r.get("ok")
+        yield (f'<div class="verdict {"pass" if ok else "fail"}" id="verify-registry">'
+               f"<b>Registry integrity: {'pass' if ok else 'FAIL'}.</b> "
+               f"{sum(checked.values()):,} rows checked ("
+               + _e(", ".join(f"{n:,} {k}" for k, n in sorted(checked.items()))) + "); "
+               f"{len(r.get('problems', [])):,} problems. (<code>securesaver events --verify"
+               "</code>: the MAC of every retention, policy and idempotency row and the hash "
+               "chains of events and receipts.)</div>")
+        if r.get("problems"):
+            yield from _table(["table", "row", "problem"], (
+                [(_e(p["table"]), ""), (_e(p["row"]), ""), (_e(p["problem"]), "")]
+                for p in r["problems"][:HTML_MAX_TRAIL]))
+
+
+def _trail(title: str, anchor: str, entries: list[Any], empty: str) -> Iterator[str]:
+    yield f'<h2 id="{anchor}">{_e(title)} ({len(entries):,})</h2>'
+    if not entries:
+        yield f'<p class="meta">{_e(empty)}</p>'
+        return
+    shown = entries[-HTML_MAX_TRAIL:]
+    if len(shown) < len(entries):
+        yield (f'<p class="meta">The latest {len(shown):,} of {len(entries):,}; '
+               "<code>securesaver events --format json</code> lists every one.</p>")
+    yield from _table(["at", "kind", "tenant", "thread", "by", "detail"], (
+        [(_e(str(e.as_dict()["at"]).replace("T", " ").replace("+00:00", " UTC")), "d"),
+         (_e(e.kind), ""), (_e(e.tenant or "—"), ""), (_e(e.thread_id or "—"), ""),
+         (_e(e.actor or "—"), ""),
+         (_e(", ".join(f"{k}: {v}" for k, v in sorted((e.detail or {}).items()))), "")]
+        for e in shown))
+
+
+LEGEND = (
+    ("tenant", "the customer or organisation a thread belongs to; data of different tenants "
+     "is encrypted under different keys and never readable across them"),
+    ("thread", "one conversation (LangGraph thread) and all its checkpoints"),
+    ("checkpoints / stored", "saved states of a thread and the bytes they take, encrypted"),
+    ("expires", "when retention deletes the thread (idle time or maximum age); legal hold: "
+     "never, until the hold is lifted; past expiry: the pruner has not run"),
+    ("data keys / master versions", "the versions of the tenant's encryption keys and of the "
+     "master keys wrapping them; old versions in use mean a rotation is not finished"),
+    ("personal data", "kinds and numbers of distinct personal values found by redaction; the "
+     "values are stored encrypted in a separate vault, masked kinds (cards, secrets) nowhere"),
+    ("deletion receipt", "a content-free record written when a thread was deleted, pruned or "
+     "its tenant shredded: who asked, why, how many checkpoints and personal values went"),
+    ("refused access", "a request that named another tenant's data than its caller's; it was "
+     "refused, and the record names both tenants"),
+    ("verification", "pass: every check ran and found nothing; FAIL lists what to look at; "
+     "not verified: the report was made without the keyring"),
+)
+
+
+def _legend() -> str:
+    return '<h2 id="legend">Legend</h2><dl class="glossary">' + "".join(
+        f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in LEGEND) + "</dl>"
 
 
 def render_html(report: AuditReport, *, title: str = "SecureSaver audit",
-                max_threads: int | None = None) -> str:
+                max_threads: int | None = None, context: ReportContext | None = None) -> str:
     """The whole report as one HTML document (inline CSS and SVG only)."""
     shown = report.threads if max_threads is None else report.threads[:max_threads]
     return "\n".join(_page(report, shown, len(report.threads), len(report.overdue),
-                            title=title))
+                            title=title, context=context))
 
 
 def write_html(stream: Iterable[ThreadAudit], finish: Callable[[], Any], out: TextIO, *,
-               title: str = "SecureSaver audit", max_threads: int = HTML_MAX_THREADS) -> Any:
+               title: str = "SecureSaver audit", max_threads: int = HTML_MAX_THREADS,
+               context: ReportContext | None = None) -> Any:
     """Stream an audit (:func:`~langgraph_securesaver.audit.iter_audit`) into an HTML page:
     per-tenant summaries and charts of everything, and the first ``max_threads`` threads
     (sorted by tenant and thread) with a note saying how many more there are. Memory stays
@@ -199,14 +351,15 @@ def write_html(stream: Iterable[ThreadAudit], finish: Callable[[], Any], out: Te
             hidden_overdue += 1
     summary = finish()
     for chunk in _page(summary, shown, summary.threads, summary.overdue, title=title,
-                       hidden_flagged=hidden_overdue):
+                       hidden_flagged=hidden_overdue, context=context):
         out.write(chunk)
         out.write("\n")
     return summary
 
 
 def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue: int, *,
-          title: str, hidden_flagged: int = 0) -> Iterator[str]:
+          title: str, hidden_flagged: int = 0,
+          context: ReportContext | None = None) -> Iterator[str]:
     """The HTML document in chunks; ``report`` is an AuditReport or an AuditSummary."""
     colors = colors_for([t.tenant for t in report.tenants]
                         + sorted(k for k in report.age_bytes
@@ -215,7 +368,9 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
     tiles = [("tenants", len(report.tenants)), ("threads", total_threads),
              ("checkpoints", sum(t.checkpoints for t in report.tenants)),
              ("stored", human_bytes(total_bytes)), ("past expiry", overdue)]
+    ctx = context or ReportContext(not_verified="No verification was requested.")
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
            f"<h1>{_e(title)}</h1>",
            f'<div class="meta">generated {_dt(report.generated_at)} · backend '
@@ -230,6 +385,7 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
     else:
         out.append('<div class="ok">No problems: every stored thread is registered, and none '
                    "is past its expiry.</div>")
+    out += [*_about(report, ctx), *_verification(ctx)]
     legend = '<div class="legend">' + "".join(
         f'<span><i style="background:{c}"></i>{_e(t)}</span>' for t, c in colors.items()) + "</div>"
     out.append('<div class="charts">')
@@ -239,28 +395,21 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
                f"{tenant_chart(report, colors)}</div>")
     out.append("</div>")
 
-    out.append("<h2>Tenants</h2><table><tr><th>tenant</th><th>threads</th><th>checkpoints</th>"
-               "<th>stored</th><th>first thread</th><th>data keys (current)</th>"
-               "<th>master versions</th><th>personal data (distinct values)</th>"
-               "<th>retention</th><th>past expiry</th><th>held</th></tr>")
-    for t in report.tenants:
-        out.append(
-            f"<tr><td>{_e(t.tenant)}</td><td class=n>{t.threads}</td>"
-            f"<td class=n>{t.checkpoints}</td><td class=n>{_e(human_bytes(t.stored_bytes))}</td>"
-            f"<td class=d>{_dt(t.first_created)}</td>"
-            f"<td>{_e(', '.join(f'v{v}' for v in t.data_keys))} "
-            f"({_e('v' + str(t.current_data_key) if t.current_data_key else '—')})</td>"
-            f"<td>{_e(', '.join(t.master_versions))}</td><td>{_kinds(t.pii)}</td>"
-            f"<td>{_e(policy_text(t.policy))}</td><td class=n>{t.overdue}</td>"
-            f"<td class=n>{t.held}</td></tr>")
-    out.append("</table>")
+    out.append("<h2>Tenants</h2>")
+    out += _table(["tenant", "threads", "checkpoints", "stored", "first thread",
+                   "data keys (current)", "master versions",
+                   "personal data (distinct values)", "retention", "past expiry", "held"], (
+        [(_e(t.tenant), ""), (str(t.threads), "n"), (str(t.checkpoints), "n"),
+         (_e(human_bytes(t.stored_bytes)), "n"), (_dt(t.first_created), "d"),
+         (_e(", ".join(f"v{v}" for v in t.data_keys)) + " ("
+          + _e("v" + str(t.current_data_key) if t.current_data_key else "—") + ")", ""),
+         (_e(", ".join(t.master_versions)), ""), (_kinds(t.pii), ""),
+         (_e(policy_text(t.policy)), ""), (str(t.overdue), "n"), (str(t.held), "n")]
+        for t in report.tenants))
     yield from out
     out = []
 
-    out.append("<h2>Threads</h2><table><tr><th>tenant</th><th>thread</th><th>created</th>"
-               "<th>last activity</th><th>expires</th><th>checkpoints</th><th>stored</th>"
-               "<th>key versions</th><th>personal data</th></tr>")
-    for th in shown:
+    def thread_cells(th: ThreadAudit) -> list[tuple[str, str]]:
         if th.legal_hold:
             expires = '<span class="tag held">legal hold</span>'
         elif th.overdue:
@@ -269,18 +418,22 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
             expires = '<span class="tag">unregistered</span>'
         else:
             expires = _dt(th.expires_at) if th.expires_at is not None else "never"
-        cls = ' class="overdue"' if th.overdue or not th.registered else ""
-        out.append(
-            f"<tr{cls}><td>{_e(th.tenant)}</td><td>{_e(th.thread_id)}</td>"
-            f"<td class=d>{_dt(th.created_at)}</td><td class=d>{_dt(th.last_activity)}</td>"
-            f"<td class=d>{expires}</td>"
-            f"<td class=n>{th.checkpoints}</td><td class=n>{_e(human_bytes(th.stored_bytes))}"
-            f"</td><td>{_e(', '.join(f'v{v}' for v in th.key_versions) or '—')}</td>"
-            f"<td>{_kinds(th.pii)}</td></tr>")
+        return [(_e(th.tenant), ""), (_e(th.thread_id), ""), (_dt(th.created_at), "d"),
+                (_dt(th.last_activity), "d"), (expires, "d"), (str(th.checkpoints), "n"),
+                (_e(human_bytes(th.stored_bytes)), "n"),
+                (_e(", ".join(f"v{v}" for v in th.key_versions) or "—"), ""),
+                (_kinds(th.pii), "")]
+
+    out.append("<h2>Threads</h2>")
+    for n, chunk in enumerate(_table(
+            ["tenant", "thread", "created", "last activity", "expires", "checkpoints",
+             "stored", "key versions", "personal data"],
+            (thread_cells(th) for th in shown))):
+        out.append(chunk.replace("<tr>", '<tr class="overdue">', 1)
+                   if n and chunk.startswith("<tr>") and 'class="tag"' in chunk else chunk)
         if len(out) >= 500:
             yield from out
             out = []
-    out.append("</table>")
     if total_threads > len(shown):
         flagged = (f", {hidden_flagged} of them past expiry or unregistered"
                    if hidden_flagged else "")
@@ -296,5 +449,10 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
             out.append(f"<tr><td>{_e(o['thread_id'])}</td><td class=n>{o['checkpoints']}</td>"
                        f"<td class=n>{_e(human_bytes(o['stored_bytes']))}</td></tr>")
         out.append("</table>")
+    out += _trail("Deletion receipts in the period", "receipts", ctx.receipts,
+                  "No thread was deleted, pruned or shredded in the period.")
+    out += _trail("Refused access in the period", "denials", ctx.denials,
+                  "No request for another tenant's data was made in the period.")
+    out.append(_legend())
     out.append("</body></html>")
     yield from out

@@ -39,8 +39,10 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
                  "y": 365 * 86400, None: 1}
 
 
-def parse_duration(value: Any, *, what: str = "duration") -> float | None:
-    """``None``, seconds, a ``timedelta``, or text like ``"90s"``, ``"12h"``, ``"1y"``."""
+def parse_duration(value: Any, *, what: str = "duration",
+                   allow_zero: bool = False) -> float | None:
+    """``None``, seconds, a ``timedelta``, or text like ``"90s"``, ``"12h"``, ``"1y"``.
+    Positive and finite; zero too with ``allow_zero`` (a grace period that may be off)."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -57,10 +59,24 @@ def parse_duration(value: Any, *, what: str = "duration") -> float | None:
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     else:
         raise ConfigurationError(f"{what} must be a duration, got {type(value).__name__}")
+    if allow_zero and seconds == 0:
+        return 0.0
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
         raise ConfigurationError(f"{what} must be a positive, finite duration, got {value!r}")
     return seconds
 
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as the largest exact unit of :func:`parse_duration` (``7776000`` -> ``90d``,
+    ``90`` -> ``90s``, ``150`` -> ``150s``); ``""`` for None. Round trips through it."""
+    if seconds is None:
+        return ""
+    for unit in ("y", "w", "d", "h", "m"):
+        size = _UNIT_SECONDS[unit]
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 @dataclass(frozen=True)
 class RetentionPolicy:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -33,15 +32,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .crypto import KeyManager
 from .errors import (
     ConfigurationError,
-    KeyringRequired,
 )
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .inner_access import InnerAccess
-from .key_urls import is_provider_url, provider_from_url
-from .keyring import KeyProvider, Keyring
+from .keyring import KeyProvider
 from .listing import (
     ARows,
     aiter_rows,
@@ -83,19 +81,9 @@ DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
     {"source", "step", "parents", "run_id", *DELTA_METADATA_KEYS}
 )
 PRUNE_STRATEGIES = ("keep_latest", "delete")
-#: what ``keyring=`` accepts: a provider, a keyring file path, or None (the environment)
-KeyringArg = KeyProvider | str | os.PathLike[str] | None
 
 
-class _Default:
-    def __repr__(self) -> str:
-        return "DEFAULT"
-
-
-DEFAULT: Any = _Default()
-
-
-class SecureSaver(SaverOperations, BaseCheckpointSaver):
+class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
     """Wrap ``inner`` so every value, write and metadata field is encrypted per tenant.
 
     Args:
@@ -189,6 +177,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             inner_setup()
 
     async def asetup(self) -> None:
+        """Async twin of :meth:`setup`: the same tables, without blocking the event loop."""
         await asyncio.to_thread(self.registry.setup)
         await asyncio.to_thread(self.services.save_default_policy)
         await asyncio.to_thread(self.services.bind_keyring)
@@ -203,6 +192,12 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     # sync API
     # --------------------------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (its latest when no ``checkpoint_id``), authenticated,
+        decrypted and with redacted PII restored for the owning tenant; ``None`` when there is none.
+
+        Raises ``TamperedDataError`` when anything stored fails authentication, ``AccessDenied``
+        when the config names a tenant other than the active scope.
+        """
         ref = self._gate.resolve_ref(config, "get_tuple")
         tup = self._reads.fetch(ref, self._io.config(ref, config))
         if tup is None:
@@ -222,6 +217,13 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
+        """The caller's checkpoints, newest first, each authenticated and decrypted like
+        :meth:`get_tuple`.
+
+        ``config=None`` lists every thread of the caller's tenant (a tenant scope or
+        ``default_tenant`` is required). ``filter`` matches allowlisted metadata directly and
+        protected scalar metadata through the blind index (``UnsupportedFilterError`` otherwise).
+        """
         tenant, inner_config, inner_before, one_thread = self._gate.scoped(
             lambda: self._reads.list_args(config, before))
         keys = self.keys.keys_for(tenant, create=False)
@@ -245,6 +247,10 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
+        """Store a checkpoint: redact, serialize and seal every channel value and the metadata,
+        then hand the ciphertext to the inner saver. Returns the inner saver's config (with
+        ``tenant_id`` only when the caller's config had it).
+        """
         ref = self._gate.resolve_ref(config, "put")
         inner = self._io.sync("put")
         keys = self.services.tenant_keys(ref.tenant)
@@ -255,6 +261,9 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
+        """Store a task's pending writes, each redacted and sealed, bound to its checkpoint,
+        task, task path and index.
+        """
         ref = self._gate.resolve_ref(config, "put_writes")
         inner = self._io.sync("put_writes")
         keys = self.services.tenant_keys(ref.tenant)
@@ -265,12 +274,18 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         inner.put_writes(self._io.config(ref, config), sealed, task_id, **optional)
 
     def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread of the caller's tenant everywhere: checkpoints, writes, blobs, its
+        registry row, idempotency records and PII vault entries, with a content-free receipt.
+        """
         thread_id = thread_id_of(thread_id)
         tenant = self._gate.resolve_tenant("delete_thread", thread_id=str(thread_id))
         self._io.sync("delete_thread")
         threads.delete_threads(self.services, tenant, [str(thread_id)], "delete_thread")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints and writes of these runs, in the caller's tenant only
+        (a ``runs_deleted`` event is recorded).
+        """
         tenant = self._gate.resolve_tenant("delete_for_runs")
         run_ids = _str_list(run_ids, "run_ids")
         if not run_ids:
@@ -280,6 +295,10 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread of the caller's tenant to a new thread id, each checkpoint decrypted and
+        sealed again for the target (ciphertexts are bound to their thread). Refuses a target that
+        has checkpoints; rerunning after a crash completes the copy.
+        """
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
         with _tenant_pinned(tenant):
@@ -291,6 +310,9 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
                                    source=source_thread_id, checkpoints=copied)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune these threads of the caller's tenant: ``keep_latest`` keeps the latest checkpoint
+        per namespace (refused on DeltaChannel threads), ``delete`` deletes them with receipts.
+        """
         tenant = self._gate.resolve_tenant("prune")
         ids = _str_list(thread_ids, "thread_ids")
         _check_strategy(strategy)
@@ -303,6 +325,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             threads.keep_latest(self.services, tenant, ids)
 
     def get_next_version(self, current: Any, channel: None) -> Any:
+        """The inner saver's next channel version (SecureSaver does not change versioning)."""
         return self.inner.get_next_version(current, channel)
 
     def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
@@ -314,6 +337,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     # async API
     # --------------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async twin of :meth:`get_tuple`; never blocks the event loop."""
         ref = await self._gate.aresolve_ref(config, "get_tuple")
         tup = await self._reads.afetch(ref, self._io.config(ref, config))
         if tup is None:
@@ -328,6 +352,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
     async def aget_delta_channel_history(
             self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
+        """Async twin of :meth:`get_delta_channel_history`; never blocks the event loop."""
         return await self._reads.adelta_history(self.codec, config, channels)
 
     async def alist(
@@ -338,6 +363,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
+        """Async twin of :meth:`list`; never blocks the event loop."""
         tenant, inner_config, inner_before, one_thread = await self._gate.ascoped(
             lambda: self._reads.list_args(config, before))
         keys = await self.services.aexisting_keys(tenant)
@@ -365,6 +391,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        """Async twin of :meth:`put`; never blocks the event loop."""
         ref = await self._gate.aresolve_ref(config, "put")
         keys = await self.services.atenant_keys(ref.tenant)
         # redaction, serialization, sealing and the registry rows: one hop off the event loop
@@ -377,6 +404,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
+        """Async twin of :meth:`put_writes`; never blocks the event loop."""
         ref = await self._gate.aresolve_ref(config, "put_writes")
         keys = await self.services.atenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
@@ -387,12 +415,14 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
                            **optional)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        """Async twin of :meth:`delete_thread`; never blocks the event loop."""
         thread_id = thread_id_of(thread_id)
         tenant = await self._gate.aresolve_tenant("delete_thread", thread_id=str(thread_id))
         await asyncio.to_thread(threads.delete_threads, self.services, tenant, [str(thread_id)],
                                 "delete_thread")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async twin of :meth:`delete_for_runs`; never blocks the event loop."""
         tenant = await self._gate.aresolve_tenant("delete_for_runs")
         run_ids = _str_list(run_ids, "run_ids")
         if not run_ids:
@@ -406,6 +436,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
                                 run_ids=run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async twin of :meth:`copy_thread`; never blocks the event loop."""
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = await self._gate.aresolve_tenant("copy_thread", thread_id=str(source_thread_id))
 
@@ -421,6 +452,7 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             thread_id=target_thread_id, source=source_thread_id, checkpoints=copied)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async twin of :meth:`prune`; never blocks the event loop."""
         tenant = await self._gate.aresolve_tenant("prune")
         ids = _str_list(thread_ids, "thread_ids")
         _check_strategy(strategy)
@@ -430,55 +462,6 @@ class SecureSaver(SaverOperations, BaseCheckpointSaver):
             await asyncio.to_thread(threads.delete_threads, self.services, tenant, ids, "prune")
         else:
             await asyncio.to_thread(threads.keep_latest, self.services, tenant, ids)
-
-    # constructors -------------------------------------------------------------------------
-    @classmethod
-    @contextmanager
-    def from_url(cls, url: str, *, keyring: KeyringArg = None,
-                 **options: Any) -> Iterator[SecureSaver]:
-        """A SecureSaver on one database (inner saver + registry), set up and ready.
-
-        ``sqlite:///path.db`` (or ``sqlite:///:memory:``) or ``postgresql://...``.
-        """
-        from .backends import open_sync_inner
-        keyring = _keyring_of(keyring)     # refused before the database is opened
-        with open_sync_inner(url) as (inner, registry_url):
-            saver = cls(inner, keyring=keyring, registry=registry_url, **options)
-            saver.setup()
-            try:
-                yield saver
-            finally:
-                saver.registry.dispose()
-
-    @classmethod
-    @asynccontextmanager
-    async def afrom_url(cls, url: str, *, keyring: KeyringArg = None,
-                        **options: Any) -> AsyncIterator[SecureSaver]:
-        """Async twin of :meth:`from_url` (AsyncSqliteSaver / AsyncPostgresSaver inside)."""
-        from .backends import open_async_inner
-        keyring = await asyncio.to_thread(_keyring_of, keyring)
-        async with open_async_inner(url) as (inner, registry_url):
-            saver = cls(inner, keyring=keyring, registry=registry_url, **options)
-            await saver.asetup()
-            try:
-                yield saver
-            finally:
-                await asyncio.to_thread(saver.registry.dispose)
-
-
-def _keyring_of(keyring: KeyringArg) -> Any:
-    """A provider for ``keyring=``: a path is loaded as a keyring file (mode and owner
-    checked), None reads the environment."""
-    if isinstance(keyring, str) and is_provider_url(keyring):
-        return provider_from_url(keyring)
-    if isinstance(keyring, (str, os.PathLike)):
-        return Keyring.from_file(keyring)
-    if keyring is None:
-        try:
-            return Keyring.from_env()
-        except KeyringRequired:
-            raise KeyringRequired() from None
-    return keyring
 
 
 @contextmanager

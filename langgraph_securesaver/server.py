@@ -356,9 +356,10 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
             options["redaction"] = None
         options.update(saver_options)
         resolve = tenant_of or tenant_from_field(cfg.tenant_field)
-        async with AuthTenantSaver.afrom_url(cfg.url, keyring=cfg.keyring, tenant_of=resolve,
+        async with AuthTenantSaver.afrom_url(cfg.url, keyring=cfg.keyring,
                                              **options) as opened:
             saver = cast(AuthTenantSaver, opened)
+            saver.tenant_of = resolve   # before the server makes its first call
             logger.info("SecureSaver for LangGraph Server on %s (tenant from %s)",
                         _redact_url(cfg.url), getattr(resolve, "__name__", "tenant_of"))
             yield saver

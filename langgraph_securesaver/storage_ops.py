@@ -1,6 +1,6 @@
 """What the BaseCheckpointSaver API lacks, done natively on the inner saver's own storage.
 
-``keep_latest`` pruning and ``delete_for_runs`` must work on every backend we claim, and must
+``keep_latest`` pruning and ``delete_for_runs`` must work on every supported backend, and must
 never be a delete-then-rewrite: each operation below deletes older rows inside one transaction
 (or one synchronous step for the in-memory saver), so the latest checkpoint is never at risk.
 Threads that use a ``DeltaChannel`` are refused for ``keep_latest`` (see the base-class warning):

@@ -103,6 +103,7 @@ def tenant_scope(tenant: str) -> Iterator[str]:
 
 
 def current_tenant_scope() -> str | None:
+    """The tenant of the innermost active :func:`tenant_scope`, or ``None`` outside one."""
     return _scope.get()
 
 

@@ -27,6 +27,7 @@ from langgraph.checkpoint.base import (
 from .crypto import TenantKeys
 from .errors import ConfigurationError
 from .inner_access import InnerAccess
+from .redaction.budget import write_scope
 from .seal import SealedCodec
 from .services import SaverServices
 from .tenancy import ThreadRef
@@ -90,8 +91,9 @@ class WritePath:
         """Everything a put does before the inner saver's call (CPU work and registry rows;
         ``aput`` runs it in one worker thread): redact and seal, touch the thread's registry
         row when due, and store new PII originals before their tokens reach storage."""
-        sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint, metadata,
-                                               new_versions)
+        with write_scope():  # one redaction budget for the channels and metadata of the put
+            sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
+                                                   metadata, new_versions)
         if self.services.touch_due(ref):
             self.services.touch(ref)
         self.pii.vault.store(keys, ref.thread_id, new_pii)
@@ -101,8 +103,9 @@ class WritePath:
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                     task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`seal_put`."""
-        sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
-                                              task_path)
+        with write_scope():
+            sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
+                                                  task_path)
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         return sealed
 

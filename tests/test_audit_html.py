@@ -42,9 +42,11 @@ def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """acme holds about twice as much as globex; one globex thread is past its expiry."""
     tmp = tmp_path_factory.mktemp("html")
     url = f"sqlite:///{tmp / 'agent.db'}"
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+    ring = Keyring.generate()
+    ring_file = ring.save(tmp / "keyring.json")
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         graph = build_chat_graph(saver)
-        for tenant, threads in (("acme", 6), ("globex", 3)):
+        for tenant, threads in (("acme", 7), ("globex", 3)):
             for i in range(threads):
                 for turn in range(3):
                     graph.invoke({"messages": [HumanMessage(f"{tenant} {i} turn {turn}")]},
@@ -52,8 +54,13 @@ def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                    "tenant_id": tenant}})
         with tenant_scope("globex"):
             saver.set_retention("globex-0", idle_ttl=0.001)
+            with pytest.raises(PermissionError):      # a cross-tenant attempt, recorded
+                saver.get_tuple({"configurable": {"thread_id": "acme-1", "tenant_id": "acme"}})
+        with tenant_scope("acme"):
+            saver.delete_thread("acme-5")             # an erasure, with its receipt
     out = tmp / "report.html"
-    result = runner.invoke(app, ["audit", "--url", url, "--format", "html", "--out", str(out)])
+    result = runner.invoke(app, ["audit", "--url", url, "--format", "html", "--out", str(out),
+                                 "--keyring", str(ring_file)])
     assert result.exit_code == 1, result.output   # globex-0 is past its expiry
     return out
 
@@ -149,3 +156,80 @@ def test_report_charts_render_in_headless_chromium(report_html: Path, tmp_path: 
     assert acme > globex          # acme holds more, so its bars are bigger
     assert len(counts) > 50       # text and table rendered too, not a blank page
     assert re.search(r"\d", report_html.read_text())
+
+
+# --- what an auditor needs, at 420 px and 1280 px --------------------------------------------
+def test_report_states_what_an_auditor_signs(report_html: Path) -> None:
+    """Database identity and backend, generation time, library version, what was verified
+    and how (with counts), the erasure and the refused read made before the report, a
+    legend, a print stylesheet and a phone layout."""
+    from langgraph_securesaver import __version__
+    text = report_html.read_text(encoding="utf-8")
+    about = text.split("About this report", 1)[1].split("</dl>", 1)[0]
+    assert re.search(r"<dt>database id</dt><dd>[0-9a-f]{32}</dd>", about), about
+    assert "<dt>backend</dt><dd>sqlite</dd>" in about and "agent.db" in about
+    assert f"langgraph-securesaver {__version__}" in about and " UTC" in about
+    checkpoints = text.split('id="verify-checkpoints"', 1)[1].split("</div>", 1)[0]
+    assert "Checkpoints at rest: pass" in checkpoints
+    assert re.search(r"([\d,]+) ciphertexts found, \1 authenticated", checkpoints), checkpoints
+    registry = text.split('id="verify-registry"', 1)[1].split("</div>", 1)[0]
+    assert "Registry integrity: pass" in registry and re.search(r"[1-9][\d,]* rows checked",
+                                                                  registry)
+    receipts = text.split('id="receipts"', 1)[1].split("</table>", 1)[0]
+    assert "receipt:deleted" in receipts and "acme-5" in receipts and "delete_thread" in receipts
+    denials = text.split('id="denials"', 1)[1].split("</table>", 1)[0]
+    assert "access_denied" in denials and "acme-1" in denials and "globex" in denials
+    assert 'id="legend"' in text and "deletion receipt" in text.split('id="legend"')[1]
+    assert "@media print" in text and "@media (max-width:640px)" in text
+    assert 'name="viewport"' in text and 'data-label="thread"' in text
+
+
+def test_report_without_a_keyring_says_it_was_not_verified(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        build_chat_graph(saver).invoke({"messages": [HumanMessage("hi")]},
+                                       {"configurable": {"thread_id": "t", "tenant_id": "a"}})
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["audit", "--url", url, "--format", "html", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text(encoding="utf-8")
+    assert "Not verified." in text and "without the keyring" in text
+    assert 'id="verify-checkpoints"' not in text
+
+
+def _screenshot(report: Path, tmp_path: Path, width: int, height: int) -> Path:
+    browser = _chromium()
+    if browser is None:
+        reason = ("chromium is not installed (Debian: apt-get install -y chromium); the HTML "
+                  "report screenshot test needs it")
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true requires it: {reason}")
+        pytest.skip(reason)
+    shot = tmp_path / f"report-{width}.png"
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars", f"--user-data-dir={tmp_path / f'profile-{width}'}",
+         f"--screenshot={shot}", f"--window-size={width},{height}", report.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    keep = os.environ.get("SECURESAVER_KEEP_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, f"{keep}-{width}.png")
+    return shot
+
+
+@pytest.mark.parametrize("width", [420, 1280])
+def test_report_is_readable_at_phone_and_desktop_width(report_html: Path, tmp_path: Path,
+                                                       width: int) -> None:
+    """Both charts draw both tenants within the viewport, and nothing is pushed past its
+    right edge: the rightmost columns of the page stay background (a wide table or chart
+    that overflowed would paint there)."""
+    w, h, pixels = decode_png(_screenshot(report_html, tmp_path, width, 3000).read_bytes())
+    assert (w, h) == (width, 3000)
+    counts = Counter(pixels)
+    acme, globex = counts[_rgb(PALETTE[0])], counts[_rgb(PALETTE[1])]
+    assert acme > globex > 300, (acme, globex)
+    margin = [pixels[y * w + x] for y in range(h) for x in range(w - 6, w)]
+    painted = sum(1 for p in margin if p != (255, 255, 255))
+    assert painted < len(margin) * 0.01, painted

@@ -327,7 +327,7 @@ def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, red
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     loaded, _ = _heavy_modules_loaded(["--help"], tmp_path, _STARTUP)
-    assert loaded == ["rich.table"]         # typer's own help panels use it
+    assert loaded == []                     # plain help (rich_markup_mode=None): no rich table
     for command in ("events", "audit", "keygen"):
         loaded, out = _heavy_modules_loaded([command, "--help"], tmp_path, _STARTUP)
         assert "cryptography" not in loaded and "langgraph_securesaver.keyring" not in loaded
@@ -353,7 +353,7 @@ def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(
     with sqlite3.connect(db) as conn:      # the saver set the database up, as before
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert {"checkpoints", "writes", "securesaver_threads"} <= names
-    assert runner.invoke(app, ["events", "--url", url]).exit_code == 1   # nothing matched
+    assert runner.invoke(app, ["events", "--url", url]).exit_code == 0   # nothing matched
 
 
 def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(

@@ -285,3 +285,17 @@ def test_shred_refused_when_the_kms_key_serves_another_database(
         assert provider.current_version != first
     with _saver(tmp_path / "b", AwsKmsKeyProvider(kms_alias)) as other:
         assert "database b" in _texts(other, "acme", "t")
+
+
+async def test_async_roundtrip(tmp_path: Path, kms_alias: str) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    async with SecureSaver.afrom_url(url, keyring=f"aws-kms://{kms_alias}",
+                                     redaction=None) as saver:
+        graph = build_chat_graph(saver)
+        await graph.ainvoke({"messages": [HumanMessage("async secret 4411")]},
+                            _cfg("t", "acme"))
+        tup = await saver.aget_tuple(_cfg("t", "acme"))
+        assert tup is not None
+        assert "async secret 4411" in [m.content for m in
+                                       tup.checkpoint["channel_values"]["messages"]]
+    assert b"4411" not in (tmp_path / "agent.db").read_bytes()

@@ -51,6 +51,31 @@ def test_demo_runs_and_every_check_holds(tmp_path: Path) -> None:
     assert (tmp_path / "demo.db.keyring.json").exists()
 
 
+def test_demo_prints_whole_replies_and_no_log_lines_at_80_columns(tmp_path: Path) -> None:
+    """Replies are wrapped, never cut; the refused read is reported by the demo itself, not
+    by a WARNING log line in the middle of its report (stdout and stderr alike)."""
+    env = {k: v for k, v in os.environ.items() if k != "SECURESAVER_MASTER_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "langgraph_securesaver.cli", "demo"],
+        capture_output=True, text=True, env={**env, "COLUMNS": "80"}, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    flat = " ".join(proc.stdout.split())
+    assert "Order ACME-7731 for the customer shipped yesterday." in flat
+    assert "Order GLX-4410 for the customer shipped yesterday." in flat
+    assert "my phone changed to +1 415 555 0199." in flat
+    assert "WARNING" not in proc.stdout + proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    # its files are where the README says, and git ignores them
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == ["securesaver-demo.db", "securesaver-demo.db.keyring.json",
+                    "securesaver-demo.db.keyring.json.lock"], made
+    root = Path(__file__).resolve().parent.parent
+    ignored = subprocess.run(["git", "check-ignore", *made], cwd=root, capture_output=True,
+                             text=True)
+    assert sorted(ignored.stdout.split()) == made, ignored.stdout + ignored.stderr
+
+
 def test_demo_with_a_missing_keyring_file_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--db", str(tmp_path / "d.db"), "--keyring",
                                  str(tmp_path / "nope.json")])

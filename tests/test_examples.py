@@ -1,5 +1,7 @@
-"""Every example runs, as a user would run it (``python examples/<file>.py`` in a fresh
-directory), and does what its header says. The LangGraph Server example is started by
+"""Every example runs, as a user would run it (``python examples/<file>.py``), and does what
+its header says -- twice in a row in the same directory (a rerun must not meet the first
+run's data with a new keyring), from a directory that is not the repository, and writing
+only under ``./.securesaver-examples/<name>/``. The LangGraph Server example is started by
 tests/test_server.py."""
 
 from __future__ import annotations
@@ -14,11 +16,33 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 COVERED_HERE = {"quickstart_sqlite.py", "async_postgres_service.py", "starlette_app.py",
-                "react_agent_idempotent.py", "retention_pruner.py", "key_rotation.py"}
+                "react_agent_idempotent.py", "retention_pruner.py", "key_rotation.py",
+                "react_agent_store.py"}
 COVERED_BY_TEST_SERVER = {"langgraph_server"}
 
 
 def run_example(name: str, cwd: Path, *args: str, **env: str) -> str:
+    """Run the example twice in ``cwd``; both runs must succeed and print the same distinct
+    lines (apart from the line saying where the data is); returns the second run's output."""
+    first = _run_once(name, cwd, *args, **env)
+    second = _run_once(name, cwd, *args, **env)
+    assert "Traceback" not in first + second
+    assert _comparable(first) == _comparable(second), (first, second)
+    stem = name.removesuffix(".py")
+    written = {p.name for p in cwd.iterdir()}
+    assert written <= {".securesaver-examples"}, written       # nothing beside its own dir
+    mine = {p.name for p in (cwd / ".securesaver-examples").iterdir()}
+    assert all(m.startswith(stem) for m in mine), mine
+    return second
+
+
+def _comparable(out: str) -> set[str]:
+    """The distinct lines of a run (the retention example's background pruner sweeps a
+    number of times that depends on the machine's speed; each sweep prints a line)."""
+    return {line for line in out.splitlines() if not line.startswith(("data: ", "keyring: "))}
+
+
+def _run_once(name: str, cwd: Path, *args: str, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SECURESAVER_")}
     environ.update(env)
     environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
@@ -46,15 +70,41 @@ def test_quickstart_sqlite(tmp_path: Path) -> None:
     assert "messages in the thread: 4" in out
     assert "first message, decrypted: my locker code is 4417-blue" in out
     assert "plaintext on disk: False" in out
-    raw = (tmp_path / "quickstart.db").read_bytes()
+    assert "(old run removed, starting clean)" in out
+    data = tmp_path / ".securesaver-examples" / "quickstart_sqlite"
+    assert (data / "keyring.json").exists()
+    raw = (data / "quickstart.db").read_bytes()
     assert b"4417-blue" not in raw and b"what did I tell you" not in raw
 
 
 @pytest.mark.postgres
-def test_async_postgres_service(tmp_path: Path, pg_url: str) -> None:
+def test_async_postgres_service_on_a_given_database(tmp_path: Path, pg_url: str) -> None:
+    """A database of the user's: kept between runs, with the keyring kept beside the data."""
     out = run_example("async_postgres_service.py", tmp_path, pg_url)
     assert "replies: 10" in out
     assert "acme sees 5 threads" in out and "globex sees 5 threads" in out
+    assert (tmp_path / ".securesaver-examples" / "async_postgres_service" / "keyring.json").exists()
+
+
+@pytest.mark.postgres
+def test_async_postgres_service_default_uses_its_own_schema(tmp_path: Path, pg_url: str) -> None:
+    """Without a URL: its own schema, recreated on each run; the public schema is untouched."""
+    import psycopg
+
+    from tests.conftest import PG_URL, new_pg_schema
+    schema = new_pg_schema()       # the example's schema name, unique to this test run
+    try:
+        out = run_example("async_postgres_service.py", tmp_path,
+                          SECURESAVER_EXAMPLE_SCHEMA=schema)
+        assert f"schema: {schema} (starting clean)" in out and "replies: 10" in out
+        with psycopg.connect(PG_URL) as conn:
+            tables = {r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,))}
+        assert "checkpoints" in tables and "securesaver_threads" in tables
+    finally:
+        from tests.conftest import drop_pg_schema
+        drop_pg_schema(schema)
 
 
 def test_starlette_app(tmp_path: Path) -> None:
@@ -93,3 +143,17 @@ def test_key_rotation(tmp_path: Path) -> None:
     assert "retired master versions: ['1', '2'] ok: True" in out
     assert "still readable: ['written under master v1', 'written under data key v2']" in out
     assert "keyring versions now: ['3']" in out
+
+
+def test_react_agent_store(tmp_path: Path) -> None:
+    """Runs twice in a row in one directory: the second run opens the first run's keys and
+    memories (and recalls both runs' facts); every run keeps the fact off the disk."""
+    first = run_example("react_agent_store.py", tmp_path)
+    second = run_example("react_agent_store.py", tmp_path)
+    for out in (first, second):
+        assert "acme: (remember) remembered" in out
+        assert "acme, another thread: (recall) prefers invoices" in out
+        assert "globex: (recall) nothing remembered" in out
+        assert "fact on disk: False" in out
+        assert "e-mail shown to the embedder: False" in out
+    assert second.count("prefers invoices") == 2 and first.count("prefers invoices") == 1

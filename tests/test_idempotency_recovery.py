@@ -4,6 +4,7 @@ alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,7 +21,9 @@ from langgraph_securesaver.idempotency import (
     IdempotencyStore,
     dead_letters_of,
     mark_recoverable,
+    rearm_dead_letter,
     recover_stalled,
+    recoverable_run,
     recovery_state,
 )
 from langgraph_securesaver.idempotency.recovery import _claim
@@ -38,15 +41,16 @@ def cfg(thread: str, **extra: Any) -> Any:
 
 def stall(graph: Any, saver: SecureSaver, thread: str, *, mark: bool = True,
           ask: bool = False) -> None:
-    if mark:
-        mark_recoverable(cfg(thread), saver=saver)
-    state: dict[str, Any] = {"log": []}
-    if ask:
-        state["ask"] = True
-        graph.invoke(state, cfg(thread), durability="sync")  # stops at the interrupt
-        return
-    with pytest.raises(RuntimeError):
-        graph.invoke(state, cfg(thread), durability="sync")
+    """Run ``thread`` until it fails (or asks); opted in, the run holds the recovery lease
+    while it runs and gives it back when it stops."""
+    with recoverable_run(cfg(thread), saver=saver) if mark else contextlib.nullcontext():
+        state: dict[str, Any] = {"log": []}
+        if ask:
+            state["ask"] = True
+            graph.invoke(state, cfg(thread), durability="sync")  # stops at the interrupt
+            return
+        with pytest.raises(RuntimeError):
+            graph.invoke(state, cfg(thread), durability="sync")
     assert graph.get_state(cfg(thread)).next == ("work",)
 
 
@@ -124,9 +128,10 @@ def test_attempts_are_capped_into_sealed_dead_letters(setup: Any) -> None:
     assert b"abc123" not in bytes(raw)  # the error text is sealed at rest
     third = recover_stalled(graph, saver, older_than=0, max_attempts=2)
     assert third.examined == 0  # dead threads are not retried
-    # re-arming (a new run) gives the thread a fresh budget; deleting it removes the rows
+    # re-arming gives the thread a fresh budget; deleting it removes the rows
     flag.unlink()
-    mark_recoverable(cfg("doomed"), saver=saver)
+    assert rearm_dead_letter(saver, "acme", "doomed")
+    assert not rearm_dead_letter(saver, "acme", "doomed")  # armed now, not dead
     assert recover_stalled(graph, saver, older_than=0).resumed == [("acme", "doomed")]
     assert store.delete_thread("acme", "doomed") == 2  # recovery row + dead letter
     assert recovery_state(saver, "acme", "doomed") is None
@@ -139,16 +144,16 @@ def test_recent_waiting_busy_and_finished_threads_are_left_alone(setup: Any) -> 
     stall(graph, saver, "busy")
     flag.unlink()
     stall(graph, saver, "waiting", ask=True)
-    mark_recoverable(cfg("finished"), saver=saver)
-    graph.invoke({"log": []}, cfg("finished"), durability="sync")
+    with recoverable_run(cfg("finished"), saver=saver):
+        graph.invoke({"log": []}, cfg("finished"), durability="sync")
     store = IdempotencyStore.for_saver(saver)
     assert _claim(store, "acme", "busy", "another-worker", 600) is not None
 
     report = recover_stalled(graph, saver, older_than=3600, worker_id="w")
-    assert report.skipped_recent == 1  # "recent": its checkpoint is younger than an hour
+    assert report.skipped_recent == 1  # "recent": its last activity is younger than an hour
     assert report.skipped_waiting == 1  # waits for a human, not stalled
     assert report.finished == [("acme", "finished")]
-    assert report.skipped_busy == 0  # "busy" is leased: not even listed
+    assert report.skipped_busy == 1  # "busy" is leased by a live holder (this process)
     assert report.resumed == [] and downstream.rows("SELECT * FROM effects") == [
         (1, "work:finished", None, os.getpid())]
     report = recover_stalled(graph, saver, older_than=0, worker_id="w")
@@ -176,8 +181,8 @@ def test_recovered_run_gets_its_configurable_back(setup: Any) -> None:
     g.add_edge(START, "n")
     graph2 = g.compile(checkpointer=saver)
     flag.touch()
-    mark_recoverable(cfg("t", user_plan="gold"), saver=saver)
-    with pytest.raises(RuntimeError):
+    with recoverable_run(cfg("t", user_plan="gold"), saver=saver), \
+            pytest.raises(RuntimeError):
         graph2.invoke({"log": []}, cfg("t", user_plan="gold"), durability="sync")
     flag.unlink()
     assert recover_stalled(graph2, saver, older_than=0).resumed == [("acme", "t")]

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from langgraph_securesaver import Keyring, SecureSaver, arecover_stalled, mark_recoverable
+from langgraph_securesaver import Keyring, SecureSaver, arecover_stalled
+from langgraph_securesaver.idempotency import arecoverable_run
 from langgraph_securesaver.cli import app
 from langgraph_securesaver.idempotency import dead_letters_of, recovery_state
 from langgraph_securesaver.idempotency.recovery import async_url
@@ -40,9 +41,9 @@ async def _stall(url: str, ring: Keyring, ds_path: str, flag: Path,
     async with SecureSaver.afrom_url(url, keyring=ring, redaction=None) as saver:
         graph = abuild(saver, ds_path, str(flag))
         for t in threads:
-            await asyncio.to_thread(mark_recoverable, cfg(t, user_plan="gold"), saver=saver)
-            with pytest.raises(RuntimeError):
-                await graph.ainvoke({"log": []}, cfg(t), durability="sync")
+            async with arecoverable_run(cfg(t, user_plan="gold"), saver=saver):
+                with pytest.raises(RuntimeError):
+                    await graph.ainvoke({"log": []}, cfg(t), durability="sync")
             assert (await graph.aget_state(cfg(t))).next == ("work",)
     flag.unlink()
 

@@ -27,7 +27,11 @@ from langgraph_securesaver.cli import app
 from langgraph_securesaver.demo import build_chat_graph
 from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint
-from langgraph_securesaver.idempotency.recovery import mark_recoverable, recover_stalled
+from langgraph_securesaver.idempotency.recovery import (
+    mark_recoverable,
+    recover_stalled,
+    release_recoverable,
+)
 from langgraph_securesaver.integrity import row_tag
 from langgraph_securesaver.registry import normalize_url
 from langgraph_securesaver.retention import RetentionPolicy
@@ -508,6 +512,7 @@ def test_a_forged_recovery_opt_in_is_refused(db: Db, mode: str) -> None:
     with db.saver() as saver:
         graph = build_chat_graph(saver)
         mark_recoverable(_cfg("opted"), saver=saver)
+        release_recoverable(_cfg("opted"), saver=saver)  # the opting process is done with it
         store = IdempotencyStore.for_saver(saver)
         # a row for a thread that never opted in, and a genuine opt-in copied to another one
         db.sql("INSERT INTO securesaver_recoverable (tenant, thread_id, state, fencing_token, "

@@ -141,8 +141,9 @@ def test_cli_prune_dry_run_json_then_real_run(tmp_path: Path) -> None:
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
                               redaction=None) as saver:
         assert saver.receipts() == []
+    # the dry run with the options of the real run below reports what it then does
     dry = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path), "--dry-run",
-                              "--json"])
+                              "--json", "--active-grace", "1s"])
     assert dry.exit_code == 0, dry.output
     report = json.loads(dry.stdout)
     assert len(report["would_delete"]) == 3 and report["deleted"] == []

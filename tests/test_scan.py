@@ -189,9 +189,20 @@ def test_unknown_data_key_and_foreign_master_key(sqlite_db, tmp_path: Path) -> N
     other._masters = {"7": other._masters["1"]}
     other._current = "7"
     other_path = other.save(tmp_path / "other.json")
-    code, report, _ = run_scan(url, "--keyring", str(other_path))
+    # a keyring the database was not created with: one line naming it, nothing scanned
+    code, report, output = run_scan(url, "--keyring", str(other_path))
+    assert code == 2 and report == {}
+    assert "this database was created with another keyring" in output
+    assert "master version 1 is not in it" in output
+    # with the right keyring, a tenant key row that names a master version nobody holds
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE securesaver_tenant_keys SET master_version = '7' "
+                 "WHERE tenant = 'acme' AND purpose = 'index'")
+    conn.commit()
+    conn.close()
+    code, report, _ = run_scan(url, "--keyring", str(ring_path))
     assert code == 1
-    assert _kinds(report) == {"unknown_data_key": 1, "unknown_master_key": 4}
+    assert _kinds(report) == {"unknown_data_key": 1, "unknown_master_key": 1}
 
 
 def test_verify_catches_a_forged_ciphertext(sqlite_db) -> None:

@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import AccessDenied, Keyring, TenantRequired, tenant_scope
 from langgraph_securesaver.cli import app
+from langgraph_securesaver.denials import flush_for
 from langgraph_securesaver.server import (
     AuthTenantSaver,
     ServerSettings,
@@ -405,7 +406,10 @@ def test_a_config_tenant_that_is_not_the_users_is_refused_and_recorded(
     with pytest.raises(AccessDenied):
         graph.invoke({"messages": [HumanMessage("x")]},
                      _run_cfg("t1", {"identity": "bob"}, tenant_id="alice"))
+    assert _events(auth_saver) == [("alice", "bob")]   # the repeat is counted (coalesced)
+    flush_for(auth_saver.registry)                      # ... and written with its summary
     assert _events(auth_saver) == [("alice", "bob"), ("alice", "bob")]
+    assert [e.detail.get("count", 1) for e in auth_saver.events(kind="access_denied")] == [1, 1]
     # the user's own tenant named explicitly is fine
     assert auth_saver.get_tuple(_run_cfg("t1", {"identity": "alice"}, tenant_id="alice"))
 

@@ -1,24 +1,24 @@
-"""Stalled-run recovery: resume opted-in threads whose run died, one worker per thread.
+"""Stalled-run recovery: resume opted-in threads whose run died, one worker per thread,
+never a live one.
 
-A thread opts in with :func:`mark_recoverable` (call it before ``invoke``, or from inside a
-node). :func:`recover_stalled` then finds armed threads, claims each one under a lease in the
-database (the same compare-and-set mechanics as idempotency keys: several workers never
-resume the same thread at once), checks the latest checkpoint (pending tasks, no pending
-interrupt, no activity for ``older_than`` seconds), resumes it with ``graph.invoke(None,
-config)``, caps the attempts, and records the threads that keep failing as dead letters.
-The side effects of a resumed run are protected by the idempotency keys of its tools.
+A thread opts in with :func:`mark_recoverable` (inside a node, or :func:`recoverable_run`
+around ``invoke``); the process running it then holds the thread's recovery lease
+(:mod:`.recovery_lease`: holder liveness, heartbeats on the database clock).
+:func:`recover_stalled` claims each armed thread whose lease is free, expired or held by a dead
+process, checks the latest checkpoint (pending tasks, no pending interrupt, the ``older_than``
+floor from the last recorded activity), resumes it with ``graph.invoke(None, config)``, caps
+the attempts, and records the threads that keep failing as dead letters. The side effects of
+a resumed run are protected by the idempotency keys of its tools.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import importlib
 import logging
 import secrets
-import threading
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,19 @@ from ..crypto import associated_data
 from ..errors import ConfigurationError, TamperedDataError
 from .context import CONFIG_KEY_CHECKPOINTER
 from .errors import NoIdempotencyContext
+from .recovery_lease import (
+    ARMED,
+    DEAD,
+    DEFAULT_LEASE,
+    DONE,
+    Lease,
+    claim,
+    held_by_this_process,
+    held_here,
+    hold,
+    opt_in,
+    rearm,
+)
 from .schema import dead_letters, recoverable_threads
 from .store import IdempotencyStore, default_owner
 
@@ -39,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 _R = recoverable_threads
 _D = dead_letters
-ARMED, DONE, DEAD = "armed", "done", "dead"
 _RESERVED_CONFIGURABLE = frozenset({"thread_id", "tenant_id", "checkpoint_ns", "checkpoint_id",
                                     "checkpoint_map"})
 
@@ -97,28 +109,28 @@ def _error_aad(tenant: str, thread_id: str, what: str) -> bytes:
     return associated_data("recover-error", tenant, thread_id, what)
 
 
-def _upsert(store: IdempotencyStore, row: dict[str, Any]) -> Any:
-    stmt: Any
-    if store.dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-        stmt = pg_insert(_R)
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-        stmt = sqlite_insert(_R)
-    stmt = stmt.values(**row)
-    return stmt.on_conflict_do_update(
-        index_elements=[_R.c.tenant, _R.c.thread_id],
-        set_={"state": ARMED, "attempts": 0, "configurable": stmt.excluded.configurable,
-              "updated_at": stmt.excluded.updated_at, "last_error": None})
+def _run_loop(config: RunnableConfig) -> Any:
+    """The LangGraph loop of the run ``config`` belongs to (a node's config), or None."""
+    call = (config.get("configurable") or {}).get("__pregel_call")
+    schedule = getattr(call, "keywords", {}).get("schedule_task") if call is not None else None
+    loop = getattr(schedule, "__self__", None)
+    stack = getattr(loop, "stack", None)
+    return loop if callable(getattr(stack, "callback", None)) else None
 
 
 def mark_recoverable(config: RunnableConfig | None = None, *,
-                     saver: SaverLike | None = None) -> None:
-    """Opt a thread in to stalled-run recovery (re-arms it and resets its attempt count).
+                     saver: SaverLike | None = None, lease: float = DEFAULT_LEASE) -> None:
+    """Opt a thread in to stalled-run recovery; this process holds its recovery lease.
 
     ``config`` is the run config (default: the current run's, inside a node). Its scalar
     ``configurable`` values (model names, user ids...) are stored sealed and given back to the
-    resumed run.
+    resumed run. A new opt-in re-arms the thread with a fresh attempt budget and takes its
+    lease for this process (heartbeated on the database clock, tied to this process's
+    liveness): no recoverer resumes the thread while it runs here. Called inside a node, the
+    lease is given back when the run ends (finished, failed or interrupted); called before
+    ``invoke``, when :func:`release_recoverable` is called (or :func:`recoverable_run` exits)
+    or the process ends. Inside a run this process already holds (a recoverer's resume, or a
+    run opted in before ``invoke``) it changes nothing: attempts, state and fencing token stay.
     """
     if config is None:
         try:
@@ -129,28 +141,96 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     sv = _saver_of(saver, config)
     ref = sv.services.gate.resolve_ref(config, "mark_recoverable")
     store = IdempotencyStore.for_saver(sv)
-    keys = store.tenant_keys(ref.tenant)
-    extras = sv.services.pii.redact_for_store(keys, ref.thread_id,
-                                 _scalar_configurable(config.get("configurable") or {}),
-                                 RECOVERY_CHANNEL)
-    import json
-    sealed = keys.seal(json.dumps(extras, sort_keys=True).encode("utf-8"),
-                       _conf_aad(ref.tenant, ref.thread_id))
-    now = store._now
-    row = {"tenant": ref.tenant, "thread_id": ref.thread_id, "state": ARMED, "owner": None,
-           "fencing_token": 0, "attempts": 0, "lease_expires_at": None, "created_at": now,
-           "updated_at": now, "configurable": sealed}
-    with store._begin("marking a thread recoverable") as conn:
-        conn.execute(_upsert(store, row))
+    loop = _run_loop(config)
+    if not held_by_this_process(store, ref.tenant, ref.thread_id):
+        keys = store.tenant_keys(ref.tenant)
+        extras = sv.services.pii.redact_for_store(
+            keys, ref.thread_id, _scalar_configurable(config.get("configurable") or {}),
+            RECOVERY_CHANNEL)
+        import json
+        sealed = keys.seal(json.dumps(extras, sort_keys=True).encode("utf-8"),
+                           _conf_aad(ref.tenant, ref.thread_id))
+        held = opt_in(store, ref.tenant, ref.thread_id, sealed,
+                      f"{default_owner()}:{uuid.uuid4().hex[:6]}", lease)
+        if loop is not None:  # released when this run's loop exits, however it ends
+            _on_exit(loop.stack, held)
+        elif "__pregel_call" in (config.get("configurable") or {}):
+            logger.warning("mark_recoverable: the run's end cannot be observed in this "
+                           "LangGraph version; thread %r stays leased until "
+                           "release_recoverable() or the process ends", ref.thread_id)
+
+
+def _on_exit(stack: Any, held: Lease) -> None:
+    push_async = getattr(stack, "push_async_callback", None)
+    if push_async is None:
+        stack.callback(_release_quietly, held)
+        return
+
+    async def release() -> None:  # an async run: the database work off the event loop
+        import asyncio
+        await asyncio.to_thread(_release_quietly, held)
+
+    push_async(release)
+
+
+def _release_quietly(held: Lease) -> None:
+    try:
+        held.release()
+    except Exception:  # the lease then lapses with this process or its expiry
+        logger.warning("could not release the recovery lease of %s/%s", held.tenant,
+                       held.thread_id, exc_info=True)
 
 
 async def amark_recoverable(config: RunnableConfig | None = None, *,
-                            saver: SaverLike | None = None) -> None:
+                            saver: SaverLike | None = None, lease: float = DEFAULT_LEASE) -> None:
     import asyncio
     if config is None:
         from langgraph.config import get_config
         config = get_config()
-    await asyncio.to_thread(mark_recoverable, config, saver=saver)
+    await asyncio.to_thread(mark_recoverable, config, saver=saver, lease=lease)
+
+
+def release_recoverable(config: RunnableConfig, *, saver: SaverLike | None = None) -> bool:
+    """Give back the recovery lease this process took with :func:`mark_recoverable` outside
+    a run (the thread stays armed: if its run stopped with tasks left, recovery resumes it).
+    False if this process holds no run lease on the thread."""
+    sv = _saver_of(saver, config)
+    ref = sv.services.gate.resolve_ref(config, "release_recoverable")
+    held = held_here(IdempotencyStore.for_saver(sv), ref.tenant, ref.thread_id)
+    if held is None or held.kind != "run":
+        return False
+    return held.release()
+
+
+@contextmanager
+def recoverable_run(config: RunnableConfig, *, saver: SaverLike | None = None,
+                    lease: float = DEFAULT_LEASE) -> Iterator[None]:
+    """``with recoverable_run(config, saver=saver): graph.invoke(inputs, config)``: opt in and
+    hold the thread's recovery lease exactly while the block runs."""
+    mark_recoverable(config, saver=saver, lease=lease)
+    try:
+        yield
+    finally:
+        _release_run(config, saver)
+
+
+def _release_run(config: RunnableConfig, saver: SaverLike | None) -> None:
+    try:
+        release_recoverable(config, saver=saver)
+    except Exception:  # the lease then lapses with this process or its expiry
+        logger.warning("could not release the recovery lease of %r",
+                       (config.get("configurable") or {}).get("thread_id"), exc_info=True)
+
+
+@asynccontextmanager
+async def arecoverable_run(config: RunnableConfig, *, saver: SaverLike | None = None,
+                           lease: float = DEFAULT_LEASE) -> AsyncIterator[None]:
+    import asyncio
+    await amark_recoverable(config, saver=saver, lease=lease)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(_release_run, config, saver)
 
 
 def unmark_recoverable(saver: SaverLike, tenant: str, thread_id: str) -> bool:
@@ -160,99 +240,41 @@ def unmark_recoverable(saver: SaverLike, tenant: str, thread_id: str) -> bool:
             _R.c.tenant == tenant, _R.c.thread_id == thread_id)).rowcount)
 
 
+def rearm_dead_letter(saver: SaverLike, tenant: str, thread_id: str) -> bool:
+    """Re-arm a dead-lettered thread explicitly (fresh attempt budget); False if it is not
+    dead-lettered. Its dead letters stay as the record of what failed."""
+    return rearm(IdempotencyStore.for_saver(saver), tenant, thread_id)
+
+
 # --------------------------------------------------------------------------------------------
-class _Lease:
-    def __init__(self, store: IdempotencyStore, tenant: str, thread_id: str, token: int,
-                 owner: str, lease: float, sealed_conf: bytes | None = None) -> None:
-        self.store, self.tenant, self.thread_id = store, tenant, thread_id
-        self.token, self.owner, self.lease = token, owner, lease
-        self.sealed_conf = sealed_conf
-
-    def where(self) -> list[sa.ColumnElement[bool]]:
-        return [_R.c.tenant == self.tenant, _R.c.thread_id == self.thread_id,
-                _R.c.fencing_token == self.token]
-
-    def update(self, what: str, **values: Any) -> Any:
-        with self.store._begin(what) as conn:
-            return conn.execute(_R.update().where(*self.where()).values(
-                updated_at=self.store._now, **values).returning(_R.c.attempts)).first()
-
-    def renew(self) -> bool:
-        return self.update("renewing a recovery lease",
-                           lease_expires_at=self.store._now + self.lease) is not None
-
-    def release(self, state: str = ARMED, **values: Any) -> None:
-        self.update("releasing a recovery lease", state=state, owner=None,
-                    lease_expires_at=None, **values)
-
-    @contextmanager
-    def heartbeat(self) -> Iterator[None]:
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(self.lease / 3):
-                try:
-                    if not self.renew():
-                        logger.warning("recovery lease of %s/%s lost", self.tenant,
-                                       self.thread_id)
-                        return
-                except Exception:
-                    logger.exception("could not renew a recovery lease")
-
-        thread = threading.Thread(target=loop, name="securesaver-recover-lease", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=5)
-
-
 def _claim(store: IdempotencyStore, tenant: str, thread_id: str, owner: str,
-           lease: float) -> _Lease | None:
-    now = store._now
-    stmt = (_R.update().where(
-        _R.c.tenant == tenant, _R.c.thread_id == thread_id, _R.c.state == ARMED,
-        sa.or_(_R.c.lease_expires_at.is_(None), _R.c.lease_expires_at < now))
-        .values(owner=owner, lease_expires_at=now + lease,
-                fencing_token=_R.c.fencing_token + 1, updated_at=now)
-        .returning(_R.c.fencing_token, _R.c.configurable))
-    with store._begin("claiming a thread") as conn:
-        r = conn.execute(stmt).first()
-    if r is None:
+           lease: float) -> Lease | None:
+    got = claim(store, tenant, thread_id, owner, lease)
+    if isinstance(got, str):
         return None
-    return _Lease(store, tenant, thread_id, int(r.fencing_token), owner, lease,
-                  bytes(r.configurable) if r.configurable is not None else None)
+    hold(got)  # renewed on the database clock until released
+    return got
 
 
-def _checkpoint_age(created_at: str | None, now: float) -> float:
-    if not created_at:
-        return float("inf")
-    try:
-        ts = _dt.datetime.fromisoformat(created_at)
-    except ValueError:
-        return float("inf")
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=_dt.timezone.utc)
-    return now - ts.timestamp()
-
-
-def recover_stalled(graph: Any, saver: SaverLike | None = None, *, older_than: float,
+def recover_stalled(graph: Any, saver: SaverLike | None = None, *, older_than: float = 0.0,
                     tenant: str | None = None, max_attempts: int = 3,
-                    worker_id: str | None = None, lease: float = 300.0,
+                    worker_id: str | None = None, lease: float = DEFAULT_LEASE,
                     limit: int | None = None, durability: str = "sync") -> RecoveryReport:
-    """Resume every armed thread whose latest checkpoint still has tasks to run and has seen
-    no activity for ``older_than`` seconds. Safe to run from several workers at once.
+    """Resume every armed thread nobody runs (its lease free, expired on the database clock,
+    or its holder's process gone) whose latest checkpoint still has tasks to run. Safe to run
+    from several workers at once.
 
     Args:
         graph: the compiled graph (its checkpointer must be ``saver``).
         saver: the SecureSaver (default: ``graph.checkpointer``).
-        older_than: seconds without a new checkpoint before a thread counts as stalled.
-            Choose more than your longest step.
+        older_than: a floor on top of the lease: seconds on the database clock since the
+            thread's last recorded activity (opt-in, heartbeat of its holder, end of a run)
+            before it is resumed. 0 resumes at the first sweep after the holder is gone.
         tenant: only this tenant's threads.
         max_attempts: resume attempts before the thread is dead-lettered.
         worker_id: recorded as lease owner and on dead letters (default ``host:pid:rand``).
-        lease: seconds a claim on a thread lasts without renewal (renewed while resuming).
+        lease: seconds a lease lasts without renewal (renewed while resuming); decides only
+            when the holder's liveness cannot be checked (another host on SQLite).
         limit: examine at most this many threads.
         durability: durability of the resumed run.
     """
@@ -280,9 +302,7 @@ def recover_stalled(graph: Any, saver: SaverLike | None = None, *, older_than: f
 
 def _candidates(store: IdempotencyStore, tenant: str | None,
                 limit: int | None) -> list[tuple[str, str]]:
-    q = sa.select(_R.c.tenant, _R.c.thread_id).where(
-        _R.c.state == ARMED, sa.or_(_R.c.lease_expires_at.is_(None),
-                                    _R.c.lease_expires_at < store._now))
+    q = sa.select(_R.c.tenant, _R.c.thread_id).where(_R.c.state == ARMED)
     if tenant is not None:
         q = q.where(_R.c.tenant == tenant)
     q = q.order_by(_R.c.updated_at)
@@ -294,7 +314,7 @@ def _candidates(store: IdempotencyStore, tenant: str | None,
     return candidates
 
 
-def _resume_config(store: IdempotencyStore, claimed: _Lease) -> RunnableConfig:
+def _resume_config(store: IdempotencyStore, claimed: Lease) -> RunnableConfig:
     """The run config of the resumed thread: its sealed configurable extras, opened.
 
     The sealed configurable is the proof of the opt-in (AES-GCM bound to tenant and thread):
@@ -319,13 +339,13 @@ class _ForgedOptIn(TamperedDataError):
     """A recovery opt-in row that does not authenticate."""
 
 
-def _refuse(claimed: _Lease, report: RecoveryReport, exc: _ForgedOptIn) -> None:
+def _refuse(claimed: Lease, report: RecoveryReport, exc: _ForgedOptIn) -> None:
     logger.error("recovery of tenant %r thread %r: %s", claimed.tenant, claimed.thread_id, exc)
     report.failed.append((claimed.tenant, claimed.thread_id))
     claimed.release()
 
 
-def _precheck(store: IdempotencyStore, claimed: _Lease, snap: Any, report: RecoveryReport,
+def _precheck(store: IdempotencyStore, claimed: Lease, snap: Any, report: RecoveryReport,
               older_than: float) -> int | None:
     """Decide from the thread's state whether to resume it; the attempt number, or None."""
     ident = (claimed.tenant, claimed.thread_id)
@@ -337,12 +357,16 @@ def _precheck(store: IdempotencyStore, claimed: _Lease, snap: Any, report: Recov
         claimed.release()
         report.skipped_waiting += 1
         return None
-    if _checkpoint_age(snap.created_at, store.db_time()) < older_than:
+    # the floor: database clock against the last activity recorded on the database clock
+    # (never a checkpoint's ts, which is the writer's clock)
+    if (older_than > 0 and claimed.active_at is not None and claimed.now is not None
+            and claimed.now - claimed.active_at < older_than):
         claimed.release()
         report.skipped_recent += 1
         return None
     row = claimed.update("counting a resume attempt", attempts=_R.c.attempts + 1)
     if row is None:  # lost the lease meanwhile
+        claimed.abandon()
         report.skipped_busy += 1
         return None
     attempts = int(row.attempts)
@@ -350,7 +374,7 @@ def _precheck(store: IdempotencyStore, claimed: _Lease, snap: Any, report: Recov
     return attempts
 
 
-def _recover_one(graph: Any, store: IdempotencyStore, claimed: _Lease, config: RunnableConfig,
+def _recover_one(graph: Any, store: IdempotencyStore, claimed: Lease, config: RunnableConfig,
                  report: RecoveryReport, *, older_than: float, max_attempts: int,
                  durability: str) -> None:
     ident = (claimed.tenant, claimed.thread_id)
@@ -358,8 +382,7 @@ def _recover_one(graph: Any, store: IdempotencyStore, claimed: _Lease, config: R
     if attempts is None:
         return
     try:
-        with claimed.heartbeat():
-            graph.invoke(None, config, durability=durability)
+        graph.invoke(None, config, durability=durability)
     except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
         _record_failure(store, claimed, exc, attempts, max_attempts, report)
         return
@@ -368,7 +391,7 @@ def _recover_one(graph: Any, store: IdempotencyStore, claimed: _Lease, config: R
     report.resumed.append(ident)
 
 
-def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, attempts: int,
+def _record_failure(store: IdempotencyStore, claimed: Lease, exc: Exception, attempts: int,
                     max_attempts: int, report: RecoveryReport) -> None:
     ident = (claimed.tenant, claimed.thread_id)
     logger.error("resuming %s/%s failed (attempt %s)", *ident, attempts, exc_info=exc)
@@ -397,8 +420,9 @@ def _record_failure(store: IdempotencyStore, claimed: _Lease, exc: Exception, at
 
 
 async def arecover_stalled(graph: Any, saver: SaverLike | None = None, *,
-                           older_than: float, tenant: str | None = None, max_attempts: int = 3,
-                           worker_id: str | None = None, lease: float = 300.0,
+                           older_than: float = 0.0, tenant: str | None = None,
+                           max_attempts: int = 3, worker_id: str | None = None,
+                           lease: float = DEFAULT_LEASE,
                            limit: int | None = None, durability: str = "sync") -> RecoveryReport:
     """Async :func:`recover_stalled`, for graphs on async savers (``AsyncPostgresSaver``,
     ``AsyncSqliteSaver``, LangGraph Server): reads state with ``aget_state``, resumes with
@@ -428,7 +452,7 @@ async def arecover_stalled(graph: Any, saver: SaverLike | None = None, *,
     return report
 
 
-async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: _Lease,
+async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: Lease,
                         config: RunnableConfig, report: RecoveryReport, *, older_than: float,
                         max_attempts: int, durability: str) -> None:
     import asyncio
@@ -437,35 +461,12 @@ async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: _Lease,
     attempts = await asyncio.to_thread(_precheck, store, claimed, snap, report, older_than)
     if attempts is None:
         return
-    stop = asyncio.Event()
-
-    async def beat() -> None:
-        while True:
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=claimed.lease / 3)
-                return
-            except asyncio.TimeoutError:
-                pass
-            try:
-                if not await asyncio.to_thread(claimed.renew):
-                    logger.warning("recovery lease of %s/%s lost", *ident)
-                    return
-            except Exception:
-                logger.exception("could not renew a recovery lease")
-
-    beating = asyncio.create_task(beat())
-    try:
+    try:  # the lease is renewed by this process's lease thread, off the event loop
         await graph.ainvoke(None, config, durability=durability)
     except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
-        stop.set()
-        await beating
         await asyncio.to_thread(_record_failure, store, claimed, exc, attempts, max_attempts,
                                 report)
         return
-    finally:
-        stop.set()
-        if not beating.done():
-            await beating
     after = await graph.aget_state(config)
     await asyncio.to_thread(claimed.release, DONE if not after.next else ARMED,
                             last_error=None)

@@ -67,7 +67,22 @@ recoverable_threads = sa.Table(
     sa.Column("configurable", sa.LargeBinary, nullable=True),  # sealed run configurable
     sa.Column("last_error", sa.LargeBinary, nullable=True),    # sealed
     sa.Index("ix_securesaver_recoverable_state", "state", "lease_expires_at"),
+    # the process holding the recovery lease (the running worker or a recoverer), as on
+    # idempotency claims; NULL when nobody holds it or on rows of older versions
+    *(sa.Column(name, type_, nullable=True) for name, type_ in (
+        ("holder_host", sa.String(64)),
+        ("holder_pid", sa.Integer),
+        ("holder_start", sa.BigInteger),
+        ("holder_nonce", sa.String(32)),
+        ("holder_lock", sa.BigInteger),
+        # last recorded activity of the thread's run (database clock): opt-in, lease
+        # renewals of a live holder, the end of a run; what ``older_than`` is measured from
+        ("active_at", sa.Float),
+    )),
 )
+
+#: columns of ``securesaver_recoverable`` added after its first release
+RECOVERABLE_ADDED_COLUMNS = (*HOLDER_COLUMNS, "active_at")
 
 dead_letters = sa.Table(
     "securesaver_dead_letters", metadata,

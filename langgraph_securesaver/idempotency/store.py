@@ -184,19 +184,23 @@ class IdempotencyStore(RecordAdmin):
     def _add_holder_columns(self) -> None:
         """Tables created by an older version lack the holder columns: add them (NULL on old
         rows, whose claims then rely on their lease)."""
+        for table, names in ((_T, schema.HOLDER_COLUMNS),
+                             (schema.recoverable_threads, schema.RECOVERABLE_ADDED_COLUMNS)):
+            self._add_columns(table, names)
+
+    def _add_columns(self, table: sa.Table, names: tuple[str, ...]) -> None:
         for _ in range(3):
-            present = {c["name"] for c in sa.inspect(self.engine).get_columns(_T.name)}
-            missing = [c for c in schema.HOLDER_COLUMNS if c not in present]
+            present = {c["name"] for c in sa.inspect(self.engine).get_columns(table.name)}
+            missing = [c for c in names if c not in present]
             if not missing:
                 return
             try:
                 with self.engine.begin() as conn:
                     for name in missing:
-                        col = _T.c[name]
-                        type_sql = col.type.compile(dialect=self.engine.dialect)
+                        type_sql = table.c[name].type.compile(dialect=self.engine.dialect)
                         conn.execute(sa.text(
-                            f"ALTER TABLE {_T.name} ADD COLUMN {name} {type_sql}"))
-                logger.info("added holder columns %s to %s", missing, _T.name)
+                            f"ALTER TABLE {table.name} ADD COLUMN {name} {type_sql}"))
+                logger.info("added columns %s to %s", missing, table.name)
                 return
             except sa.exc.SQLAlchemyError as exc:  # another process added them meanwhile
                 if "duplicate" not in str(exc).lower() and "exists" not in str(exc).lower():

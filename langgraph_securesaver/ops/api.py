@@ -44,9 +44,11 @@ class SaverOperations:
         retention.set_tenant_retention(self.services, tenant, policy)
 
     async def aset_default_retention(self, policy: RetentionPolicy | None) -> None:
+        """Async twin of :meth:`set_default_retention`, run in a worker thread."""
         await asyncio.to_thread(self.set_default_retention, policy)
 
     async def aset_tenant_retention(self, tenant: str, policy: RetentionPolicy | None) -> None:
+        """Async twin of :meth:`set_tenant_retention`, run in a worker thread."""
         await asyncio.to_thread(self.set_tenant_retention, tenant, policy)
 
     def set_retention(self, thread_id: str, *, idle_ttl: Any = UNSET, max_age: Any = UNSET,
@@ -57,6 +59,7 @@ class SaverOperations:
                                        strategy=strategy)
 
     async def aset_retention(self, thread_id: str, **changes: Any) -> ThreadRow:
+        """Async twin of :meth:`set_retention`, run in a worker thread."""
         from ..tenancy import tenant_scope
         gate = self.services.gate
         tenant = await gate.ascoped(lambda: gate.tenant("set_retention",
@@ -83,6 +86,7 @@ class SaverOperations:
     async def aprune_expired(self, now: Any = None, *, limit: int | None = None,
                              dry_run: bool = False, tenant: str | None = None, **options: Any
                              ) -> PruneReport:
+        """Async twin of :meth:`prune_expired`, run in a worker thread."""
         return await asyncio.to_thread(self.prune_expired, now, limit=limit, dry_run=dry_run,
                                        tenant=tenant, **options)
 
@@ -94,6 +98,7 @@ class SaverOperations:
                                   since=since, until=until)
 
     async def areceipts(self, **filters: Any) -> builtins.list[Receipt]:
+        """Async twin of :meth:`receipts`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.receipts(**filters))
 
     # shredding and PII ----------------------------------------------------------------------
@@ -109,6 +114,7 @@ class SaverOperations:
         return shredding.shred_tenant(self.services, tenant, requested_by=requested_by)
 
     async def ashred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
+        """Async twin of :meth:`shred_tenant`, run in a worker thread."""
         return await asyncio.to_thread(self.shred_tenant, tenant, requested_by=requested_by)
 
     def pii_inventory(self, tenant: str | None = None, thread_id: str | None = None
@@ -119,6 +125,7 @@ class SaverOperations:
 
     async def apii_inventory(self, tenant: str | None = None, thread_id: str | None = None
                              ) -> dict[tuple[str, str], dict[str, int]]:
+        """Async twin of :meth:`pii_inventory`, run in a worker thread."""
         return await asyncio.to_thread(self.pii_inventory, tenant, thread_id)
 
     def forget_pii(self, tenant: str, value: str | None = None, *, kind: str | None = None,
@@ -133,6 +140,7 @@ class SaverOperations:
 
     async def aforget_pii(self, tenant: str, value: str | None = None, *,
                           kind: str | None = None, requested_by: str | None = None) -> int:
+        """Async twin of :meth:`forget_pii`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.forget_pii(
             tenant, value, kind=kind, requested_by=requested_by))
 
@@ -145,6 +153,7 @@ class SaverOperations:
         return audit(cast("SaverLike", self), tenant=tenant, now=to_epoch(now, "now"))
 
     async def aaudit(self, *, tenant: str | None = None, now: Any = None) -> Any:
+        """Async twin of :meth:`audit`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.audit(tenant=tenant, now=now))
 
     def events(self, **filters: Any) -> Any:
@@ -161,6 +170,7 @@ class SaverOperations:
         return events(cast("SaverLike", self), **filters)
 
     async def aevents(self, **filters: Any) -> Any:
+        """Async twin of :meth:`events`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.events(**filters))
 
     def scan(self, **options: Any) -> Any:
@@ -170,6 +180,7 @@ class SaverOperations:
         return scan(cast("SaverLike", self), **options)
 
     async def ascan(self, **options: Any) -> Any:
+        """Async twin of :meth:`scan`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.scan(**options))
 
     def rotate_keys(self, **options: Any) -> Any:
@@ -179,6 +190,7 @@ class SaverOperations:
         return rotate_keys(cast("SaverLike", self), **options)
 
     async def arotate_keys(self, **options: Any) -> Any:
+        """Async twin of :meth:`rotate_keys`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.rotate_keys(**options))
 
     def reencrypt(self, **options: Any) -> Any:
@@ -188,6 +200,7 @@ class SaverOperations:
         return reencrypt(cast("SaverLike", self), **options)
 
     async def areencrypt(self, **options: Any) -> Any:
+        """Async twin of :meth:`reencrypt`, run in a worker thread."""
         return await asyncio.to_thread(lambda: self.reencrypt(**options))
 
     # keys and databases ---------------------------------------------------------------------
@@ -212,6 +225,7 @@ class SaverOperations:
         return keys.rewrap_keys(self.services, progress=progress)
 
     async def arewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Async twin of :meth:`rewrap_keys`, run in a worker thread."""
         return await asyncio.to_thread(self.rewrap_keys, progress=progress)
 
     def rotate_data_key(self, tenant: str) -> int:
@@ -219,6 +233,7 @@ class SaverOperations:
         return keys.rotate_data_key(self.services, tenant)
 
     async def arotate_data_key(self, tenant: str) -> int:
+        """Async twin of :meth:`rotate_data_key`, run in a worker thread."""
         return await asyncio.to_thread(self.rotate_data_key, tenant)
 
     def master_versions_in_use(self) -> dict[str, int]:
@@ -227,4 +242,5 @@ class SaverOperations:
         return keys.master_versions_in_use(self.services)
 
     async def amaster_versions_in_use(self) -> dict[str, int]:
+        """Async twin of :meth:`master_versions_in_use`, run in a worker thread."""
         return await asyncio.to_thread(self.master_versions_in_use)

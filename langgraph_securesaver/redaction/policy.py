@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConfigurationError
+from .budget import WriteBudget
 
 
 class Action(str, Enum):
@@ -80,6 +81,9 @@ class RedactionPolicy:
         max_detections: a single string with more raw detections than this (a hostile
             input: e.g. tens of thousands of key headers) is withheld the same way, which
             bounds the work and the garbage one value can cause.
+        write_budget: bounds on the analysis of one whole write (see :mod:`.budget`); the
+            top-level policy's applies (channel overrides do not change it). Not part of the
+            fingerprint: it changes what is withheld, never what a string redacts to.
     """
 
     actions: Mapping[str, Action] = field(default_factory=_default_actions)
@@ -93,6 +97,7 @@ class RedactionPolicy:
     time_budget: float = DEFAULT_TIME_BUDGET
     on_timeout: str = "mask"
     max_detections: int = DEFAULT_MAX_DETECTIONS
+    write_budget: WriteBudget = field(default_factory=WriteBudget)
 
     def __post_init__(self) -> None:
         try:
@@ -126,6 +131,8 @@ class RedactionPolicy:
         if int(self.max_detections) < 100:
             raise ConfigurationError("max_detections must be at least 100")
         object.__setattr__(self, "max_detections", int(self.max_detections))
+        if not isinstance(self.write_budget, WriteBudget):
+            raise ConfigurationError("write_budget must be a WriteBudget")
         object.__setattr__(self, "actions", MappingProxyType(actions))
         object.__setattr__(self, "default_action", default_action)
         object.__setattr__(self, "channels", MappingProxyType(channels))

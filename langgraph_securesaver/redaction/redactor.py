@@ -19,13 +19,13 @@ from typing import Any
 from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
+from .budget import Spend
 from .caches import (
     Cache,
     Cached,
     IdentityCache,
     vault_size,
 )
-from .detection import Detection, Overrun
 from .engine import (
     DEFAULT_PHONE_REGIONS,
     LANGUAGE,
@@ -37,6 +37,7 @@ from .engine import (
 )
 from .errors import RedactionError
 from .numbers import NumberRedaction
+from .offload import BudgetedDetection
 from .policy import RedactionPolicy
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
     TOKEN_HEX_CHARS,
@@ -70,6 +71,7 @@ from .view import (  # noqa: F401 - public names re-exported (defined here befor
 from .walker import Walker
 
 logger = logging.getLogger(__name__)
+_WITHHELD_MARKER = mask_marker(WITHHELD)
 
 # --------------------------------------------------------------------------------------------
 # Per-call state
@@ -77,9 +79,11 @@ logger = logging.getLogger(__name__)
 class _Call:
     """State of one call: context, policy, key, collected vault entries and counters."""
 
-    __slots__ = ("analyzed", "chars", "ctx", "found", "hits", "key", "policy", "scopes", "seen")
+    __slots__ = ("analyzed", "chars", "ctx", "found", "hits", "key", "policy", "scopes", "seen",
+                 "spend")
 
-    def __init__(self, ctx: bytes, key: bytes, policy: RedactionPolicy) -> None:
+    def __init__(self, ctx: bytes, key: bytes, policy: RedactionPolicy, spend: Spend) -> None:
+        self.spend = spend  # the budget of the write this call belongs to
         self.ctx = ctx
         self.key = key
         self.policy = policy
@@ -108,7 +112,7 @@ class _Call:
 # --------------------------------------------------------------------------------------------
 # Redactor
 # --------------------------------------------------------------------------------------------
-class Redactor(Detection, NumberRedaction):
+class Redactor(BudgetedDetection, NumberRedaction):
     """Finds personal data and secrets in LangGraph state and replaces them per a policy.
 
     One instance can be shared by threads; the presidio engine is built lazily on first use
@@ -419,7 +423,7 @@ class Redactor(Detection, NumberRedaction):
     def _new_call(self, policy: RedactionPolicy, key: bytes) -> _Call:
         ctx = hashlib.blake2b(key, digest_size=16, person=b"ss-redact-ctx").digest()
         ctx += policy.fingerprint.encode("ascii")
-        return _Call(ctx, key, policy)
+        return _Call(ctx, key, policy, self.new_spend())
 
     def _flush(self, call: _Call) -> None:
         self._stats.record(seen=call.seen, hits=call.hits, analyzed=call.analyzed,
@@ -604,9 +608,8 @@ class Redactor(Detection, NumberRedaction):
     def _redact_batch(self, texts: list[str], call: _Call) -> None:
         """Analyze ``texts`` joined by a separator no recognizer matches across; cache each."""
         joined = BATCH_SEP.join(texts)
-        try:
-            found = self._raw_detect(joined, call.policy)
-        except Overrun:
+        found = self._budgeted_detect(joined, call.policy, call.spend)
+        if isinstance(found, str):
             return  # nothing cached: each string is then analyzed on its own, with its budget
         starts: list[int] = []
         pos = 0
@@ -637,24 +640,24 @@ class Redactor(Detection, NumberRedaction):
             return hit
         if not self._custom_analyzer and not may_have_pii(s):
             return Cached(s, (), ())
-        try:
-            entities = self._detect(s, call.policy)
-        except Overrun as exc:
-            return self._withheld(s, call, str(exc))
-        return self._store_plain(s, entities, call)
+        found = self._budgeted_detect(s, call.policy, call.spend)
+        if isinstance(found, str):
+            return self._withheld(s, call, found)
+        return self._store_plain(s, self._finish(s, found, call.policy), call)
 
     def _withheld(self, s: str, call: _Call, reason: str) -> Cached:
         """The analysis of ``s`` ran past the policy's time budget: never return it in clear."""
         call.analyzed += 1
         call.chars += len(s)
-        if call.policy.on_timeout == "raise":
+        if call.policy.on_timeout == "raise" and not reason.startswith("write budget"):
             raise RedactionError(
                 f"redaction of a {len(s)}-character string ran past the time budget "
                 f"({call.policy.time_budget} s per {call.policy.max_chars} characters) or found "
                 f"more than max_detections={call.policy.max_detections}; it was not stored")
-        logger.warning("redaction of a %d-character string hit the %s; the whole value was "
-                       "withheld (masked)", len(s), reason)
-        marker = mask_marker(WITHHELD)
+        if not reason.startswith("write budget") or call.spend.withheld <= 1:  # once a write
+            logger.warning("redaction of a %d-character string hit the %s; the whole value "
+                           "was withheld (masked)", len(s), reason)
+        marker = _WITHHELD_MARKER
         entity = Entity(WITHHELD, 0, len(s), 1.0, reason)  # text: why, never the value
         call.found.append(entity)
         return Cached(marker, (), (entity,))  # not cached: a later call may finish in time

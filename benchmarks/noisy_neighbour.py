@@ -1,0 +1,295 @@
+"""Noisy neighbour: a victim tenant's turn latency while a hostile tenant on the same process
+(a) writes huge many-part messages, (b) floods refused cross-tenant reads, (c) writes a value
+of 100,000 strings -- each phase against the victim alone, interleaved, async, default
+settings (redaction on, the default budget and worker pool).
+
+Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
+raw AsyncPostgresSaver, throughput ratio (``--concurrent``).
+
+    python benchmarks/noisy_neighbour.py [--rounds 2] [--phase 6] [--backends sqlite,postgres]
+                                         [--concurrent 16]
+
+Targets: victim median <= 1.5x and p95 <= 2x alone; every hostile write returns (withheld or
+refused) in <= 2 s; <= 10 access_denied rows per 8 s of flood, counts exact; 16 conversations
+>= 0.9x raw throughput. The load average is printed with the figures: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import string
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+
+from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
+from langgraph_securesaver.demo import build_chat_graph
+
+try:  # absent before the worker pool existed (the script also runs against older builds)
+    from langgraph_securesaver.redaction.pool import shared_pool
+except ImportError:  # pragma: no cover
+    shared_pool = None  # type: ignore[assignment]
+
+PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+WITHHELD = "<WITHHELD:masked>"
+MD: Any = {"source": "input", "step": -1, "parents": {}}
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@asynccontextmanager
+async def pg_schema() -> AsyncIterator[str]:
+    import psycopg
+    schema = "nn_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@asynccontextmanager
+async def secure(backend: str, workdir: Path) -> AsyncIterator[SecureSaver]:
+    if backend == "sqlite":
+        url = f"sqlite:///{workdir / (uuid.uuid4().hex + '.db')}"
+        async with SecureSaver.afrom_url(url, keyring=Keyring.generate()) as saver:
+            yield saver
+        return
+    async with pg_schema() as url, SecureSaver.afrom_url(url, keyring=Keyring.generate()) as saver:
+        yield saver
+
+
+def filler(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(string.ascii_lowercase + "     ") for _ in range(n))
+
+
+def parts_message(rng: random.Random, count: int) -> HumanMessage:
+    return HumanMessage(content=[
+        {"type": "text", "text": f"{filler(rng, 2000)} mail p{rng.random()}@example.com"}
+        for _ in range(count)])
+
+
+def many_strings(rng: random.Random, count: int = 100_000) -> list[str]:
+    salt = rng.randrange(10**6)
+    return [f"row {salt}-{i} call 415-555-{i % 10000:04d}" for i in range(count)]
+
+
+class Victim:
+    """Turns of one victim conversation, back to back, with their latencies."""
+
+    def __init__(self, saver: SecureSaver) -> None:
+        self.saver = saver
+        self.graph = build_chat_graph(saver)
+        self.thread = "victim-" + uuid.uuid4().hex[:8]
+        self.turn = 0
+
+    async def run(self, seconds: float) -> list[float]:
+        latencies: list[float] = []
+        end = time.perf_counter() + seconds
+        cfg = {"configurable": {"thread_id": self.thread, "tenant_id": "victim"}}
+        while time.perf_counter() < end:
+            self.turn += 1
+            text = f"turn {self.turn}: my mail is v{self.turn % 7}@example.org, thanks"
+            start = time.perf_counter()
+            await self.graph.ainvoke({"messages": [HumanMessage(text)]}, cfg)
+            latencies.append(time.perf_counter() - start)
+            await asyncio.sleep(0.002)
+        return latencies
+
+
+async def hostile_writes(saver: SecureSaver, make: Callable[[random.Random], dict[str, Any]],
+                         stop: asyncio.Event, out: dict[str, Any]) -> None:
+    rng = random.Random(uuid.uuid4().int)
+    n = 0
+    while not stop.is_set():
+        n += 1
+        cp = empty_checkpoint()
+        cp["channel_values"] = make(rng)
+        cp["channel_versions"] = dict.fromkeys(cp["channel_values"], 1)
+        cfg = {"configurable": {"thread_id": f"mallory-{uuid.uuid4().hex}", "tenant_id": "mallory",
+                                "checkpoint_ns": ""}}
+        start = time.perf_counter()
+        try:
+            await saver.aput(cfg, cp, MD, dict.fromkeys(cp["channel_values"], 1))
+            outcome = "stored"
+        except Exception as exc:  # the refusal is an outcome too
+            outcome = type(exc).__name__
+        out.setdefault("durations", []).append(time.perf_counter() - start)
+        out.setdefault("outcomes", []).append(outcome)
+        if outcome == "stored" and n <= 2:  # read back after the phase (reads are not measured)
+            out.setdefault("stored", []).append(cfg)
+
+
+async def deny_flood(saver: SecureSaver, stop: asyncio.Event, out: dict[str, Any]) -> None:
+    cfg = {"configurable": {"thread_id": "t-victim", "tenant_id": "victim"}}
+    with tenant_scope("mallory"):
+        while not stop.is_set():
+            try:
+                await saver.aget_tuple(cfg)
+            except AccessDenied:
+                out["raised"] = out.get("raised", 0) + 1
+
+
+async def disturbed(victim: Victim, seconds: float,
+                    hostile: Callable[[asyncio.Event, dict[str, Any]], list[Awaitable[None]]]
+                    ) -> tuple[list[float], dict[str, Any]]:
+    stop = asyncio.Event()
+    out: dict[str, Any] = {}
+    tasks = [asyncio.ensure_future(h) for h in hostile(stop, out)]
+    await asyncio.sleep(0.05)
+    latencies = await victim.run(seconds)
+    stop.set()
+    await asyncio.gather(*tasks)
+    for cfg in out.pop("stored", []):
+        tup = await victim.saver.aget_tuple(cfg)
+        text = repr(tup.checkpoint["channel_values"]) if tup else ""
+        out.setdefault("withheld", []).append(text.count(WITHHELD))
+    return latencies, out
+
+
+def denial_rows(saver: SecureSaver, since: float) -> tuple[int, int]:
+    saver.registry.dispose()  # flushes the pending summaries (the engine reconnects)
+    rows = [e for e in saver.registry.list_events(kind="access_denied") if e.at >= since]
+    return len(rows), sum(int(e.detail.get("count", 1)) for e in rows)
+
+
+async def run_backend(backend: str, rounds: int, phase: float, workdir: Path) -> None:
+    scenarios: dict[str, Callable[[SecureSaver], Callable[[asyncio.Event, dict[str, Any]],
+                                                          list[Awaitable[None]]]]] = {
+        "500 parts x 2 KB": lambda s: lambda stop, out: [hostile_writes(
+            s, lambda r: {"messages": [parts_message(r, 500)]}, stop, out)],
+        "2,000 parts x 2 KB": lambda s: lambda stop, out: [hostile_writes(
+            s, lambda r: {"messages": [parts_message(r, 2000)]}, stop, out)],
+        "denial flood (2 tasks)": lambda s: lambda stop, out: [deny_flood(s, stop, out),
+                                                              deny_flood(s, stop, out)],
+        "100,000 strings": lambda s: lambda stop, out: [hostile_writes(
+            s, lambda r: {"rows": many_strings(r)}, stop, out)],
+    }
+    results: dict[str, dict[str, list[Any]]] = {}
+    async with secure(backend, workdir) as saver:
+        victim = Victim(saver)
+        await victim.run(1.0)  # warm up
+        for r in range(rounds):
+            for name, make in scenarios.items():
+                alone = await victim.run(phase)
+                seconds = 8.0 if name.startswith("denial") else phase
+                since = time.time()
+                lat, out = await disturbed(victim, seconds, make(saver))
+                res = results.setdefault(name, {"alone": [], "with": [], "hostile": [],
+                                                "withheld": [], "rows": [], "outcomes": []})
+                res["alone"].extend(alone)
+                res["with"].extend(lat)
+                res["hostile"].extend(out.get("durations", []))
+                res["outcomes"].extend(out.get("outcomes", []))
+                res["withheld"].extend(out.get("withheld", []))
+                if name.startswith("denial"):
+                    rows, total = await asyncio.to_thread(denial_rows, saver, since)
+                    res["rows"].append((rows, total, out.get("raised", 0)))
+            print(f"  [{backend}] round {r + 1}/{rounds} done; {load()}", flush=True)
+    print(f"\n{backend} (async), {rounds} rounds, {phase:.0f} s phases; {load()}")
+    print(f"{'hostile':24} {'alone med/p95 ms':>18} {'with med/p95 ms':>17} {'x med':>6} "
+          f"{'x p95':>6} {'hostile write max s':>20}  notes")
+    for name, res in results.items():
+        a_med, a_p95 = statistics.median(res["alone"]), pct(res["alone"], 0.95)
+        w_med, w_p95 = statistics.median(res["with"]), pct(res["with"], 0.95)
+        hmax = max(res["hostile"]) if res["hostile"] else float("nan")
+        notes = ""
+        if res["outcomes"]:
+            kinds = {o: res["outcomes"].count(o) for o in set(res["outcomes"])}
+            notes = f"writes {kinds}; withheld parts {res['withheld']}"
+        if res["rows"]:
+            notes = "; ".join(f"{rows} rows, count {total} = raised {raised}: "
+                              f"{'exact' if total == raised else 'MISMATCH'}"
+                              for rows, total, raised in res["rows"])
+        print(f"{name:24} {a_med * 1e3:8.1f}/{a_p95 * 1e3:<8.1f} {w_med * 1e3:8.1f}/"
+              f"{w_p95 * 1e3:<8.1f} {w_med / a_med:6.2f} {w_p95 / a_p95:6.2f} "
+              f"{hmax:20.2f}  {notes}")
+
+
+async def conversations(make_saver: Callable[[], Any], n: int, turns: int) -> float:
+    """Turns per second of ``n`` concurrent conversations on one saver."""
+    async with make_saver() as saver:
+        graph = build_chat_graph(saver)
+
+        async def talk(i: int) -> None:
+            cfg = {"configurable": {"thread_id": f"c{i}", "tenant_id": f"tenant-{i % 4}"}}
+            for t in range(turns):
+                await graph.ainvoke({"messages": [HumanMessage(
+                    f"conversation {i} turn {t}: reach me at c{i}.t{t}@example.com")]}, cfg)
+
+        await talk(999)  # warm up
+        start = time.perf_counter()
+        await asyncio.gather(*(talk(i) for i in range(n)))
+        return n * turns / (time.perf_counter() - start)
+
+
+async def run_concurrent(n: int, turns: int, rounds: int) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    from langgraph_securesaver.backends import libpq_url
+
+    @asynccontextmanager
+    async def raw() -> AsyncIterator[Any]:
+        async with pg_schema() as url, AsyncPostgresSaver.from_conn_string(
+                libpq_url(url)) as saver:
+            await saver.setup()
+            yield saver
+
+    @asynccontextmanager
+    async def wrapped() -> AsyncIterator[Any]:
+        async with pg_schema() as url, SecureSaver.afrom_url(
+                url, keyring=Keyring.generate()) as saver:
+            yield saver
+
+    raws, secures = [], []
+    for _ in range(rounds):
+        raws.append(await conversations(raw, n, turns))
+        secures.append(await conversations(wrapped, n, turns))
+    r, s = statistics.median(raws), statistics.median(secures)
+    print(f"\n{n} concurrent async conversations on PostgreSQL, {turns} turns each, "
+          f"{rounds} rounds: raw {r:.1f} turns/s, SecureSaver (redaction on) {s:.1f} turns/s "
+          f"= {s / r:.2f}x; {load()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--phase", type=float, default=6.0)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--concurrent", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    print(load())
+    if shared_pool is not None:
+        pool = shared_pool()
+        print(f"redaction workers: {pool.size} (ready: {pool.wait_ready()})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in [b for b in args.backends.split(",") if b]:
+            asyncio.run(run_backend(backend, args.rounds, args.phase, Path(tmp)))
+    if args.concurrent:
+        asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The redaction budget of one write: how much analysis a single put / put_writes may cause.
+
+Every per-string limit of the policy can hold while one write still carries hundreds of
+strings, each just under them; without a bound per write, one caller's message keeps a
+process busy for seconds to minutes. :class:`WriteBudget` bounds the characters analyzed,
+the strings analyzed and the analysis time of one write. Past it, each string still to be
+analyzed is withheld (``<WITHHELD:masked>``, never stored in clear) or the whole write is
+refused with :class:`RedactionError`, per ``on_exceed``.
+
+Only work counts: strings answered from the redactor's caches and strings the pre-filter
+shows cannot hold anything detectable cost nothing, so a long conversation pays for its new
+turn only.
+
+:func:`write_scope` makes the redactions of one write share one :class:`Spend` (the saver
+opens it around a put's channels and metadata); a redaction outside any scope is a write of
+its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import ConfigurationError
+from .errors import RedactionError
+
+# Defaults: see docs/redaction.md ("The budget of one write") for the turns they were
+# measured against.
+DEFAULT_WRITE_CHARS = 2_000_000
+DEFAULT_WRITE_PARTS = 20_000
+DEFAULT_WRITE_SECONDS = 1.0
+ON_EXCEED = ("mask", "raise")
+
+
+@dataclass(frozen=True)
+class WriteBudget:
+    """Bounds on the redaction work of one write.
+
+    Attributes:
+        max_chars: characters analyzed per write (cache hits and pre-filtered text are free).
+        max_parts: strings analyzed per write.
+        time_budget: CPU seconds of analysis per write (measured where it ran: this
+            thread, or the redaction worker), so that a loaded machine does not make a real
+            turn look bigger; one string may take up to four times what is left in wall time.
+        on_exceed: ``"mask"`` withholds each string past the budget as
+            ``<WITHHELD:masked>``; ``"raise"`` refuses the write with ``RedactionError``.
+    """
+
+    max_chars: int = DEFAULT_WRITE_CHARS
+    max_parts: int = DEFAULT_WRITE_PARTS
+    time_budget: float = DEFAULT_WRITE_SECONDS
+    on_exceed: str = "mask"
+
+    def __post_init__(self) -> None:
+        if int(self.max_chars) < 1_000:
+            raise ConfigurationError("write budget max_chars must be at least 1000")
+        if int(self.max_parts) < 1:
+            raise ConfigurationError("write budget max_parts must be at least 1")
+        if not 0.0 < float(self.time_budget) <= 3600.0:
+            raise ConfigurationError("write budget time_budget must be > 0 and <= 3600 s")
+        if self.on_exceed not in ON_EXCEED:
+            raise ConfigurationError(f"write budget on_exceed must be one of {ON_EXCEED}")
+        object.__setattr__(self, "max_chars", int(self.max_chars))
+        object.__setattr__(self, "max_parts", int(self.max_parts))
+        object.__setattr__(self, "time_budget", float(self.time_budget))
+
+    @classmethod
+    def unlimited(cls) -> WriteBudget:
+        """No practical bound (an hour of analysis per write): for trusted batch jobs."""
+        return cls(max_chars=2**62, max_parts=2**62, time_budget=3600.0)
+
+
+class Spend:
+    """What one write has spent so far; shared by every redaction of the write (and by the
+    threads that may run them), so it is locked."""
+
+    __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "seconds",
+                 "withheld")
+
+    def __init__(self, budget: WriteBudget | None = None) -> None:
+        self.budget = budget
+        self.chars = 0
+        self.parts = 0
+        self.seconds = 0.0
+        self.withheld = 0
+        self.calls = 0  # strings (or batches) that needed analysis, admitted or not
+        self.exceeded: str | None = None  # why the budget is spent, once it is
+        self.lock = threading.Lock()
+
+    def bind(self, budget: WriteBudget) -> WriteBudget:
+        """The budget of the write: the first redaction's policy sets it."""
+        with self.lock:
+            if self.budget is None:
+                self.budget = budget
+            return self.budget
+
+    def admit(self, chars: int) -> str | None:
+        """None if a string of ``chars`` characters may be analyzed, else why not (and with
+        ``on_exceed="raise"`` the refusal is raised instead)."""
+        budget = self.budget
+        if budget is None:  # pragma: no cover - the redactor binds before admitting
+            return None
+        with self.lock:
+            if self.exceeded is None:
+                if self.parts + 1 > budget.max_parts:
+                    self.exceeded = f"write budget: more than {budget.max_parts} strings"
+                elif self.chars + chars > budget.max_chars:
+                    self.exceeded = f"write budget: more than {budget.max_chars} characters"
+                elif self.seconds >= budget.time_budget:
+                    self.exceeded = f"write budget: {budget.time_budget} s of analysis"
+            reason = self.exceeded
+            if reason is None:
+                self.parts += 1
+                self.chars += chars
+            else:
+                self.withheld += 1
+        if reason is not None and budget.on_exceed == "raise":
+            raise RedactionError(
+                f"the write needs more redaction than its budget allows ({reason}); it was "
+                "not stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such "
+                "writes are expected")
+        return reason
+
+    def remaining(self) -> float:
+        """Seconds of analysis the write has left."""
+        budget = self.budget
+        if budget is None:  # pragma: no cover
+            return 3600.0
+        with self.lock:
+            return budget.time_budget - self.seconds
+
+    def charge(self, seconds: float) -> None:
+        with self.lock:
+            self.seconds += max(0.0, seconds)
+
+    def overran(self) -> str:
+        """Record that an analysis ran into the write's deadline; returns the reason."""
+        budget = self.budget
+        with self.lock:
+            if self.exceeded is None:
+                limit = budget.time_budget if budget is not None else 0.0
+                self.exceeded = f"write budget: {limit} s of analysis"
+            self.withheld += 1
+            reason = self.exceeded
+        if budget is not None and budget.on_exceed == "raise":
+            raise RedactionError(
+                f"the write needs more redaction than its budget allows ({reason}); it was "
+                "not stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such "
+                "writes are expected")
+        return reason
+
+
+_CURRENT: contextvars.ContextVar[Spend | None] = contextvars.ContextVar(
+    "securesaver_write_spend", default=None)
+
+
+def current_spend() -> Spend | None:
+    """The spend of the write in progress on this thread (None outside :func:`write_scope`)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def write_scope() -> Iterator[Spend]:
+    """Make every redaction inside share one budget (one write). Nested scopes join the
+    outer one: a write is never given a fresh budget halfway through."""
+    outer = _CURRENT.get()
+    if outer is not None:
+        yield outer
+        return
+    spend = Spend()
+    token = _CURRENT.set(spend)
+    try:
+        yield spend
+    finally:
+        _CURRENT.reset(token)

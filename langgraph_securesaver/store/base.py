@@ -1,0 +1,284 @@
+"""The logic SecureStore's sync and async paths share: one batch of caller ops becomes one
+batch of inner ops (tenant-prefixed namespaces, sealed values, blind-index filters), and the
+inner results become the caller's results (authenticated, opened, restored, filtered, scored).
+
+A batch runs in three steps, so the async path can put each one where it belongs (CPU and
+registry work off the event loop, embedding and the inner store awaited):
+
+1. :meth:`StoreCore.prepare` -- validate, redact put values (originals to the PII vault),
+   collect the texts to embed (redacted) and the queries to embed (redacted);
+2. :meth:`BatchPlan.inner_ops` -- seal each value with its vectors, given the embeddings;
+3. :meth:`BatchPlan.finish` -- open the inner results for the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from langgraph.store.base import (
+    GetOp,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    validate_op_namespace,
+)
+
+from ..crypto import TenantKeys
+from ..errors import TamperedDataError
+from ..pii_layer import PiiLayer
+from ..tenancy import tenant_tag
+from . import codec, matching
+
+logger = logging.getLogger(__name__)
+
+#: the redaction channel store values are redacted under (redaction policies can name it)
+STORE_CHANNEL = "__store__"
+#: the PII vault keeps each item's originals under a pseudo thread id of this prefix, so
+#: deleting the item drops the originals no other item or thread uses
+VAULT_PREFIX = "securestore:"
+#: "every row" for an inner search whose filtering, scoring or paging SecureStore does itself
+SCAN_LIMIT = 2 ** 62
+
+
+def vault_id(namespace: Sequence[str], key: str) -> str:
+    """The pseudo thread id an item's PII originals are recorded under."""
+    raw = json.dumps([list(namespace), key], ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return VAULT_PREFIX + hashlib.sha256(raw).hexdigest()[:40]
+
+
+@dataclass
+class _Put:
+    op: PutOp
+    value_json: bytes = b""
+    blind: dict[str, str] = field(default_factory=dict)
+    texts: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class BatchPlan:
+    """One caller batch, prepared (see the module docstring)."""
+
+    tenant: str
+    keys: TenantKeys | None
+    database_id: str
+    ops: list[Op]
+    puts: dict[int, _Put]
+    queries: dict[int, str]          # search op index -> redacted query (to embed)
+    scans: dict[int, bool]           # search op index -> SecureStore pages itself
+    core: StoreCore
+
+    def found_items(self, results: Sequence[Result]) -> bool:
+        """Whether the inner store returned any item (to open, keys are needed)."""
+        return any(isinstance(op, (GetOp, SearchOp)) and bool(res)
+                   for op, res in zip(self.ops, results, strict=True))
+
+    def texts(self) -> list[str]:
+        return [text for put in self.puts.values() for _name, text in put.texts]
+
+    def query_texts(self) -> list[str]:
+        return list(dict.fromkeys(self.queries.values()))
+
+    def inner_ops(self, vectors: Sequence[Sequence[float]]) -> list[Op]:
+        """The inner batch; ``vectors`` are the embeddings of :meth:`texts`, in order."""
+        it = iter(vectors)
+        out: list[Op] = []
+        tag = tenant_tag(self.tenant)
+        for i, op in enumerate(self.ops):
+            if isinstance(op, GetOp):
+                out.append(GetOp((tag, *op.namespace), op.key, op.refresh_ttl))
+            elif isinstance(op, PutOp):
+                out.append(self._inner_put(tag, op, self.puts.get(i), it))
+            elif isinstance(op, SearchOp):
+                out.append(self._inner_search(tag, i, op))
+            elif isinstance(op, ListNamespacesOp):
+                out.append(self.core.inner_list(tag, op))
+            else:  # pragma: no cover - prepare() refused it
+                raise ValueError(f"Unknown operation type: {type(op)}")
+        return out
+
+    def _inner_put(self, tag: str, op: PutOp, put: _Put | None, it: Any) -> PutOp:
+        ns = (tag, *op.namespace)
+        if op.value is None or put is None:
+            return PutOp(ns, op.key, None, index=False, ttl=op.ttl)
+        if self.keys is None:  # pragma: no cover - prepare() creates keys for puts
+            raise TamperedDataError("no keys to seal a put with")
+        vecs = {name: next(it) for name, _text in put.texts}
+        sealed = codec.seal_item(
+            self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
+            put.value_json, vecs, put.blind)
+        return PutOp(ns, op.key, sealed, index=False, ttl=op.ttl)
+
+    def _inner_search(self, tag: str, i: int, op: SearchOp) -> SearchOp:
+        inner_filter: dict[str, Any] = {}
+        complete = not op.filter
+        if op.filter and self.keys is not None and self.core.blind_index:
+            inner_filter, complete = codec.pushdown_filter(self.keys, op.filter)
+        scan = not complete or i in self.queries
+        self.scans[i] = scan
+        return SearchOp((tag, *op.namespace_prefix), inner_filter or None,
+                        SCAN_LIMIT if scan else op.limit, 0 if scan else op.offset,
+                        None, op.refresh_ttl)
+
+    def finish(self, results: Sequence[Result], query_vectors: Sequence[Sequence[float]]
+               ) -> list[Result]:
+        """The caller's results (``query_vectors`` in :meth:`query_texts` order)."""
+        by_text = dict(zip(self.query_texts(), query_vectors, strict=True))
+        out: list[Result] = []
+        for i, (op, res) in enumerate(zip(self.ops, results, strict=True)):
+            if isinstance(op, GetOp):
+                out.append(None if res is None else self.core.open(self, cast(Item, res)))
+            elif isinstance(op, SearchOp):
+                query = by_text.get(self.queries[i]) if i in self.queries else None
+                out.append(self.core.finish_search(
+                    self, op, list(cast("list[Item]", res or [])), query,
+                    self.scans.get(i, False)))
+            elif isinstance(op, ListNamespacesOp):
+                out.append(self.core.finish_list(
+                    op, list(cast("list[tuple[str, ...]]", res or []))))
+            else:
+                out.append(None)
+        return out
+
+
+class StoreCore:
+    """What one SecureStore knows: its PII layer, index configuration and options."""
+
+    def __init__(self, pii: PiiLayer, index: Mapping[str, Any] | None, embeddings: Any,
+                 blind_index: bool, dotted_filters: bool = False) -> None:
+        self.pii = pii
+        self.dotted_filters = dotted_filters
+        self.index = index
+        self.embeddings = embeddings
+        self.paths = matching.index_paths(index) if index else []
+        self.distance = str((index or {}).get("distance_type") or "cosine")
+        self.blind_index = blind_index
+
+    # step 1 ---------------------------------------------------------------------------------
+    def prepare(self, ops: Iterable[Op], tenant: str, keys: TenantKeys | None,
+                database_id: str) -> BatchPlan:
+        listed = list(ops)
+        for op in listed:
+            if not isinstance(op, (GetOp, PutOp, SearchOp, ListNamespacesOp)):
+                raise ValueError(f"Unknown operation type: {type(op)}")
+        dumped: dict[int, bytes] = {}
+        for i, op in enumerate(listed):
+            validate_op_namespace(op)
+            if isinstance(op, PutOp) and op.value is not None:
+                # bounds (size, depth, JSON) of every put before any redaction writes
+                dumped[i] = codec.dump_json(op.value)
+        plan = BatchPlan(tenant, keys, database_id, listed, {}, {}, {}, self)
+        for i, op in enumerate(listed):
+            if isinstance(op, PutOp) and op.value is not None and keys is not None:
+                plan.puts[i] = self._prepare_put(keys, op, dumped[i])
+            elif isinstance(op, SearchOp) and op.query and self.embeddings is not None:
+                plan.queries[i] = self._redact(keys, vault_id(("query",), ""), op.query,
+                                               remember=False)
+        return plan
+
+    def _redact(self, keys: TenantKeys | None, owner: str, value: Any, *,
+                remember: bool = True) -> Any:
+        if self.pii.redactor is None or keys is None:
+            return value
+        if remember:
+            return self.pii.redact_for_store(keys, owner, value, STORE_CHANNEL)
+        return self.pii.redact_one(keys, STORE_CHANNEL, value, [])
+
+    def _prepare_put(self, keys: TenantKeys, op: PutOp, dumped: bytes) -> _Put:
+        value = cast(dict, op.value)
+        redacted = self._redact(keys, vault_id(op.namespace, op.key), value)
+        put = _Put(op, dumped if redacted is value else codec.dump_json(redacted))
+        if self.blind_index:
+            put.blind = codec.blind_entries(keys, value)
+        if self.embeddings is not None and op.index is not False:
+            paths = self.paths if op.index is None else matching.index_paths(
+                {"fields": list(op.index)})
+            put.texts = matching.texts_to_embed(redacted, paths)
+        return put
+
+    # deletion side effects --------------------------------------------------------------------
+    @staticmethod
+    def deleted_items(plan: BatchPlan) -> list[str]:
+        """Vault owners of the items a batch deletes (their originals go with them)."""
+        return [vault_id(op.namespace, op.key) for op in plan.ops
+                if isinstance(op, PutOp) and op.value is None]
+
+    # list_namespaces --------------------------------------------------------------------------
+    @staticmethod
+    def inner_list(tag: str, op: ListNamespacesOp) -> ListNamespacesOp:
+        conditions = list(op.match_conditions or ())
+        prefixes = [c for c in conditions if c.match_type == "prefix"]
+        if any(c.match_type != "prefix" for c in conditions) or len(prefixes) > 1:
+            # suffix conditions count labels from the end: matched here, on the caller's view
+            return ListNamespacesOp((MatchCondition("prefix", (tag,)),), None, SCAN_LIMIT, 0)
+        path = (tag, *prefixes[0].path) if prefixes else (tag,)
+        depth = None if op.max_depth is None else op.max_depth + 1
+        return ListNamespacesOp((MatchCondition("prefix", path),), depth, op.limit, op.offset)
+
+    @staticmethod
+    def finish_list(op: ListNamespacesOp, namespaces: list[tuple[str, ...]]
+                    ) -> list[tuple[str, ...]]:
+        outer = [tuple(ns[1:]) for ns in namespaces]
+        conditions = list(op.match_conditions or ())
+        prefixes = [c for c in conditions if c.match_type == "prefix"]
+        if not any(c.match_type != "prefix" for c in conditions) and len(prefixes) <= 1:
+            return outer
+        kept = [ns for ns in outer if all(matching.namespace_matches(c, ns) for c in conditions)]
+        if op.max_depth is not None:
+            kept = [ns[:op.max_depth] for ns in kept]
+        unique = sorted(set(kept))
+        return unique[op.offset:op.offset + op.limit]
+
+    # step 3 -----------------------------------------------------------------------------------
+    def open_value(self, plan: BatchPlan, item: Item) -> tuple[tuple[str, ...], Any,
+                                                                dict[str, list[float]]]:
+        """Authenticate one inner item; (caller's namespace, restored value, vectors)."""
+        ns = tuple(item.namespace)
+        if not ns or ns[0] != tenant_tag(plan.tenant):
+            raise TamperedDataError("the inner store returned an item of another tenant")
+        if plan.keys is None:
+            raise TamperedDataError(
+                f"a store item of tenant {plan.tenant!r} exists but the tenant has no keys "
+                "(shredded, or the registry of another database)")
+        outer = ns[1:]
+        value, vectors = codec.open_item(
+            plan.keys, codec.item_aad(plan.database_id, plan.tenant, outer, item.key),
+            item.value)
+        return outer, self.pii.restore_for_store(plan.keys, value), vectors
+
+    def open(self, plan: BatchPlan, item: Item) -> Item:
+        outer, value, _vectors = self.open_value(plan, item)
+        return Item(value=value, key=item.key, namespace=outer, created_at=item.created_at,
+                    updated_at=item.updated_at)
+
+    def finish_search(self, plan: BatchPlan, op: SearchOp, items: list[Item],
+                      query: Sequence[float] | None, scanned: bool) -> list[SearchItem]:
+        opened = []
+        for item in items:
+            outer, value, vectors = self.open_value(plan, item)
+            if not matching.value_matches(value, op.filter, self.dotted_filters):
+                continue
+            opened.append((outer, value, vectors, item))
+        if query is None:
+            page = opened[op.offset:op.offset + op.limit] if scanned else opened
+            return [SearchItem(namespace=ns, key=it.key, value=v, created_at=it.created_at,
+                               updated_at=it.updated_at) for ns, v, _vec, it in page]
+        scored = [(max(matching.score(query, vec, self.distance) for vec in vecs.values()),
+                   n, ns, v, it) for n, (ns, v, vecs, it) in enumerate(opened) if vecs]
+        scored.sort(key=lambda row: (-row[0], row[1]))
+        kept: list[tuple[float | None, Any, Any, Item]] = [
+            (s, ns, v, it) for s, _n, ns, v, it in scored[op.offset:op.offset + op.limit]]
+        if len(kept) < op.limit:  # fewer scored items than asked: unscored ones follow
+            rest = [(None, ns, v, it) for ns, v, vecs, it in opened if not vecs]
+            kept.extend(rest[:op.limit - len(kept)])
+        return [SearchItem(namespace=ns, key=it.key, value=v, created_at=it.created_at,
+                           updated_at=it.updated_at, score=s) for s, ns, v, it in kept]

@@ -1,0 +1,169 @@
+"""The stored form of a SecureStore item: one sealed envelope per value, bound to its place.
+
+An inner store's value column holds ``{"__securesaver": "ss1.<token>", "ssbi_<k>": "<d>", ...}``
+and nothing else. The token is AES-GCM (the saver's :class:`..crypto.TenantKeys`) over the
+redacted value and its embedding vectors, with associated data naming (database id, tenant,
+namespace, key) and the item's blind-index entries: a value copied to another item, namespace,
+tenant or database, or with its ``ssbi_`` entries altered, does not open. ``ssbi_`` entries
+are keyed digests of top-level scalar fields (equality filters run in the inner store).
+
+Only bytes-in/bytes-out logic here: no tenancy rules, no redaction, no inner store API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..crypto import TenantKeys, associated_data, from_text, to_text
+from ..errors import ConfigurationError, TamperedDataError
+
+SEALED_KEY = "__securesaver"
+BLIND_PREFIX = "ssbi_"
+ENVELOPE_VERSION = 1
+#: the largest serialized value a put accepts (before sealing), as the saver bounds its input
+MAX_VALUE_BYTES = 8 * 1024 * 1024
+#: deepest nesting a value may have (the redaction policy's default bound)
+MAX_VALUE_DEPTH = 100
+_BLIND_TYPES = (str, int, float, bool)
+
+
+def item_aad(database_id: str, tenant: str, namespace: Sequence[str], key: str) -> bytes:
+    """What a sealed value is bound to (length-prefixed, so labels never run together)."""
+    return associated_data("store-item", database_id, tenant, str(len(namespace)),
+                           *namespace, key)
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+    return True
+
+
+def dump_json(value: Any) -> bytes:
+    """A value as the JSON an inner store would keep; bounded in depth and size
+    (ConfigurationError otherwise)."""
+    if not _depth_ok(value, MAX_VALUE_DEPTH):
+        raise ConfigurationError(
+            f"store values may nest at most {MAX_VALUE_DEPTH} levels deep")
+    try:
+        raw = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                         allow_nan=True).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"store values must be JSON-serializable: {exc}") from None
+    if len(raw) > MAX_VALUE_BYTES:
+        raise ConfigurationError(
+            f"a store value is {len(raw)} bytes serialized; at most {MAX_VALUE_BYTES} "
+            "are accepted")
+    return raw
+
+
+def blind_name(keys: TenantKeys, field: str) -> str:
+    return BLIND_PREFIX + keys.blind("store-bi-key", field)[:16]
+
+
+def _canonical(value: Any) -> str:
+    """One text per equal JSON scalar (1 and 1.0 are one number, true is not 1)."""
+    if isinstance(value, bool):
+        return "b:" + ("1" if value else "0")
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if math.isnan(number):
+            return "n:nan"
+        return "n:" + repr(number)
+    return "s:" + str(value)
+
+
+def blind_value(keys: TenantKeys, field: str, value: Any) -> str:
+    return keys.blind("store-bi-value", field, _canonical(value))
+
+
+def blind_entries(keys: TenantKeys, value: Mapping[str, Any]) -> dict[str, str]:
+    """Keyed digests of the value's top-level scalar fields (what equality filters use)."""
+    return {blind_name(keys, k): blind_value(keys, k, v) for k, v in value.items()
+            if isinstance(k, str) and isinstance(v, _BLIND_TYPES)
+            and not (isinstance(v, float) and math.isnan(v))}
+
+
+def pushdown_filter(keys: TenantKeys, filter: Mapping[str, Any] | None
+                    ) -> tuple[dict[str, Any], bool]:
+    """(inner filter over blind entries, whether every condition was pushed down). Only
+    equality on a top-level scalar goes to the inner store; the rest is checked after the
+    value is authenticated and opened (the caller always re-checks the whole filter)."""
+    inner: dict[str, Any] = {}
+    complete = True
+    for field, wanted in (filter or {}).items():
+        if isinstance(wanted, Mapping) and set(wanted) == {"$eq"}:
+            wanted = wanted["$eq"]
+        if (isinstance(field, str) and "." not in field
+                and isinstance(wanted, _BLIND_TYPES)
+                and not (isinstance(wanted, float) and math.isnan(wanted))):
+            inner[blind_name(keys, field)] = blind_value(keys, field, wanted)
+        else:
+            complete = False
+    return inner, complete
+
+
+def pack_vector(vector: Sequence[float]) -> str:
+    return base64.b64encode(array("d", [float(x) for x in vector]).tobytes()).decode("ascii")
+
+
+def unpack_vector(text: Any) -> list[float]:
+    if not isinstance(text, str):
+        raise TamperedDataError("a sealed embedding is malformed")
+    vec = array("d")
+    vec.frombytes(base64.b64decode(text.encode("ascii")))
+    return vec.tolist()
+
+
+def _bound(aad: bytes, blind: Mapping[str, Any]) -> bytes:
+    """The item's associated data plus its blind-index entries (so they cannot be altered,
+    added, removed or copied without the value failing to open)."""
+    if not blind:
+        return aad
+    return aad + associated_data("store-blind", *(
+        part for k in sorted(blind) for part in (str(k), str(blind[k]))))
+
+
+def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
+              vectors: Mapping[str, Sequence[float]] | None,
+              blind: Mapping[str, str]) -> dict[str, Any]:
+    """The inner store's value for one item: version, vectors (JSON, usually empty), value."""
+    head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
+                      separators=(",", ":")).encode("ascii") if vectors else b""
+    plain = bytes([ENVELOPE_VERSION]) + len(head).to_bytes(4, "big") + head + value_json
+    return {SEALED_KEY: to_text(keys.seal(plain, _bound(aad, blind))), **blind}
+
+
+def open_item(keys: TenantKeys, aad: bytes, stored: Any
+              ) -> tuple[Any, dict[str, list[float]]]:
+    """Authenticate an inner store's value, then parse it: (value, vectors by field path).
+    Anything but an envelope SecureStore sealed for exactly this place is TamperedDataError."""
+    if not isinstance(stored, Mapping) or not isinstance(stored.get(SEALED_KEY), str):
+        raise TamperedDataError(
+            "a store item holds a plain value where a SecureStore ciphertext was expected "
+            "(written without encryption, or injected)")
+    blind = {k: v for k, v in stored.items() if k != SEALED_KEY}
+    if not all(isinstance(k, str) and k.startswith(BLIND_PREFIX) for k in blind):
+        raise TamperedDataError("a store item holds fields SecureStore did not write")
+    plain = keys.open(from_text(stored[SEALED_KEY]), _bound(aad, blind))
+    if plain[:1] != bytes([ENVELOPE_VERSION]):
+        raise TamperedDataError("a store item was sealed in an unknown format")
+    try:
+        size = int.from_bytes(plain[1:5], "big")
+        head = json.loads(plain[5:5 + size]) if size else {}
+        value = json.loads(plain[5 + size:].decode("utf-8", "surrogatepass"))
+    except (ValueError, UnicodeDecodeError):  # pragma: no cover - authenticated: ours
+        raise TamperedDataError("a sealed store value does not parse") from None
+    return value, {p: unpack_vector(t) for p, t in head.items()}

@@ -1,0 +1,308 @@
+"""SecureStore: a LangGraph ``BaseStore`` that encrypts, isolates and redacts around any store.
+
+It shares a :class:`..saver.SecureSaver`'s keyring, registry, key hierarchy, tenant gate,
+redactor and PII vault (``SecureStore(inner, saver=saver)``); without a saver it builds its
+own over the same kinds of parts. ``batch``/``abatch`` differ only in how they reach the
+inner store and where CPU and registry work runs (async paths never block the event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from langgraph.store.base import BaseStore, Op, PutOp, Result, TTLConfig
+from langgraph.store.base.embed import ensure_embeddings
+
+from ..crypto import TenantKeys
+from ..errors import ConfigurationError
+from ..keyring import KeyProvider
+from ..registry import Registry
+from ..saver import DEFAULT, SecureSaver
+from ..tenancy import tenant_tag
+from .base import SCAN_LIMIT, BatchPlan, StoreCore
+from .inner_stores import open_async_store, open_sync_store, split_options
+
+logger = logging.getLogger(__name__)
+
+
+class SecureStore(BaseStore):
+    """Wrap ``inner`` so every value is sealed per tenant, bound to its database, tenant,
+    namespace and key, and every namespace lives under the caller's tenant.
+
+    Args:
+        inner: any LangGraph store (InMemoryStore, SqliteStore, AsyncSqliteStore,
+            PostgresStore, AsyncPostgresStore, or your own), configured without ``index``
+            (the inner store would embed ciphertext; pass ``index`` here instead).
+        saver: a SecureSaver whose keyring, registry, tenant rules, redactor and PII vault
+            the store shares. Without one, ``keyring``/``registry``/``redaction``/
+            ``default_tenant`` build them as SecureSaver's constructor does.
+        index: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``; also
+            ``distance_type``): semantic search, computed by SecureStore on the redacted
+            text, vectors sealed with the value (see docs/store.md).
+        blind_index: keep keyed digests of top-level scalar fields so ``filter=`` equality
+            runs inside the inner store (reveals equality of values, never a value).
+    """
+
+    def __init__(self, inner: BaseStore, *, saver: SecureSaver | None = None,
+                 keyring: KeyProvider | None = None, registry: Registry | str | None = None,
+                 redaction: Any = DEFAULT, default_tenant: str | None = None,
+                 index: Any = None, blind_index: bool = True) -> None:
+        if not isinstance(inner, BaseStore):
+            raise ConfigurationError(f"inner must be a BaseStore, got {type(inner)!r}")
+        if isinstance(inner, SecureStore):
+            raise ConfigurationError("SecureStore cannot wrap another SecureStore")
+        if getattr(inner, "index_config", None):
+            raise ConfigurationError(
+                "configure index= on SecureStore, not on the inner store: the inner store "
+                "only ever sees ciphertext and would embed it")
+        if saver is None:
+            saver = SecureSaver(_placeholder_saver(), keyring=keyring,
+                                registry=_store_registry(inner, registry),
+                                redaction=redaction, default_tenant=default_tenant)
+        elif (keyring is not None or registry is not None or redaction is not DEFAULT
+              or default_tenant is not None):
+            raise ConfigurationError(
+                "with saver=, the keyring, registry, redactor and default tenant are the "
+                "saver's; do not pass them again")
+        if not isinstance(saver, SecureSaver):
+            raise ConfigurationError("saver must be a SecureSaver")
+        self.inner = inner
+        self.saver = saver
+        self.index_config = dict(index) if index else None
+        self.embeddings = ensure_embeddings(self.index_config.get("embed")) \
+            if self.index_config else None
+        self.supports_ttl = bool(getattr(inner, "supports_ttl", False))
+        self.ttl_config: TTLConfig | None = getattr(inner, "ttl_config", None)
+        self._services = saver.services
+        # filter keys follow the inner store's convention: the SQLite stores read "a.b" as
+        # a path, the others as a literal key
+        self._core = StoreCore(saver.services.pii, self.index_config, self.embeddings,
+                               blind_index, dotted_filters="Sqlite" in type(inner).__name__)
+
+    def __repr__(self) -> str:
+        return f"SecureStore({type(self.inner).__name__})"
+
+    @property
+    def default_tenant(self) -> str | None:
+        return self.saver.default_tenant
+
+    # setup ------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Create SecureSaver's tables (keys, vault) and the inner store's."""
+        self.saver.registry.setup()
+        self._services.bind_keyring()
+        inner_setup = getattr(self.inner, "setup", None)
+        if callable(inner_setup) and not asyncio.iscoroutinefunction(inner_setup):
+            inner_setup()
+
+    async def asetup(self) -> None:
+        await asyncio.to_thread(self.saver.registry.setup)
+        await asyncio.to_thread(self._services.bind_keyring)
+        inner_setup = getattr(self.inner, "setup", None)
+        if callable(inner_setup):
+            if asyncio.iscoroutinefunction(inner_setup):
+                await inner_setup()
+            else:
+                await asyncio.to_thread(inner_setup)
+
+    # the BaseStore contract -------------------------------------------------------------------
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        listed = list(ops)
+        if not listed:
+            return []
+        tenant = self._services.gate.resolve_tenant("store")
+        plan = self._core.prepare(listed, tenant, self._keys(tenant, listed),
+                                  self._services.database_id())
+        texts, queries = plan.texts(), plan.query_texts()
+        vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings else []
+        query_vectors = [self.embeddings.embed_query(q) for q in queries] \
+            if queries and self.embeddings else []
+        results = self.inner.batch(plan.inner_ops(vectors))
+        if plan.keys is None and plan.found_items(results):
+            # another caller created the tenant's first item meanwhile
+            plan.keys = self.saver.keys.require(tenant)
+        self._forget_deleted(plan)
+        return plan.finish(results, query_vectors)
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        listed = list(ops)
+        if not listed:
+            return []
+        tenant = await self._services.gate.aresolve_tenant("store")
+        keys = await self._akeys(tenant, listed)
+        database_id = await self._adatabase_id()
+        plan = await self._offload(self._core.prepare, listed, tenant, keys, database_id)
+        texts, queries = plan.texts(), plan.query_texts()
+        vectors = await self.embeddings.aembed_documents(texts) \
+            if texts and self.embeddings else []
+        query_vectors = list(await asyncio.gather(
+            *(self.embeddings.aembed_query(q) for q in queries))) \
+            if queries and self.embeddings else []
+        inner_ops = await self._offload(plan.inner_ops, vectors)
+        results = await self.inner.abatch(inner_ops)
+        if plan.keys is None and plan.found_items(results):
+            plan.keys = await self._services.arequire_keys(tenant)
+        if self._core.pii.redactor is not None:
+            await asyncio.to_thread(self._forget_deleted, plan)
+        return await self._offload(plan.finish, results, query_vectors)
+
+    # TTL --------------------------------------------------------------------------------------
+    def sweep_ttl(self) -> int:
+        """The inner store's sweep of expired items (stores with TTL support)."""
+        return int(self._inner_method("sweep_ttl")())
+
+    async def asweep_ttl(self) -> int:
+        sweep = self._inner_method("sweep_ttl")
+        result = sweep()
+        return int(await result if asyncio.iscoroutine(result) else result)
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: int | None = None) -> Any:
+        return self._inner_method("start_ttl_sweeper")(sweep_interval_minutes)
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> Any:
+        return self._inner_method("stop_ttl_sweeper")(timeout)
+
+    # erasure ----------------------------------------------------------------------------------
+    def shred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
+        """Crypto-shred ``tenant`` (the saver's ``shred_tenant``: its keys destroyed, its
+        checkpoints and PII originals deleted), then delete its store items. Returns the
+        number of store items deleted."""
+        self.saver.shred_tenant(tenant, requested_by=requested_by)
+        return self.purge_tenant_items(tenant)
+
+    async def ashred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
+        await self.saver.ashred_tenant(tenant, requested_by=requested_by)
+        return await self.apurge_tenant_items(tenant)
+
+    def purge_tenant_items(self, tenant: str) -> int:
+        """Delete every stored item of ``tenant`` without opening any (operator method)."""
+        tenant = self._services.gate.admin_tenant("purge_store", tenant) or tenant
+        prefix = (tenant_tag(tenant),)
+        items = self.inner.search(prefix, limit=SCAN_LIMIT, refresh_ttl=False)
+        if items:
+            self.inner.batch([PutOp(tuple(i.namespace), i.key, None) for i in items])
+        return len(items)
+
+    async def apurge_tenant_items(self, tenant: str) -> int:
+        tenant = self._services.gate.admin_tenant("purge_store", tenant) or tenant
+        prefix = (tenant_tag(tenant),)
+        items = await self.inner.asearch(prefix, limit=SCAN_LIMIT, refresh_ttl=False)
+        if items:
+            await self.inner.abatch([PutOp(tuple(i.namespace), i.key, None) for i in items])
+        return len(items)
+
+    # constructors -----------------------------------------------------------------------------
+    @classmethod
+    @contextmanager
+    def from_url(cls, url: str, **options: Any) -> Iterator[SecureStore]:
+        """A SecureStore on one database (``sqlite:///path.db`` or ``postgresql://...``):
+        the inner store and the registry, set up. Options are SecureSaver's (``keyring``,
+        ``redaction``, ``default_tenant``, ...) plus ``index``, ``blind_index`` and ``ttl``."""
+        with secure_pair(url, **options) as (_saver, store):
+            yield store
+
+    @classmethod
+    @asynccontextmanager
+    async def afrom_url(cls, url: str, **options: Any) -> AsyncIterator[SecureStore]:
+        async with asecure_pair(url, **options) as (_saver, store):
+            yield store
+
+    # helpers ----------------------------------------------------------------------------------
+    def _inner_method(self, name: str) -> Any:
+        method = getattr(self.inner, name, None)
+        if not callable(method):
+            raise NotImplementedError(f"{type(self.inner).__name__} has no {name}()")
+        return method
+
+    @staticmethod
+    def _writes(ops: list[Op]) -> bool:
+        return any(isinstance(op, PutOp) and op.value is not None for op in ops)
+
+    def _keys(self, tenant: str, ops: list[Op]) -> TenantKeys | None:
+        if self._writes(ops):
+            return self._services.tenant_keys(tenant)
+        if any(not isinstance(op, PutOp) for op in ops):
+            return self.saver.keys.keys_for(tenant, create=False)
+        return None
+
+    async def _akeys(self, tenant: str, ops: list[Op]) -> TenantKeys | None:
+        if self._writes(ops):
+            return await self._services.atenant_keys(tenant)
+        if any(not isinstance(op, PutOp) for op in ops):
+            return await self._services.aexisting_keys(tenant)
+        return None
+
+    async def _adatabase_id(self) -> str:
+        cached: str | None = self.__dict__.get("_database_id")
+        if cached is None:
+            cached = await asyncio.to_thread(self._services.database_id)
+            self.__dict__["_database_id"] = cached
+        return cached
+
+    async def _offload(self, fn: Any, *args: Any) -> Any:
+        """CPU and registry work: off the event loop when it may take long (redaction, vault
+        lookups, sealing of large batches), inline otherwise (a thread hop costs more than
+        sealing one small value)."""
+        if self._core.pii.redactor is not None or self.embeddings is not None:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    def _forget_deleted(self, plan: BatchPlan) -> None:
+        if self._core.pii.redactor is None:
+            return
+        for owner in self._core.deleted_items(plan):
+            self.saver.vault.delete_thread(plan.tenant, owner)
+
+
+@contextmanager
+def secure_pair(url: str, **options: Any) -> Iterator[tuple[SecureSaver, SecureStore]]:
+    """``(saver, store)`` on one database, both set up. Options are SecureSaver's plus the
+    store's ``index``, ``blind_index`` and ``ttl`` (a LangGraph ``TTLConfig``)."""
+    saver_options, store_options, ttl = split_options(options)
+    with SecureSaver.from_url(url, **saver_options) as saver, open_sync_store(url, ttl) as inner:
+        store = SecureStore(inner, saver=saver, **store_options)
+        store.setup()
+        yield saver, store
+
+
+@asynccontextmanager
+async def asecure_pair(url: str, **options: Any
+                       ) -> AsyncIterator[tuple[SecureSaver, SecureStore]]:
+    saver_options, store_options, ttl = split_options(options)
+    async with SecureSaver.afrom_url(url, **saver_options) as saver, \
+            open_async_store(url, ttl) as inner:
+        store = SecureStore(inner, saver=saver, **store_options)
+        await store.asetup()
+        yield saver, store
+
+
+def _placeholder_saver() -> Any:
+    """The checkpoint saver a stand-alone SecureStore's services hang off (never written)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    return InMemorySaver()
+
+
+def _store_registry(inner: BaseStore, registry: Registry | str | None) -> Registry:
+    """Where a stand-alone store keeps its keys: the given registry, the SQLite file of a
+    SqliteStore, memory for an in-memory store; PostgreSQL stores need one named."""
+    if isinstance(registry, Registry):
+        return registry
+    if isinstance(registry, str):
+        return Registry(registry)
+    from langgraph.store.memory import InMemoryStore
+    if isinstance(inner, InMemoryStore):
+        return Registry.in_memory()
+    conn = getattr(inner, "conn", None)
+    execute = getattr(conn, "execute", None)
+    if type(inner).__name__ == "SqliteStore" and callable(execute):
+        for _seq, name, file in execute("PRAGMA database_list").fetchall():
+            if name == "main":
+                return Registry(f"sqlite:///{file}") if file else Registry.in_memory()
+    raise ConfigurationError(
+        f"pass registry=<SQLAlchemy URL> (or saver=) for {type(inner).__name__}: the registry "
+        "holds the wrapped tenant keys and must be as durable as the items "
+        "(SecureStore.from_url does this for you)")

@@ -1,0 +1,391 @@
+"""One tenant cannot slow another down: the redaction budget of a write, the redaction worker
+processes, and coalesced access-denied events -- each attacked as a hostile tenant would.
+
+No timing assertions: the budget is exceeded here by its deterministic bounds (characters,
+strings) or by a budget made tiny; speed is measured in ``benchmarks/noisy_neighbour.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import string
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from typer.testing import CliRunner
+
+from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
+from langgraph_securesaver.cli import app
+from langgraph_securesaver.denials import DenialLog
+from langgraph_securesaver.redaction import RedactionError, RedactionPolicy, Redactor
+from langgraph_securesaver.redaction import pool as pool_mod
+from langgraph_securesaver.redaction.budget import WriteBudget, write_scope
+
+WITHHELD = "<WITHHELD:masked>"
+KEY = b"k" * 32
+runner = CliRunner()
+
+
+def _filler(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(string.ascii_lowercase + "      ") for _ in range(n))
+
+
+def _hostile_parts(count: int, size: int = 2000, seed: int = 7) -> list[dict[str, str]]:
+    """``count`` text parts of ~``size`` characters, each with an e-mail and a unique marker."""
+    rng = random.Random(seed)
+    return [{"type": "text",
+             "text": f"{_filler(rng, size)} SECRETPART{i:05d}X mail p{i}@example.com"}
+            for i in range(count)]
+
+
+def _checkpoint(messages: list[Any]) -> Any:
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"messages": messages}
+    cp["channel_versions"] = {"messages": 1}
+    return cp
+
+
+def _cfg(thread: str, tenant: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread, "tenant_id": tenant, "checkpoint_ns": ""}}
+
+
+def _put(saver: SecureSaver, mode: str, cfg: dict[str, Any], cp: Any) -> Any:
+    md: Any = {"source": "input", "step": -1, "parents": {}}
+    if mode == "sync":
+        saver.put(cfg, cp, md, {"messages": 1})
+        return saver.get_tuple(cfg)
+
+    async def run() -> Any:
+        await saver.aput(cfg, cp, md, {"messages": 1})
+        return await saver.aget_tuple(cfg)
+    return asyncio.run(run())
+
+
+def _storage_bytes(path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+
+
+@pytest.fixture(autouse=True)
+def _in_process_pool() -> Any:
+    """Each test gets a fresh process pool (and the default one back afterwards)."""
+    yield
+    pool_mod.configure_pool()
+
+
+# --------------------------------------------------------------------------------------------
+# the budget of one write
+# --------------------------------------------------------------------------------------------
+def test_the_excess_past_the_parts_budget_is_withheld_and_never_returned() -> None:
+    pool_mod.configure_pool(0)
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=5)))
+    values = [f"note {i}: write to user{i}@example.com" for i in range(12)]
+    out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
+    assert out[5:] == [WITHHELD] * 7
+    assert all("<EMAIL_ADDRESS:" in v for v in out[:5])
+    assert {e.value for e in vault} == {f"user{i}@example.com" for i in range(5)}
+    # a new write has a budget of its own: the same strings go through
+    again, _ = redactor.redact_value(values[5:10], channel="messages", token_key=KEY)
+    assert WITHHELD not in again
+
+
+def test_a_write_scope_is_one_budget_for_every_channel() -> None:
+    pool_mod.configure_pool(0)
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=3)))
+    with write_scope():
+        first, _ = redactor.redact_value(["a1@example.com", "a2@example.com"], channel="a",
+                                         token_key=KEY)
+        second, _ = redactor.redact_value(["b1@example.com", "b2@example.com"], channel="b",
+                                          token_key=KEY)
+    assert WITHHELD not in first and second[1] == WITHHELD and second[0] != WITHHELD
+
+
+def test_the_raise_policy_refuses_the_write() -> None:
+    pool_mod.configure_pool(0)
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=5,
+                                                                 on_exceed="raise")))
+    values = [f"user{i}@example.com" for i in range(12)]
+    with pytest.raises(RedactionError, match="budget") as info:
+        redactor.redact_value(values, channel="messages", token_key=KEY)
+    assert "user1" not in str(info.value) and "example" not in str(info.value)
+
+
+def test_the_time_budget_withholds_what_is_left() -> None:
+    pool_mod.configure_pool(0)
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(time_budget=0.001)))
+    ticks = iter(range(10**6))
+    redactor._cpu_clock = lambda: float(next(ticks))  # each analysis "takes" a CPU second
+    redactor._clock = lambda: 0.0  # and no wall time (a loaded machine cannot interfere)
+    values = [f"user{i}@example.com" for i in range(4)]
+    out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
+    assert out[0] != WITHHELD and out[1:] == [WITHHELD] * 3  # the first spends it all
+    assert [e.value for e in vault] == ["user0@example.com"]
+    # a string that runs into the write's deadline (a wall clock a second per call) is
+    # withheld as the write's excess, not as a string over its own budget
+    wall = iter(range(10**6))
+    redactor._clock = lambda: float(next(wall))
+    fresh = [f"other{i}@example.com" for i in range(4)]  # not cached
+    out, vault = redactor.redact_value(fresh, channel="messages", token_key=KEY)
+    assert out == [WITHHELD] * 4 and vault == []
+
+
+def test_budget_settings_are_checked() -> None:
+    for bad in ({"max_chars": 10}, {"max_parts": 0}, {"time_budget": 0},
+                {"on_exceed": "ignore"}):
+        with pytest.raises(Exception, match="budget"):
+            WriteBudget(**bad)
+    with pytest.raises(Exception, match="WriteBudget"):
+        RedactionPolicy(write_budget={"max_parts": 3})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_hostile_message_is_withheld_with_default_settings(tmp_path: Path,
+                                                             mode: str) -> None:
+    """2,000 parts of ~2 KB, each with an e-mail: past the default budget of a write (4 MB
+    of text to analyze against 2,000,000 characters) the rest is withheld, and none of it
+    reaches storage, the vault or the read."""
+    db = tmp_path / "agent.db"
+    parts = _hostile_parts(2000)
+    cfg = _cfg("t", "mallory")
+    if mode == "sync":
+        with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
+            tup = _put(saver, mode, cfg, _checkpoint([HumanMessage(content=parts)]))
+            inventory = saver.pii_inventory("mallory")
+    else:
+        async def run() -> Any:
+            async with SecureSaver.afrom_url(f"sqlite:///{db}",
+                                             keyring=Keyring.generate()) as saver:
+                md: Any = {"source": "input", "step": -1, "parents": {}}
+                await saver.aput(cfg, _checkpoint([HumanMessage(content=parts)]), md,
+                                 {"messages": 1})
+                return await saver.aget_tuple(cfg), await saver.apii_inventory("mallory")
+        tup, inventory = asyncio.run(run())
+    stored = tup.checkpoint["channel_values"]["messages"][0].content
+    withheld = [i for i, p in enumerate(stored) if p["text"] == WITHHELD]
+    kept = [i for i, p in enumerate(stored) if p["text"] != WITHHELD]
+    assert withheld and withheld == list(range(len(kept), 2000))  # the excess, in order
+    for i in kept:  # analyzed parts: redacted on the way in, restored for the owner
+        assert stored[i]["text"] == parts[i]["text"]
+    assert inventory == {("mallory", "t"): {"EMAIL_ADDRESS": len(kept)}}
+    dump = json.dumps(stored)
+    raw = _storage_bytes(db)
+    for i in withheld[:: max(1, len(withheld) // 50)]:
+        marker = f"SECRETPART{i:05d}X"
+        assert marker not in dump and marker.encode() not in raw
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_raise_policy_stores_nothing_of_a_hostile_write(tmp_path: Path, mode: str) -> None:
+    db = tmp_path / "agent.db"
+    policy = RedactionPolicy(write_budget=WriteBudget(on_exceed="raise"))
+    cfg = _cfg("t", "mallory")
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(),
+                              redaction=Redactor(policy)) as saver:
+        with pytest.raises(RedactionError, match="budget"):
+            _put(saver, mode, cfg, _checkpoint([HumanMessage(content=_hostile_parts(2000))]))
+        assert saver.get_tuple(cfg) is None
+        assert saver.pii_inventory("mallory") == {}
+    assert b"SECRETPART01999X" not in _storage_bytes(db)
+
+
+def test_a_real_turn_stays_within_the_default_budget() -> None:
+    """A long pasted document and a 100 KB JSON tool output, default settings: nothing is
+    withheld (the budget is far from these; see docs/redaction.md for the measurements)."""
+    pool_mod.configure_pool(0)
+    rng = random.Random(3)
+    doc = "\n".join(_filler(rng, 400) + (f" call 415-555-{i:04d} or p{i}@ex.com"
+                                         if i % 5 == 0 else "") for i in range(250))
+    tool = json.dumps([{"id": i, "email": f"u{i}@corp.example.com", "note": _filler(rng, 80)}
+                       for i in range(800)])
+    out, _ = Redactor().redact_value([HumanMessage(content=doc), HumanMessage(content=tool)],
+                                     channel="messages", token_key=KEY)
+    assert WITHHELD not in out[0].content and WITHHELD not in out[1].content
+
+
+# --------------------------------------------------------------------------------------------
+# worker processes
+# --------------------------------------------------------------------------------------------
+def test_offloaded_analysis_gives_the_same_tokens_as_in_process() -> None:
+    parts = _hostile_parts(30, size=1500, seed=11)
+    msg = HumanMessage(content=parts)
+    pool_mod.configure_pool(0)
+    local, local_vault = Redactor().redact_value([msg], channel="messages", token_key=KEY)
+    pool = pool_mod.configure_pool(1, offload_after=1000)
+    assert pool.wait_ready()
+    remote, remote_vault = Redactor().redact_value([msg], channel="messages", token_key=KEY)
+    assert remote[0].content == local[0].content and remote_vault == local_vault
+    assert WITHHELD not in json.dumps(remote[0].content)
+
+
+def test_a_killed_worker_fails_its_write_closed_and_the_next_write_succeeds() -> None:
+    pool = pool_mod.configure_pool(1, offload_after=1000)
+    assert pool.wait_ready()
+    unlimited = RedactionPolicy(write_budget=WriteBudget.unlimited(), time_budget=3600.0)
+    redactor = Redactor(unlimited, cache_size=0)
+    big = HumanMessage(content=_hostile_parts(3000, seed=5))
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        try:
+            outcome["value"] = redactor.redact_value([big], channel="messages", token_key=KEY)
+        except RedactionError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    pid = None
+    for _ in range(100_000):
+        if pool.busy:
+            pid = next(iter(pool.busy), None)
+            if pid is not None:
+                break
+        time.sleep(0.001)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    thread.join()
+    assert "value" not in outcome and "worker" in str(outcome["error"])
+    assert pid not in pool.pids()
+    # the next write succeeds (in-process while the replacement starts, then offloaded)
+    small = HumanMessage(content=_hostile_parts(5, seed=6))
+    out, vault = redactor.redact_value([small], channel="messages", token_key=KEY)
+    assert WITHHELD not in json.dumps(out[0].content) and len(vault) == 5
+    assert pool.wait_ready()
+    out, vault = redactor.redact_value([HumanMessage(content=_hostile_parts(8, seed=8))],
+                                       channel="messages", token_key=KEY)
+    assert WITHHELD not in json.dumps(out[0].content) and len(vault) == 8
+
+
+def test_a_worker_killed_while_idle_costs_no_write() -> None:
+    pool = pool_mod.configure_pool(1, offload_after=1000)
+    assert pool.wait_ready()
+    (pid,) = pool.pids()
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(10_000):  # until the kernel reports it gone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                          text=True).stdout.strip().startswith("Z"):
+            break
+        time.sleep(0.01)
+    out, vault = Redactor().redact_value([HumanMessage(content=_hostile_parts(6, seed=9))],
+                                         channel="messages", token_key=KEY)
+    assert WITHHELD not in json.dumps(out[0].content) and len(vault) == 6
+    assert pid not in pool.pids()
+
+
+def test_a_malformed_worker_answer_is_refused() -> None:
+    for reply in ({"raw": [["EMAIL", "0", 3, 1.0]]}, {"raw": "x"}, [], {"error": "Boom"}):
+        with pytest.raises(RedactionError):
+            pool_mod._parse(reply)
+
+
+# --------------------------------------------------------------------------------------------
+# coalesced denials
+# --------------------------------------------------------------------------------------------
+def _denied_counts(saver: SecureSaver) -> tuple[int, int]:
+    rows = saver.registry.list_events(kind="access_denied")
+    return len(rows), sum(int(e.detail.get("count", 1)) for e in rows)
+
+
+def _verify(url: str, ring_path: Path) -> int:
+    result = runner.invoke(app, ["events", "--url", url, "--verify", "--format", "json",
+                                 "--keyring", str(ring_path)],
+                           env={"SECURESAVER_MASTER_KEY": ""})
+    return result.exit_code
+
+
+def test_the_first_denial_is_recorded_at_once_and_every_attempt_raises(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver:
+        with tenant_scope("mallory"):
+            with pytest.raises(AccessDenied, match="recorded"):
+                saver.get_tuple(_cfg("t1", "victim"))
+            assert _denied_counts(saver) == (1, 1)  # before any window closed
+            for _ in range(50):
+                with pytest.raises(AccessDenied):
+                    saver.get_tuple(_cfg("t1", "victim"))
+            assert _denied_counts(saver) == (1, 1)  # counted, not written per attempt
+            with pytest.raises(AccessDenied, match="recorded"):
+                saver.list(_cfg("t1", "victim"), limit=1).__next__()  # another operation
+        assert _denied_counts(saver) == (2, 2)
+        saver.registry.dispose()  # flushes the pending summary
+        rows = saver.registry.list_events(kind="access_denied")
+        assert _denied_counts(saver) == (3, 52)
+        summary = rows[-1]
+        assert (summary.tenant, summary.actor, summary.thread_id) == ("victim", "mallory", "t1")
+        assert summary.detail["coalesced"] is True and summary.detail["operation"] == "get_tuple"
+        assert summary.detail["first_at"] <= summary.detail["last_at"]
+
+
+def test_a_summary_that_cannot_be_written_is_kept_and_retried() -> None:
+    written: list[dict[str, object]] = []
+    fail = [True]
+
+    def record(kind: str, tenant: str, thread_id: str | None, actor: str,
+               detail: dict[str, object]) -> None:
+        if fail[0]:
+            raise OSError("registry down")
+        written.append(detail)
+
+    log = DenialLog(record, window=3600)
+    assert log.attempt("m", "v", "get_tuple", None) is True
+    for _ in range(9):
+        assert log.attempt("m", "v", "get_tuple", None) is False
+    log.defer("m", "v", "get_tuple", None)  # the first one, whose write failed
+    assert log.flush() == 0 and log.pending() == 10
+    fail[0] = False
+    assert log.flush() == 10 and log.pending() == 0
+    assert [d["count"] for d in written] == [10]
+
+
+def test_async_denials_are_coalesced(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+
+    async def run() -> tuple[int, int]:
+        async with SecureSaver.afrom_url(url, keyring=Keyring.generate(),
+                                         redaction=None) as saver:
+            with tenant_scope("mallory"):
+                for _ in range(40):
+                    with pytest.raises(AccessDenied):
+                        await saver.aget_tuple(_cfg("t1", "victim"))
+            await asyncio.to_thread(saver.registry.dispose)
+            return _denied_counts(saver)
+    assert asyncio.run(run()) == (2, 40)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
+def test_coalesced_counts_are_exact_under_floods_from_two_processes(
+        database: tuple[str, Any], tmp_path: Path) -> None:
+    url, _raw = database
+    ring = Keyring.generate()
+    ring_path = ring.save(tmp_path / "keyring.json")
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        saver.put(_cfg("t1", "victim"), _checkpoint([]), {"source": "input", "step": -1,
+                                                         "parents": {}}, {"messages": 1})
+    env = {**os.environ, "SECURESAVER_MASTER_KEY": ring.to_json()}
+    per_process, threads = 600, 3
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.scripts.denial_flood", url,
+                               str(per_process), str(threads)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    raised = sum(int(out.split()[-1]) for out in outputs)
+    assert raised == 2 * per_process * threads  # AccessDenied every single time
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        rows, total = _denied_counts(saver)
+    assert total == raised                       # the count is exact
+    assert rows <= 2 * 2 * 3                     # a few rows per process, not one per attempt
+    assert _verify(url, ring_path) == 0          # the chains verify
