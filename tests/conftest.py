@@ -139,3 +139,13 @@ def kms_alias(kms_endpoint: object) -> str:
     kms.create_alias(AliasName=alias, TargetKeyId=key)
     kms_endpoint.reset()  # type: ignore[attr-defined]
     return alias
+
+
+@pytest.fixture(params=["keyring", "aws-kms"])
+def key_provider(request: pytest.FixtureRequest) -> object:
+    """Each key provider the saver's tests run over: a fresh Keyring, and an
+    AwsKmsKeyProvider on its own KMS key (moto's server, see ``kms_alias``)."""
+    if request.param == "keyring":
+        return Keyring.generate()
+    from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+    return AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))
