@@ -13,16 +13,13 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from .errors import ENV_VAR, SecureSaverError
 from .textsafety import escape_controls, json_safe
-
-if TYPE_CHECKING:
-    from .keyring import Keyring
 
 app = typer.Typer(
     name="securesaver",
@@ -40,8 +37,10 @@ err_console = Console(stderr=True)
 EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
 
 KeyringOption = Annotated[
-    Path | None,
-    typer.Option("--keyring", metavar="PATH", help=f"Keyring file; defaults to ${ENV_VAR}."),
+    str | None,
+    typer.Option("--keyring", metavar="PATH|URL",
+                 help=f"Keyring file or key provider URL (aws-kms://alias/NAME); "
+                 f"defaults to ${ENV_VAR}."),
 ]
 
 
@@ -117,10 +116,10 @@ def check_url(url: str) -> str | None:
     return path
 
 
-def load_keyring(path: Path | None) -> Keyring:
-    from .keyring import Keyring  # not at import: --help need not load cryptography
+def load_keyring(path: str | Path | None) -> Any:
+    from .key_urls import load_provider  # not at import: --help need not load cryptography
     try:
-        return Keyring.load(path)
+        return load_provider(path)
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
 
