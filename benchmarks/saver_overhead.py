@@ -7,6 +7,10 @@ all threads; the database server's is not counted) are printed beside it because
 shared, overloaded machine the wall ratio drifts toward whatever the scheduler does.
 
     python benchmarks/saver_overhead.py [--turns 300] [--rounds 3] [--backends sqlite,postgres]
+                                        [--provider keyring|kms]
+
+``--provider kms`` keys SecureSaver with an AwsKmsKeyProvider against moto's KMS server,
+started on a loopback port by this script (needs the ``test`` extra).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def sqlite_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]:
     path = workdir / f"{variant}-{uuid.uuid4().hex}.db"
     if variant.startswith("securesaver"):
         redaction = shared_redactor() if variant == "securesaver_redaction" else None
-        with SecureSaver.from_url(f"sqlite:///{path}", keyring=Keyring.generate(),
+        with SecureSaver.from_url(f"sqlite:///{path}", keyring=new_provider(),
                                   redaction=redaction) as saver:
             yield saver
         return
@@ -70,7 +74,7 @@ def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]
     try:
         if variant.startswith("securesaver"):
             redaction = shared_redactor() if variant == "securesaver_redaction" else None
-            with SecureSaver.from_url(url, keyring=Keyring.generate(),
+            with SecureSaver.from_url(url, keyring=new_provider(),
                                       redaction=redaction) as saver:
                 yield saver
         else:
@@ -85,6 +89,44 @@ def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]
 
 
 _REDACTOR = None
+_KMS_ALIAS: str | None = None
+
+
+def new_provider():
+    """The key provider of a SecureSaver variant: a fresh keyring, or the KMS alias."""
+    if _KMS_ALIAS is None:
+        return Keyring.generate()
+    from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+    return AwsKmsKeyProvider(_KMS_ALIAS)
+
+
+@contextmanager
+def kms_server() -> Iterator[None]:
+    """moto's KMS server on a free loopback port, boto3 pointed at it, one key behind an alias."""
+    global _KMS_ALIAS
+    import logging
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"})
+    try:
+        kms = boto3.client("kms")
+        key = kms.create_key()["KeyMetadata"]["KeyId"]
+        kms.create_alias(AliasName="alias/securesaver-bench", TargetKeyId=key)
+        _KMS_ALIAS = "alias/securesaver-bench"
+        yield
+    finally:
+        _KMS_ALIAS = None
+        server.stop()
 
 
 def shared_redactor():
@@ -147,11 +189,20 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--provider", choices=("keyring", "kms"), default="keyring")
     args = parser.parse_args()
+    if args.provider == "kms":
+        with kms_server():
+            return run(args)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     factories = {"sqlite": sqlite_saver, "postgres": postgres_saver}
     targets = {"sqlite": 1.10, "postgres": 1.10}  # encryption only (issue 9)
     full_stack_targets = {"sqlite": 1.5, "postgres": 1.5}  # with redaction (issues 9, 10)
     print(f"per-turn median latency, one-node chat graph, {args.turns} turns x {args.rounds} rounds"
+          f", key provider {args.provider}"
           f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'backend':<10}{'variant':<24}{'ms/turn':>9}{'x raw':>8}{'CPU ms':>9}{'x raw':>8}")
     ok = True

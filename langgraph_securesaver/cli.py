@@ -80,7 +80,8 @@ def demo(
     if db.exists() and not db.is_file():
         raise fail(f"--db {db} is not a file")
     try:
-        ok = run_demo(db, keyring_path=keyring, keep=keep, console=console,
+        ok = run_demo(db, keyring_path=Path(keyring) if keyring else None, keep=keep,
+                      console=console,
                       quiet_logs=not logging.getLogger().isEnabledFor(logging.INFO))
     except (SecureSaverError, ConfigurationError) as exc:
         raise fail(str(exc)) from None
@@ -211,8 +212,9 @@ def _print_report(report: Any) -> None:
 def shred_tenant(
     tenant: Annotated[str, typer.Argument(metavar="TENANT", help="The tenant to crypto-shred.")],
     url: UrlOption,
-    keyring: Annotated[Path, typer.Option("--keyring", metavar="PATH",
-                                          help="Keyring file (it is rewritten).")],
+    keyring: Annotated[str, typer.Option(
+        "--keyring", metavar="PATH|URL",
+        help="Keyring file (it is rewritten) or key provider URL.")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     requested_by: Annotated[str | None, typer.Option(
         "--requested-by", metavar="WHO",
@@ -320,7 +322,7 @@ def recover(
     raise typer.Exit(EXIT_FOUND if report.failed or report.dead_lettered else EXIT_OK)
 
 
-def _dead_letters(url: str, keyring: Path | None, tenant: str | None, rearm: str | None,
+def _dead_letters(url: str, keyring: str | None, tenant: str | None, rearm: str | None,
                   as_json: bool) -> None:
     import json
 

@@ -13,16 +13,13 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from .errors import ENV_VAR, SecureSaverError
 from .textsafety import escape_controls, json_safe
-
-if TYPE_CHECKING:
-    from .keyring import Keyring
 
 app = typer.Typer(
     name="securesaver",
@@ -40,8 +37,10 @@ err_console = Console(stderr=True)
 EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
 
 KeyringOption = Annotated[
-    Path | None,
-    typer.Option("--keyring", metavar="PATH", help=f"Keyring file; defaults to ${ENV_VAR}."),
+    str | None,
+    typer.Option("--keyring", metavar="PATH|URL",
+                 help=f"Keyring file or key provider URL (aws-kms://alias/NAME); "
+                 f"defaults to ${ENV_VAR}."),
 ]
 
 
@@ -117,13 +116,21 @@ def check_url(url: str) -> str | None:
     return path
 
 
-def load_keyring(path: Path | None) -> Keyring:
-    from .keyring import Keyring  # not at import: --help need not load cryptography
+def load_keyring(path: str | Path | None) -> Any:
+    from .key_urls import load_provider  # not at import: --help need not load cryptography
     try:
-        return Keyring.load(path)
+        return load_provider(path)
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
 
+
+
+class EscapingFormatter(logging.Formatter):
+    """Log lines with control characters escaped line by line: library log lines name
+    tenants and threads read from the database (see :mod:`.textsafety`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(escape_controls(line) for line in super().format(record).split("\n"))
 
 
 @app.callback()
@@ -131,8 +138,10 @@ def main(verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Log what the library does (INFO) on stderr; without it only "
         "warnings and errors are logged.")] = False) -> None:
     """Set up logging for every command (``--verbose``: INFO)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        handlers=[handler])
     if not verbose:  # the pool logs each failed connection attempt with a traceback
         logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 

@@ -72,7 +72,7 @@ FormatOption = Annotated[OutputFormat, typer.Option(
 # --------------------------------------------------------------------------------------------
 # shared plumbing
 # --------------------------------------------------------------------------------------------
-def _keyring_or_none(path: Path | None) -> Any:
+def _keyring_or_none(path: str | None) -> Any:
     """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None."""
     if path is not None:
         return load_keyring(path)
@@ -449,9 +449,10 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
 @app.command("rotate-keys")
 def rotate_keys(
     url: UrlOption,
-    keyring: Annotated[Path, typer.Option(
-        "--keyring", metavar="PATH",
-        help="Keyring file (a master version is added; the file is rewritten).")],
+    keyring: Annotated[str, typer.Option(
+        "--keyring", metavar="PATH|URL",
+        help="Keyring file (a master version is added; the file is rewritten) or key "
+        "provider URL (aws-kms://alias/NAME: a new KMS key, the alias moved).")],
     reencrypt: Annotated[bool, typer.Option(
         "--reencrypt", help="Also rotate every tenant's data key and re-encrypt the stored "
         "data (online, resumable).")] = False,
@@ -501,7 +502,7 @@ def rotate_keys(
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
-def _print_rotation(report: Any, keyring: Path) -> None:
+def _print_rotation(report: Any, keyring: str) -> None:
     from rich.table import Table
     verb = "resumed" if report.resumed else "added"
     console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
@@ -599,7 +600,7 @@ def events(
     raise typer.Exit(EXIT_OK)
 
 
-def _verify_registry(url: str, keyring: Path | None, anchor: Path | None,
+def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
                      save_anchor: Path | None, output: OutputFormat) -> None:
     from .errors import KeyringRequired, TamperedDataError
     ring = _keyring_or_none(keyring)

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .errors import KeyringRequired
+from .key_urls import is_provider_url, provider_from_url
 from .keyring import KeyProvider, Keyring
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ DEFAULT: Any = _Default()
 def _keyring_of(keyring: KeyringArg) -> Any:
     """A provider for ``keyring=``: a path is loaded as a keyring file (mode and owner
     checked), None reads the environment."""
+    if isinstance(keyring, str) and is_provider_url(keyring):
+        return provider_from_url(keyring)
     if isinstance(keyring, (str, os.PathLike)):
         return Keyring.from_file(keyring)
     if keyring is None:

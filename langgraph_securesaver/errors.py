@@ -114,3 +114,10 @@ class UnsupportedFilterError(SecureSaverError, ValueError):
 
 class DeltaChannelPruneError(SecureSaverError, NotImplementedError):
     """keep_latest was refused because the thread uses a DeltaChannel."""
+
+
+class KeyProviderUnavailable(SecureSaverError):
+    """The key provider (a KMS, an HSM) could not be reached or refused our credentials.
+
+    Not a tamper error: the stored data is intact and becomes readable again when the provider
+    answers. Keys already cached in the process keep working for their lifetime."""

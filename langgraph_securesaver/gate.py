@@ -104,6 +104,8 @@ class TenantGate:
                     raise DeniedError(Denial(tenant, other, operation, thread_id))
             else:
                 tenant = self.runs.tenant_of(run, thread_id)
+                if tenant is None and self.runs.is_ambiguous(run, thread_id):
+                    raise TenantRequired(operation)  # never the default tenant either
         tenant = tenant or self.default_tenant
         if tenant is None:
             raise TenantRequired(operation)

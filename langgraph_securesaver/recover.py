@@ -36,7 +36,7 @@ def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
     opens the saver with ``SecureSaver.afrom_url`` (an async inner saver, as LangGraph Server
     uses) and sweeps with :func:`arecover_stalled`.
     """
-    from .keyring import Keyring
+    from .key_urls import load_provider
     plain = async_url(url)
     if plain is not None or use_async:
         import asyncio
@@ -44,7 +44,7 @@ def recover_main(url: str, graph_ref: str, *, keyring: str | None = None,
             plain or url, graph_ref, keyring=keyring, older_than=older_than, tenant=tenant,
             max_attempts=max_attempts, worker_id=worker_id, lease=lease, limit=limit,
             durability=durability, **saver_options))
-    ring = Keyring.load(keyring)
+    ring = load_provider(keyring)
     with SecureSaver.from_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = recover_stalled(graph, saver, older_than=older_than, tenant=tenant,
@@ -60,8 +60,8 @@ async def _arecover_main(url: str, graph_ref: str, *, keyring: str | None, older
                          **saver_options: Any) -> RecoveryReport:
     import asyncio
 
-    from .keyring import Keyring
-    ring = await asyncio.to_thread(Keyring.load, keyring)
+    from .key_urls import load_provider
+    ring = await asyncio.to_thread(load_provider, keyring)
     async with SecureSaver.afrom_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = await arecover_stalled(graph, saver, older_than=older_than, tenant=tenant,
@@ -83,8 +83,8 @@ def dead_letters_main(url: str, *, keyring: str | None = None, tenant: str | Non
     """``securesaver recover --dead-letters``: the dead letters at ``url`` (errors opened),
     and with ``rearm=THREAD`` (needs ``tenant``) whether that dead-lettered thread was
     re-armed for recovery."""
-    from .keyring import Keyring
-    ring = Keyring.load(keyring)
+    from .key_urls import load_provider
+    ring = load_provider(keyring)
     with SecureSaver.from_url(async_url(url) or url, keyring=ring, **saver_options) as saver:
         rearmed = None
         if rearm is not None:

@@ -450,7 +450,7 @@ def _file_keyring(saver: SaverLike) -> Any:
         raise ConfigurationError(
             f"{type(ring).__name__} cannot add master versions here; rotate at your key "
             "provider, then call saver.rewrap_keys()")
-    if getattr(ring, "path", None) is None:
+    if getattr(ring, "path", None) is None and not getattr(ring, "persists_itself", False):
         raise ConfigurationError(
             "rotation rewrites the keyring: load it with Keyring.from_file(path) (an environment "
             "keyring cannot be changed from here; add a version to the variable and run "

@@ -117,6 +117,14 @@ class RunTenants:
             bound = run.threads.get(thread_id)
         return bound if isinstance(bound, str) else None
 
+    def is_ambiguous(self, control: object, thread_id: str) -> bool:
+        """True when two tenants claimed ``control``'s run on ``thread_id``: its tenant-less
+        calls act for nobody, not even a saver's default tenant."""
+        with self._lock:
+            run = self._runs.get(id(control))
+            return (run is not None and run.control is control
+                    and run.threads.get(thread_id) is _AMBIGUOUS)
+
     def __len__(self) -> int:
         return len(self._runs)
 

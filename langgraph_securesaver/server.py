@@ -20,7 +20,8 @@ Configuration comes from the environment (``.env`` / ``"env"`` in langgraph.json
 ==================================  ==========================================================
 ``SECURESAVER_URL``                 ``sqlite:///path.db`` or ``postgresql://...`` (required)
 ``SECURESAVER_MASTER_KEY``          the keyring (``securesaver keygen`` prints it), or
-``SECURESAVER_KEYRING_FILE``        a keyring file (``securesaver keygen --out ...``)
+``SECURESAVER_KEYRING_FILE``        a keyring file (``securesaver keygen --out ...``), or
+``SECURESAVER_KEY_PROVIDER``        a key provider URL, e.g. ``aws-kms://alias/securesaver``
 ``SECURESAVER_REDACTION``           ``on`` (default) or ``off``
 ``SECURESAVER_RETENTION_IDLE_TTL``  default retention, e.g. ``30d`` (unset: keep)
 ``SECURESAVER_RETENTION_MAX_AGE``   e.g. ``1y``
@@ -74,7 +75,8 @@ from langchain_core.runnables import RunnableConfig
 
 from .errors import ConfigurationError, TenantRequired
 from .gate import Denial, DeniedError, TenantGate
-from .keyring import Keyring
+from .key_urls import provider_from_url
+from .keyring import KeyProvider, Keyring
 from .retention import RetentionPolicy
 from .saver import SecureSaver
 from .tenancy import ThreadRef, current_tenant_scope, tenant_scope, validate_tenant
@@ -293,7 +295,7 @@ class ServerSettings:
     """What :func:`make_checkpointer` reads from the environment."""
 
     url: str
-    keyring: Keyring
+    keyring: KeyProvider
     redaction: bool = True
     retention: RetentionPolicy | None = None
     tenant_field: str = "identity"
@@ -308,7 +310,11 @@ class ServerSettings:
                 "set SECURESAVER_URL (sqlite:///path.db or postgresql://...) for the "
                 "LangGraph Server checkpointer")
         key_file = env.get("SECURESAVER_KEYRING_FILE", "").strip()
-        if key_file:
+        provider_url = env.get("SECURESAVER_KEY_PROVIDER", "").strip()
+        keyring: KeyProvider
+        if provider_url:
+            keyring = provider_from_url(provider_url)
+        elif key_file:
             keyring = Keyring.from_file(key_file)
         else:
             keyring = Keyring.from_env()

@@ -89,3 +89,63 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Raw]:
         return f"sqlite:///{db}", Raw("sqlite", db)
     url = request.getfixturevalue("pg_url")
     return url, Raw("postgres", url)
+
+
+# --- a real KMS endpoint (moto's server over HTTP on loopback) -------------------------------
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[int]:
+    """moto's standalone server (a real HTTP KMS API) on a free loopback port; its port."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    from .kms_helpers import free_port
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)   # one line per request otherwise
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def kms_endpoint(moto_server: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A counting proxy in front of the server; boto3 is configured through its usual
+    environment (AWS_ENDPOINT_URL, credentials, region) to reach it."""
+    from .kms_helpers import CountingProxy
+    proxy = CountingProxy(moto_server)
+    proxy.start()
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_KMS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def kms_alias(kms_endpoint: object) -> str:
+    """A new KMS key behind a new alias (moto's state is shared by the session)."""
+    import boto3
+    kms = boto3.client("kms")
+    key = kms.create_key(Description="securesaver test")["KeyMetadata"]["KeyId"]
+    alias = f"alias/securesaver-{uuid.uuid4().hex[:12]}"
+    kms.create_alias(AliasName=alias, TargetKeyId=key)
+    kms_endpoint.reset()  # type: ignore[attr-defined]
+    return alias
+
+
+@pytest.fixture(params=["keyring", "aws-kms"])
+def key_provider(request: pytest.FixtureRequest) -> object:
+    """Each key provider the saver's tests run over: a fresh Keyring, and an
+    AwsKmsKeyProvider on its own KMS key (moto's server, see ``kms_alias``)."""
+    if request.param == "keyring":
+        return Keyring.generate()
+    from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+    return AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))

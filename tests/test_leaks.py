@@ -80,18 +80,18 @@ def test_control_raw_sqlite_saver_leaks_every_marker(tmp_path: Path) -> None:
         "message", "tool_arg", "email", "configurable", "metadata", "write"}
 
 
-def test_sqlite_sync_leaks_nothing(tmp_path: Path) -> None:
+def test_sqlite_sync_leaks_nothing(tmp_path: Path, key_provider: object) -> None:
     db = tmp_path / "agent.db"
-    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(),
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=key_provider,
                               redaction=None) as saver:
         _assert_state_intact(_run_sync(saver, "thread-1"))
         _assert_metadata_intact(saver, "thread-1")
     assert found_markers(sqlite_files_bytes(db)) == []
 
 
-async def test_sqlite_async_leaks_nothing(tmp_path: Path) -> None:
+async def test_sqlite_async_leaks_nothing(tmp_path: Path, key_provider: object) -> None:
     db = tmp_path / "agent.db"
-    async with SecureSaver.afrom_url(f"sqlite:///{db}", keyring=Keyring.generate(),
+    async with SecureSaver.afrom_url(f"sqlite:///{db}", keyring=key_provider,
                                      redaction=None) as saver:
         _assert_state_intact(await _run_async(saver, "thread-1"))
     assert found_markers(sqlite_files_bytes(db)) == []

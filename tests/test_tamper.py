@@ -20,8 +20,9 @@ def _cfg(thread: str, tenant: str = "acme") -> dict:
 
 
 @pytest.fixture
-def saver(tmp_path: Path):
-    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=Keyring.generate(),
+def saver(tmp_path: Path, key_provider: object):
+    """Over each key provider (Keyring, AWS KMS): tampering is caught the same way."""
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=key_provider,
                               redaction=None) as s:
         graph = build_chat_graph(s)
         for tenant in ("acme", "globex"):

@@ -27,12 +27,16 @@ def _cfg(thread: str, tenant: str | None = None) -> dict:
     return {"configurable": conf}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-aws-kms"])
 def saver(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "memory":
         yield SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
         return
-    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=Keyring.generate(),
+    ring: object = Keyring.generate()
+    if request.param == "sqlite-aws-kms":
+        from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+        ring = AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
                               redaction=None) as s:
         yield s
 

@@ -28,7 +28,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
         raise ConfigurationError(
             f"{type(ring).__name__} cannot destroy tenant keys; use a Keyring file or a "
             "KeyProvider with destroy_tenant()")
-    if getattr(ring, "path", None) is None:
+    if getattr(ring, "path", None) is None and not getattr(ring, "persists_itself", False):
         raise ConfigurationError(
             "shredding rewrites the keyring: load it with Keyring.from_file(path) (an "
             "environment keyring cannot be changed from here)")

@@ -12,7 +12,8 @@ when it accepts a string, else returned as a plain ``str`` once changed), ``byte
 LangGraph's serializer stores for it anyway), ``dict`` (and subclasses), ``list``,
 ``tuple`` (and named tuples), ``set``/``frozenset``, dataclass instances, pydantic v2 models,
 LangChain messages, and LangGraph ``Send``. Numbers (``int``, ``float``, ``Decimal``) go to
-an ``on_number`` callback with the name of the nearest key or field, when one is given. Left
+an ``on_number`` callback with the name of the nearest key or field, when one is given (as
+dictionary keys too: the name of the dictionary). Left
 alone (returned as the same object): ``None``, ``memoryview`` and any other type.
 
 LangChain messages: ``content`` (string or content blocks), ``tool_calls[*]["args"]``,
@@ -261,7 +262,12 @@ class Walker:
                 if handler is not None:
                     nk, nv = k, handler(v, depth)
                 else:
-                    nk = self._on_str(k, depth, True) if type(k) is str else k
+                    if type(k) is str:
+                        nk = self._on_str(k, depth, True)
+                    elif self._on_number is not None and type(k) in _NUMBERS:
+                        nk = self._on_number(k, outer)  # a card number can be a key too
+                    else:
+                        nk = k
                     self.name = k if type(k) is str else outer
                     nv = self._walk(v, depth)
                     self.name = outer
