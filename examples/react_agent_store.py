@@ -4,10 +4,11 @@ Shows: ``secure_pair(url)`` (a saver and a store on one SQLite file, sharing key
 redactor) and ``create_react_agent(model, tools, checkpointer=saver, store=store)``. A scripted
 model (no network) has the agent remember a fact about the user in one thread and recall it in
 another; a second tenant recalls nothing; the database file holds none of the fact, and the
-e-mail address in it reaches the embedder only as a redaction token. Run it twice: the memory
-from the first run is recalled in the second.
+e-mail address in it reaches the embedder only as a redaction token. By default every run starts
+clean under ./.securesaver-examples/react_agent_store/; given DB_PATH, the database and its
+keyring beside it (DB_PATH.keyring.json) are kept, and a second run recalls both runs' facts.
 
-Run:  python examples/react_agent_store.py [DB_PATH]     (default: ./memory.db)
+Run:  python examples/react_agent_store.py [DB_PATH]
 """
 
 import hashlib
@@ -25,6 +26,7 @@ from langgraph.prebuilt import InjectedStore, create_react_agent
 from langgraph.store.base import BaseStore
 
 from langgraph_securesaver import Keyring, tenant_scope
+from langgraph_securesaver.demo import example_workspace
 from langgraph_securesaver.store import secure_pair
 
 FACT = "prefers invoices by e-mail to mo.rahimi@example.net, never on Fridays"
@@ -82,10 +84,16 @@ class MemoryModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
-def main(db: str = "memory.db") -> None:
-    ring_path = Path(db + ".keyring.json")
-    if not ring_path.exists():
-        Keyring.generate().save(ring_path)
+def main(db: str | None = None) -> None:
+    if db is None:
+        workspace = example_workspace("react_agent_store")  # a fresh dir and keyring.json
+        print(workspace.describe())
+        db = str(workspace.path / "memory.db")
+        ring_path = workspace.path / "keyring.json"
+    else:
+        ring_path = Path(db + ".keyring.json")
+        if not ring_path.exists():
+            Keyring.generate().save(ring_path)
     index = {"dims": 32, "embed": embed, "fields": ["text"]}
     with secure_pair(f"sqlite:///{db}", keyring=Keyring.from_file(ring_path),
                      index=index) as (saver, store):

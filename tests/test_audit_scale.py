@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -130,7 +131,8 @@ def test_html_thread_table_is_capped_with_a_note_and_summaries_count_everything(
     assert 'id="threads-capped"' in page and "first 2 of 5 threads" in page
     assert "1 of them past expiry or unregistered" in page   # g-expired is not shown
     tenants_table = page.split("<h2>Tenants</h2>", 1)[1].split("</table>", 1)[0]
-    assert "<td class=n>3</td>" in tenants_table and "<td class=n>2</td>" in tenants_table
+    numbers = re.findall(r"<td class=n[^>]*>(\d+)</td>", tenants_table)
+    assert "3" in numbers and "2" in numbers
     cli = runner.invoke(app, ["audit", "--url", url, "--format", "html"])
     assert cli.exit_code == 1 and "threads-capped" not in cli.stdout   # 5 < 2,000
 

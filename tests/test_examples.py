@@ -146,14 +146,19 @@ def test_key_rotation(tmp_path: Path) -> None:
 
 
 def test_react_agent_store(tmp_path: Path) -> None:
-    """Runs twice in a row in one directory: the second run opens the first run's keys and
-    memories (and recalls both runs' facts); every run keeps the fact off the disk."""
-    first = run_example("react_agent_store.py", tmp_path)
-    second = run_example("react_agent_store.py", tmp_path)
-    for out in (first, second):
-        assert "acme: (remember) remembered" in out
-        assert "acme, another thread: (recall) prefers invoices" in out
-        assert "globex: (recall) nothing remembered" in out
-        assert "fact on disk: False" in out
-        assert "e-mail shown to the embedder: False" in out
-    assert second.count("prefers invoices") == 2 and first.count("prefers invoices") == 1
+    """Runs twice in a row in one directory, each run clean in its own directory; every run
+    remembers and recalls the fact in acme only and keeps it off the disk. Given a database
+    path, a second run opens the first run's keys and memories and recalls both runs' facts."""
+    out = run_example("react_agent_store.py", tmp_path)
+    assert "acme: (remember) remembered" in out
+    assert "acme, another thread: (recall) prefers invoices" in out
+    assert "globex: (recall) nothing remembered" in out
+    assert "fact on disk: False" in out
+    assert "e-mail shown to the embedder: False" in out
+    assert out.count("prefers invoices") == 1
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    first = _run_once("react_agent_store.py", kept, str(kept / "memory.db"))
+    second = _run_once("react_agent_store.py", kept, str(kept / "memory.db"))
+    assert first.count("prefers invoices") == 1 and second.count("prefers invoices") == 2
+    assert "fact on disk: False" in second
