@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -50,7 +51,7 @@ SECRETS = ["alice.w@example.com", "never arrived", "refund order ACME-7781", "bo
            "Approve this refund?"]
 
 
-GATED_GRAPH = '''
+GATED_GRAPH = """
 import os
 import time
 from pathlib import Path
@@ -70,7 +71,53 @@ builder = StateGraph(MessagesState)
 builder.add_node("wait", wait_for_gate)
 builder.add_edge(START, "wait")
 graph = builder.compile()
-'''
+"""
+
+# a graph whose output is only a count (does the server's thread record copy only that?)
+PRIVATE_OUTPUT_GRAPH = """
+from typing import TypedDict
+
+from langchain_core.messages import AIMessage
+from langgraph.graph import START, MessagesState, StateGraph
+
+
+class Output(TypedDict):
+    turns: int
+
+
+class State(MessagesState):
+    turns: int
+
+
+def answer(state):
+    return {"messages": [AIMessage(content="noted")], "turns": len(state["messages"])}
+
+
+builder = StateGraph(State, output_schema=Output)
+builder.add_node("answer", answer)
+builder.add_edge(START, "answer")
+graph = builder.compile()
+"""
+
+# user strings that reach only the server's own records (metadata, store, assistants, crons)
+THREAD_META = {"alice": "ALICE-TOPIC-passport-renewal", "bob": "BOB-TOPIC-divorce-papers"}
+RUN_META = {"alice": "ALICE-RUNNOTE-vip-customer", "bob": "BOB-RUNNOTE-angry-caller"}
+MEMORY = {"alice": "alice.w@example.com prefers ALICE-MEMORY-oolong tea",
+          "bob": "bob.k@example.org is allergic to BOB-MEMORY-peanuts"}
+ASSISTANT_SECRET = "ALICE-ASSISTANT-system-prompt-tone"
+CRON_SECRET = "ALICE-CRON-weekly-statement"
+PRIVATE_SECRET = "ALICE-PRIVATE-diagnosis-lupus"
+SERVER_ONLY = [*THREAD_META.values(), *RUN_META.values(), *MEMORY.values(),
+               ASSISTANT_SECRET, CRON_SECRET]
+#: where the in-memory runtime keeps user strings in clear whatever the encryption handlers do
+#: (README "LangGraph Server"): the thread's copy of its latest state, and the kwargs of every
+#: run its worker has started (the worker writes its decrypted copy back into the record)
+NOT_COVERED = (re.compile(r"^threads\.\d+\.(values|interrupts)\."),
+               re.compile(r"^runs\.\d+\.kwargs\.(input|config|command|context)\."))
+#: what the checkpoint database, the store and every file but the server's record file must
+#: hold none of
+ALL_SECRETS = [*SECRETS, ALICE_TEXT, BOB_TEXT, *SERVER_ONLY, PRIVATE_SECRET,
+               "this run will be rolled back", "alice is still typing"]
 
 
 def _server_missing() -> str | None:
@@ -123,23 +170,15 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    require_server()
+def _start(workdir: Path, log_name: str = "server.log") -> Server:
+    """``langgraph dev`` on the example in ``workdir`` (loopback, offline, no reload)."""
     import httpx
-    workdir = tmp_path_factory.mktemp("lgserver")
-    shutil.copytree(EXAMPLE, workdir, dirs_exist_ok=True)
-    # a test-only graph whose node waits for a gate file, to roll a run back while it runs
-    (workdir / "gated.py").write_text(GATED_GRAPH, encoding="utf-8")
-    config = json.loads((workdir / "langgraph.json").read_text(encoding="utf-8"))
-    config["graphs"]["gated"] = "./gated.py:graph"
-    (workdir / "langgraph.json").write_text(json.dumps(config), encoding="utf-8")
     db = workdir / "checkpoints.db"
     keyring_file = workdir / "keyring.json"
-    Keyring.generate().save(keyring_file)
     port = _free_port()
     env = dict(os.environ)
     env.pop("SECURESAVER_MASTER_KEY", None)
+    env.pop("LANGGRAPH_ENCRYPTION", None)   # the example's langgraph.json sets it
     env.update({
         "SECURESAVER_URL": f"sqlite:///{db}",
         "SECURESAVER_KEYRING_FILE": str(keyring_file),
@@ -149,38 +188,65 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "LANGCHAIN_TRACING_V2": "false",
         "SS_TEST_GATE": str(workdir / "gate"),
     })
-    log = workdir / "server.log"
+    log = workdir / log_name
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*_langgraph_cli(), "dev", "--host", "127.0.0.1", "--port", str(port),
              "--no-browser", "--no-reload", "--config", "langgraph.json"],
             cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
     srv = Server(workdir, db, keyring_file, f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
     try:
-        deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
         while True:
             if proc.poll() is not None:
                 pytest.fail("langgraph dev exited:\n" + log.read_text(errors="replace")[-4000:])
             try:
                 if httpx.get(srv.url + "/ok", timeout=2).status_code == 200:
-                    break
+                    return srv
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 pytest.fail("langgraph dev did not start:\n"
                             + log.read_text(errors="replace")[-4000:])
             time.sleep(0.5)
+    except BaseException:
+        srv.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_server()
+    workdir = tmp_path_factory.mktemp("lgserver")
+    shutil.copytree(EXAMPLE, workdir, dirs_exist_ok=True)
+    # test-only graphs: a node that waits for a gate file (to roll a run back while it runs)
+    # and a graph whose output leaves the messages out of the thread record
+    (workdir / "gated.py").write_text(GATED_GRAPH, encoding="utf-8")
+    (workdir / "private.py").write_text(PRIVATE_OUTPUT_GRAPH, encoding="utf-8")
+    config = json.loads((workdir / "langgraph.json").read_text(encoding="utf-8"))
+    config["graphs"]["gated"] = "./gated.py:graph"
+    config["graphs"]["private"] = "./private.py:graph"
+    (workdir / "langgraph.json").write_text(json.dumps(config), encoding="utf-8")
+    Keyring.generate().save(workdir / "keyring.json")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path) -> Iterator[Server]:
+    srv = _start(workdir)
+    try:
         yield srv
     finally:
         srv.stop()
 
 
-async def _conversation(client: Any, text: str, refund_text: str, answer: str) -> dict[str, Any]:
+async def _conversation(client: Any, who: str, text: str, refund_text: str,
+                        answer: str) -> dict[str, Any]:
     """One user's session: a turn with a tool call, state, history, an interrupt, a resume."""
-    thread = await client.threads.create()
+    thread = await client.threads.create(metadata={"topic": THREAD_META[who]})
     tid = thread["thread_id"]
     first = await client.runs.wait(tid, "agent", input={"messages": [
-        {"role": "user", "content": text}]})
+        {"role": "user", "content": text}]}, metadata={"note": RUN_META[who]})
     state = await client.threads.get_state(tid)
     history_before = await client.threads.get_history(tid)
     await client.runs.wait(tid, "agent", input={"messages": [
@@ -189,26 +255,50 @@ async def _conversation(client: Any, text: str, refund_text: str, answer: str) -
     resumed = await client.runs.wait(tid, "agent", command={"resume": answer})
     final = await client.threads.get_state(tid)
     history = await client.threads.get_history(tid, limit=100)
+    record = await client.threads.get(tid)
+    runs = await client.runs.list(tid)
     return {"tid": tid, "first": first, "state": state, "history_before": history_before,
-            "paused": paused, "resumed": resumed, "final": final, "history": history}
+            "paused": paused, "resumed": resumed, "final": final, "history": history,
+            "record": record, "runs": runs}
 
 
-async def _rollback(client: Any, gate: Path) -> dict[str, Any]:
-    """A run rolled back while it runs (multitask_strategy="rollback")."""
+async def _memories(client: Any, other: Any, who: str) -> dict[str, Any]:
+    """Store items through the server's store API (SecureStore, the user's tenant)."""
+    await client.store.put_item(["memories"], "profile", {"text": MEMORY[who], "kind": "pref"})
+    own = await client.store.get_item(["memories"], "profile")
+    found = await client.store.search_items(["memories"])
+    filtered = await client.store.search_items(["memories"], filter={"kind": "pref"})
+    return {"own": own, "found": found, "filtered": filtered}
+
+
+async def _wait_running(client: Any, tid: str, run_id: str) -> None:
+    for _ in range(1200):   # bounded wait until the worker is inside the node
+        if (await client.runs.get(tid, run_id))["status"] == "running":
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _rollback(client: Any, other: Any, gate: Path) -> dict[str, Any]:
+    """A run rolled back while it runs (multitask_strategy="rollback"); before that, another
+    user tries to cancel-with-rollback it (the owner filter must stop them)."""
     tid = (await client.threads.create())["thread_id"]
     doomed = await client.runs.create(tid, "gated", input={"messages": [
         {"role": "user", "content": "this run will be rolled back"}]})
-    for _ in range(1200):   # wait (bounded) until the worker is inside the node
-        if (await client.runs.get(tid, doomed["run_id"]))["status"] == "running":
-            break
-        await asyncio.sleep(0.05)
+    await _wait_running(client, tid, doomed["run_id"])
+    foreign_cancel = None
+    try:
+        await other.runs.cancel(tid, doomed["run_id"], action="rollback")
+    except Exception as exc:  # the SDK raises the server's 404
+        foreign_cancel = exc
+    status_after_foreign = (await client.runs.get(tid, doomed["run_id"]))["status"]
     kept = await client.runs.create(tid, "gated", input={"messages": [
         {"role": "user", "content": "this one stays"}]}, multitask_strategy="rollback")
     gate.touch()
     await client.runs.join(tid, kept["run_id"])
     state = await client.threads.get_state(tid)
     runs = await client.runs.list(tid)
-    return {"tid": tid, "state": state, "runs": runs, "doomed": doomed["run_id"]}
+    return {"tid": tid, "state": state, "runs": runs, "doomed": doomed["run_id"],
+            "foreign_cancel": foreign_cancel, "status_after_foreign": status_after_foreign}
 
 
 async def _drive(url: str, gate: Path) -> dict[str, Any]:
@@ -216,13 +306,30 @@ async def _drive(url: str, gate: Path) -> dict[str, Any]:
     alice = get_client(url=url, headers=ALICE)
     bob = get_client(url=url, headers=BOB)
     a, b = await asyncio.gather(
-        _conversation(alice, ALICE_TEXT, ALICE_REFUND, "yes"),
-        _conversation(bob, BOB_TEXT, BOB_REFUND, "no"))
+        _conversation(alice, "alice", ALICE_TEXT, ALICE_REFUND, "yes"),
+        _conversation(bob, "bob", BOB_TEXT, BOB_REFUND, "no"))
+    mem_a, mem_b = await asyncio.gather(_memories(alice, bob, "alice"),
+                                        _memories(bob, alice, "bob"))
+    # an assistant and a cron (far in the future: it never fires) with alice's words
+    assistant = await alice.assistants.create(
+        "agent", config={"configurable": {"tone": ASSISTANT_SECRET}},
+        metadata={"purpose": ASSISTANT_SECRET}, name="alice-assistant")
+    cron = await alice.crons.create_for_thread(
+        a["tid"], "agent", schedule="0 0 1 1 *",
+        input={"messages": [{"role": "user", "content": CRON_SECRET}]})
+    crons = {"alice": await alice.crons.search(), "bob": await bob.crons.search()}
+    assistants_bob = await bob.assistants.search(graph_id="agent")
     # copy and delete go through acopy_thread / adelete_thread under the caller's identity
-    rollback = await _rollback(alice, gate)
+    rollback = await _rollback(alice, bob, gate)
     copied = await alice.threads.copy(a["tid"])
     copy_state = await alice.threads.get_state(copied["thread_id"])
     await alice.threads.delete(copied["thread_id"])
+    # a graph whose output leaves the messages out of the thread record
+    private_tid = (await alice.threads.create())["thread_id"]
+    private_out = await alice.runs.wait(private_tid, "private", input={"messages": [
+        {"role": "user", "content": PRIVATE_SECRET}]})
+    private_state = await alice.threads.get_state(private_tid)
+    private_record = await alice.threads.get(private_tid)
     # bob names alice's tenant in his run config: the checkpointer refuses it
     attack_thread = (await bob.threads.create())["thread_id"]
     attack_error = None
@@ -233,12 +340,34 @@ async def _drive(url: str, gate: Path) -> dict[str, Any]:
     except Exception as exc:  # the SDK raises the run's error
         attack_error = exc
     attack_runs = await bob.runs.list(attack_thread)
+    bob_reads: dict[str, Any] = {
+        "memory": await bob.store.get_item(["memories"], "profile"),
+        "threads": [t["thread_id"] for t in await bob.threads.search(limit=100)]}
     return {"alice": a, "bob": b, "attack_error": attack_error, "attack_runs": attack_runs,
-            "copied": copied["thread_id"], "copy_state": copy_state, "rollback": rollback}
+            "copied": copied["thread_id"], "copy_state": copy_state, "rollback": rollback,
+            "mem_a": mem_a, "mem_b": mem_b, "assistant": assistant, "cron": cron,
+            "crons": crons, "assistants_bob": assistants_bob, "bob_reads": bob_reads,
+            "private": {"tid": private_tid, "out": private_out, "state": private_state,
+                        "record": private_record}}
 
 
 def _texts(messages: list[dict[str, Any]]) -> list[str]:
     return [str(m.get("content", "")) for m in messages]
+
+
+def _records_script(workdir: Path, mode: str, stdin: str = "") -> Any:
+    """tests/scripts/server_records.py on the server's record file, in its own process."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.scripts.server_records", mode,
+         str(workdir / ".langgraph_api" / ".langgraph_ops.pckl")],
+        input=stdin, capture_output=True, text=True, timeout=300, cwd=workdir,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def _forms(secret: str) -> list[bytes]:
+    return [secret.encode(), json.dumps(secret)[1:-1].encode()]
 
 
 def test_two_users_on_langgraph_server(server: Server) -> None:
@@ -247,8 +376,9 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     a, b = result["alice"], result["bob"]
 
     # both conversations work: a tool call, state, history, an interrupt and its resume
-    for conv, text, refund_text, outcome in ((a, ALICE_TEXT, ALICE_REFUND, "approved"),
-                                             (b, BOB_TEXT, BOB_REFUND, "denied")):
+    for conv, text, refund_text, outcome, who in (
+            (a, ALICE_TEXT, ALICE_REFUND, "approved", "alice"),
+            (b, BOB_TEXT, BOB_REFUND, "denied", "bob")):
         first_msgs = conv["first"]["messages"]
         assert _texts(first_msgs)[0] == text
         assert any(m.get("tool_calls") for m in first_msgs), "the model calls the order tool"
@@ -265,20 +395,48 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
         assert final_texts[-1] == f"Refund {outcome}."
         assert conv["final"]["next"] == []
         assert len(conv["history"]) > len(conv["history_before"])
+        # the server's own records decrypt for their owner (thread and run metadata)
+        assert conv["record"]["metadata"]["topic"] == THREAD_META[who]
+        assert conv["record"]["metadata"]["owner"] == who
+        notes = [r["metadata"].get("note") for r in conv["runs"]]
+        assert RUN_META[who] in notes
     # neither user's state holds the other's words
     assert BOB_TEXT not in json.dumps(a["final"]["values"])
     assert ALICE_TEXT not in json.dumps(b["final"]["values"])
 
+    # store memories: each user reads and searches their own, never the other's
+    for mem, who in ((result["mem_a"], "alice"), (result["mem_b"], "bob")):
+        assert mem["own"]["value"] == {"text": MEMORY[who], "kind": "pref"}
+        assert [i["value"]["text"] for i in mem["found"]["items"]] == [MEMORY[who]]
+        assert [i["value"]["text"] for i in mem["filtered"]["items"]] == [MEMORY[who]]
+    assert result["bob_reads"]["memory"]["value"]["text"] == MEMORY["bob"]
+    assert a["tid"] not in result["bob_reads"]["threads"]
+    # the assistant and the cron decrypt for alice and are invisible to bob
+    assistant = result["assistant"]
+    assert assistant["metadata"]["purpose"] == ASSISTANT_SECRET
+    assert assistant["config"]["configurable"]["tone"] == ASSISTANT_SECRET
+    assert assistant["assistant_id"] not in [x["assistant_id"] for x in result["assistants_bob"]]
+    assert [c["cron_id"] for c in result["crons"]["alice"]] == [result["cron"]["cron_id"]]
+    assert result["crons"]["bob"] == []
+
+    # measured: a graph whose output_schema is only a count still has its whole state copied
+    # into the server's thread record (the runtime copies every state channel, not the
+    # output), so an output schema is no way to keep the conversation out of that copy
+    private = result["private"]
+    assert private["out"] == {"turns": 1}
+    assert _texts(private["record"]["values"]["messages"]) == [PRIVATE_SECRET, "noted"]
+    assert _texts(private["state"]["values"]["messages"]) == [PRIVATE_SECRET, "noted"]
+
     # the checkpoint database holds none of their strings (SQLite file, WAL and SHM)
     raw = b"".join(p.read_bytes() for p in server.db.parent.glob(server.db.name + "*"))
     assert raw, "the checkpointer wrote to SECURESAVER_URL"
-    for secret in [*SECRETS, ALICE_TEXT, BOB_TEXT]:
-        for form in (secret, json.dumps(secret)[1:-1]):
-            assert form.encode() not in raw, f"{secret!r} is readable in the checkpoint DB"
+    for secret in ALL_SECRETS:
+        for form in _forms(secret):
+            assert form not in raw, f"{secret!r} is readable in the checkpoint/store DB"
 
-    # what the README says the server keeps outside the checkpointer, in clear
-    outside = b"".join(p.read_bytes() for p in (server.workdir / ".langgraph_api").glob("*"))
-    assert ALICE_TEXT.encode() in outside and BOB_TEXT.encode() in outside
+    # every other file the server and SecureSaver wrote: nothing in clear, except the
+    # server's record file at the documented places
+    _scan_written_files(server.workdir)
 
     # bob's run naming alice's tenant failed and was recorded
     assert result["attack_error"] is not None or all(
@@ -293,11 +451,16 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     assert sorted(t["tenant"] for t in report["tenants"]) == ["alice", "bob"]
     by_tenant = {t["tenant"]: t for t in report["tenants"]}
     rolled = result["rollback"]
-    assert by_tenant["alice"]["threads"] == 2 and by_tenant["bob"]["threads"] == 1
+    assert by_tenant["alice"]["threads"] == 3 and by_tenant["bob"]["threads"] == 1
     threads = {(t["tenant"], t["thread_id"]) for t in report["threads"]}
-    assert threads == {("alice", a["tid"]), ("alice", rolled["tid"]), ("bob", b["tid"])}
+    assert threads == {("alice", a["tid"]), ("alice", rolled["tid"]),
+                       ("alice", private["tid"]), ("bob", b["tid"])}
 
-    # the rolled-back run left nothing: its checkpoints were deleted as alice
+    # bob's cancel(rollback) of alice's in-flight run was refused by the owner filter: the
+    # checkpointer cannot tell who asked (the worker rolls back with no requesting user)
+    assert type(rolled["foreign_cancel"]).__name__ == "NotFoundError", rolled["foreign_cancel"]
+    assert rolled["status_after_foreign"] == "running"
+    # then alice's own rollback: the rolled-back run left nothing (deleted as alice)
     assert _texts(rolled["state"]["values"]["messages"]) == ["this one stays", "gated reply"]
     assert [r["status"] for r in rolled["runs"]] == ["success"]
     log = server.log.read_text(errors="replace")
@@ -318,6 +481,104 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     denied = json.loads(events.output)
     pairs = [(e["tenant"], e["actor"]) for e in denied]
     assert pairs.count(("alice", "bob")) >= 2, denied   # the server run + the direct read
+
+    # tampered encrypted fields in the persisted record file are refused after a restart
+    _tamper_and_restart(server.workdir, result)
+
+
+#: files the test put in the work directory (sources, keys) rather than the server wrote
+_INPUT_FILES = {"auth.py", "checkpointer.py", "encryption.py", "store.py", "graph.py",
+                "gated.py", "private.py", "langgraph.json", "README.md", "keyring.json", "gate"}
+
+
+def _scan_written_files(workdir: Path) -> None:
+    written = [p for p in workdir.rglob("*") if p.is_file() and p.name not in _INPUT_FILES
+               and "__pycache__" not in p.parts]
+    names = {p.name for p in written}
+    assert ".langgraph_ops.pckl" in names and "checkpoints.db" in names, names
+    records = workdir / ".langgraph_api" / ".langgraph_ops.pckl"
+    for path in written:
+        if path == records:
+            continue
+        data = path.read_bytes()
+        for secret in ALL_SECRETS:
+            for form in _forms(secret):
+                assert form not in data, f"{secret!r} is readable in {path.relative_to(workdir)}"
+    hits = _records_script(workdir, "find", json.dumps(ALL_SECRETS))
+    outside = [(n, p) for n, p in hits if not any(rx.match(p) for rx in NOT_COVERED)]
+    assert outside == [], outside
+    # the strings only the server's records hold (metadata, store, assistant, cron) are
+    # nowhere but in the run kwargs the worker decrypted (thread/run metadata copied there)
+    for needle, place in hits:
+        assert needle not in (*MEMORY.values(), ASSISTANT_SECRET, CRON_SECRET), (needle, place)
+    # ... and the covered places do hold ciphertext
+    sealed = {re.sub(r"\.\d+\.", ".N.", p) for p, _t, _id in _records_script(workdir, "tokens")}
+    for place in ("threads.N.metadata.topic", "runs.N.metadata.note", "assistants.N.metadata.purpose",
+                  "assistants.N.config.configurable.tone", "crons.N.payload.input.messages"):
+        assert place in sealed, sorted(sealed)
+    raw = records.read_bytes()
+    assert b"ss1." in raw
+    for owner in (b"alice", b"bob"):   # the documented clear owner field
+        assert owner in raw
+
+
+def _tamper_and_restart(workdir: Path, result: dict[str, Any]) -> None:
+    tokens = _records_script(workdir, "tokens")
+    alice_thread = result["alice"]["tid"]
+    assistant_id = result["assistant"]["assistant_id"]
+    raw = (workdir / ".langgraph_api" / ".langgraph_ops.pckl").read_bytes()
+    flipped = plain = 0
+    for place, token, record_id in tokens:
+        if record_id == alice_thread and place.startswith("threads.") \
+                and place.endswith(".metadata.topic"):
+            i = len(token) // 2
+            forged = token[:i] + ("A" if token[i] != "A" else "B") + token[i + 1:]
+            assert raw.count(token.encode()) == 1
+            raw = raw.replace(token.encode(), forged.encode())
+            flipped += 1
+        if record_id == assistant_id and place.startswith("assistants.") \
+                and place.endswith(".metadata.purpose"):
+            injected = ("injected " * len(token))[:len(token)]
+            raw = raw.replace(token.encode(), injected.encode())
+            plain += 1
+    assert flipped == 1 and plain == 1
+    (workdir / ".langgraph_api" / ".langgraph_ops.pckl").write_bytes(raw)
+    restarted = _start(workdir, "server-restarted.log")
+    try:
+        outcome = asyncio.run(_read_after_tamper(restarted.url, result))
+    finally:
+        restarted.stop()
+    assert outcome["thread"] is not None, "a forged ciphertext was accepted"
+    assert outcome["assistant"] is not None, "a plain value in an encrypted field was accepted"
+    # the rest of the file still loads: bob's thread and alice's other thread
+    assert outcome["bob_topic"] == THREAD_META["bob"]
+    assert outcome["alice_other"] == result["rollback"]["tid"]
+    log = restarted.log.read_text(errors="replace")
+    assert "TamperedDataError" in log and "failed authentication" in log, log[-3000:]
+    assert "plain value was found in the encrypted LangGraph Server field" in log, (
+        repr(outcome["assistant"]), log[-3000:])
+
+
+async def _read_after_tamper(url: str, result: dict[str, Any]) -> dict[str, Any]:
+    from langgraph_sdk import get_client
+
+    def client(headers: dict[str, str]) -> Any:
+        # a fresh connection per request: the server drops the one a refused read failed on
+        return get_client(url=url, headers=headers)
+
+    out: dict[str, Any] = {"thread": None, "assistant": None}
+    try:
+        await client(ALICE).threads.get(result["alice"]["tid"])
+    except Exception as exc:  # the server's 500
+        out["thread"] = exc
+    try:
+        await client(ALICE).assistants.get(result["assistant"]["assistant_id"])
+    except Exception as exc:
+        out["assistant"] = exc
+    bob_thread = await client(BOB).threads.get(result["bob"]["tid"])
+    out["bob_topic"] = bob_thread["metadata"]["topic"]
+    out["alice_other"] = (await client(ALICE).threads.get(result["rollback"]["tid"]))["thread_id"]
+    return out
 
 
 async def _direct_reads(server: Server, alice_thread: str, rolled_thread: str) -> None:

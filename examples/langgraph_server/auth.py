@@ -1,8 +1,18 @@
 """LangGraph custom auth for the example: two users with fixed bearer tokens.
 
-A real deployment verifies a JWT or asks its identity provider here. The ``@auth.on`` handler
-is LangGraph's own owner filter for thread and run records (the server's bookkeeping); the
-checkpoints themselves are separated by SecureSaver whatever these filters say.
+A real deployment verifies a JWT or asks its identity provider here.
+
+The ``@auth.on`` handler is LangGraph's own owner filter for the server's records (threads,
+runs, assistants, crons). It matters for more than bookkeeping: SecureSaver separates the
+checkpoints of each user's tenant for every call that carries a user, but the server's worker
+rolls runs back (``multitask_strategy="rollback"``, cancel with ``action="rollback"``) with no
+user, so only this filter stops one user from cancelling -- and so deleting the in-flight turn
+of -- another user's run (tests/test_server.py proves both). Keep an owner filter on runs and
+threads. The ``owner`` field it writes stays in clear (encryption.py's ``clear_fields``): the
+server compares it as stored.
+
+Store items are separated by SecureStore (each user's namespaces live under their tenant), so
+the store handler adds no filter (an ``owner`` filter would compare against the item values).
 """
 
 from langgraph_sdk import Auth
@@ -30,3 +40,9 @@ async def owner_only(ctx: Auth.types.AuthContext, value: dict) -> dict:
     metadata = value.setdefault("metadata", {}) if isinstance(value, dict) else {}
     metadata["owner"] = ctx.user.identity
     return {"owner": ctx.user.identity}
+
+
+@auth.on.store
+async def store_by_tenant(ctx: Auth.types.AuthContext, value: dict) -> None:
+    """SecureStore keeps each user's items under their own tenant: no filter on values."""
+    return None
