@@ -42,7 +42,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .backends import registry_url_for
-from .crypto import TenantKeys, associated_data, from_text, to_text, token_key_version
+from .crypto import (
+    TEXT_PREFIX,
+    TenantKeys,
+    associated_data,
+    from_text,
+    to_text,
+    token_key_version,
+)
 from .errors import AccessDenied, ConfigurationError, TamperedDataError, TenantRequired
 from .saver import SecureSaver
 from .server import ServerSettings, TenantOf, server_auth_user, tenant_from_field
@@ -54,7 +61,6 @@ logger = logging.getLogger(__name__)
 CONTEXT_TENANT = "securesaver_tenant"
 #: the server's marker key (added and stripped by the server, never by these handlers)
 SERVER_MARKER = "__encryption_context__"
-TOKEN_PREFIX = "ss1."
 #: the PII vault owner under which originals of redacted server records are kept
 VAULT_OWNER = "langgraph-server"
 
@@ -174,6 +180,17 @@ class ServerEncryption:
                 self._saver = saver
             return self._saver
 
+    def close(self) -> None:
+        """Release the registry's connections (the server never calls it; tests and tools)."""
+        with self._open_lock:
+            if self._saver is not None:
+                self._saver.registry.dispose()
+                self._saver = None
+
+    def aad(self, tenant: str, key: str) -> bytes:
+        """What a sealed JSON value is bound to: (database id, tenant, key name)."""
+        return self._aad(tenant, key)
+
     async def _asaver(self) -> SecureSaver:
         if self._saver is not None:
             return self._saver
@@ -270,7 +287,7 @@ class ServerEncryption:
         if not data:
             return data
         sealed = {k: v for k, v in data.items() if isinstance(v, str) and
-                  v.startswith(TOKEN_PREFIX) and k not in self.clear_fields}
+                  v.startswith(TEXT_PREFIX) and k not in self.clear_fields}
         for key, value in data.items():
             if key in sealed or value is None or key in self._accept_clear:
                 continue

@@ -40,7 +40,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                               "audit_statements",
                               "report_html", "scan",
                               "rotation", "idempotency.*"})),
-    ("checkpointer", frozenset({"saver", "connect", "server", "demo", "demo_run",
+    ("checkpointer", frozenset({"saver", "connect", "server", "server_encryption",
+                                "server_store", "demo", "demo_run",
                                   "recover", "store", "store.*"})),
     ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events"})),
     # the facades: the package and the idempotency package re-export names of every layer

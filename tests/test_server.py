@@ -189,11 +189,11 @@ def _start(workdir: Path, log_name: str = "server.log") -> Server:
         "SS_TEST_GATE": str(workdir / "gate"),
     })
     log = workdir / log_name
+    argv = [*_langgraph_cli(), "dev", "--host", "127.0.0.1", "--port", str(port),
+            "--no-browser", "--no-reload", "--config", "langgraph.json"]
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*_langgraph_cli(), "dev", "--host", "127.0.0.1", "--port", str(port),
-             "--no-browser", "--no-reload", "--config", "langgraph.json"],
-            cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
     srv = Server(workdir, db, keyring_file, f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
     try:
@@ -872,3 +872,167 @@ def test_a_run_seen_under_two_tenants_is_never_cleaned_up_without_a_user() -> No
     runs.remember("r2", "alice")
     runs.remember("r3", "alice")            # bounded: the oldest is forgotten
     assert runs.tenant_of("r1") is None and runs.tenant_of("r3") == "alice"
+
+
+# --------------------------------------------------------------------------------------------
+# the encryption handlers without a server
+# --------------------------------------------------------------------------------------------
+def _ctx(model: str = "thread", tenant: str | None = "alice", **extra: Any) -> Any:
+    from langgraph_sdk import EncryptionContext
+    meta = {} if tenant is None else {"securesaver_tenant": tenant}
+    return EncryptionContext(model=model, field="metadata", metadata={**meta, **extra})
+
+
+@pytest.fixture
+def handlers(tmp_path: Path) -> Any:
+    import warnings
+
+    from langgraph_securesaver.server_encryption import ServerEncryption
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}",
+                              keyring=Keyring.generate(), redaction=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the SDK's "Encryption API is in beta"
+        enc = ServerEncryption(settings=settings, encrypt_store=True)
+    yield enc
+    enc.close()
+
+
+async def test_json_values_are_sealed_keys_and_owner_kept(handlers: Any) -> None:
+    sdk = handlers.sdk
+    data = {"topic": "alice's divorce", "owner": "alice", "n": 3, "nested": {"a": [1, "x"]},
+            "empty": None}
+    ctx = _ctx()
+    sealed = await sdk.get_json_encryptor()(ctx, data)
+    assert set(sealed) == set(data)                      # the server's key-preservation rule
+    assert sealed["owner"] == "alice" and sealed["empty"] is None
+    for key in ("topic", "n", "nested"):
+        assert isinstance(sealed[key], str) and sealed[key].startswith("ss1.")
+    assert "divorce" not in json.dumps(sealed)
+    assert ctx.metadata["securesaver_tenant"] == "alice"
+    assert await sdk.get_json_decryptor()(_ctx(), sealed) == data
+
+
+async def test_tampered_moved_and_injected_values_are_refused(handlers: Any) -> None:
+    from langgraph_securesaver import TamperedDataError
+    sdk = handlers.sdk
+    sealed = await sdk.get_json_encryptor()(_ctx(), {"a": "secret one", "b": "secret two"})
+    token = sealed["a"]
+    i = len(token) // 2
+    forged = token[:i] + ("A" if token[i] != "A" else "B") + token[i + 1:]
+    with pytest.raises(TamperedDataError, match="failed authentication"):
+        await sdk.get_json_decryptor()(_ctx(), {**sealed, "a": forged})
+    with pytest.raises(TamperedDataError, match="failed authentication"):   # moved to a key
+        await sdk.get_json_decryptor()(_ctx(), {**sealed, "b": sealed["a"]})
+    with pytest.raises(TamperedDataError, match="plain value"):
+        await sdk.get_json_decryptor()(_ctx(), {**sealed, "a": "injected"})
+    with pytest.raises(TamperedDataError, match="plain value"):
+        await sdk.get_json_decryptor()(_ctx(), {**sealed, "a": {"injected": 1}})
+    # another tenant's context: bob's keys do not open alice's values
+    await sdk.get_json_encryptor()(_ctx(tenant="bob"), {"x": "bob's"})
+    with pytest.raises(TamperedDataError):
+        await sdk.get_json_decryptor()(_ctx(tenant="bob"), sealed)
+    with pytest.raises(TamperedDataError, match="names no tenant"):
+        await sdk.get_json_decryptor()(_ctx(tenant=None), sealed)
+    # the server's own clear keys and nested encrypted fields pass
+    out = await sdk.get_json_decryptor()(_ctx(), {**sealed, "graph_id": "agent",
+                                             "input": {"__encryption_context__": {}}})
+    assert out["graph_id"] == "agent" and out["a"] == "secret one"
+
+
+async def test_blobs_round_trip_and_refuse_tampering(handlers: Any) -> None:
+    from langgraph_securesaver import TamperedDataError
+    sdk = handlers.sdk
+    blob = b"checkpoint bytes with alice.w@example.com"
+    sealed = await sdk._blob_encryptor(_ctx("checkpoint"), blob)
+    assert b"alice.w@example.com" not in sealed
+    assert await sdk._blob_decryptor(_ctx("checkpoint"), sealed) == blob
+    with pytest.raises(TamperedDataError):
+        await sdk._blob_decryptor(_ctx("checkpoint"), sealed[:-1] + bytes([sealed[-1] ^ 1]))
+    with pytest.raises(TamperedDataError):
+        await sdk._blob_decryptor(_ctx("checkpoint", tenant="bob"), sealed)
+    with pytest.raises(TamperedDataError):
+        await sdk._blob_decryptor(_ctx("checkpoint"), blob)
+
+
+async def test_the_tenant_is_the_users_and_the_header_is_ignored(
+        handlers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from langgraph_sdk import EncryptionContext
+    sdk = handlers.sdk
+    header = EncryptionContext(metadata={"securesaver_tenant": "bob", "other": "x"})
+    assert await sdk._context_handler({"identity": "alice"}, header) == {
+        "securesaver_tenant": "alice"}
+    assert await sdk._context_handler({"identity": ""}, header) == {}
+    with pytest.raises(TenantRequired):
+        await sdk.get_json_encryptor()(_ctx(tenant=None), {"a": "x"})
+    sealed = await sdk.get_json_encryptor()(_ctx(), {"a": "alice's"})
+
+    # inside a server request, the record's tenant must be the requesting user's
+    user: dict[str, Any] = {"identity": "bob"}
+    fake = types.ModuleType("langgraph_api.utils")
+    fake.get_auth_ctx = lambda: types.SimpleNamespace(user=user)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "langgraph_api.utils", fake)
+    with pytest.raises(AccessDenied):
+        await sdk.get_json_decryptor()(_ctx(), sealed)
+    with pytest.raises(AccessDenied):                     # a context naming another tenant
+        await sdk.get_json_encryptor()(_ctx(), {"a": "x"})
+    user["identity"] = "alice"
+    assert await sdk.get_json_decryptor()(_ctx(), sealed) == {"a": "alice's"}
+    user["kind"] = "StudioUser"                           # a user with no tenant
+    with pytest.raises(TenantRequired):
+        await sdk.get_json_encryptor()(_ctx(tenant=None), {"a": "x"})
+    with pytest.raises(AccessDenied):
+        await sdk.get_json_decryptor()(_ctx(), sealed)
+
+
+async def test_rotated_keys_give_the_server_a_replacement(handlers: Any) -> None:
+    from langgraph_sdk.encryption.types import DecryptResult
+    sdk = handlers.sdk
+    sealed = await sdk.get_json_encryptor()(_ctx(), {"a": "before rotation"})
+    saver = handlers.saver()
+    await asyncio.to_thread(saver.rotate_data_key, "alice")
+    result = await sdk.get_json_decryptor()(_ctx(), sealed)
+    assert isinstance(result, DecryptResult)
+    assert result.plaintext == {"a": "before rotation"}
+    assert result.replacement is not None and result.replacement["a"] != sealed["a"]
+    assert await sdk.get_json_decryptor()(_ctx(), result.replacement) == {"a": "before rotation"}
+
+
+async def test_store_values_are_left_to_securestore(tmp_path: Path) -> None:
+    import warnings
+
+    from langgraph_securesaver.server_encryption import ServerEncryption
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}",
+                              keyring=Keyring.generate(), redaction=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        passing = ServerEncryption(settings=settings, encrypt_store=False)
+    value = {"text": "remember this", "kind": "pref"}
+    assert await passing.sdk.get_json_encryptor()(_ctx("store"), value) == value
+    assert await passing.sdk.get_json_decryptor()(_ctx("store"), value) == value
+    # every other model is still sealed
+    sealed = await passing.sdk.get_json_encryptor()(_ctx("thread"), value)
+    assert sealed["text"].startswith("ss1.")
+    passing.close()
+
+
+async def test_redaction_tokenizes_before_sealing_and_restores(tmp_path: Path) -> None:
+    """With the redactor on (the default), the sealed plaintext holds tokens, the originals
+    are in the PII vault, and the owner reads the original back."""
+    import warnings
+
+    from langgraph_securesaver.crypto import from_text
+    from langgraph_securesaver.server_encryption import ServerEncryption
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}", keyring=Keyring.generate())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc = ServerEncryption(settings=settings)
+    message = {"messages": [{"role": "user", "content": "mail me at jane.roe@example.com"}]}
+    sealed = await enc.sdk.get_json_encryptor()(_ctx("run"), message)
+    saver = enc.saver()
+    keys = saver.keys.require("alice")
+    inside = keys.open(from_text(sealed["messages"]), enc.aad("alice", "messages"))
+    assert b"jane.roe@example.com" not in inside and b"<EMAIL" in inside
+    assert await enc.sdk.get_json_decryptor()(_ctx("run"), sealed) == message
+    enc.close()
