@@ -44,19 +44,20 @@ the field named by ``SECURESAVER_TENANT_FIELD``). Then:
 * the server's worker rolls runs back (``multitask_strategy="rollback"``, cancel with
   ``action="rollback"``) by calling ``adelete_for_runs([run_id])`` with no user: that call
   acts for the tenant this process saw writing the run (remembered from its authenticated
-  ``put`` calls, the latest 65,536 runs), and only there;
+  ``put`` calls, the latest 65,536 runs), and only there. Who *asked* for the cancel never
+  reaches the checkpointer (the cancel request only flags the run; the worker deletes), so it
+  cannot refuse a cancel by another user: that isolation is the server's owner filter
+  (``@auth.on``, as in examples/langgraph_server/auth.py);
 * any other call with no user (TTL sweeps, a run this process did not see, Studio's own user,
   an unauthenticated request) acts for ``SECURESAVER_DEFAULT_TENANT`` if you set one, and
   otherwise raises :class:`TenantRequired`: it touches no tenant's data. Run retention with
   SecureSaver's own pruner (``securesaver prune --url ... --every 10m``), not the server's
   ``checkpointer.ttl``.
 
-What the server stores itself, outside the checkpointer (SecureSaver does not protect it): its
-thread records (metadata, status, and a copy of the latest state ``values`` — the
-conversation), run records (inputs, config, kwargs), assistants, crons and the long-term
-``store``. ``langgraph dev`` keeps them in memory and pickles them under ``.langgraph_api/``
-in the project directory; the platform keeps them in its own PostgreSQL. Protect that storage
-separately.
+What the server stores itself, outside the checkpointer -- thread, run, assistant and cron
+records and the long-term store -- is covered by :mod:`.server_encryption` (the
+``encryption`` entry) and :mod:`.server_store` (the ``store`` entry), except the copies the
+in-memory runtime keeps in clear: docs/guides/langgraph-server.md.
 """
 
 from __future__ import annotations

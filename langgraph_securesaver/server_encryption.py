@@ -282,8 +282,6 @@ class ServerEncryption:
         return out
 
     async def _decrypt_json(self, ctx: Any, data: dict[str, Any]) -> Any:
-        from langgraph_sdk.encryption.types import DecryptResult
-
         if not data:
             return data
         sealed = {k: v for k, v in data.items() if isinstance(v, str) and
@@ -318,6 +316,8 @@ class ServerEncryption:
         if not stale:
             return plain
         # sealed under an older data key (rotated): the server stores the replacement
+        # (DecryptResult: in langgraph-sdk 0.4.14, the version tested)
+        from langgraph_sdk.encryption.types import DecryptResult
         fresh = {**data, **{k: to_text(keys.seal(_dumps(v), self._aad(tenant, k)))
                             for k, v in opened.items()}}
         return DecryptResult(plain, fresh)

@@ -488,7 +488,7 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
 
 #: files the test put in the work directory (sources, keys) rather than the server wrote
 _INPUT_FILES = {"auth.py", "checkpointer.py", "encryption.py", "store.py", "graph.py",
-                "gated.py", "private.py", "langgraph.json", "README.md", "keyring.json", "gate"}
+                "gated.py", "private.py", "langgraph.json", "README.md", "gate"}
 
 
 def _scan_written_files(workdir: Path) -> None:
