@@ -106,6 +106,7 @@ MEMORY = {"alice": "alice.w@example.com prefers ALICE-MEMORY-oolong tea",
           "bob": "bob.k@example.org is allergic to BOB-MEMORY-peanuts"}
 ASSISTANT_SECRET = "ALICE-ASSISTANT-system-prompt-tone"
 CRON_SECRET = "ALICE-CRON-weekly-statement"
+CRON_FIRED = "ALICE-CRONFIRED-monthly-report"
 PRIVATE_SECRET = "ALICE-PRIVATE-diagnosis-lupus"
 SERVER_ONLY = [*THREAD_META.values(), *RUN_META.values(), *MEMORY.values(),
                ASSISTANT_SECRET, CRON_SECRET]
@@ -116,7 +117,7 @@ NOT_COVERED = (re.compile(r"^threads\.\d+\.(values|interrupts)\."),
                re.compile(r"^runs\.\d+\.kwargs\.(input|config|command|context)\."))
 #: what the checkpoint database, the store and every file but the server's record file must
 #: hold none of
-ALL_SECRETS = [*SECRETS, ALICE_TEXT, BOB_TEXT, *SERVER_ONLY, PRIVATE_SECRET,
+ALL_SECRETS = [*SECRETS, ALICE_TEXT, BOB_TEXT, *SERVER_ONLY, PRIVATE_SECRET, CRON_FIRED,
                "this run will be rolled back", "alice is still typing"]
 
 
@@ -305,6 +306,12 @@ async def _drive(url: str, gate: Path) -> dict[str, Any]:
     from langgraph_sdk import get_client
     alice = get_client(url=url, headers=ALICE)
     bob = get_client(url=url, headers=BOB)
+    # a cron that fires within the minute: its run is created by the scheduler, with no user,
+    # from the sealed payload
+    cron_tid = (await alice.threads.create())["thread_id"]
+    firing = await alice.crons.create_for_thread(
+        cron_tid, "agent", schedule="* * * * *",
+        input={"messages": [{"role": "user", "content": CRON_FIRED}]})
     a, b = await asyncio.gather(
         _conversation(alice, "alice", ALICE_TEXT, ALICE_REFUND, "yes"),
         _conversation(bob, "bob", BOB_TEXT, BOB_REFUND, "no"))
@@ -340,6 +347,14 @@ async def _drive(url: str, gate: Path) -> dict[str, Any]:
     except Exception as exc:  # the SDK raises the run's error
         attack_error = exc
     attack_runs = await bob.runs.list(attack_thread)
+    cron_runs: list[dict[str, Any]] = []
+    for _ in range(1500):   # bounded: the scheduler fires at the next minute
+        cron_runs = await alice.runs.list(cron_tid)
+        if any(r["status"] == "success" for r in cron_runs):
+            break
+        await asyncio.sleep(0.1)
+    await alice.crons.delete(firing["cron_id"])
+    cron_state = await alice.threads.get_state(cron_tid)
     bob_reads: dict[str, Any] = {
         "memory": await bob.store.get_item(["memories"], "profile"),
         "threads": [t["thread_id"] for t in await bob.threads.search(limit=100)]}
@@ -347,6 +362,8 @@ async def _drive(url: str, gate: Path) -> dict[str, Any]:
             "copied": copied["thread_id"], "copy_state": copy_state, "rollback": rollback,
             "mem_a": mem_a, "mem_b": mem_b, "assistant": assistant, "cron": cron,
             "crons": crons, "assistants_bob": assistants_bob, "bob_reads": bob_reads,
+            "firing": {"tid": cron_tid, "cron": firing, "runs": cron_runs,
+                       "state": cron_state},
             "private": {"tid": private_tid, "out": private_out, "state": private_state,
                         "record": private_record}}
 
@@ -416,8 +433,13 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     assert assistant["metadata"]["purpose"] == ASSISTANT_SECRET
     assert assistant["config"]["configurable"]["tone"] == ASSISTANT_SECRET
     assert assistant["assistant_id"] not in [x["assistant_id"] for x in result["assistants_bob"]]
-    assert [c["cron_id"] for c in result["crons"]["alice"]] == [result["cron"]["cron_id"]]
+    firing = result["firing"]
+    assert {c["cron_id"] for c in result["crons"]["alice"]} == {
+        result["cron"]["cron_id"], firing["cron"]["cron_id"]}
     assert result["crons"]["bob"] == []
+    # the cron fired: the scheduler and the worker decrypted its sealed payload with no user
+    assert "success" in [r["status"] for r in firing["runs"]], firing["runs"]
+    assert _texts(firing["state"]["values"]["messages"])[0] == CRON_FIRED
 
     # measured: a graph whose output_schema is only a count still has its whole state copied
     # into the server's thread record (the runtime copies every state channel, not the
@@ -451,9 +473,9 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     assert sorted(t["tenant"] for t in report["tenants"]) == ["alice", "bob"]
     by_tenant = {t["tenant"]: t for t in report["tenants"]}
     rolled = result["rollback"]
-    assert by_tenant["alice"]["threads"] == 3 and by_tenant["bob"]["threads"] == 1
+    assert by_tenant["alice"]["threads"] == 4 and by_tenant["bob"]["threads"] == 1
     threads = {(t["tenant"], t["thread_id"]) for t in report["threads"]}
-    assert threads == {("alice", a["tid"]), ("alice", rolled["tid"]),
+    assert threads == {("alice", a["tid"]), ("alice", rolled["tid"]), ("alice", firing["tid"]),
                        ("alice", private["tid"]), ("bob", b["tid"])}
 
     # bob's cancel(rollback) of alice's in-flight run was refused by the owner filter: the
