@@ -1058,3 +1058,25 @@ async def test_redaction_tokenizes_before_sealing_and_restores(tmp_path: Path) -
     assert b"jane.roe@example.com" not in inside and b"<EMAIL" in inside
     assert await enc.sdk.get_json_decryptor()(_ctx("run"), sealed) == message
     enc.close()
+
+
+async def test_store_factory_is_a_securestore_per_user(tmp_path: Path) -> None:
+    """What ``"store": {"path": ...}`` opens: SecureStore whose tenant is the caller's; a
+    call with no user is refused; ``url=`` puts the items in another database."""
+    from langgraph_securesaver.server_store import make_store
+    from langgraph_securesaver.store import SecureStore
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'main.db'}",
+                              keyring=Keyring.generate(), redaction=False)
+    factory = make_store(settings=settings, url=f"sqlite:///{tmp_path / 'items.db'}")
+    async with factory() as store:
+        assert isinstance(store, SecureStore)
+        with tenant_scope("alice"):
+            await store.aput(("memories",), "m", {"text": "alice's secret memory"})
+            assert (await store.aget(("memories",), "m")).value["text"] == "alice's secret memory"
+        with tenant_scope("bob"):
+            assert await store.aget(("memories",), "m") is None
+            assert await store.asearch(("memories",)) == []
+        with pytest.raises(TenantRequired):
+            await store.aget(("memories",), "m")
+    items = b"".join(p.read_bytes() for p in tmp_path.glob("items.db*"))
+    assert items and b"alice's secret memory" not in items
