@@ -20,6 +20,26 @@ PIN_TOKEN = "securesaver-pin"
 PIN_VAR = "SECURESAVER_TEST_HSM_PIN"
 
 
+SPY_PATHS = ("/usr/lib/x86_64-linux-gnu/pkcs11/pkcs11-spy.so",
+             "/usr/lib/aarch64-linux-gnu/pkcs11/pkcs11-spy.so",
+             "/usr/lib/x86_64-linux-gnu/pkcs11-spy.so", "/usr/lib/pkcs11/pkcs11-spy.so")
+
+
+def spy_path() -> str | None:
+    """OpenSC's pkcs11-spy (Debian package ``opensc-pkcs11``): a PKCS#11 module that logs
+    every call, then passes it to the module named by ``PKCS11SPY``."""
+    return next((p for p in SPY_PATHS if os.path.exists(p)), None)
+
+
+def spy_counts(log: Path) -> dict[str, int]:
+    """How many times each C_ function was called, from a pkcs11-spy log."""
+    import re
+    counts: dict[str, int] = {}
+    for name in re.findall(r"^\d+: (C_\w+)", log.read_text(errors="replace"), re.MULTILINE):
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def module_path() -> str | None:
     return next((p for p in MODULE_PATHS if os.path.exists(p)), None)
 

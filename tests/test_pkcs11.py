@@ -5,8 +5,11 @@ safety and the number of token operations."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from langgraph_securesaver.keymaterial import SecretBytes
 from langgraph_securesaver.keyring import WrappedKey
 from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
 
-from .hsm_helpers import PIN_TOKEN, PIN_VAR, TOKEN
+from .hsm_helpers import PIN_TOKEN, PIN_VAR, TOKEN, spy_counts, spy_path
 from .secrecy_helpers import Secrets, capture, leaks
 
 KEY = bytes(range(32))
@@ -305,6 +308,38 @@ def test_token_calls_per_1000_turns_of_10_tenants(tmp_path: Path, pkcs11_url: st
     assert seen.get("Decrypt", 0) <= rows + 1
     assert seen.get("Encrypt", 0) <= rows + 1
     assert sum(seen.values()) <= 3 * rows + 10, seen   # + key lookups and the database record
+
+
+def test_token_calls_counted_at_the_module(tmp_path: Path, softhsm: Any) -> None:
+    """The same 1,000 turns in a process of their own whose module is OpenSC's pkcs11-spy in
+    front of SoftHSM2: every call the module receives is logged and counted there."""
+    spy = spy_path()
+    if spy is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true requires pkcs11-spy (apt-get install opensc-pkcs11)")
+        pytest.skip("pkcs11-spy is not installed (apt-get install opensc-pkcs11)")
+    url = softhsm.new_key_url()
+    log = tmp_path / "spy.log"     # holds PIN and keys as the spy logs them: test data only
+    env = dict(os.environ, PKCS11SPY=softhsm.module, PKCS11SPY_OUTPUT=str(log))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent.parent),
+                                         env.get("PYTHONPATH", "")])
+    spied = url.replace(f"module={softhsm.module}", f"module={spy}")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.scripts.pkcs11_turns", f"sqlite:///{tmp_path / 'a.db'}",
+         spied], capture_output=True, text=True, env=env, timeout=600,
+        cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    at_module = spy_counts(log)
+    log.unlink()
+    rows = seen["rows"]
+    assert rows == 20
+    # each C_EncryptInit/C_DecryptInit starts one operation (C_Encrypt is called twice by
+    # python-pkcs11: once for the length, once for the bytes)
+    assert at_module["C_DecryptInit"] == seen["calls"]["Decrypt"] <= rows + 1
+    assert at_module["C_EncryptInit"] == seen["calls"]["Encrypt"] <= rows + 1
+    assert at_module.get("C_Login", 0) == 1 and at_module.get("C_OpenSession", 0) <= 4
+    assert at_module.get("C_DestroyObject", 0) == 0
 
 
 def test_sessions_are_pooled_and_thread_safe(pkcs11_url: str) -> None:
