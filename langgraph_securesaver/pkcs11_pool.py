@@ -19,6 +19,7 @@ from typing import Any
 
 from .errors import ConfigurationError, KeyProviderUnavailable
 from .keymaterial import SecretText
+from .keyring_file import insecure_allowed
 
 _PIN_FILE_MAX = 4096
 #: how long a thread waits for a free session before the token counts as unavailable
@@ -39,7 +40,9 @@ def load_pkcs11() -> Any:
 @dataclass(frozen=True)
 class PinSource:
     """Where the user PIN is read from, at each login (so a changed secret is picked up
-    without a restart): an environment variable or a file (owner-only, like a keyring)."""
+    without a restart) and each session taken from the pool (to compare it with the PIN this
+    process logged in with): an environment variable or a file (owner-only, like a keyring
+    file)."""
 
     env: str | None = None
     file: str | None = None
@@ -56,8 +59,7 @@ class PinSource:
             if not value:
                 raise ConfigurationError(f"the PKCS#11 PIN variable {self.env} is not set")
             return value
-        assert self.file is not None
-        return _read_pin_file(self.file)
+        return _read_pin_file(str(self.file))
 
     def __str__(self) -> str:
         return f"${self.env}" if self.env is not None else f"file {self.file}"
@@ -73,11 +75,13 @@ def _read_pin_file(path: str) -> SecretText:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ConfigurationError(f"PKCS#11 PIN file {path} is not a regular file")
-            if st.st_mode & 0o077 or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            shared = st.st_mode & 0o077 or (hasattr(os, "getuid") and st.st_uid != os.getuid())
+            if shared and not insecure_allowed(None):
                 raise ConfigurationError(
                     f"PKCS#11 PIN file {path} has mode {stat.S_IMODE(st.st_mode):04o} and "
                     f"owner uid {st.st_uid}: it must be readable by this process's user only "
-                    "(chmod 600)")
+                    "(chmod 600; for a read-only secret mount set "
+                    "SECURESAVER_ALLOW_INSECURE_KEYRING=1, as for keyring files)")
             value = SecretText(os.read(fd, _PIN_FILE_MAX + 1).decode("utf-8", "replace")
                                .strip("\r\n"))
         finally:

@@ -67,6 +67,12 @@ class Pkcs11KeyProvider:
     def __init__(self, token_label: str, key_label: str, *, module: str,
                  pin_env: str | None = None, pin_file: str | None = None,
                  max_sessions: int = DEFAULT_SESSIONS, label_ttl: float = 60.0) -> None:
+        self._configure(token_label, key_label, module, PinSource(pin_env, pin_file),
+                        max_sessions, label_ttl)
+        self._resolve()
+
+    def _configure(self, token_label: str, key_label: str, module: str, pins: PinSource,
+                   max_sessions: int, label_ttl: float) -> None:
         if not token_label or not key_label:
             raise ConfigurationError("Pkcs11KeyProvider needs a token label and a key label")
         if re.search(r"\.v[0-9]+$", key_label):
@@ -80,10 +86,12 @@ class Pkcs11KeyProvider:
         self.token_label = token_label
         self.key_label = key_label
         self.module = module
-        self.pins = PinSource(pin_env, pin_file)
+        self.pins = pins
         self.pins.read()                      # a missing PIN source is a configuration error
         self.max_sessions = max_sessions
         self.label_ttl = label_ttl
+        #: token operations this provider made, by name ("Decrypt" is one C_DecryptInit and
+        #: its C_Decrypt): what the HSM's audit log would count
         self.calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
         self._module = module_pool(os.path.abspath(module))
@@ -92,7 +100,6 @@ class Pkcs11KeyProvider:
         self._versions: list[str] = []
         self._current = ""
         self._resolved_at = -float("inf")
-        self._resolve()
 
     @classmethod
     def from_url(cls, url: str) -> Pkcs11KeyProvider:
@@ -429,19 +436,13 @@ class Pkcs11KeyProvider:
     @classmethod
     def create(cls, token_label: str, key_label: str, *, module: str,
                pin_env: str | None = None, pin_file: str | None = None,
-               **options: Any) -> Pkcs11KeyProvider:
+               max_sessions: int = DEFAULT_SESSIONS, label_ttl: float = 60.0,
+               ) -> Pkcs11KeyProvider:
         """Generate the first key of ``key_label`` in the token (refused when one exists) and
         return its provider; what ``securesaver keygen --keyring pkcs11://...`` runs."""
         self = cls.__new__(cls)
-        self.token_label, self.key_label, self.module = token_label, key_label, module
-        self.pins = PinSource(pin_env, pin_file)
-        self.max_sessions = int(options.get("max_sessions", DEFAULT_SESSIONS))
-        self.label_ttl = float(options.get("label_ttl", 60.0))
-        self.calls, self._calls_lock = Counter(), threading.Lock()
-        self._module = module_pool(os.path.abspath(module))
-        self._token = self._module.token(token_label)
-        self._lock = threading.RLock()
-        self._versions, self._current, self._resolved_at = [], "", -float("inf")
+        self._configure(token_label, key_label, module, PinSource(pin_env, pin_file),
+                        max_sessions, label_ttl)
         if self._scan():
             raise ConfigurationError(
                 f"token {token_label!r} already holds key {key_label!r}; rotate with "
