@@ -112,3 +112,11 @@ class SoftHsm:
 
     def restore_token(self, label: str = TOKEN) -> None:
         (self.root / f"removed-{label}").rename(self.token_dirs[label])
+
+    def break_module(self) -> None:
+        """The module itself fails: its token directory is gone, so ``C_Initialize`` fails
+        (as a module whose device, daemon or configuration became unreadable does)."""
+        self.tokendir.rename(self.root / "tokens-away")
+
+    def repair_module(self) -> None:
+        (self.root / "tokens-away").rename(self.tokendir)

@@ -190,6 +190,27 @@ def test_token_removed_mid_run_warm_continue_cold_fail_closed_nothing_lost(
         _say(saver, "new-tenant", "t", "now it works")
 
 
+def test_module_failing_mid_run_warm_continue_cold_fail_closed(
+        tmp_path: Path, pkcs11_url: str, softhsm: Any) -> None:
+    """The module cannot be initialized again after a failure (its storage unreadable):
+    cached tenants keep working, cold ones fail closed, and the module recovers."""
+    with _saver(tmp_path, pkcs11_url) as saver:
+        _say(saver, "warm", "t", "turn 1")
+        _say(saver, "cold", "t", "cold turn 1")
+        saver.keys.forget("cold")
+        softhsm.break_module()
+        try:
+            with pytest.raises(KeyProviderUnavailable):
+                _texts(saver, "cold", "t")          # the failure: re-initialization fails
+            with pytest.raises(KeyProviderUnavailable, match="could not be loaded or init"):
+                _texts(saver, "cold", "t")
+            _say(saver, "warm", "t", "turn 2")
+        finally:
+            softhsm.repair_module()
+        assert _texts(saver, "warm", "t")[::2] == ["turn 1", "turn 2"]
+        assert "cold turn 1" in _texts(saver, "cold", "t")
+
+
 def test_module_that_cannot_be_loaded_is_unavailable(tmp_path: Path, softhsm: Any) -> None:
     with pytest.raises(KeyProviderUnavailable, match="could not be loaded"):
         Pkcs11KeyProvider.from_url(softhsm.url("k", module=str(tmp_path / "missing.so")))
