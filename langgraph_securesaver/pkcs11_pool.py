@@ -322,5 +322,24 @@ def module_pool(so: str) -> ModulePool:
         return found
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a pre-forking server's worker) inherits the parent's sessions and
+    login, which PKCS#11 does not carry across a fork: every module is initialized again
+    before the child's first use, with fresh locks (another thread may have held them)."""
+    global _MODULES_LOCK
+    _MODULES_LOCK = threading.Lock()
+    for module in _MODULES.values():
+        module.cond = threading.Condition()
+        module.serial = threading.RLock()
+        module.users, module.resetting, module.broken = 0, False, True
+        for token in module.tokens.values():
+            token.cond = threading.Condition()
+            token.idle, token.opened, token.logged_in_with = [], 0, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def error_name(exc: BaseException) -> str:
     return type(exc).__name__

@@ -389,6 +389,36 @@ def test_sessions_are_pooled_and_thread_safe(pkcs11_url: str) -> None:
     assert provider.calls["OpenSession"] + provider.calls["Login"] - before <= 2
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_worker_initializes_the_module_again(pkcs11_url: str) -> None:
+    """A pre-forking server builds the provider in the parent; each worker unwraps. PKCS#11
+    does not carry a module's state across fork (the standard has the child call
+    C_Initialize; a network HSM's client connection would be shared otherwise), so the worker
+    initializes and logs in again before its first call."""
+    provider = Pkcs11KeyProvider.from_url(pkcs11_url)
+    ctx = wrap_context("acme", "data", 1)
+    wrapped = provider.wrap("acme", KEY, ctx)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                         # the worker
+        try:
+            before = provider.calls["Initialize"], provider.calls["Login"]
+            ok = provider.unwrap("acme", wrapped, ctx) == KEY
+            again = (provider.calls["Initialize"] - before[0],
+                     provider.calls["Login"] - before[1])
+            os.write(write, b"ok" if ok and again == (1, 1) else repr(again).encode())
+        except BaseException as exc:
+            os.write(write, type(exc).__name__.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 200)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"ok"
+    assert provider.unwrap("acme", wrapped, ctx) == KEY   # the parent is unaffected
+
+
 def test_url_refuses_pins_and_unknown_options(softhsm: Any) -> None:
     with pytest.raises(ConfigurationError, match="never carry the PIN"):
         Pkcs11KeyProvider.from_url(softhsm.url("k") + "&pin-value=1234")
