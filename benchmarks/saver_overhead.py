@@ -7,10 +7,12 @@ all threads; the database server's is not counted) are printed beside it because
 shared, overloaded machine the wall ratio drifts toward whatever the scheduler does.
 
     python benchmarks/saver_overhead.py [--turns 300] [--rounds 3] [--backends sqlite,postgres]
-                                        [--provider keyring|kms]
+                                        [--provider keyring|kms|pkcs11]
 
 ``--provider kms`` keys SecureSaver with an AwsKmsKeyProvider against moto's KMS server,
-started on a loopback port by this script (needs the ``test`` extra).
+started on a loopback port by this script (needs the ``test`` extra). ``--provider pkcs11``
+keys it with a Pkcs11KeyProvider on a SoftHSM2 token this script initialises in a temporary
+directory (needs the ``pkcs11`` extra and the Debian package ``softhsm2``).
 """
 
 from __future__ import annotations
@@ -90,10 +92,15 @@ def postgres_saver(variant: str, workdir: Path) -> Iterator[BaseCheckpointSaver]
 
 _REDACTOR = None
 _KMS_ALIAS: str | None = None
+_PKCS11_URL: str | None = None
 
 
 def new_provider():
-    """The key provider of a SecureSaver variant: a fresh keyring, or the KMS alias."""
+    """The key provider of a SecureSaver variant: a fresh keyring, the KMS alias, or the
+    PKCS#11 key."""
+    if _PKCS11_URL is not None:
+        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        return Pkcs11KeyProvider.from_url(_PKCS11_URL)
     if _KMS_ALIAS is None:
         return Keyring.generate()
     from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
@@ -127,6 +134,36 @@ def kms_server() -> Iterator[None]:
     finally:
         _KMS_ALIAS = None
         server.stop()
+
+
+@contextmanager
+def softhsm_token() -> Iterator[None]:
+    """A SoftHSM2 token in a temporary directory (``SOFTHSM2_CONF`` points at it) holding one
+    AES key made by the provider."""
+    global _PKCS11_URL
+    import subprocess
+
+    from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+    module = next(p for p in ("/usr/lib/softhsm/libsofthsm2.so",
+                              "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so")
+                  if os.path.exists(p))
+    with tempfile.TemporaryDirectory() as root:
+        os.mkdir(f"{root}/tokens")
+        Path(root, "softhsm2.conf").write_text(
+            f"directories.tokendir = {root}/tokens\nobjectstore.backend = file\n"
+            "log.level = ERROR\n")
+        os.environ["SOFTHSM2_CONF"] = f"{root}/softhsm2.conf"
+        os.environ["SECURESAVER_BENCH_PIN"] = pin = "pin-" + secrets.token_hex(8)
+        subprocess.run(["softhsm2-util", "--init-token", "--free", "--label", "bench",
+                        "--pin", pin, "--so-pin", "so-" + pin], check=True,
+                       capture_output=True)
+        Pkcs11KeyProvider.create("bench", "bench-key", module=module,
+                                 pin_env="SECURESAVER_BENCH_PIN")
+        _PKCS11_URL = f"pkcs11://bench/bench-key?module={module}&pin-env=SECURESAVER_BENCH_PIN"
+        try:
+            yield
+        finally:
+            _PKCS11_URL = None
 
 
 def shared_redactor():
@@ -189,10 +226,13 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="sqlite,postgres")
-    parser.add_argument("--provider", choices=("keyring", "kms"), default="keyring")
+    parser.add_argument("--provider", choices=("keyring", "kms", "pkcs11"), default="keyring")
     args = parser.parse_args()
     if args.provider == "kms":
         with kms_server():
+            return run(args)
+    if args.provider == "pkcs11":
+        with softhsm_token():
             return run(args)
     return run(args)
 

@@ -48,8 +48,16 @@ def keygen(
                                              help="Write a keyring file (mode 0600).")]
     = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    provider: Annotated[str | None, typer.Option(
+        "--keyring", metavar="URL",
+        help="Create the first master key in an HSM instead: a pkcs11:// URL (the key is "
+        "generated inside the token, non-extractable).")] = None,
 ) -> None:
-    """Create a new master key: a keyring file, or a value for SECURESAVER_MASTER_KEY."""
+    """Create a new master key: a keyring file, a value for SECURESAVER_MASTER_KEY, or a key
+    in an HSM token (--keyring pkcs11://...)."""
+    if provider is not None:
+        _keygen_in_provider(provider)
+        return
     from .keyring import Keyring
     ring = Keyring.generate()
     if out is None:
@@ -65,6 +73,21 @@ def keygen(
         raise fail(str(exc)) from None
     console.print(f"wrote keyring [bold]{shown(out)}[/] (mode 0600, master version "
                   f"{ring.current_version})")
+
+
+def _keygen_in_provider(url: str) -> None:
+    from .key_urls import is_provider_url
+    if not is_provider_url(url) or not url.lower().startswith("pkcs11://"):
+        raise fail("--keyring for keygen takes a pkcs11:// URL (create AWS KMS keys with AWS's "
+                   "own tools, then name the alias: aws-kms://alias/NAME)")
+    from .pkcs11_provider import Pkcs11KeyProvider
+    try:
+        made = Pkcs11KeyProvider.create_from_url(url)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"generated AES-256 key [bold]{shown(made.current_version)}[/] in token "
+                  f"[bold]{shown(made.token_label)}[/] (non-extractable; it never leaves the "
+                  "token)")
 
 
 @app.command()

@@ -39,7 +39,8 @@ EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
 KeyringOption = Annotated[
     str | None,
     typer.Option("--keyring", metavar="PATH|URL",
-                 help=f"Keyring file or key provider URL (aws-kms://alias/NAME); "
+                 help=f"Keyring file or key provider URL (aws-kms://alias/NAME, "
+                 "pkcs11://TOKEN/KEY?module=...&pin-env=VAR); "
                  f"defaults to ${ENV_VAR}."),
 ]
 

@@ -452,7 +452,8 @@ def rotate_keys(
     keyring: Annotated[str, typer.Option(
         "--keyring", metavar="PATH|URL",
         help="Keyring file (a master version is added; the file is rewritten) or key "
-        "provider URL (aws-kms://alias/NAME: a new KMS key, the alias moved).")],
+        "provider URL (aws-kms://alias/NAME: a new KMS key, the alias moved; "
+        "pkcs11://TOKEN/KEY?...: a new key KEY.vN generated in the token).")],
     reencrypt: Annotated[bool, typer.Option(
         "--reencrypt", help="Also rotate every tenant's data key and re-encrypt the stored "
         "data (online, resumable).")] = False,

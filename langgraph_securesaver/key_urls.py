@@ -1,4 +1,5 @@
-"""Key providers named by URL strings (``keyring="aws-kms://alias/securesaver?region=..."``),
+"""Key providers named by URL strings (``keyring="aws-kms://alias/securesaver?region=..."``,
+``keyring="pkcs11://token/key?module=...&pin-env=..."``),
 so ``SecureSaver``, ``from_url``, the CLI's ``--keyring`` and LangGraph Server's
 ``SECURESAVER_KEY_PROVIDER`` accept a provider the same way. Provider modules (and their
 optional dependencies) are imported only when their scheme is used."""
@@ -11,7 +12,8 @@ from typing import Any
 from .errors import ConfigurationError
 
 #: URL scheme -> module holding a provider class with ``from_url``
-SCHEMES = {"aws-kms": ("aws_kms", "AwsKmsKeyProvider")}
+SCHEMES = {"aws-kms": ("aws_kms", "AwsKmsKeyProvider"),
+           "pkcs11": ("pkcs11_provider", "Pkcs11KeyProvider")}
 
 
 def is_provider_url(value: object) -> bool:

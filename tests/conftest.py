@@ -141,11 +141,43 @@ def kms_alias(kms_endpoint: object) -> str:
     return alias
 
 
-@pytest.fixture(params=["keyring", "aws-kms"])
+
+
+# --- a real PKCS#11 token (SoftHSM2, initialised here for this test run) ----------------------
+@pytest.fixture(scope="session")
+def softhsm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """SoftHSM2 with a token directory of this run's own (``SOFTHSM2_CONF`` points at it before
+    the module is loaded) and two tokens: "securesaver-test" for the saver's tests and
+    "securesaver-pin" for the PIN tests. Skipped without softhsm2 (failed under CI=true)."""
+    from .hsm_helpers import SoftHsm, softhsm_missing
+    missing = softhsm_missing()
+    if missing:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true requires SoftHSM2: {missing}")
+        pytest.skip(missing)
+    hsm = SoftHsm(tmp_path_factory.mktemp("softhsm"))
+    hsm.start()
+    try:
+        yield hsm
+    finally:
+        hsm.stop()
+
+
+@pytest.fixture
+def pkcs11_url(softhsm: object) -> str:
+    """A pkcs11:// URL naming a new AES key (its own label) in the test token."""
+    return softhsm.new_key_url()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["keyring", "aws-kms", "pkcs11"])
 def key_provider(request: pytest.FixtureRequest) -> object:
-    """Each key provider the saver's tests run over: a fresh Keyring, and an
-    AwsKmsKeyProvider on its own KMS key (moto's server, see ``kms_alias``)."""
+    """Each key provider the saver's tests run over: a fresh Keyring, an AwsKmsKeyProvider
+    on its own KMS key (moto's server, see ``kms_alias``), and a Pkcs11KeyProvider on its own
+    key in a SoftHSM2 token (see ``softhsm``)."""
     if request.param == "keyring":
         return Keyring.generate()
+    if request.param == "pkcs11":
+        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        return Pkcs11KeyProvider.from_url(request.getfixturevalue("pkcs11_url"))
     from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
     return AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))

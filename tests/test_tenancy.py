@@ -27,7 +27,7 @@ def _cfg(thread: str, tenant: str | None = None) -> dict:
     return {"configurable": conf}
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqlite-aws-kms"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-aws-kms", "sqlite-pkcs11"])
 def saver(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "memory":
         yield SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
@@ -36,6 +36,9 @@ def saver(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "sqlite-aws-kms":
         from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
         ring = AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))
+    if request.param == "sqlite-pkcs11":
+        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        ring = Pkcs11KeyProvider.from_url(request.getfixturevalue("pkcs11_url"))
     with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
                               redaction=None) as s:
         yield s
