@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import ConfigurationError
 from ..services import SaverServices
 from ..tenancy import validate_tenant
+from ..thread_keys import ThreadKeyStore
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 
@@ -51,6 +53,10 @@ def rewrap_keys(services: SaverServices, *,
             done += len(stale)
         if progress:
             progress(i + 1, len(tenants))
+    threads = services.keys.threads
+    if isinstance(threads, ThreadKeyStore):   # the erasure epoch: live thread keys only
+        done += threads.rewrap(current)
+        threads.forget()
     services.keys.forget()
     if done:
         registry.record_event("keys_rewrapped", master_version=current, rows=done,
@@ -72,4 +78,33 @@ def master_versions_in_use(services: SaverServices) -> dict[str, int]:
     for tenant in services.registry.tenants_with_keys():
         for row in services.registry.load_key_rows(tenant):
             counts[row.master_version] = counts.get(row.master_version, 0) + 1
+    threads = services.keys.threads
+    if isinstance(threads, ThreadKeyStore):
+        for version, n in threads.versions_in_use().items():
+            counts[version] = counts.get(version, 0) + n
     return counts
+
+
+def erasure_epoch(services: SaverServices) -> dict[str, Any]:
+    return erasure_epoch_of(services.registry, services.keyring)
+
+
+def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
+    """The pending erasure epoch: the master versions the keyring still holds, and how many
+    erasures (deletion receipts, ``pii_forgotten`` events) were made under one of them -- the
+    copies of their keys in remnants and backups open until ``rotate-keys --retire-old``."""
+    import sqlalchemy as sa
+
+    from ..registry import events, receipts
+    held = [v for v in ring.versions()
+            if not getattr(ring, "shredded_from", lambda _v: False)(v)]
+    pending = 0
+    with registry.begin() as conn:
+        for version in held:
+            mark = f'%"erased_under": "{version}"%'
+            pending += int(conn.execute(sa.select(sa.func.count()).select_from(receipts).where(
+                receipts.c.detail.like(mark))).scalar() or 0)
+            pending += int(conn.execute(sa.select(sa.func.count()).select_from(events).where(
+                events.c.kind == "pii_forgotten", events.c.detail.like(mark))).scalar() or 0)
+    return {"current_master": ring.current_version, "held_masters": held,
+            "erasures_pending": pending}

@@ -13,7 +13,12 @@ from ..errors import ConfigurationError
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_tenant
 from .keys import require_sole_database
-from .threads import idempotency_store, inner_thread_ids, purge_thread_storage
+from .threads import (
+    idempotency_store,
+    inner_thread_ids,
+    purge_thread_storage,
+    thread_key_store,
+)
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 
@@ -59,7 +64,11 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     if store is not None:
         store.delete_tenant(tenant)
     registry.forget_tenant(tenant)
+    keys = thread_key_store(services)
+    if keys is not None:
+        keys.delete_tenant(tenant)
     services.forget_policy(tenant)
+    services.flush_deleted()
     registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,
                           threads=len(thread_ids), master_version=ring.current_version)
     logger.warning("tenant %r crypto-shredded (%d threads)", tenant, len(thread_ids))
