@@ -162,7 +162,7 @@ def audit(
     run.
     """
     from .audit import audit as run_audit
-    from .ops.keys import erasure_epoch_of
+    from .registry_keys import erasure_epoch_of
     tenant = tenant_arg(tenant)
     ring = _keyring_or_none(keyring)
     period = (parse_when(since, what="--since"), parse_when(until, what="--until"))

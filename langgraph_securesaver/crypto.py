@@ -44,6 +44,9 @@ MIN_TOKEN_BYTES = _HEADER.size + _NONCE + _TAG
 
 DATA = "data"
 INDEX = "index"
+#: a tenant's key-encryption key for thread and vault-entry keys, one per master version; it
+#: is never rewrapped: an erasure epoch replaces it (see :mod:`.thread_keys`)
+KEK = "kek"
 
 #: the key-version field of a token sealed under its thread's own data key (tenant data-key
 #: versions start at 1); see :mod:`.thread_keys`
@@ -315,6 +318,26 @@ def thread_key_context(database: str, tenant: str, name: str, scope: str = THREA
     """The wrap context of a thread's (or vault entry's) data key: bound to its database,
     tenant and thread (or token)."""
     return associated_data(f"{scope}-key", database, tenant, name)
+
+
+def kek_wrap(kek: AESGCM, key: bytes, context: bytes) -> bytes:
+    """A thread or vault-entry key sealed under its tenant's KEK (nonce + AES-GCM), locally:
+    no key-provider call on the per-turn path."""
+    nonce = os.urandom(_NONCE)
+    return nonce + kek.encrypt(nonce, key, context)
+
+
+def kek_unwrap(kek: AESGCM, blob: bytes, context: bytes) -> AESGCM:
+    """The AESGCM of a key sealed by :func:`kek_wrap`; :class:`TamperedDataError` when the blob
+    was altered, moved to another thread/tenant/database, or sealed under another KEK. The
+    raw key never becomes a local (reporters print the locals of raising frames)."""
+    try:
+        return AESGCM(kek.decrypt(blob[:_NONCE], blob[_NONCE:], context))
+    except (InvalidTag, ValueError):
+        raise TamperedDataError(
+            "a thread or vault-entry key does not unwrap under its tenant's key-encryption "
+            "key: altered, copied from another thread, tenant or database, or its KEK is gone"
+        ) from None
 
 
 def row_context(store: KeyStore, tenant: str, purpose: str, version: int, context: int

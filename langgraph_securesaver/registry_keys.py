@@ -177,23 +177,59 @@ class RegistryKeys:
 
     def thread_key_problems(self, provider: KeyProvider
                             ) -> tuple[int, list[tuple[str, str, str]]]:
-        """(rows checked, problems): every thread key must unwrap here, bound to this
-        database, tenant and thread."""
-        from .crypto import thread_key_context
+        """(rows checked, problems): every thread key must unwrap here under its tenant's KEK,
+        bound to this database, tenant and thread (one provider unwrap per KEK)."""
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        from .crypto import KEK, kek_unwrap, row_context, thread_key_context
         from .integrity import row_tag
         database = self.database_id()
         with self.begin() as conn:
             rows = conn.execute(sa.select(thread_keys.c.tenant, thread_keys.c.thread_id,
                                           thread_keys.c.master_version,
                                           thread_keys.c.wrapped)).all()
+        keks: dict[tuple[str, str], AESGCM | None] = {}
+
+        def kek_of(tenant: str, version: str) -> AESGCM:
+            if (tenant, version) not in keks:
+                found = sorted((r for r in self.load_key_rows(tenant)
+                                if r.purpose == KEK and r.master_version == version),
+                               key=lambda r: r.version)
+                keks[(tenant, version)] = None if not found else AESGCM(provider.unwrap(
+                    tenant, WrappedKey(found[0].master_version, found[0].wrapped),
+                    row_context(self, tenant, KEK, found[0].version, found[0].context)))
+            kek = keks[(tenant, version)]
+            if kek is None:
+                raise TamperedDataError("no key-encryption key for this thread key")
+            return kek
+
         problems = []
         for tenant, thread_id, version, blob in rows:
             try:
-                provider.unwrap(tenant, WrappedKey(str(version), bytes(blob)),
-                                thread_key_context(database, tenant, thread_id))
+                kek_unwrap(kek_of(str(tenant), str(version)), bytes(blob),
+                           thread_key_context(database, tenant, thread_id))
             except TamperedDataError as exc:
                 problems.append((thread_keys.name, f"tenant#{row_tag(tenant)} "
                                  f"thread#{row_tag(tenant, thread_id)}",
                                  "does not unwrap here (copied from another database, altered, "
                                  f"or its master version is gone): {type(exc).__name__}"))
         return len(rows), problems
+
+
+def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
+    """The pending erasure epoch: the master versions the keyring still holds, and how many
+    erasures (deletion receipts, ``pii_forgotten`` events) were made under one of them -- the
+    copies of their keys in remnants and backups open until ``rotate-keys --retire-old``."""
+    from .registry_schema import events, receipts
+    held = [v for v in ring.versions()
+            if not getattr(ring, "shredded_from", lambda _v: False)(v)]
+    pending = 0
+    with registry.begin() as conn:
+        for version in held:
+            mark = f'%"erased_under": "{version}"%'
+            pending += int(conn.execute(sa.select(sa.func.count()).select_from(receipts).where(
+                receipts.c.detail.like(mark))).scalar() or 0)
+            pending += int(conn.execute(sa.select(sa.func.count()).select_from(events).where(
+                events.c.kind == "pii_forgotten", events.c.detail.like(mark))).scalar() or 0)
+    return {"current_master": ring.current_version, "held_masters": held,
+            "erasures_pending": pending}

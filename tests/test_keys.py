@@ -88,16 +88,20 @@ def test_master_rotation_old_data_reads_new_data_uses_new_version(tmp_path: Path
         rows = {(r.tenant, r.master_version) for t in ("acme", "globex")
                 for r in saver.registry.load_key_rows(t)}
         assert rows == {("acme", "1"), ("globex", "2")}
-        # the registry MAC key row was wrapped under "1" with acme's keys; each thread's own
-        # key under the version current when the thread was first written
-        assert saver.master_versions_in_use() == {"1": 4, "2": 3}
+        # the registry MAC key row was wrapped under "1" with acme's keys; each tenant's KEK
+        # (one per master version) and each thread's own key (under that KEK) under the
+        # version current when the thread was first written
+        assert saver.master_versions_in_use() == {"1": 5, "2": 4}
         # a keyring holding only the new version cannot read data keys still under v1
         only_new = Keyring({"2": ring._masters["2"]})
         with pytest.raises(TamperedDataError):
             SecureSaver(saver.inner, keyring=only_new, registry=saver.registry,
                         redaction=None).get_tuple(_cfg("t", "acme"))
-        assert saver.rewrap_keys() == 4          # 3 key rows + acme/t's own key
-        assert saver.master_versions_in_use() == {"2": 7}
+        # 3 key rows + acme/t's own key (moved to acme's new KEK; the old KEK is deleted)
+        assert saver.rewrap_keys() == 4
+        assert saver.master_versions_in_use() == {"2": 9}
+        assert [r.master_version for r in saver.registry.load_key_rows("acme")
+                if r.purpose == "kek"] == ["2"]
         ring.retire_version("1")
         after = SecureSaver(saver.inner, keyring=ring, registry=saver.registry, redaction=None)
         assert {"before rotation", "after rotation"} <= set(_texts(after, "acme", "t"))

@@ -25,13 +25,20 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.crypto import ENTRY, THREAD, row_context, thread_key_context
+from langgraph_securesaver.crypto import (
+    ENTRY,
+    KEK,
+    THREAD,
+    row_context,
+    thread_key_context,
+)
 from langgraph_securesaver.demo import build_chat_graph
 from langgraph_securesaver.errors import SecureSaverError
 from langgraph_securesaver.integrity import RESERVED_TENANT
@@ -315,12 +322,16 @@ def _database(tmp_path: Path) -> tuple[str, Path, Secrets]:
         saver.registry.record_event("test_marker")
         found = _secrets_of(masters)
         registry = saver.registry
+        keks: dict[tuple[str, str], bytes] = {}
         for tenant in ("acme", RESERVED_TENANT):
             for row in registry.load_key_rows(tenant):
                 raw = ring.unwrap(tenant, WrappedKey(row.master_version, row.wrapped),
                                   row_context(registry, tenant, row.purpose, row.version,
                                               row.context))
                 found.add_key(f"{tenant.strip()}/{row.purpose}/v{row.version}", raw)
+                if row.purpose == KEK:
+                    keks[(tenant, row.master_version)] = raw
+        assert keks, "the tenant's key-encryption key"
         # the per-thread and per-vault-entry data keys
         for scope, table, column in ((THREAD, "securesaver_thread_keys", "thread_id"),
                                      (ENTRY, "securesaver_pii_keys", "token")):
@@ -329,8 +340,8 @@ def _database(tmp_path: Path) -> tuple[str, Path, Secrets]:
                                     f"FROM {table}").fetchall()
             assert rows, table
             for tenant, name, version, blob in rows:
-                raw = ring.unwrap(tenant, WrappedKey(version, blob), thread_key_context(
-                    registry.database_id(), tenant, name, scope))
+                ctx = thread_key_context(registry.database_id(), tenant, name, scope)
+                raw = AESGCM(keks[(tenant, version)]).decrypt(blob[:12], blob[12:], ctx)
                 found.add_key(f"{tenant}/{scope}/{name}", raw)
         keys = saver.keys.require("acme")
         found.add_key("acme/pii-token-key", bytes.fromhex(keys.blind("pii-token-key")))

@@ -358,9 +358,9 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
     report = json.loads(again.stdout)
     assert report["resumed"] and report["master_version"] == "2"
     assert report["rotated_tenants"] == []            # not rotated a second time
-    # 7 tenant key rows, and every thread's and vault entry's own key
+    # 7 tenant key rows, each tenant's KEK (2), and every thread's and vault entry's own key
     assert report["retired"] == ["1"] and set(report["master_versions_in_use"]) == {"2"}
-    assert report["master_versions_in_use"]["2"] == 7 + threads
+    assert report["master_versions_in_use"]["2"] == 9 + threads
     assert report["reencrypt"]["already_current"] >= 1   # the killed run's work was kept
     after = versions()
     assert set(after) == {MOVED} and sum(after.values()) == total
@@ -371,7 +371,8 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
                                "--format", "json"])
     assert scan.exit_code == 0, scan.output
     data = json.loads(scan.stdout)
-    assert data["master_versions_in_use"] == {"2": 6}  # scan counts tenant key rows only
+    # scan counts tenant key rows only (data, index and KEK rows)
+    assert data["master_versions_in_use"] == {"2": 8}
     assert {v for per in data["data_key_versions"].values() for v in per} == {str(MOVED)}
 
 

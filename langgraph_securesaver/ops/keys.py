@@ -12,7 +12,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..crypto import KEK
 from ..errors import ConfigurationError
+from ..registry_keys import erasure_epoch_of
 from ..services import SaverServices
 from ..tenancy import validate_tenant
 from ..thread_keys import ThreadKeyStore
@@ -47,7 +49,9 @@ def rewrap_keys(services: SaverServices, *,
     tenants = registry.tenants_with_keys()
     done = 0
     for i, tenant in enumerate(tenants):
-        stale = [r for r in registry.load_key_rows(tenant) if r.master_version != current]
+        # KEKs are replaced, never rewrapped (the erasure epoch): see thread_keys
+        stale = [r for r in registry.load_key_rows(tenant)
+                 if r.master_version != current and r.purpose != KEK]
         if stale:
             registry.replace_key_rows(services.keys.rewrap(tenant, stale))
             done += len(stale)
@@ -56,6 +60,9 @@ def rewrap_keys(services: SaverServices, *,
     threads = services.keys.threads
     if isinstance(threads, ThreadKeyStore):   # the erasure epoch: live thread keys only
         done += threads.rewrap(current)
+        dropped = threads.drop_stale_keks(current)
+        if dropped:
+            logger.info("deleted %d key-encryption keys of older master versions", dropped)
         threads.forget()
     services.keys.forget()
     if done:
@@ -87,24 +94,3 @@ def master_versions_in_use(services: SaverServices) -> dict[str, int]:
 
 def erasure_epoch(services: SaverServices) -> dict[str, Any]:
     return erasure_epoch_of(services.registry, services.keyring)
-
-
-def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
-    """The pending erasure epoch: the master versions the keyring still holds, and how many
-    erasures (deletion receipts, ``pii_forgotten`` events) were made under one of them -- the
-    copies of their keys in remnants and backups open until ``rotate-keys --retire-old``."""
-    import sqlalchemy as sa
-
-    from ..registry import events, receipts
-    held = [v for v in ring.versions()
-            if not getattr(ring, "shredded_from", lambda _v: False)(v)]
-    pending = 0
-    with registry.begin() as conn:
-        for version in held:
-            mark = f'%"erased_under": "{version}"%'
-            pending += int(conn.execute(sa.select(sa.func.count()).select_from(receipts).where(
-                receipts.c.detail.like(mark))).scalar() or 0)
-            pending += int(conn.execute(sa.select(sa.func.count()).select_from(events).where(
-                events.c.kind == "pii_forgotten", events.c.detail.like(mark))).scalar() or 0)
-    return {"current_master": ring.current_version, "held_masters": held,
-            "erasures_pending": pending}

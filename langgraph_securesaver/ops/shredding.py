@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..crypto import KEK
 from ..errors import ConfigurationError
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_tenant
@@ -46,9 +47,13 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     ring.persist()                         # 1. a fresh master version for everyone else
     for other in others:                   # 2. move the others' key rows onto it
         stale = [r for r in registry.load_key_rows(other)
-                 if r.master_version != ring.current_version]
+                 if r.master_version != ring.current_version and r.purpose != KEK]
         if stale:
             registry.replace_key_rows(services.keys.rewrap(other, stale))
+    keys = thread_key_store(services)
+    if keys is not None:                   # their thread keys onto new KEKs (KEKs are replaced)
+        keys.rewrap(ring.current_version, except_tenant=tenant)
+        keys.drop_stale_keks(ring.current_version, except_tenant=tenant)
     ring.destroy_tenant(tenant, others)    # 3. older versions survive only for the others
     ring.persist()
     services.keys.forget()
@@ -64,7 +69,6 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     if store is not None:
         store.delete_tenant(tenant)
     registry.forget_tenant(tenant)
-    keys = thread_key_store(services)
     if keys is not None:
         keys.delete_tenant(tenant)
     services.forget_policy(tenant)
