@@ -46,8 +46,10 @@ def registry_url_for(url: str) -> str:
     return url
 
 
-# file databases run in WAL mode: readers do not block the writer, commits are cheaper
-SQLITE_FILE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
+# file databases run in WAL mode: readers do not block the writer, commits are cheaper; deleted
+# content is overwritten (SQLite's default for secure_delete varies by build)
+SQLITE_FILE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL",
+                       "PRAGMA secure_delete=ON")
 
 
 def connect_sqlite(path: str) -> sqlite3.Connection:

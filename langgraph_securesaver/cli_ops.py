@@ -162,6 +162,7 @@ def audit(
     run.
     """
     from .audit import audit as run_audit
+    from .registry_keys import erasure_epoch_of
     tenant = tenant_arg(tenant)
     ring = _keyring_or_none(keyring)
     period = (parse_when(since, what="--since"), parse_when(until, what="--until"))
@@ -171,9 +172,14 @@ def audit(
         try:
             with progress_bar("audit") as advance:
                 report = run_audit(saver, tenant=tenant, progress=advance)
+            epoch = erasure_epoch_of(saver.registry, ring) if ring is not None else None
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
     _print_audit(report)
+    if epoch is not None and epoch["erasures_pending"]:
+        console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) still "
+                      "open from remnants and backups until `securesaver rotate-keys "
+                      f"--retire-old` (master versions held: {', '.join(epoch['held_masters'])})")
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 

@@ -63,7 +63,8 @@ class UrlConstructors:
                  default_tenant: str | None = None,
                  metadata_allowlist: frozenset[str] | set[str] | None = None,
                  blind_index: bool = True, activity_resolution: float = 60.0,
-                 serde: SerializerProtocol | None = None) -> Iterator[S]:
+                 serde: SerializerProtocol | None = None,
+                 thread_keys: bool = True) -> Iterator[S]:
         """A saver on one database (inner saver + registry), set up and ready; closed on exit.
 
         Args:
@@ -79,6 +80,8 @@ class UrlConstructors:
             blind_index: keyed HMAC index for equality filters on protected metadata.
             activity_resolution: seconds between registry updates of a thread's activity.
             serde: how values are serialized before encryption (``JsonPlusSerializer``).
+            thread_keys: seal each thread (and PII-vault value) under its own data key,
+                destroyed when it is deleted (``False``: the tenant data key only).
 
         Raises:
             KeyringMismatch: the database was created with another keyring.
@@ -90,7 +93,8 @@ class UrlConstructors:
                 inner, keyring=keyring, registry=registry_url, redaction=redaction,
                 retention=retention, default_tenant=default_tenant,
                 metadata_allowlist=metadata_allowlist, blind_index=blind_index,
-                activity_resolution=activity_resolution, serde=serde)
+                activity_resolution=activity_resolution, serde=serde,
+                thread_keys=thread_keys)
             saver.setup()
             try:
                 yield saver
@@ -104,7 +108,8 @@ class UrlConstructors:
                         default_tenant: str | None = None,
                         metadata_allowlist: frozenset[str] | set[str] | None = None,
                         blind_index: bool = True, activity_resolution: float = 60.0,
-                        serde: SerializerProtocol | None = None) -> AsyncIterator[S]:
+                        serde: SerializerProtocol | None = None,
+                        thread_keys: bool = True) -> AsyncIterator[S]:
         """Async twin of :meth:`from_url`: ``AsyncSqliteSaver`` (``aiosqlite``) or
         ``AsyncPostgresSaver`` inside, set up without blocking the event loop; the same
         parameters."""
@@ -115,7 +120,8 @@ class UrlConstructors:
                 inner, keyring=keyring, registry=registry_url, redaction=redaction,
                 retention=retention, default_tenant=default_tenant,
                 metadata_allowlist=metadata_allowlist, blind_index=blind_index,
-                activity_resolution=activity_resolution, serde=serde)
+                activity_resolution=activity_resolution, serde=serde,
+                thread_keys=thread_keys)
             await saver.asetup()
             try:
                 yield saver

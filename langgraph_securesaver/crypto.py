@@ -44,6 +44,23 @@ MIN_TOKEN_BYTES = _HEADER.size + _NONCE + _TAG
 
 DATA = "data"
 INDEX = "index"
+#: a tenant's key-encryption key for thread and vault-entry keys, one per master version; it
+#: is never rewrapped: an erasure epoch replaces it (see :mod:`.thread_keys`)
+KEK = "kek"
+
+#: the key-version field of a token sealed under its thread's own data key (tenant data-key
+#: versions start at 1); see :mod:`.thread_keys`
+THREAD_KEY_VERSION = 0
+#: associated-data kinds ``(kind, tenant, thread, ...)`` of what belongs to one thread:
+#: checkpoint values, pending writes, sealed metadata, idempotency and recovery records.
+#: With a scoped-key source, these are sealed under the thread's key.
+THREAD_SCOPED = frozenset({b"cv", b"w", b"md", b"idem", b"idem-error", b"recover-conf",
+                           b"recover-error"})
+#: ``("pii", tenant, token)``: a PII-vault value, sealed under its entry's own key
+ENTRY_SCOPED = frozenset({b"pii"})
+THREAD, ENTRY = "thread", "entry"
+_AAD_PREFIX = b"securesaver/aad/v1"
+_LEN = struct.Struct(">I")
 
 
 def associated_data(*parts: str) -> bytes:
@@ -54,6 +71,37 @@ def associated_data(*parts: str) -> bytes:
         out += struct.pack(">I", len(raw))
         out += raw
     return bytes(out)
+
+
+def aad_scope(aad: bytes) -> tuple[str, str, str] | None:
+    """(THREAD or ENTRY, tenant, thread or token) of associated data that belongs to one
+    thread or one vault entry, else None."""
+    if not aad.startswith(_AAD_PREFIX):
+        return None
+    parts: list[bytes] = []
+    pos = len(_AAD_PREFIX)
+    while len(parts) < 3 and pos + 4 <= len(aad):
+        (n,) = _LEN.unpack_from(aad, pos)
+        parts.append(aad[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    if len(parts) < 3:
+        return None
+    group = THREAD if parts[0] in THREAD_SCOPED else ENTRY if parts[0] in ENTRY_SCOPED else None
+    if group is None:
+        return None
+    return (group, parts[1].decode("utf-8", "surrogatepass"),
+            parts[2].decode("utf-8", "surrogatepass"))
+
+
+class ScopedKeySource(Protocol):
+    """Where per-thread and per-vault-entry data keys come from
+    (:class:`.thread_keys.ThreadKeyStore`); ``scope`` is THREAD or ENTRY. ``sealing``: new
+    values are sealed under these keys (False: under the tenant's data key; existing values
+    under scoped keys still open)."""
+
+    sealing: bool
+
+    def key(self, tenant: str, scope: str, name: str, create: bool) -> AESGCM | None: ...
 
 
 def is_token(value: object) -> bool:
@@ -139,6 +187,8 @@ class TenantKeys:
     loaded_at: float = field(default_factory=time.monotonic, repr=False)
     _reload_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
                                          compare=False)
+    #: per-thread / per-entry data keys; None: everything under the tenant's data key
+    threads: ScopedKeySource | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:  # never key material, in repr, str, logs or tracebacks
         return (f"TenantKeys(tenant={self.tenant!r}, current_version={self.current_version}, "
@@ -147,9 +197,32 @@ class TenantKeys:
     __str__ = __repr__
 
     def seal(self, plaintext: bytes, aad: bytes) -> bytes:
+        """Seal under the thread's own key when ``aad`` belongs to a thread (and a thread-key
+        source is attached), else under the tenant's current data key."""
         nonce = _nonce()
+        if self.threads is not None and self.threads.sealing:
+            scoped = aad_scope(aad)
+            if scoped is not None and scoped[1] == self.tenant:
+                aes = self.threads.key(self.tenant, scoped[0], scoped[2], True)
+                if aes is None:
+                    raise TamperedDataError(
+                        f"the {scoped[0]}'s data key was deleted while it was being written")
+                return (_HEADER.pack(MAGIC, THREAD_KEY_VERSION) + nonce
+                        + aes.encrypt(nonce, plaintext, aad))
         header = _HEADER.pack(MAGIC, self.current_version) + nonce
         return header + self.data[self.current_version].encrypt(nonce, plaintext, aad)
+
+    def _thread_key(self, aad: bytes) -> AESGCM:
+        scoped = aad_scope(aad) if self.threads is not None else None
+        if self.threads is None or scoped is None or scoped[1] != self.tenant:
+            raise TamperedDataError(
+                "a ciphertext sealed under a thread or vault-entry key was found elsewhere")
+        aes = self.threads.key(self.tenant, scoped[0], scoped[2], False)
+        if aes is None:
+            raise TamperedDataError(
+                f"ciphertext of a {scoped[0]} whose data key is gone (deleted or erased: its "
+                "data is crypto-erased), or a ciphertext copied from another database")
+        return aes
 
     def open(self, token: object, aad: bytes) -> bytes:
         if not isinstance(token, bytes) or not is_token(token):
@@ -158,7 +231,7 @@ class TenantKeys:
                 "to load it (it was written without encryption, or injected)"
             )
         version = int(_HEADER.unpack_from(token)[1])
-        aes = self.data.get(version)
+        aes = self._thread_key(aad) if version == THREAD_KEY_VERSION else self.data.get(version)
         if aes is None and self.reload is not None:
             with self._reload_lock:        # one reload for every thread that meets it
                 aes = self.data.get(version)
@@ -196,6 +269,13 @@ class TenantKeys:
         return hit
 
 
+#: ``KeyRow.context``: how the row's wrap context was built. LEGACY rows (written before keys
+#: were bound to their database) name only tenant, purpose and version; BOUND rows also the
+#: database id (``securesaver_meta``), so a row copied from another database never unwraps.
+LEGACY = 1
+BOUND = 2
+
+
 @dataclass(frozen=True)
 class KeyRow:
     """One wrapped key as stored in the registry."""
@@ -206,18 +286,73 @@ class KeyRow:
     master_version: str
     wrapped: bytes = field(repr=False)
     created_at: float
+    context: int = BOUND
 
 
 class KeyStore(Protocol):
-    """Where wrapped tenant keys are persisted (the registry implements it)."""
+    """Where wrapped tenant keys are persisted (the registry implements it).
+
+    ``database_id()`` names the database the rows belong to (bound into every wrap);
+    ``legacy_key_rows_allowed()`` is True only while no row is bound yet (a database not yet
+    migrated): once one is, an unbound row is a copy and is refused."""
 
     def load_key_rows(self, tenant: str) -> list[KeyRow]: ...
 
     def insert_key_rows(self, rows: Sequence[KeyRow]) -> None: ...
 
+    def database_id(self) -> str: ...
 
-def wrap_context(tenant: str, purpose: str, version: int) -> bytes:
-    return associated_data("key", tenant, purpose, str(version))
+    def legacy_key_rows_allowed(self) -> bool: ...
+
+
+def wrap_context(tenant: str, purpose: str, version: int, database: str | None = None
+                 ) -> bytes:
+    """The associated data of a wrapped key: bound to its database when ``database`` is
+    given (every row written now), the legacy form otherwise."""
+    if database is None:
+        return associated_data("key", tenant, purpose, str(version))
+    return associated_data("key@db", database, tenant, purpose, str(version))
+
+
+def thread_key_context(database: str, tenant: str, name: str, scope: str = THREAD) -> bytes:
+    """The wrap context of a thread's (or vault entry's) data key: bound to its database,
+    tenant and thread (or token)."""
+    return associated_data(f"{scope}-key", database, tenant, name)
+
+
+def kek_wrap(kek: AESGCM, key: bytes, context: bytes) -> bytes:
+    """A thread or vault-entry key sealed under its tenant's KEK (nonce + AES-GCM), locally:
+    no key-provider call on the per-turn path."""
+    nonce = os.urandom(_NONCE)
+    return nonce + kek.encrypt(nonce, key, context)
+
+
+def kek_unwrap(kek: AESGCM, blob: bytes, context: bytes) -> AESGCM:
+    """The AESGCM of a key sealed by :func:`kek_wrap`; :class:`TamperedDataError` when the blob
+    was altered, moved to another thread/tenant/database, or sealed under another KEK. The
+    raw key never becomes a local (reporters print the locals of raising frames)."""
+    try:
+        return AESGCM(kek.decrypt(blob[:_NONCE], blob[_NONCE:], context))
+    except (InvalidTag, ValueError):
+        raise TamperedDataError(
+            "a thread or vault-entry key does not unwrap under its tenant's key-encryption "
+            "key: altered, copied from another thread, tenant or database, or its KEK is gone"
+        ) from None
+
+
+def row_context(store: KeyStore, tenant: str, purpose: str, version: int, context: int
+                ) -> bytes:
+    """The wrap context a stored row must unwrap under; a legacy row in a database whose
+    rows are bound is refused (it was copied from another database, or from a backup taken
+    before the migration)."""
+    if context == BOUND:
+        return wrap_context(tenant, purpose, version, store.database_id())
+    if context == LEGACY and store.legacy_key_rows_allowed():
+        return wrap_context(tenant, purpose, version)
+    raise TamperedDataError(
+        f"a key row of tenant {tenant!r} ({purpose} v{version}) is not bound to this "
+        "database: it was copied from another database (or from a backup taken before the "
+        "migration); refusing it")
 
 
 class KeyManager:
@@ -236,6 +371,8 @@ class KeyManager:
         # up at once, forged versions cannot turn every read into a reload
         self.reload_interval = reload_interval
         self._cache: dict[str, TenantKeys] = {}
+        #: per-thread data keys (set by the saver); None: tenant data keys only
+        self.threads: ScopedKeySource | None = None
         self._lock = threading.Lock()
         self._provider_lock = threading.Lock()
         self._provider_generation = 0
@@ -299,9 +436,10 @@ class KeyManager:
         rows = []
         for purpose, version in specs:
             wrapped = self.provider.wrap(
-                tenant, secrets.token_bytes(32), wrap_context(tenant, purpose, version)
-            )
-            rows.append(KeyRow(tenant, purpose, version, wrapped.master_version, wrapped.blob, now))
+                tenant, secrets.token_bytes(32),
+                wrap_context(tenant, purpose, version, self.store.database_id()))
+            rows.append(KeyRow(tenant, purpose, version, wrapped.master_version, wrapped.blob, now,
+                               BOUND))
         return rows
 
     def _unwrap(self, tenant: str, rows: Sequence[KeyRow]) -> TenantKeys:
@@ -314,6 +452,17 @@ class KeyManager:
             if not self._reload_provider(generation):
                 raise
             return self._unwrap_once(tenant, rows)
+
+    def unwrap_fresh(self, tenant: str, wrapped: WrappedKey, context: bytes) -> bytes:
+        """``provider.unwrap``, reloading the provider's source once when the row names a
+        master version it does not hold yet (rotated by another process)."""
+        generation = self._provider_generation
+        try:
+            return self.provider.unwrap(tenant, wrapped, context)
+        except TamperedDataError:
+            if not self._reload_provider(generation):
+                raise
+            return self.provider.unwrap(tenant, wrapped, context)
 
     def _reload_provider(self, seen: int) -> bool:
         """Reload the provider's key source (coalesced across threads, rate-bounded); True
@@ -351,12 +500,12 @@ class KeyManager:
         if not data or index_key is None:
             raise TamperedDataError(f"the key rows of tenant {tenant!r} are incomplete")
         return TenantKeys(tenant, max(data), data, index_key,
-                          reload=lambda: self._reload(tenant))
+                          reload=lambda: self._reload(tenant), threads=self.threads)
 
     def _unwrap_row(self, tenant: str, row: KeyRow) -> SecretBytes:
         return SecretBytes(self.provider.unwrap(
             tenant, WrappedKey(row.master_version, row.wrapped),
-            wrap_context(tenant, row.purpose, row.version)))
+            row_context(self.store, tenant, row.purpose, row.version, row.context)))
 
     def _reload(self, tenant: str) -> TenantKeys | None:
         now = time.monotonic()
@@ -374,12 +523,15 @@ class KeyManager:
         return keys
 
     def rewrap(self, tenant: str, rows: Sequence[KeyRow]) -> list[KeyRow]:
-        """Rows re-sealed under the provider's current master version (no data rewrite)."""
+        """Rows re-sealed under the provider's current master version (no data rewrite), bound
+        to this database (a legacy row is migrated on the way)."""
         out = []
+        bound_to = self.store.database_id()
         for row in rows:
-            wrapped = self.provider.wrap(tenant, self._unwrap_row(tenant, row).reveal(),
-                                         wrap_context(tenant, row.purpose, row.version))
+            wrapped = self.provider.wrap(
+                tenant, self._unwrap_row(tenant, row).reveal(),
+                wrap_context(tenant, row.purpose, row.version, bound_to))
             out.append(KeyRow(tenant, row.purpose, row.version, wrapped.master_version,
-                              wrapped.blob, row.created_at))
+                              wrapped.blob, row.created_at, BOUND))
         return out
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .crypto import KeyRow, KeyStore, wrap_context
+from .crypto import BOUND, KeyRow, KeyStore, row_context, wrap_context
 from .errors import KeyringMismatch, KeyringRequired, TamperedDataError
 from .keymaterial import SecretBytes
 from .keyring import KeyProvider, NoKeys, WrappedKey
@@ -118,7 +118,6 @@ class RegistryIntegrity:
             return self._key
 
     def _load_or_create(self, provider: KeyProvider) -> SecretBytes:
-        context = wrap_context(RESERVED_TENANT, PURPOSE, VERSION)
         rows = [r for r in self.store.load_key_rows(RESERVED_TENANT) if r.purpose == PURPOSE]
         if not rows:
             if self.has_macs is not None and self.has_macs():
@@ -126,13 +125,16 @@ class RegistryIntegrity:
                     "the registry MAC key row (securesaver_tenant_keys, purpose 'registry') is "
                     "missing although MACed registry rows exist: it was deleted; restore it "
                     "from a backup (a new key would make every existing row unverifiable)")
-            wrapped = provider.wrap(RESERVED_TENANT, secrets.token_bytes(32), context)
+            wrapped = provider.wrap(RESERVED_TENANT, secrets.token_bytes(32), wrap_context(
+                RESERVED_TENANT, PURPOSE, VERSION, self.store.database_id()))
             self.store.insert_key_rows([KeyRow(RESERVED_TENANT, PURPOSE, VERSION,
                                                wrapped.master_version, wrapped.blob,
-                                               time.time())])
+                                               time.time(), BOUND)])
             rows = [r for r in self.store.load_key_rows(RESERVED_TENANT)
                     if r.purpose == PURPOSE]  # another process may have won the race
         row = rows[0]
+        # a row not bound to this database is a copy: refused as such, not as a mismatch
+        context = row_context(self.store, RESERVED_TENANT, PURPOSE, VERSION, row.context)
         try:
             return SecretBytes(provider.unwrap(
                 RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped), context))

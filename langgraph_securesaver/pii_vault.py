@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 from .crypto import TenantKeys, associated_data
 from .registry import Registry, metadata
+from .registry_schema import pii_keys
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class PiiVault:
         # (tenant, thread, token) -> set once the store() writing it has finished
         self._writing: dict[tuple[str, str, str], threading.Event] = {}
         self._epoch_sql: str | None = None
+        #: per-entry keys (set by the saver): cached keys of erased entries are dropped here
+        self.entry_keys: Any = None
 
     # writing ----------------------------------------------------------------------------------
     def unknown(self, tenant: str, thread_id: str, entries: Iterable[Any]) -> list[Any]:
@@ -130,6 +133,8 @@ class PiiVault:
 
     def _write(self, keys: TenantKeys, thread_id: str, entries: Sequence[Any]) -> None:
         tenant, now = keys.tenant, time.time()
+        if self.entry_keys is not None:   # an entry erased by another process gets a new key
+            self.entry_keys.forget_entries(tenant, [e.token for e in entries])
         vault_rows = [{"tenant": tenant, "token": e.token, "kind": e.kind,
                        "sealed": keys.seal(e.value.encode("utf-8", "surrogatepass"),
                                            _aad(tenant, e.token)), "created_at": now}
@@ -256,9 +261,19 @@ class PiiVault:
         with self.registry.begin() as conn:
             erased = conn.execute(pii_vault.delete().where(
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(list(tokens)))).rowcount
+            self._destroy_keys(conn, tenant, tokens)
             self._bump_epoch(conn, tenant)
         self._drop_tenant_cache(tenant)
         return int(erased or 0)
+
+    def _destroy_keys(self, conn: Any, tenant: str, tokens: Sequence[str]) -> None:
+        """Delete the entries' own keys with them (crypto-erasure of every copy of the value
+        once the master version that wrapped the key is retired)."""
+        if tokens:
+            conn.execute(pii_keys.delete().where(pii_keys.c.tenant == tenant,
+                                                 pii_keys.c.token.in_(list(tokens))))
+        if self.entry_keys is not None:
+            self.entry_keys.forget_entries(tenant, list(tokens))
 
     def tokens_of_kind(self, tenant: str, kind: str) -> list[str]:
         with self.registry.begin() as conn:
@@ -278,10 +293,13 @@ class PiiVault:
             conn.execute(pii_refs.delete().where(pii_refs.c.tenant == tenant,
                                                  pii_refs.c.thread_id == thread_id))
             still_used = sa.select(pii_refs.c.token).where(pii_refs.c.tenant == tenant)
-            erased = conn.execute(pii_vault.delete().where(
+            gone = list(conn.execute(pii_vault.delete().where(
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(tokens),
-                pii_vault.c.token.not_in(still_used))).rowcount if tokens else 0
+                pii_vault.c.token.not_in(still_used)).returning(pii_vault.c.token)).scalars()
+            ) if tokens else []
+            erased = len(gone)
             if erased:
+                self._destroy_keys(conn, tenant, gone)
                 self._bump_epoch(conn, tenant)
         with self._lock:
             for key in [k for k in self._known if k[0] == tenant and k[1] == thread_id]:
@@ -294,6 +312,7 @@ class PiiVault:
         with self.registry.begin() as conn:
             conn.execute(pii_refs.delete().where(pii_refs.c.tenant == tenant))
             erased = conn.execute(pii_vault.delete().where(pii_vault.c.tenant == tenant)).rowcount
+            conn.execute(pii_keys.delete().where(pii_keys.c.tenant == tenant))
             self._bump_epoch(conn, tenant)
         self._drop_tenant_cache(tenant)
         return int(erased or 0)
@@ -324,6 +343,7 @@ class PiiVault:
             for tenant, token in gone:
                 erased[owner[(tenant, token)]] += 1
             for tenant in sorted({t for t, _token in gone}):
+                self._destroy_keys(conn, tenant, [tok for t, tok in gone if t == tenant])
                 self._bump_epoch(conn, tenant)   # other processes drop their cached originals
         doomed = set(wanted)
         with self._lock:

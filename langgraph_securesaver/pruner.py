@@ -182,6 +182,8 @@ class Sweep:
                 done += 1
                 if self.progress:
                     self.progress(done, max(total, done))
+        if self.report.deleted or self.report.pruned_to_latest:
+            self.services.flush_deleted()
         logger.info("retention sweep: %d deleted, %d pruned, %d errors",
                     len(self.report.deleted), len(self.report.pruned_to_latest),
                     len(self.report.errors))
@@ -391,7 +393,8 @@ class Sweep:
         return {"tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",
                 "reason": _reason(row, self.now), "requested_by": f"pruner:{self.owner}",
                 "detail": {**counts, "policy_source": row.policy_source,
-                           "expired_at": row.expires_at}}
+                           "expired_at": row.expires_at,
+                           "erased_under": threads.erased_under(self.services)}}
 
     def _delete_batch(self, rows: list[ThreadRow]) -> list[tuple[str, str]]:
         """Delete a batch completely; returns the threads deleted (and receipted) here."""
@@ -446,6 +449,9 @@ class Sweep:
         """Companion records of a batch (PII vault, idempotency), in the caller's transaction;
         the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
         out = {"pii_values": self.services.vault.delete_threads_in(conn, pairs)}
+        keys = threads.thread_key_store(self.services)
+        if keys is not None:   # the keys go with the data (crypto-erasure)
+            out["thread_keys"] = keys.delete_in(conn, pairs)
         try:
             from .idempotency import schema
         except ImportError:  # the idempotency component is not installed: no such records
@@ -543,7 +549,9 @@ class Sweep:
                 "tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",
                 "reason": reason, "requested_by": f"pruner:{self.owner}",
                 "detail": {**counts, "policy_source": row.policy_source,
-                           "expired_at": row.expires_at}}, claim_token=row.claim_token):
+                           "expired_at": row.expires_at,
+                           "erased_under": threads.erased_under(self.services)}},
+                claim_token=row.claim_token):
             self.services.forget_thread(row.tenant, row.thread_id)
             self.report.deleted.append(key)
 

@@ -631,7 +631,9 @@ def _pii_vault_aad(row: Mapping[str, Any]) -> bytes:
 register_sealed_column(SealedColumn("securesaver_pii_vault", "sealed", "tenant", _pii_vault_aad))
 
 # wrapped by the key provider, not by a tenant data key: never a token
-WRAPPED_KEY_COLUMNS = frozenset({("securesaver_tenant_keys", "wrapped")})
+WRAPPED_KEY_COLUMNS = frozenset({("securesaver_tenant_keys", "wrapped"),
+                                 ("securesaver_thread_keys", "wrapped"),
+                                 ("securesaver_pii_keys", "wrapped")})
 
 
 @dataclass(frozen=True)

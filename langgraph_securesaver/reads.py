@@ -385,6 +385,9 @@ class ReadPath:
                            tup: CheckpointTuple,
                            release: Callable[[], Awaitable[None]] | None = None
                            ) -> tuple[CheckpointTuple, Known | None] | None:
+        ref = self.io.ref_of(tenant, tup)
+        if ref is not None:
+            await self.services.awarm_thread_key(tenant, ref.thread_id)
         return await arun_steps(self.listed_steps(codec, keys, tenant, tup),
                                 self.aopening(release))
 
@@ -397,6 +400,7 @@ class ReadPath:
                             tup: CheckpointTuple, known: Known | None,
                             release: Callable[[], Awaitable[None]] | None = None
                             ) -> CheckpointTuple:
+        await self.services.awarm_thread_key(ref.tenant, ref.thread_id)
         return await arun_steps(self.open_steps(codec, keys, ref, tup, known),
                                 self.aopening(release))
 

@@ -19,11 +19,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from . import integrity as mac
-from .crypto import KeyRow
 from .denials import flush_for
 from .errors import ConfigurationError, KeyringRequired, TamperedDataError
 from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
 from .registry_claims import RegistryClaims
+from .registry_keys import RegistryKeys
 from .registry_schema import (  # noqa: F401 - the schema names are importable from here
     _ADOPTED,
     _V2_COLUMNS,
@@ -60,7 +60,7 @@ from .retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 logger = logging.getLogger(__name__)
 
 
-class Registry(RegistryClaims, RegistryVerification):
+class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
 
     def __init__(self, engine: Engine | str) -> None:
@@ -77,7 +77,7 @@ class Registry(RegistryClaims, RegistryVerification):
         self.integrity.attach(provider)
         if self._is_setup and self.integrity.available:
             self.integrity.check_keyring()
-            self._adopt_legacy_rows()
+            self._bind_and_adopt()
 
     @classmethod
     def in_memory(cls) -> Registry:
@@ -117,7 +117,15 @@ class Registry(RegistryClaims, RegistryVerification):
             self._is_setup = True
         self.integrity.check_keyring()
         if self.integrity.available:
-            self._adopt_legacy_rows()
+            self._bind_and_adopt()
+
+    def _bind_and_adopt(self) -> None:
+        """With a keyring: bind key rows older than schema v3 to this database, then MAC the
+        rows older than schema v2 (each once)."""
+        provider = self.integrity.provider
+        if provider is not None:
+            self.bind_key_rows(provider)
+        self._adopt_legacy_rows()
 
     def _add_missing_columns(self) -> None:
         """Schema v1 -> v2: add the MAC columns to tables created by older versions
@@ -287,41 +295,6 @@ class Registry(RegistryClaims, RegistryVerification):
             from sqlalchemy.dialects.sqlite import insert as sqlite_insert
             stmt = sqlite_insert(table).on_conflict_do_nothing()
         conn.execute(stmt, list(rows))
-
-    # keys (KeyStore protocol) -----------------------------------------------------------------
-    def load_key_rows(self, tenant: str) -> list[KeyRow]:
-        # CAST: a row a database writer filled with text (SQLite keeps any type in any
-        # column) reads as bytes that fail to unwrap (TamperedDataError), not as a driver error
-        wrapped = sa.cast(tenant_keys.c.wrapped, sa.LargeBinary).label("wrapped")
-        with self.begin() as conn:
-            rows = conn.execute(
-                sa.select(*[c for c in tenant_keys.c if c.name != "wrapped"], wrapped)
-                .where(tenant_keys.c.tenant == tenant)
-            ).mappings().all()
-        return [KeyRow(r["tenant"], r["purpose"], r["version"], r["master_version"],
-                       bytes(r["wrapped"]), r["created_at"]) for r in rows]
-
-    def insert_key_rows(self, rows: Sequence[KeyRow]) -> None:
-        with self.begin() as conn:
-            self._insert_ignore(conn, tenant_keys, [r.__dict__ for r in rows])
-
-    def replace_key_rows(self, rows: Sequence[KeyRow]) -> None:
-        with self.begin() as conn:
-            for r in rows:
-                conn.execute(
-                    tenant_keys.update()
-                    .where(tenant_keys.c.tenant == r.tenant, tenant_keys.c.purpose == r.purpose,
-                           tenant_keys.c.version == r.version)
-                    .values(master_version=r.master_version, wrapped=r.wrapped)
-                )
-
-    def tenants_with_keys(self) -> list[str]:
-        with self.begin() as conn:
-            return list(conn.execute(sa.select(tenant_keys.c.tenant).distinct()).scalars())
-
-    def delete_tenant_keys(self, tenant: str) -> int:
-        with self.begin() as conn:
-            return conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant)).rowcount
 
     # threads ----------------------------------------------------------------------------------
     def _upsert(self, table: sa.Table) -> Any:
@@ -685,6 +658,17 @@ class Registry(RegistryClaims, RegistryVerification):
         with self.begin() as conn:
             return [Event(r["id"], r["at"], r["kind"], r["tenant"], r["thread_id"], r["actor"],
                           json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
+
+    def flush_deleted(self) -> None:
+        """After a deletion batch on SQLite: empty the registry's WAL (the deleted key rows,
+        vault values and records in it are gone from the file). Best effort, never raises."""
+        if self.dialect != "sqlite" or isinstance(self.engine.pool, sa.pool.StaticPool):
+            return
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sa.exc.SQLAlchemyError as exc:
+            logger.warning("registry WAL checkpoint after a deletion failed: %s", exc)
 
     def dispose(self) -> None:
         flush_for(self)  # coalesced access-denied summaries still pending

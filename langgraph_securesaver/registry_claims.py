@@ -27,6 +27,7 @@ from .registry_schema import (
     pairs_in,
     policies,
     tenant_keys,
+    thread_keys,
     threads,
 )
 
@@ -243,6 +244,7 @@ class RegistryClaims:
         with self.begin() as conn:
             conn.execute(threads.delete().where(threads.c.tenant == tenant))
             conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant))
+            conn.execute(thread_keys.delete().where(thread_keys.c.tenant == tenant))
             conn.execute(policies.delete().where(policies.c.tenant == tenant))
 
     def count_expired(self, now: float, tenant: str | None = None) -> int:

@@ -28,7 +28,9 @@ from .retention import DEFAULT_POLICY_KEY
 logger = logging.getLogger("langgraph_securesaver.registry")
 
 
-SCHEMA_VERSION = 2  # v2: MACs on retention rows, hash-chained receipts and events
+#: v2: MACs on retention rows, hash-chained receipts and events; v3: key rows bound to the
+#: database (``securesaver_tenant_keys.context``), per-thread data keys
+SCHEMA_VERSION = 3
 
 metadata = sa.MetaData()
 
@@ -43,6 +45,29 @@ tenant_keys = sa.Table(
     sa.Column("tenant", sa.String(255), primary_key=True),
     sa.Column("purpose", sa.String(16), primary_key=True),
     sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("master_version", sa.String(64), nullable=False, index=True),
+    sa.Column("wrapped", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    # how the wrap context was built (crypto.LEGACY / BOUND); NULL: a row from before v3
+    sa.Column("context", sa.SmallInteger, nullable=True),
+)
+
+# one random data key per thread, wrapped by the tenant KEK (thread_keys.py); deleting the
+# row crypto-erases the thread
+thread_keys = sa.Table(
+    "securesaver_thread_keys", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("master_version", sa.String(64), nullable=False, index=True),
+    sa.Column("wrapped", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# one random data key per PII-vault entry (token): erasing the value deletes its key
+pii_keys = sa.Table(
+    "securesaver_pii_keys", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("token", sa.String(128), primary_key=True),
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
     sa.Column("wrapped", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
@@ -135,8 +160,11 @@ _V2_COLUMNS: tuple[tuple[str, str, Any], ...] = (
     ("securesaver_events", "prev_mac", sa.String(64)),
     ("securesaver_events", "mac", sa.String(64)),
     ("securesaver_idempotency", "fp_mac", sa.String(64)),
+    ("securesaver_tenant_keys", "context", sa.SmallInteger()),   # v3
 )
 _ADOPTED = "integrity_adopted"
+#: securesaver_meta key naming the database (bound into every wrapped key)
+DATABASE_ID = "database_id"
 
 
 # Indexes added after tables existed: ``setup()`` creates them on existing databases too
@@ -255,6 +283,7 @@ def create_registry_engine(url: str) -> Engine:
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA secure_delete=ON")   # deleted rows are overwritten
             cur.close()
 
         return engine

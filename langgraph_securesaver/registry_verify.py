@@ -62,6 +62,11 @@ class RegistryVerification:
 
         def _keyed(self) -> RegistryIntegrity: ...
 
+        def key_row_problems(self, provider: Any) -> tuple[int, list[tuple[str, str, str]]]: ...
+
+        def thread_key_problems(self, provider: Any
+                                ) -> tuple[int, list[tuple[str, str, str]]]: ...
+
     # verification -------------------------------------------------------------------------------
     def verified_expiry(self, row: ThreadRow) -> float | None:
         """The expiry a thread row's MACed fields imply (None: held, or no TTL). Raises
@@ -123,6 +128,13 @@ class RegistryVerification:
                              "does not verify: altered, or inserted"))
             report.checked[policies.name] = n
             self._verify_idempotency(conn, report)
+        if integ.provider is not None:
+            n, found = self.key_row_problems(integ.provider)
+            report.checked["securesaver_tenant_keys"] = n
+            report.problems.extend(found)
+            n, found = self.thread_key_problems(integ.provider)
+            report.checked["securesaver_thread_keys"] = n
+            report.problems.extend(found)
         return report
 
     def _verify_idempotency(self, conn: Connection, report: IntegrityReport) -> None:

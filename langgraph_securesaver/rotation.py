@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .crypto import TenantKeys, from_text, is_token, to_text, token_key_version
+from .crypto import THREAD_KEY_VERSION, TenantKeys, from_text, is_token, to_text, token_key_version
 from .errors import ConfigurationError, SecureSaverError, TamperedDataError
 from .raw_tables import (
     SEALED_COLUMNS,
@@ -134,7 +134,9 @@ class _Pass:
             self.report.already_current += 1
 
     def _stale(self, keys: TenantKeys, token: Any) -> bool:
-        return is_token(token) and token_key_version(token) != keys.current_version
+        # a token under its thread's own key is current whatever the tenant's data key
+        return is_token(token) and token_key_version(token) not in (keys.current_version,
+                                                                     THREAD_KEY_VERSION)
 
     def _reseal(self, keys: TenantKeys, token: bytes, aad: bytes) -> bytes:
         self.report.tokens += 1

@@ -73,6 +73,7 @@ from .tenancy import (
     validate_tenant,
     validate_thread_id,
 )
+from .thread_keys import ThreadKeyStore
 from .writes import WritePath
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         blind_index: store a keyed HMAC of each protected scalar metadata value so equality
             filters on protected keys keep working (reveals equality, never the value).
         activity_resolution: seconds between registry updates of a thread's last activity.
+        thread_keys: seal each thread (and each PII-vault value) under its own data key, which
+            deletion destroys (docs/erasure.md). ``False`` writes the older format: everything
+            under the tenant's data key, erasable only by shredding the tenant.
     """
 
     #: resolves the tenant of each call (the LangGraph Server saver brings its own)
@@ -121,6 +125,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         blind_index: bool = True,
         activity_resolution: float = 60.0,
         serde: SerializerProtocol | None = None,
+        thread_keys: bool = True,
     ) -> None:
         super().__init__(serde=serde or JsonPlusSerializer())
         if not isinstance(inner, BaseCheckpointSaver):
@@ -136,6 +141,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         self.registry = _registry_for(inner, registry)
         self.registry.attach_keys(keyring)  # unwraps the registry MAC key (tamper evidence)
         self.keys = KeyManager(keyring, self.registry)
+        # reads of existing thread-keyed data need the store whatever the option says
+        self.keys.threads = ThreadKeyStore(self.keys, self.registry, seal=thread_keys)
         self.default_tenant = validate_tenant(default_tenant) if default_tenant else None
         allow = frozenset(metadata_allowlist) if metadata_allowlist is not None else (
             DEFAULT_METADATA_ALLOWLIST)
@@ -143,6 +150,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         self.blind_index = blind_index
         self.redactor = _redactor_for(redaction)
         self.vault = PiiVault(self.registry)
+        self.vault.entry_keys = self.keys.threads
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise ConfigurationError("retention must be a RetentionPolicy or None")
         self.activity_resolution = activity_resolution
@@ -292,6 +300,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             return
         self._io.sync("delete_for_runs")
         self.services.storage.delete_for_runs(thread_prefix(tenant), run_ids)
+        self.services.flush_deleted()
         self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -432,6 +441,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                                     run_ids)
         else:
             await self.services.storage.adelete_for_runs(thread_prefix(tenant), run_ids)
+        await self.services.aflush_deleted()
         await asyncio.to_thread(self.registry.record_event, "runs_deleted", tenant=tenant,
                                 run_ids=run_ids)
 

@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .crypto import TEXT_PREFIX, TenantKeys, from_text, is_token, token_key_version
+from .crypto import (
+    TEXT_PREFIX,
+    THREAD_KEY_VERSION,
+    TenantKeys,
+    from_text,
+    is_token,
+    token_key_version,
+)
 from .errors import PARSE_ERRORS as _PARSE_ERRORS
 from .errors import ConfigurationError, SecureSaverError, TamperedDataError
 from .raw_tables import (
@@ -284,7 +291,8 @@ class Scanner:
         version = token_key_version(token)
         per = self.report.key_versions.setdefault(tenant, {})
         per[version] = per.get(version, 0) + 1
-        if version not in self._data_versions.get(tenant, set()):
+        if version != THREAD_KEY_VERSION and version not in self._data_versions.get(tenant,
+                                                                                      set()):
             self._violation("unknown_data_key", table, location,
                             f"names data key v{version} of tenant {self._m(tenant)}")
             return None

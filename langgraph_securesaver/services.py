@@ -63,7 +63,6 @@ class SaverServices:
         #: the saver: its read path and sealed codec sit above this layer)
         self.read_latest: Callable[[ThreadRef], CheckpointTuple | None] | None = None
         self._default_policy_saved = False
-        self._database_id: str | None = None
         self._keyring_bound = False
 
     # authenticated reads --------------------------------------------------------------------
@@ -104,21 +103,19 @@ class SaverServices:
         return cached if cached is not None else await asyncio.to_thread(
             self.keys.require, tenant)
 
+    async def awarm_thread_key(self, tenant: str, thread_id: str) -> None:
+        """Load a thread's key into the cache off the event loop (a cold thread's first read
+        reads its key row), so opening its ciphertexts on the loop never waits on the
+        registry."""
+        store = self.keys.threads
+        cached = getattr(store, "cached", None)
+        if store is not None and callable(cached) and not cached(tenant, thread_id):
+            await asyncio.to_thread(store.key, tenant, "thread", thread_id, False)
+
     def database_id(self) -> str:
         """A random id for the database behind the registry, created on first use and kept
         in ``securesaver_meta``; keyrings record the ids of the databases they serve."""
-        if self._database_id is None:
-            import secrets
-
-            import sqlalchemy as sa
-
-            from .registry import meta_table
-            with self.registry.begin() as conn:
-                self.registry._insert_ignore(conn, meta_table, [
-                    {"key": "database_id", "value": secrets.token_hex(16)}])
-                self._database_id = str(conn.execute(sa.select(meta_table.c.value).where(
-                    meta_table.c.key == "database_id")).scalar_one())
-        return self._database_id
+        return self.registry.database_id()
 
     def database_label(self) -> str:
         try:
@@ -147,6 +144,19 @@ class SaverServices:
         if len(self._touched) > 100_000:
             self._touched.clear()
         self._touched[(ref.tenant, ref.thread_id)] = time.monotonic()
+
+    def flush_deleted(self) -> None:
+        """End of a deletion batch: the storage and the registry drop what they still hold
+        of the deleted rows outside their live pages (SQLite: the WAL; see docs/erasure.md)."""
+        self.storage.flush_deleted()
+        self.registry.flush_deleted()
+
+    async def aflush_deleted(self) -> None:
+        if self.async_only:
+            await self.storage.aflush_deleted()
+        else:
+            await asyncio.to_thread(self.storage.flush_deleted)
+        await asyncio.to_thread(self.registry.flush_deleted)
 
     def forget_thread(self, tenant: str, thread_id: str) -> None:
         """Drop what this process caches about a deleted thread."""

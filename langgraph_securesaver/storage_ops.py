@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
 from .errors import DeltaChannelPruneError, TamperedDataError, parse_failure, refusing_rows
+from .storage_flush import asqlite_flush, bridged_flush, sqlite_flush
 from .storage_sql import (
     _BYTEWISE,
     PG_BATCH_COUNT,
@@ -43,6 +44,7 @@ from .storage_sql import (
     SQLITE_PRUNE_CHECKPOINTS,
     SQLITE_PRUNE_WRITES,
     SQLITE_RUN_CHECKPOINTS,
+    SQLITE_SECURE_DELETE,
     SQLITE_THREADS_IN_RANGE,
     _pg_threads_sql,
     _placeholders,
@@ -216,6 +218,12 @@ class StorageOps:
     async def athread_ids(self, prefix: str) -> list[str] | None:
         return self.thread_ids(prefix)
 
+    def flush_deleted(self) -> None:
+        """After a deletion batch: empty what keeps deleted rows (SQLite: the WAL); best effort."""
+
+    async def aflush_deleted(self) -> None:
+        self.flush_deleted()
+
     def bridge(self, coro: Any) -> Any:
         """Run an async-only saver's coroutine from a worker thread on the saver's own loop."""
         import asyncio
@@ -342,6 +350,7 @@ class SqliteOps(StorageOps):
                 conn.commit()
             cur = conn.cursor()
             try:
+                cur.execute(SQLITE_SECURE_DELETE)   # what this deletes is overwritten
                 cur.execute("BEGIN IMMEDIATE")
                 body(cur)
                 conn.commit()
@@ -350,6 +359,9 @@ class SqliteOps(StorageOps):
                 raise
             finally:
                 cur.close()
+
+    def flush_deleted(self) -> None:
+        sqlite_flush(self.inner)
 
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
         for tid in inner_ids:
@@ -476,12 +488,19 @@ class AsyncSqliteOps(_AsyncOnlyOps):
             if conn.in_transaction:
                 await conn.commit()
             try:
+                await conn.execute(SQLITE_SECURE_DELETE)
                 await conn.execute("BEGIN IMMEDIATE")
                 await body(conn)
                 await conn.commit()
             except BaseException:
                 await conn.rollback()
                 raise
+
+    async def aflush_deleted(self) -> None:
+        await asqlite_flush(self.inner)
+
+    def flush_deleted(self) -> None:
+        bridged_flush(self)
 
     async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
         for tid in inner_ids:

@@ -134,3 +134,9 @@ ON c.thread_id = h.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = h.he
 
 def _placeholders(n: int, mark: str = "?") -> str:
     return ",".join([mark] * n)
+
+
+# deletion hygiene (SQLite): deleted content is overwritten in the pages it leaves, and the
+# WAL, which still holds the pages as they were before the deletion, is emptied afterwards
+SQLITE_SECURE_DELETE = "PRAGMA secure_delete=ON"
+SQLITE_WAL_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"

@@ -23,6 +23,7 @@ from langgraph_securesaver import cli as cli_module
 from langgraph_securesaver.audit import AGE_BUCKETS, audit, events
 from langgraph_securesaver.cli import app
 from langgraph_securesaver.cli_ops import parse_when
+from langgraph_securesaver.crypto import THREAD_KEY_VERSION
 from langgraph_securesaver.demo import build_chat_graph
 
 runner = CliRunner()
@@ -86,7 +87,7 @@ def check_inventory(url: str, ring: Keyring) -> None:
     for key, n in expected.items():
         assert threads[key].checkpoints == n > 0
         assert threads[key].stored_bytes > 0
-        assert threads[key].key_versions == [1]
+        assert threads[key].key_versions == [THREAD_KEY_VERSION]   # each thread's own key
         assert threads[key].registered
     assert threads[("acme", "t-pii")].pii == inventory[("acme", "t-pii")]
     assert threads[("acme", "t-pii")].pii == {"EMAIL_ADDRESS": 1, "PHONE_NUMBER": 1}

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from langgraph_securesaver import SecureSaver, tenant_scope
 from langgraph_securesaver.audit import _audit_walk, audit, iter_audit
+from langgraph_securesaver.crypto import THREAD_KEY_VERSION
 from langgraph_securesaver.keyring import NoKeys
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
@@ -272,7 +273,7 @@ def test_odd_sealed_metadata_on_sqlite(tmp_path: Path, redactor) -> None:
                 _copies(conn, name, [value], metadata=md)
         report = _compare(saver, nows=[None])
     threads = {t["thread_id"]: t for t in report["threads"]}
-    assert threads["md-case"]["key_versions"] == [1]        # its channel values' key only
+    assert threads["md-case"]["key_versions"] == [THREAD_KEY_VERSION]  # its values' key only
     assert _unsealed(report) == {"checkpoints": 4}
 
 

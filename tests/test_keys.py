@@ -88,15 +88,20 @@ def test_master_rotation_old_data_reads_new_data_uses_new_version(tmp_path: Path
         rows = {(r.tenant, r.master_version) for t in ("acme", "globex")
                 for r in saver.registry.load_key_rows(t)}
         assert rows == {("acme", "1"), ("globex", "2")}
-        # the registry MAC key row was wrapped under "1" with acme's keys
-        assert saver.master_versions_in_use() == {"1": 3, "2": 2}
+        # the registry MAC key row was wrapped under "1" with acme's keys; each tenant's KEK
+        # (one per master version) and each thread's own key (under that KEK) under the
+        # version current when the thread was first written
+        assert saver.master_versions_in_use() == {"1": 5, "2": 4}
         # a keyring holding only the new version cannot read data keys still under v1
         only_new = Keyring({"2": ring._masters["2"]})
         with pytest.raises(TamperedDataError):
             SecureSaver(saver.inner, keyring=only_new, registry=saver.registry,
                         redaction=None).get_tuple(_cfg("t", "acme"))
-        assert saver.rewrap_keys() == 3
-        assert saver.master_versions_in_use() == {"2": 5}
+        # 3 key rows + acme/t's own key (moved to acme's new KEK; the old KEK is deleted)
+        assert saver.rewrap_keys() == 4
+        assert saver.master_versions_in_use() == {"2": 9}
+        assert [r.master_version for r in saver.registry.load_key_rows("acme")
+                if r.purpose == "kek"] == ["2"]
         ring.retire_version("1")
         after = SecureSaver(saver.inner, keyring=ring, registry=saver.registry, redaction=None)
         assert {"before rotation", "after rotation"} <= set(_texts(after, "acme", "t"))
@@ -105,7 +110,9 @@ def test_master_rotation_old_data_reads_new_data_uses_new_version(tmp_path: Path
 
 
 def test_data_key_rotation_tokens_name_the_new_key() -> None:
-    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
+    """Tenant data-key versions (the format without per-thread keys)."""
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
+                        thread_keys=False)
     _say(saver, "acme", "t", "old key")
     assert saver.rotate_data_key("acme") == 2
     _say(saver, "acme", "t", "new key")
@@ -121,8 +128,8 @@ def test_a_rotation_by_another_process_is_picked_up(tmp_path: Path) -> None:
     """Two savers on one database stand for two processes with their own key caches."""
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     ring = Keyring.generate()
-    with SecureSaver.from_url(url, keyring=ring, redaction=None) as a, \
-            SecureSaver.from_url(url, keyring=ring, redaction=None) as b:
+    with SecureSaver.from_url(url, keyring=ring, redaction=None, thread_keys=False) as a, \
+            SecureSaver.from_url(url, keyring=ring, redaction=None, thread_keys=False) as b:
         _say(a, "acme", "t", "first")
         assert "first" in _texts(b, "acme", "t")      # b caches acme's keys (v1)
         a.rotate_data_key("acme")

@@ -30,10 +30,12 @@ MAX_SAVER_CLASS_LINES = 400
 #: subpackage's modules (its ``__init__`` is placed on its own). A new module must be placed.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("primitives and storage", frozenset({
-        "errors", "textsafety", "tenancy", "keymaterial", "keyring_file", "keyring", "aws_kms", "pkcs11_pool", "pkcs11_provider", "key_urls", "crypto", "registry", "retention", "pii_vault",
-        "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql", "backends",
-        "caches", "timeargs", "integrity", "registry_schema", "registry_claims",
-        "registry_verify", "steps", "denials", "run_tenants"})),
+        "errors", "textsafety", "tenancy", "keymaterial", "keyring_file", "keyring", "aws_kms",
+        "pkcs11_pool", "pkcs11_provider", "key_urls", "crypto", "registry", "retention",
+        "pii_vault", "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql",
+        "backends", "caches", "timeargs", "integrity", "registry_schema", "registry_claims",
+        "registry_verify", "steps", "denials", "run_tenants", "storage_flush", "registry_keys",
+        "thread_keys"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "audit_report", "audit_sql",

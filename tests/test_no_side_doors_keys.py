@@ -25,13 +25,20 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.crypto import wrap_context
+from langgraph_securesaver.crypto import (
+    ENTRY,
+    KEK,
+    THREAD,
+    row_context,
+    thread_key_context,
+)
 from langgraph_securesaver.demo import build_chat_graph
 from langgraph_securesaver.errors import SecureSaverError
 from langgraph_securesaver.integrity import RESERVED_TENANT
@@ -314,14 +321,35 @@ def _database(tmp_path: Path) -> tuple[str, Path, Secrets]:
         graph.invoke({"messages": [HumanMessage("second turn")]}, _cfg())
         saver.registry.record_event("test_marker")
         found = _secrets_of(masters)
+        registry = saver.registry
+        keks: dict[tuple[str, str], bytes] = {}
         for tenant in ("acme", RESERVED_TENANT):
-            for row in saver.registry.load_key_rows(tenant):
+            for row in registry.load_key_rows(tenant):
                 raw = ring.unwrap(tenant, WrappedKey(row.master_version, row.wrapped),
-                                  wrap_context(tenant, row.purpose, row.version))
+                                  row_context(registry, tenant, row.purpose, row.version,
+                                              row.context))
                 found.add_key(f"{tenant.strip()}/{row.purpose}/v{row.version}", raw)
+                if row.purpose == KEK:
+                    keks[(tenant, row.master_version)] = raw
+        assert keks, "the tenant's key-encryption key"
+        # the per-thread and per-vault-entry data keys
+        for scope, table, column in ((THREAD, "securesaver_thread_keys", "thread_id"),
+                                     (ENTRY, "securesaver_pii_keys", "token")):
+            with sqlite3.connect(tmp_path / "db.sqlite") as conn:
+                rows = conn.execute(f"SELECT tenant, {column}, master_version, wrapped "
+                                    f"FROM {table}").fetchall()
+            assert rows, table
+            for tenant, name, version, blob in rows:
+                ctx = thread_key_context(registry.database_id(), tenant, name, scope)
+                raw = AESGCM(keks[(tenant, version)]).decrypt(blob[:12], blob[12:], ctx)
+                found.add_key(f"{tenant}/{scope}/{name}", raw)
         keys = saver.keys.require("acme")
         found.add_key("acme/pii-token-key", bytes.fromhex(keys.blind("pii-token-key")))
         del keys, raw
+    # a thread in the older format: sealed under the tenant data key v2, not its own key
+    with SecureSaver.from_url(url, keyring=ring, thread_keys=False) as saver:
+        build_chat_graph(saver).invoke({"messages": [HumanMessage("older format")]},
+                                       _cfg("t-tenant-key"))
     # the file gains a second master version (current "2") that no row uses yet
     _write_keyring_text(ring_path, json.dumps(
         {"format": FORMAT, "current": "1",
@@ -336,10 +364,10 @@ def _sql(url: str, statement: str, *params: object) -> None:
     assert changed, statement
 
 
-def _read(url: str, ring_path: Path, tenant: str = "acme") -> object:
+def _read(url: str, ring_path: Path, tenant: str = "acme", thread: str = "t1") -> object:
     ring = Keyring.from_file(ring_path)
     with SecureSaver.from_url(url, keyring=ring) as saver:
-        return saver.get_tuple(_cfg(tenant=tenant))
+        return saver.get_tuple(_cfg(thread, tenant=tenant))
 
 
 async def _aread(url: str, ring_path: Path) -> object:
@@ -374,10 +402,10 @@ _FLIP = "UPDATE securesaver_tenant_keys SET wrapped = CAST(substr(wrapped, 1, 20
 _TAMPER: dict[str, tuple[str, tuple]] = {
     "missing": ("DELETE FROM securesaver_tenant_keys WHERE tenant = ?", ("acme",)),
     "bogus index row": (
-        "INSERT INTO securesaver_tenant_keys VALUES (?, 'index', 2, '1', randomblob(60), 0)",
+        "INSERT INTO securesaver_tenant_keys VALUES (?, 'index', 2, '1', randomblob(60), 0, 2)",
         ("acme",)),
     "bogus data row": (
-        "INSERT INTO securesaver_tenant_keys VALUES (?, 'data', 3, '1', randomblob(60), 0)",
+        "INSERT INTO securesaver_tenant_keys VALUES (?, 'data', 3, '1', randomblob(60), 0, 2)",
         ("acme",)),
     "altered index row": (_FLIP + _where("index")[0], _where("index")[1]),
     "altered data row v2": (_FLIP + _where("data", 2)[0], _where("data", 2)[1]),
@@ -400,6 +428,29 @@ _TAMPER: dict[str, tuple[str, tuple]] = {
         "UPDATE securesaver_tenant_keys SET tenant = 'globex' WHERE " + _where("data", 2)[0],
         _where("data", 2)[1]),
 }
+_THREAD_FLIP = "UPDATE securesaver_thread_keys SET wrapped = CAST(substr(wrapped, 1, 20) || " \
+    "x'00' || substr(wrapped, 22) AS BLOB) WHERE tenant = 'acme' AND thread_id = 't1'"
+_PII_FLIP = "UPDATE securesaver_pii_keys SET wrapped = CAST(substr(wrapped, 1, 20) || " \
+    "x'00' || substr(wrapped, 22) AS BLOB) WHERE tenant = 'acme'"
+#: tampered or missing per-thread / per-vault-entry key rows (thread t1 of acme)
+_SCOPED_TAMPER: dict[str, tuple[str, tuple]] = {
+    "thread key altered": (_THREAD_FLIP, ()),
+    "thread key missing": (
+        "DELETE FROM securesaver_thread_keys WHERE tenant = 'acme' AND thread_id = 't1'", ()),
+    "thread key holds text, not bytes": (
+        "UPDATE securesaver_thread_keys SET wrapped = 'plain text' WHERE tenant = 'acme'", ()),
+    "thread key names an unknown master version": (
+        "UPDATE securesaver_thread_keys SET master_version = '7' WHERE tenant = 'acme'", ()),
+    "thread key names the other master version": (
+        "UPDATE securesaver_thread_keys SET master_version = '2' WHERE tenant = 'acme'", ()),
+    "thread key relabelled to another tenant": (
+        "UPDATE securesaver_thread_keys SET tenant = 'globex' WHERE thread_id = 't1'", ()),
+    "pii key altered": (_PII_FLIP, ()),
+    "pii key holds text, not bytes": (
+        "UPDATE securesaver_pii_keys SET wrapped = 'plain text' WHERE tenant = 'acme'", ()),
+    "pii key names an unknown master version": (
+        "UPDATE securesaver_pii_keys SET master_version = '7' WHERE tenant = 'acme'", ()),
+}
 _REGISTRY_TAMPER: dict[str, tuple[str, tuple]] = {
     "registry key altered": (_FLIP + "tenant = ?", (RESERVED_TENANT,)),
     "registry key unknown master version": (
@@ -415,9 +466,34 @@ def test_tampered_tenant_key_rows_leak_nothing(case: str, tmp_path: Path) -> Non
     url, ring_path, found = _database(tmp_path)
     statement, params = _TAMPER[case]
     _sql(url, statement, *params)
-    _assert_no_leak(capture(partial(_read, url, ring_path)), found, TamperedDataError)
+    # t1 is sealed under its own key; the tenant data key v2 seals the older-format thread
+    thread = "t-tenant-key" if case.startswith("data row v2") else "t1"
+    _assert_no_leak(capture(partial(_read, url, ring_path, thread=thread)), found,
+                    TamperedDataError)
     if case.startswith(("altered", "bogus", "index row")):
         _assert_no_leak(capture(partial(_rewrap, url, ring_path)), found, TamperedDataError)
+
+
+@pytest.mark.parametrize("case", list(_SCOPED_TAMPER))
+def test_tampered_thread_and_vault_entry_key_rows_leak_nothing(case: str,
+                                                               tmp_path: Path) -> None:
+    url, ring_path, found = _database(tmp_path)
+    statement, params = _SCOPED_TAMPER[case]
+    _sql(url, statement, *params)
+    _assert_no_leak(capture(partial(_read, url, ring_path)), found, TamperedDataError)
+    if not case.endswith(("missing", "another tenant")):   # the epoch's rewrap unwraps it
+        _assert_no_leak(capture(partial(_rewrap, url, ring_path)), found, TamperedDataError)
+
+
+def test_async_reads_of_tampered_thread_keys_leak_nothing(tmp_path: Path) -> None:
+    import asyncio
+    url, ring_path, found = _database(tmp_path)
+    _sql(url, _THREAD_FLIP)
+
+    def run() -> object:
+        return asyncio.run(_aread(url, ring_path))
+
+    _assert_no_leak(capture(run), found, TamperedDataError)
 
 
 def test_async_reads_of_tampered_key_rows_leak_nothing(tmp_path: Path) -> None:
@@ -459,8 +535,12 @@ def test_every_case_holds_keys_the_search_knows(tmp_path: Path) -> None:
     """The database cases search for real keys: a local holding one is found."""
     _, _, found = _database(tmp_path)
     assert {"acme/data/v1", "acme/data/v2", "acme/index/v1", "securesaver-registry/registry/v1",
-            "acme/pii-token-key", "master1", "master2", "kek1/acme"} <= set(found.keys)
-    for name in ("acme/index/v1", "securesaver-registry/registry/v1"):
+            "acme/pii-token-key", "master1", "master2", "kek1/acme",
+            f"acme/{THREAD}/t1"} <= set(found.keys)
+    entry_keys = [n for n in found.keys if n.startswith(f"acme/{ENTRY}/")]
+    assert entry_keys, "no vault-entry key in the search"
+    for name in ("acme/index/v1", "securesaver-registry/registry/v1", f"acme/{THREAD}/t1",
+                 entry_keys[0]):
         os.environ["SECRECY_PLANT"] = found.keys[name].hex()
         try:
             exc = capture(partial(_planted_local, "raw"))

@@ -33,7 +33,7 @@ from langgraph_securesaver.idempotency.recovery import (
     release_recoverable,
 )
 from langgraph_securesaver.integrity import row_tag
-from langgraph_securesaver.registry import normalize_url
+from langgraph_securesaver.registry import SCHEMA_VERSION, normalize_url
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
 
@@ -568,7 +568,7 @@ def test_a_v1_database_is_adopted_once_then_new_unmaced_rows_are_reported(db: Db
         assert IdempotencyStore.for_saver(saver).execute(scope, Calls()).replayed
     code, data, output = db.verify()
     assert code == 0, output
-    assert db.sql("SELECT value FROM securesaver_meta WHERE key = 'schema_version'") == [("2",)]
+    assert db.sql("SELECT value FROM securesaver_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
     with db.saver():
         pass  # a second start adopts nothing more
     _insert_event(db)  # written after the migration without the key: reported, never adopted

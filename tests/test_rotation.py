@@ -48,8 +48,11 @@ def _threads(n: int) -> list[tuple[str, str]]:
 
 def build(url: str, *, threads: int = 6, turns: int = 2, redactor=None,
           ring: Keyring | None = None) -> Keyring:
+    """Data in the format written before per-thread keys (everything under the tenant's data
+    key): what data-key rotation and re-encryption move (to the thread keys, by default)."""
     ring = ring or Keyring.generate()
-    with SecureSaver.from_url(url, keyring=ring, redaction=redactor) as saver:
+    with SecureSaver.from_url(url, keyring=ring, redaction=redactor,
+                              thread_keys=False) as saver:
         graph = build_chat_graph(saver)
         for tenant, thread in _threads(threads):
             for turn in range(turns):
@@ -68,6 +71,12 @@ def read_all(url: str, ring: Keyring, threads: int) -> dict[str, list[str]]:
             for tup in saver.list(_cfg(thread, tenant)):   # every checkpoint, not just the head
                 assert tup.checkpoint["channel_values"] is not None
         return out
+
+
+#: the key-version field of a ciphertext re-encryption moved onto its thread's (or vault
+#: entry's) own key: after a data-key rotation, re-encryption leaves no data under any
+#: tenant data key
+MOVED = 0
 
 
 # --- independent readers of the raw tables: which data-key version does each ciphertext name?
@@ -177,7 +186,7 @@ def test_reencrypt_moves_every_ciphertext_to_the_new_data_key(db, redactor) -> N
         if "blobs" in counts:
             assert report.rewritten["checkpoint_blobs"] == counts["blobs"]
         after_versions = versions()
-        assert set(after_versions) == {2}, after_versions
+        assert set(after_versions) == {MOVED}, after_versions
         after = {t: saver.get_tuple(_cfg(th, t)).checkpoint["channel_values"]["messages"]
                  for t, th in _threads(6)}
         assert after == before
@@ -272,7 +281,7 @@ def test_reencryption_online_while_a_graph_keeps_writing(tmp_path: Path) -> None
             worker.join()
         assert len(pauses) == PAUSES      # so at least 12 writes during the re-encryption
         assert report.ok and sum(report.rewritten.values()) > 0
-    assert set(sqlite_versions(tmp_path / "agent.db")) == {2}
+    assert set(sqlite_versions(tmp_path / "agent.db")) == {MOVED}
     state = read_all(url, ring, 10)
     for tenant, thread, text in written:
         assert text in state[f"{tenant}/{thread}"]
@@ -296,7 +305,7 @@ def test_interrupted_job_is_resumed_not_restarted(tmp_path: Path) -> None:
         third = rotate_keys(saver, reencrypt=True)          # a finished job is not resumed
         assert not third.resumed and third.master_version == "3"
         assert sorted(third.rotated_tenants) == ["acme", "globex"]
-    assert set(sqlite_versions(tmp_path / "agent.db")) == {3}
+    assert set(sqlite_versions(tmp_path / "agent.db")) == {MOVED}
     assert Keyring.from_file(ring_path).versions() == ["1", "2", "3"]
 
 
@@ -339,9 +348,9 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
     cmd = [*CLI, "rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
            "--format", "json"]
     _kill_midway([*cmd, "--batch-size", "10", "--max-rate", "600"],
-                 lambda: versions()[2] / total)
+                 lambda: versions()[MOVED] / total)
     mid = versions()
-    assert mid[1] and mid[2], mid                     # killed half-way: both keys in use
+    assert mid[1] and mid[MOVED], mid                 # killed half-way: both keys in use
     assert Keyring.from_file(ring_path).versions() == ["1", "2"]
     again = subprocess.run([*cmd, "--retire-old"], capture_output=True, text=True, cwd=ROOT,
                            timeout=120)
@@ -349,10 +358,12 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
     report = json.loads(again.stdout)
     assert report["resumed"] and report["master_version"] == "2"
     assert report["rotated_tenants"] == []            # not rotated a second time
-    assert report["retired"] == ["1"] and report["master_versions_in_use"] == {"2": 7}
+    # 7 tenant key rows, each tenant's KEK (2), and every thread's and vault entry's own key
+    assert report["retired"] == ["1"] and set(report["master_versions_in_use"]) == {"2"}
+    assert report["master_versions_in_use"]["2"] == 9 + threads
     assert report["reencrypt"]["already_current"] >= 1   # the killed run's work was kept
     after = versions()
-    assert set(after) == {2} and sum(after.values()) == total
+    assert set(after) == {MOVED} and sum(after.values()) == total
     only_new = Keyring.from_file(ring_path)               # the old master is gone
     assert only_new.versions() == ["2"]
     assert read_all(url, only_new, threads) == before
@@ -360,8 +371,9 @@ def check_kill_and_resume(url: str, ring_path: Path, versions, threads: int) -> 
                                "--format", "json"])
     assert scan.exit_code == 0, scan.output
     data = json.loads(scan.stdout)
-    assert data["master_versions_in_use"] == {"2": 6}  # scan counts tenant key rows only
-    assert {v for per in data["data_key_versions"].values() for v in per} == {"2"}
+    # scan counts tenant key rows only (data, index and KEK rows)
+    assert data["master_versions_in_use"] == {"2": 8}
+    assert {v for per in data["data_key_versions"].values() for v in per} == {str(MOVED)}
 
 
 def test_sigkill_midway_then_resume_sqlite(tmp_path: Path) -> None:
@@ -395,7 +407,7 @@ def test_a_forged_row_is_reported_once_and_left_alone(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert len(report["reencrypt"]["errors"]) == 1 and report["reencrypt"]["passes"] == 2
     assert ["do not authenticate" in p for p in report["problems"]] == [True]
-    assert sqlite_versions(db) == Counter({2: sum(sqlite_versions(db).values()) - 1, 1: 1})
+    assert sqlite_versions(db) == Counter({MOVED: sum(sqlite_versions(db).values()) - 1, 1: 1})
 
 
 # --- application processes keep writing through a rotation (issue 11, finding 8) -----------
@@ -432,11 +444,11 @@ def check_rotation_under_running_writers(url: str, tmp_path: Path, versions,
             assert all(w.poll() is None for w in writers), "a writer died"
             time.sleep(0.05)
         before_rotation = _ok_turns(list(logs.values()))
-        total = sum(versions().values())
+        old = versions()[1]   # the writers add data under their threads' own keys meanwhile
         cmd = [*CLI, "rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
                "--format", "json"]
         _kill_midway([*cmd, "--batch-size", "10", "--max-rate", "400"],
-                     lambda: versions()[2] / max(total, 1))
+                     lambda: 1 - versions()[1] / max(old, 1))
         again = subprocess.run([*cmd, "--retire-old"], capture_output=True, text=True,
                                cwd=ROOT, timeout=180)
         report = json.loads(again.stdout)

@@ -24,7 +24,7 @@ from langgraph_securesaver import (
     SecureSaver,
     tenant_scope,
 )
-from langgraph_securesaver.crypto import KeyManager, TenantKeys, wrap_context
+from langgraph_securesaver.crypto import KeyManager, TenantKeys, row_context
 from langgraph_securesaver.demo import build_chat_graph
 from langgraph_securesaver.keyring import NoKeys, WrappedKey
 from langgraph_securesaver.retention import RetentionPolicy
@@ -146,6 +146,7 @@ OPERATOR_ONLY: list[tuple[str, tuple, dict]] = [
     ("rotate_keys", (), {}),
     ("rewrap_keys", (), {}),
     ("master_versions_in_use", (), {}),
+    ("erasure_epoch", (), {}),
     ("set_default_retention", (None,), {}),
 ]
 
@@ -494,7 +495,8 @@ def test_no_key_material_in_repr_str_logs_or_tracebacks(url: str,
         rows = saver.registry.load_key_rows("acme")
         secrets_ = [m.reveal() for m in ring._masters.values()] + [keys.index_key.reveal()]
         secrets_ += [ring.unwrap("acme", WrappedKey(r.master_version, r.wrapped),
-                                 wrap_context("acme", r.purpose, r.version)) for r in rows]
+                                 row_context(saver.registry, "acme", r.purpose, r.version,
+                                             r.context)) for r in rows]
         forms = [f for raw in secrets_ for f in _key_forms(raw)]
         holders: list[Any] = [ring, saver, saver.keys, keys, *rows,
                               WrappedKey(rows[0].master_version, rows[0].wrapped), NoKeys(),

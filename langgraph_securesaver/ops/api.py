@@ -236,6 +236,16 @@ class SaverOperations:
         """Async twin of :meth:`rotate_data_key`, run in a worker thread."""
         return await asyncio.to_thread(self.rotate_data_key, tenant)
 
+    def erasure_epoch(self) -> dict[str, Any]:
+        """How many erasures still open from remnants and backups (made under a master version
+        the keyring holds) until the next ``rotate_keys(retire_old=True)``."""
+        self.services.gate.admin_tenant("erasure_epoch", operator_only=True)
+        return keys.erasure_epoch(self.services)
+
+    async def aerasure_epoch(self) -> dict[str, Any]:
+        """Async twin of :meth:`erasure_epoch`, run in a worker thread."""
+        return await asyncio.to_thread(self.erasure_epoch)
+
     def master_versions_in_use(self) -> dict[str, int]:
         """How many key rows each master version still wraps (retire a version at zero).
         Operator only."""

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
+from ..crypto import KEK
 from ..errors import ConfigurationError
+from ..registry_keys import erasure_epoch_of
 from ..services import SaverServices
 from ..tenancy import validate_tenant
+from ..thread_keys import ThreadKeyStore
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 
@@ -45,12 +49,21 @@ def rewrap_keys(services: SaverServices, *,
     tenants = registry.tenants_with_keys()
     done = 0
     for i, tenant in enumerate(tenants):
-        stale = [r for r in registry.load_key_rows(tenant) if r.master_version != current]
+        # KEKs are replaced, never rewrapped (the erasure epoch): see thread_keys
+        stale = [r for r in registry.load_key_rows(tenant)
+                 if r.master_version != current and r.purpose != KEK]
         if stale:
             registry.replace_key_rows(services.keys.rewrap(tenant, stale))
             done += len(stale)
         if progress:
             progress(i + 1, len(tenants))
+    threads = services.keys.threads
+    if isinstance(threads, ThreadKeyStore):   # the erasure epoch: live thread keys only
+        done += threads.rewrap(current)
+        dropped = threads.drop_stale_keks(current)
+        if dropped:
+            logger.info("deleted %d key-encryption keys of older master versions", dropped)
+        threads.forget()
     services.keys.forget()
     if done:
         registry.record_event("keys_rewrapped", master_version=current, rows=done,
@@ -72,4 +85,12 @@ def master_versions_in_use(services: SaverServices) -> dict[str, int]:
     for tenant in services.registry.tenants_with_keys():
         for row in services.registry.load_key_rows(tenant):
             counts[row.master_version] = counts.get(row.master_version, 0) + 1
+    threads = services.keys.threads
+    if isinstance(threads, ThreadKeyStore):
+        for version, n in threads.versions_in_use().items():
+            counts[version] = counts.get(version, 0) + n
     return counts
+
+
+def erasure_epoch(services: SaverServices) -> dict[str, Any]:
+    return erasure_epoch_of(services.registry, services.keyring)

@@ -42,6 +42,8 @@ def forget_pii(services: SaverServices, tenant: str, value: str | None = None, *
         for known in ([kind] if kind else vault.kinds(tenant)):
             tokens.append(make_token(token_key, known, value))
     erased = vault.forget_tokens(tenant, tokens)
+    services.flush_deleted()
     services.registry.record_event("pii_forgotten", tenant=tenant, actor=requested_by,
-                                   entity=kind, by_value=value is not None, erased=erased)
+                                   entity=kind, by_value=value is not None, erased=erased,
+                                   erased_under=str(services.keyring.current_version))
     return erased

@@ -9,11 +9,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..crypto import KEK
 from ..errors import ConfigurationError
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_tenant
 from .keys import require_sole_database
-from .threads import idempotency_store, inner_thread_ids, purge_thread_storage
+from .threads import (
+    idempotency_store,
+    inner_thread_ids,
+    purge_thread_storage,
+    thread_key_store,
+)
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 
@@ -41,9 +47,13 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     ring.persist()                         # 1. a fresh master version for everyone else
     for other in others:                   # 2. move the others' key rows onto it
         stale = [r for r in registry.load_key_rows(other)
-                 if r.master_version != ring.current_version]
+                 if r.master_version != ring.current_version and r.purpose != KEK]
         if stale:
             registry.replace_key_rows(services.keys.rewrap(other, stale))
+    keys = thread_key_store(services)
+    if keys is not None:                   # their thread keys onto new KEKs (KEKs are replaced)
+        keys.rewrap(ring.current_version, except_tenant=tenant)
+        keys.drop_stale_keks(ring.current_version, except_tenant=tenant)
     ring.destroy_tenant(tenant, others)    # 3. older versions survive only for the others
     ring.persist()
     services.keys.forget()
@@ -59,7 +69,10 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     if store is not None:
         store.delete_tenant(tenant)
     registry.forget_tenant(tenant)
+    if keys is not None:
+        keys.delete_tenant(tenant)
     services.forget_policy(tenant)
+    services.flush_deleted()
     registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,
                           threads=len(thread_ids), master_version=ring.current_version)
     logger.warning("tenant %r crypto-shredded (%d threads)", tenant, len(thread_ids))

@@ -18,6 +18,7 @@ from ..listing import ARows, decoding, listing
 from ..services import SaverServices
 from ..storage_ops import checkpoint_epoch
 from ..tenancy import ThreadRef, current_tenant_scope, outer_thread_id, thread_prefix
+from ..thread_keys import ThreadKeyStore
 
 
 def delete_threads(services: SaverServices, tenant: str, thread_ids: Sequence[str],
@@ -27,11 +28,13 @@ def delete_threads(services: SaverServices, tenant: str, thread_ids: Sequence[st
     actor = current_tenant_scope() or tenant
     for thread_id in thread_ids:
         ref = ThreadRef(tenant, thread_id)
-        counts = purge_thread_storage(services, ref)
+        counts: dict[str, Any] = dict(purge_thread_storage(services, ref))
+        counts["erased_under"] = erased_under(services)
         services.registry.finish_deleted(tenant, thread_id, {
             "tenant": tenant, "thread_id": thread_id, "action": "deleted", "reason": how,
             "requested_by": actor, "detail": counts})
         services.forget_thread(tenant, thread_id)
+    services.flush_deleted()
 
 
 def keep_latest(services: SaverServices, tenant: str, thread_ids: Sequence[str]) -> None:
@@ -68,7 +71,22 @@ def thread_purgers(services: SaverServices
     store = idempotency_store(services)
     if store is not None:
         purgers.append(("idempotency_records", store.delete_thread))
+    keys = thread_key_store(services)
+    if keys is not None:   # last: the key goes with the data (crypto-erasure)
+        purgers.append(("thread_keys", keys.delete_thread))
     return purgers
+
+
+def erased_under(services: SaverServices) -> str:
+    """The master version current at an erasure: copies of the destroyed keys (remnants,
+    backups) stop opening once it is retired (the erasure epoch, docs/erasure.md)."""
+    return str(services.keyring.current_version)
+
+
+def thread_key_store(services: SaverServices) -> ThreadKeyStore | None:
+    """The saver's per-thread data keys (None for a key manager without them)."""
+    store = services.keys.threads
+    return store if isinstance(store, ThreadKeyStore) else None
 
 
 def idempotency_store(services: SaverServices) -> Any:
