@@ -122,6 +122,12 @@ def escape_controls(text: str) -> str:
     return text
 
 
+def escape_invisibles(text: str) -> str:
+    """``text`` with every refused invisible character shown as ``\\uNNNN`` (for output that
+    has its own escaping of controls, e.g. HTML)."""
+    return _INVISIBLE.sub(_escaped, text) if invisible_at(text) is not None else text
+
+
 def _json_escaped(match: re.Match[str]) -> str:
     code = ord(match.group())
     if code < 0x10000:

@@ -270,6 +270,8 @@ def test_audit_prints_stored_escapes_escaped(tmp_path: Path) -> None:
     code, out, err = _run("audit", "--url", url, "--format", "html", "--out",
                           str(tmp_path / "r.html"))
     assert not _raw_controls(out + err)
+    page = (tmp_path / "r.html").read_text()
+    assert "pwned" in page and not INVISIBLE.findall(page)   # no id looks like another there
 
 
 def test_scan_rotation_and_errors_print_stored_escapes_escaped(tmp_path: Path) -> None:

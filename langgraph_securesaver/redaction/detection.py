@@ -16,6 +16,7 @@ from typing import Any
 
 from presidio_analyzer import AnalyzerEngine, RecognizerResult
 
+from ..keymaterial import SecretBytes
 from .decoding import DECODABLE, decoded_view
 from .engine import (
     LANGUAGE,
@@ -207,7 +208,7 @@ class Detection:
 
     @staticmethod
     def _apply(text: str, entities: Sequence[Entity], policy: RedactionPolicy,
-               key: bytes) -> tuple[str, list[VaultEntry]]:
+               key: SecretBytes) -> tuple[str, list[VaultEntry]]:
         parts: list[str] = []
         vault: dict[str, VaultEntry] = {}
         pos = 0
