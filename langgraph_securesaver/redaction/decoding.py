@@ -157,8 +157,8 @@ def decoded_view(text: str) -> tuple[str, list[int], list[int]] | None:
     ``text[starts[i]:ends[i]]``. None when nothing in ``text`` decodes.
 
     Decoding is applied again to its own output while that still holds something to decode,
-    at most :data:`MAX_PASSES` times in all; each pass maps onto the previous one, and the
-    maps are composed so the result maps onto ``text``."""
+    at most :data:`MAX_PASSES` times in all; each pass maps onto the text it decoded, and
+    the maps are composed so the result maps onto ``text``."""
     view = _decode_once(text)
     if view is None:
         return None
