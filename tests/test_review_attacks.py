@@ -186,6 +186,29 @@ def test_nested_and_other_encodings_of_an_address_are_tokenized_like_the_plain_o
     assert entity.text == text[entity.start:entity.end]
 
 
+def test_repeated_decoding_stops_at_the_time_budget_and_withholds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pass of the decoding view costs time on a long hostile string: past the
+    string's time budget no further pass is made, and the string is withheld, never stored
+    as written."""
+    from langgraph_securesaver.redaction import decoding
+    redactor = Redactor()
+    now = [0.0]
+    redactor._clock = lambda: now[0]
+    passes: list[str] = []
+    one_pass = decoding._decode_once
+
+    def slow_pass(text: str) -> Any:
+        passes.append(text)
+        now[0] += 3600.0          # each pass "takes" an hour
+        return one_pass(text)
+
+    monkeypatch.setattr(decoding, "_decode_once", slow_pass)
+    result = redactor.redact("mail alice%252540example.com", token_key=KEY)
+    assert "alice" not in result.text and result.text == "<WITHHELD:masked>"
+    assert len(passes) == 1
+
+
 def test_a_doubly_encoded_card_and_phone_in_a_query_string(redactor: Redactor) -> None:
     out = redactor.redact("GET /r?next=%2Fpay%3Fcard%3D4111%25201111%25201111%25201111"
                           "%26to%3D%252B44%25207700%2520900657", token_key=KEY).text

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html.entities
 import re
+from collections.abc import Callable
 
 import regex
 
@@ -152,19 +153,21 @@ def _decode_once(text: str) -> tuple[str, list[int], list[int]] | None:
     return "".join(out), starts, ends
 
 
-def decoded_view(text: str) -> tuple[str, list[int], list[int]] | None:
+def decoded_view(text: str, expired: Callable[[], bool] | None = None
+                 ) -> tuple[str, list[int], list[int]] | None:
     """(decoded text, starts, ends): decoded character ``i`` came from
     ``text[starts[i]:ends[i]]``. None when nothing in ``text`` decodes.
 
     Decoding is applied again to its own output while that still holds something to decode,
     at most :data:`MAX_PASSES` times in all; each pass maps onto the text it decoded, and
-    the maps are composed so the result maps onto ``text``."""
+    the maps are composed so the result maps onto ``text``. ``expired`` (the caller's time
+    budget) stops the repetition early: the caller then withholds the text anyway."""
     view = _decode_once(text)
     if view is None:
         return None
     decoded, starts, ends = view
     for _ in range(MAX_PASSES - 1):
-        if DECODABLE.search(decoded) is None:
+        if (expired is not None and expired()) or DECODABLE.search(decoded) is None:
             break
         again = _decode_once(decoded)
         if again is None:

@@ -162,7 +162,8 @@ class Detection:
                  found: dict[tuple[str, int, int], float]) -> None:
         """Analyze the percent- and HTML-reference-decoded view too; a detection there is
         reported on the span of the original characters it was decoded from."""
-        view = decoded_view(text)
+        clock = self._clock
+        view = decoded_view(text, lambda: clock() > deadline)
         if view is None:
             return
         decoded, starts, ends = view
