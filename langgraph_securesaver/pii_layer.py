@@ -19,6 +19,7 @@ from typing import Any
 from langgraph.checkpoint.base import CheckpointTuple
 
 from .crypto import TenantKeys
+from .keymaterial import SecretBytes
 from .pii_vault import PiiVault
 from .storage_ops import DELTA_METADATA_KEYS
 
@@ -37,8 +38,10 @@ class PiiLayer:
         self.vault = vault
 
     @staticmethod
-    def token_key(keys: TenantKeys) -> bytes:
-        return bytes.fromhex(keys.blind("pii-token-key"))
+    def token_key(keys: TenantKeys) -> SecretBytes:
+        """The tenant's PII token key, wrapped: the redactor reveals it only inside the HMAC
+        call, so no frame of a failing redaction holds it raw."""
+        return SecretBytes(bytes.fromhex(keys.blind("pii-token-key")))
 
     def redact_one(self, keys: TenantKeys, channel: str, value: Any,
                     entries: builtins.list[Any]) -> Any:

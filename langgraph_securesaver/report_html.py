@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .audit import AGE_BUCKETS, UNKNOWN_AGE, AuditReport, ThreadAudit, iso
+from .textsafety import escape_invisibles
 
 PALETTE = ("#2563eb", "#f97316", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#ca8a04",
            "#db2777", "#4b5563", "#65a30d")
@@ -65,7 +66,8 @@ def human_bytes(n: float) -> str:
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """HTML text of a value; invisible characters shown escaped (two ids never look alike)."""
+    return html.escape(escape_invisibles("" if value is None else str(value)), quote=True)
 
 
 def _nice_max(value: float) -> float:

@@ -10,8 +10,9 @@ Storage is namespaced: tenant ``acme``'s thread ``t1`` is stored under
 can use the same thread id without colliding, and a thread id cannot forge another tag.
 
 Ids are printed to operators, so none may hold a control character (C0/C1, DEL,
-bidirectional controls, line separators: :mod:`.textsafety`); letters of every script,
-punctuation, spaces inside and emoji are fine.
+bidirectional controls, line separators) or an invisible one (Default_Ignorable_Code_Point
+outside the script and emoji sequences that show it): :mod:`.textsafety`. Letters of every
+script, punctuation, spaces inside and emoji are fine.
 """
 
 from __future__ import annotations

@@ -42,9 +42,10 @@ from langgraph_securesaver.crypto import (
 from langgraph_securesaver.demo import build_chat_graph
 from langgraph_securesaver.errors import SecureSaverError
 from langgraph_securesaver.integrity import RESERVED_TENANT
+from langgraph_securesaver.keymaterial import SecretBytes
 from langgraph_securesaver.keyring import WrappedKey
 
-from .secrecy_helpers import REPORTERS, Secrets, capture, forms, leaks
+from .secrecy_helpers import REPORTERS, Secrets, capture, chain, forms, leaks
 
 ENV = "SECURESAVER_MASTER_KEY"
 FORMAT = "securesaver-keyring/1"
@@ -549,3 +550,186 @@ def test_every_case_holds_keys_the_search_knows(tmp_path: Path) -> None:
         assert leaks(exc, found, ["traceback-capture_locals"])
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# the PII token key on the redaction path: every way a write or a read can fail inside
+# redaction, tokenization or restoring, with the tenant's token key loaded from the database
+# --------------------------------------------------------------------------------------------
+def _deep(depth: int) -> object:
+    value: object = "ann@example.com"
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def _cyclic() -> object:
+    loop: list[object] = ["ann@example.com"]
+    loop.append(loop)
+    return loop
+
+
+def _put_value(saver: SecureSaver, value: object) -> object:
+    from langgraph.checkpoint.base import empty_checkpoint
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"v": value}
+    checkpoint["channel_versions"] = {"v": 1}
+    return saver.put(_cfg(), checkpoint, {"source": "input", "step": 1}, {"v": 1})
+
+
+def _failing_redaction(url: str, ring_path: Path, case: str) -> object:
+    """One operation on tenant acme that fails inside the PII layer (see _REDACTION_CASES)."""
+    from langgraph_securesaver.redaction import RedactionPolicy, Redactor
+    # small limits keep the failing stack short (a reporter formats every frame's locals)
+    options = {"redaction": Redactor(RedactionPolicy(max_chars=1000, hard_max_chars=1000,
+                                                      max_depth=6))} \
+        if case in ("too long", "nested too deep") else {}
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path), **options) as saver:
+        if case in ("nested too deep", "cyclic"):
+            return _put_value(saver, _deep(10) if case == "nested too deep" else _cyclic())
+        if case == "too long":
+            return _put_value(saver, "ann@example.com " * 100)
+        if case == "a message write":   # as a graph's put does (a graph's own frames are
+            return _put_value(saver, [HumanMessage(   # many: they make the reports slow)
+                "mail bob@example.org or 4111 1111 1111 1111")])
+        if case == "a store put":
+            from langgraph_securesaver import tenant_scope
+            from langgraph_securesaver.store import SecureStore
+            with SecureStore.from_url(url, keyring=Keyring.from_file(ring_path)) as store, \
+                    tenant_scope("acme"):
+                return store.put(("notes",), "n1", {"text": "mail bob@example.org"})
+        if case == "forget_pii by value":
+            return saver.forget_pii("acme", "bob@example.org")
+        if case == "a read":
+            return saver.get_tuple(_cfg())
+        raise AssertionError(case)
+
+
+async def _afailing_redaction(url: str, ring_path: Path) -> object:
+    from langgraph.checkpoint.base import empty_checkpoint
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"v": [HumanMessage("mail bob@example.org")]}
+    checkpoint["channel_versions"] = {"v": 1}
+    async with SecureSaver.afrom_url(url, keyring=Keyring.from_file(ring_path)) as saver:
+        return await saver.aput(_cfg(), checkpoint, {"source": "input", "step": 1}, {"v": 1})
+
+
+def _boom(*_args: object, **_kwargs: object) -> object:
+    raise RuntimeError("an unexpected failure inside the redaction path")
+
+
+#: case -> what fails: a limit of the redactor (RedactionError), or a function of the path
+#: replaced by one that raises (an unexpected bug there, in tokenizing, detecting, restoring)
+_REDACTION_CASES: dict[str, str | None] = {
+    "nested too deep": None,
+    "cyclic": None,
+    "too long": None,
+    "a message write": "langgraph_securesaver.redaction.tokens.normalize_value",
+    "a store put": "langgraph_securesaver.redaction.tokens.normalize_value",
+    "forget_pii by value": "langgraph_securesaver.redaction.tokens.normalize_value",
+    "a read": "langgraph_securesaver.redaction.readback.ReadBack.remember",
+}
+
+
+@pytest.mark.parametrize("case", list(_REDACTION_CASES))
+def test_failures_inside_redaction_leak_no_token_key(case: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    url, ring_path, found = _database(tmp_path)
+    if case == "a message write":   # the detection half too: the analyzer itself fails
+        exc = _patched_failure(monkeypatch, "langgraph_securesaver.redaction.detection."
+                               "Detection._analyze", url, ring_path, case)
+        _assert_token_key_safe(exc, found)
+    target = _REDACTION_CASES[case]
+    if target is None:
+        exc = capture(partial(_failing_redaction, url, ring_path, case))
+        assert type(exc).__name__ == "RedactionError", repr(exc)
+    else:
+        exc = _patched_failure(monkeypatch, target, url, ring_path, case)
+    _assert_token_key_safe(exc, found)
+
+
+def _patched_failure(monkeypatch: pytest.MonkeyPatch, target: str, url: str, ring_path: Path,
+                     case: str) -> BaseException:
+    with monkeypatch.context() as patch:
+        patch.setattr(target, _boom)
+        exc = capture(partial(_failing_redaction, url, ring_path, case))
+    assert "an unexpected failure inside the redaction path" in str(exc), repr(exc)
+    return exc
+
+
+def _assert_token_key_safe(exc: BaseException, found: Secrets) -> None:
+    """No key in any report, and the token key's frames were really on the failing path
+    (the search looked where the key would be)."""
+    hits = leaks(exc, found)
+    assert not hits, hits
+    names = set()
+    for e in chain(exc):
+        tb = e.__traceback__
+        while tb is not None:
+            names.add(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+    assert names & {"redact_value", "remember_read", "forget_pii", "make_token",
+                    "_analyze", "walk"}, names
+
+
+def test_an_async_failure_inside_redaction_leaks_no_token_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    url, ring_path, found = _database(tmp_path)
+
+    def run() -> object:
+        return asyncio.run(_afailing_redaction(url, ring_path))
+
+    monkeypatch.setattr("langgraph_securesaver.redaction.tokens.normalize_value", _boom)
+    _assert_token_key_safe(capture(run), found)
+
+
+def test_the_redactor_api_with_a_wrapped_key_keeps_it_out_of_its_frames(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Redactor.redact_value``/``redact``/``make_token`` given a ``SecretBytes`` key: no
+    frame below the caller's holds the raw key, whatever fails."""
+    key = secrets.token_bytes(32)
+    found = Secrets()
+    found.add_key("token key", key)
+    monkeypatch.setenv("SECRECY_TOKEN_KEY", key.hex())
+    del key
+    for call in (_redact_cyclic, _redact_deep):
+        exc = capture(call)
+        assert type(exc).__name__ == "RedactionError" and not leaks(exc, found)
+    monkeypatch.setattr("langgraph_securesaver.redaction.tokens.normalize_value", _boom)
+    for call in (_redact_text, _make_token):
+        exc = capture(call)
+        assert isinstance(exc, RuntimeError) and not leaks(exc, found)
+    # the same failure with the key passed as bytes: the search finds it (the test attacks
+    # itself: the frames it searched are the ones that would hold the key)
+    assert leaks(capture(_make_token_raw), found, ["traceback-capture_locals"])
+
+
+def _env_key() -> SecretBytes:
+    return SecretBytes(bytes.fromhex(os.environ["SECRECY_TOKEN_KEY"]))
+
+
+def _redact_cyclic() -> object:
+    from langgraph_securesaver.redaction import Redactor
+    return Redactor().redact_value(_cyclic(), channel="x", token_key=_env_key())
+
+
+def _redact_deep() -> object:
+    from langgraph_securesaver.redaction import RedactionPolicy, Redactor
+    return Redactor(RedactionPolicy(max_depth=6)).redact_value(_deep(10), channel="x",
+                                                               token_key=_env_key())
+
+
+def _redact_text() -> object:
+    from langgraph_securesaver.redaction import Redactor
+    return Redactor().redact("ann@example.com", token_key=_env_key())
+
+
+def _make_token() -> object:
+    from langgraph_securesaver.redaction import make_token
+    return make_token(_env_key(), "EMAIL_ADDRESS", "ann@example.com")
+
+
+def _make_token_raw() -> object:
+    from langgraph_securesaver.redaction import make_token
+    return make_token(bytes.fromhex(os.environ["SECRECY_TOKEN_KEY"]), "EMAIL_ADDRESS", "x")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import regex
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from typer.testing import CliRunner
@@ -30,11 +31,15 @@ from langgraph_securesaver.demo import build_chat_graph
 
 #: clear the screen, set the window title, print a fake all-clear in green, reverse the rest
 EVIL = ("\x1b[2J\x1b[H\x1b]0;pwned\x07\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\"
-        "\x1b[32mno problems\x1b[0m\u202egnp.exe\x9b31m\x9d2;title\x9c\x85\u2028\x7f\x08\r")
-EVIL_TENANT = "acme\x1b[8m\u2066"
+        "\x1b[32mno problems\x1b[0m\u202egnp.exe\x9b31m\x9d2;title\x9c\x85\u2028\x7f\x08\r"
+        "in\u2060vis\U000e0041ible\u3164")
+EVIL_TENANT = "acme\x1b[8m\u2066\u200b"
 #: what must never reach a terminal raw (the test's own list, not the library's)
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
                      "\u2028\u2029]")
+#: invisible characters, from the Unicode property (no output here holds emoji or scripts
+#: that need a joiner, so any of them in an output is one that came from a forged row)
+INVISIBLE = regex.compile(r"\p{Default_Ignorable_Code_Point}")
 
 #: one of each kind the API refuses
 REFUSED = ["\x00", "\x01", "\x07", "\x08", "\t", "\n", "\r", "\x1b", "\x1f", "\x7f", "\x80",
@@ -44,7 +49,11 @@ REFUSED = ["\x00", "\x01", "\x07", "\x08", "\t", "\n", "\r", "\x1b", "\x1f", "\x
 #: ids of every script, with punctuation, inner spaces, emoji and joiners: all accepted
 ACCEPTED = ["用户-42", "Zoë's thread #1", "a b c", "ticket:123/αβγ", "שלום עולם", "مرحبا",
             "👩\u200d💻 dev", "naïve—dash…", "日本語のスレッド", "(parens) [brackets] {braces}",
-            "ZWNJ\u200cmi", "tab-less \\x1b literally", "Ελληνικά", "한국어 스레드", "emoji 🎉🇫🇷"]
+            "tab-less \\x1b literally", "Ελληνικά", "한국어 스레드", "emoji 🎉🇫🇷",
+            # joiners and variation selectors where they change what is shown: a Persian
+            # word with ZWNJ, a Devanagari conjunct with ZWJ, emoji presentation, a keycap
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", "\u0915\u094d\u200d\u0937",
+            "\u2764\ufe0f love", "\U0001f44d\U0001f3fd\u200d\U0001f4bb", "1\ufe0f\u20e3"]
 
 
 def _cfg(thread: str, tenant: str = "acme", ns: str = "") -> dict:
@@ -52,8 +61,9 @@ def _cfg(thread: str, tenant: str = "acme", ns: str = "") -> dict:
 
 
 def _raw_controls(text: str) -> set[str]:
-    """Control characters present raw in printed output (line ends are the output's own)."""
-    return {c for c in CONTROL.findall(text) if c != "\n"}
+    """Control and invisible characters present raw in printed output (line ends are the
+    output's own)."""
+    return {c for c in CONTROL.findall(text) if c != "\n"} | set(INVISIBLE.findall(text))
 
 
 def _cli() -> object:
@@ -116,6 +126,67 @@ def test_a_cross_tenant_read_with_escapes_is_refused_and_recorded_without_them(
     with tenant_scope("acme"):                    # the owner's own call: refused as malformed
         with pytest.raises(ConfigurationError, match="U\\+001B"):
             saver.get_tuple(_cfg(EVIL))
+
+
+#: every Default_Ignorable_Code_Point, from the Unicode property (the test's own derivation)
+IGNORABLE = [chr(c) for c in range(0x110000) if INVISIBLE.match(chr(c))]
+#: joiners and selectors where they show nothing: between Latin letters, CJK, at an end, a
+#: selector after a letter or a digit that is no keycap
+INVISIBLE_OUT_OF_CONTEXT = ["ZWNJ\u200cmi", "ac\u200dme", "\u4e2d\u200d\u6587", "\U0001f469\u200d",
+                            "\u200d\U0001f4bb", "a\ufe0f", "1\ufe0f", "\u0645\u200c",
+                            "\u200c\u062e", "\U0001f469\u200d\u200d\U0001f4bb"]
+
+
+def test_every_invisible_character_is_refused_in_ids() -> None:
+    """``acme`` and ``ac<invisible>me`` would be two tenants that print alike: each of the
+    property's 4,000-odd characters is refused between letters, in every kind of id, and the
+    error names the code point without printing the character."""
+    from langgraph_securesaver.tenancy import (
+        validate_actor,
+        validate_namespace,
+        validate_tenant,
+        validate_thread_id,
+    )
+    assert len(IGNORABLE) > 4000 and {"\u115f", "\u3164", "\u2060", "\ufeff", "\U000e0041"} <= \
+        set(IGNORABLE)
+    for char in IGNORABLE:
+        for check in (validate_tenant, validate_thread_id, validate_namespace, validate_actor):
+            with pytest.raises(ConfigurationError, match=f"U\\+{ord(char):04X} at position 2"
+                               ) as caught:
+                check(f"ac{char}me")
+            assert char not in str(caught.value)
+    for text in INVISIBLE_OUT_OF_CONTEXT:
+        with pytest.raises(ConfigurationError, match="invisible"):
+            validate_tenant(text)
+
+
+@pytest.mark.parametrize("char", ["\u2060", "\u200b", "\ufeff", "\u3164", "\U000e0041"])
+def test_ids_with_an_invisible_character_are_refused_by_the_saver(
+        char: str, saver: SecureSaver) -> None:
+    graph = build_chat_graph(saver)
+    graph.invoke({"messages": [HumanMessage("hi")]}, _cfg("t1"))
+    for cfg in (_cfg(f"t{char}1"), _cfg("t1", f"ac{char}me"), _cfg("t1", ns=f"n{char}")):
+        with pytest.raises(ConfigurationError, match="invisible"):
+            saver.get_tuple(cfg)
+        with pytest.raises(ConfigurationError):
+            saver.put(cfg, empty_checkpoint(), {"source": "input", "step": -1}, {})
+    with pytest.raises(ConfigurationError):
+        graph.invoke({"messages": [HumanMessage("hi")]}, _cfg(f"t{char}1"))
+    assert saver.registry.tenants() == ["acme"]
+
+
+def test_invisible_characters_are_shown_escaped() -> None:
+    from langgraph_securesaver.cli_common import shown
+    from langgraph_securesaver.textsafety import escape_controls, json_safe
+    for char in [*IGNORABLE[::7], "\u2060", "\U000e0041"]:
+        printed = shown(f"ac{char}me")
+        assert char not in printed and printed != "acme", hex(ord(char))
+        assert json.loads(json_safe(json.dumps(f"ac{char}me", ensure_ascii=False))) == \
+            f"ac{char}me"
+        assert char not in json_safe(json.dumps(f"ac{char}me", ensure_ascii=False))
+    assert escape_controls("ac\U000e0041me") == "ac\\U000e0041me"
+    for name in ACCEPTED:   # shown where a script or emoji sequence needs them
+        assert escape_controls(name) == name
 
 
 @pytest.mark.parametrize("name", ACCEPTED)
@@ -199,6 +270,8 @@ def test_audit_prints_stored_escapes_escaped(tmp_path: Path) -> None:
     code, out, err = _run("audit", "--url", url, "--format", "html", "--out",
                           str(tmp_path / "r.html"))
     assert not _raw_controls(out + err)
+    page = (tmp_path / "r.html").read_text()
+    assert "pwned" in page and not INVISIBLE.findall(page)   # no id looks like another there
 
 
 def test_scan_rotation_and_errors_print_stored_escapes_escaped(tmp_path: Path) -> None:

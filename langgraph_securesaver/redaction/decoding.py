@@ -2,15 +2,21 @@
 from every decoded character back to the span of original characters it came from; and the
 Unicode ``Default_Ignorable_Code_Point`` property (invisible characters an analysis view drops).
 
-``ann%40example.com`` and ``ann&#64;example.com`` are the address ``ann@example.com`` to every
-reader that decodes them (a browser, a mail client, the next tool), so they are analyzed
-decoded, and what is found there is replaced in the original text. Pure functions.
+``ann%40example.com``, ``ann&#64;example.com`` and ``ann\\u0040example.com`` are the address
+``ann@example.com`` to every reader that decodes them (a browser, a mail client, a JSON or
+JavaScript parser, the next tool), so they are analyzed decoded, and what is found there is
+replaced in the original text. Encodings nest (``ann%2540example.com`` is a URL encoded twice,
+``ann%26%2364;example.com`` an entity percent-encoded): decoding is repeated on its own output
+up to :data:`MAX_PASSES` times, the offset maps composed, so the map still points at the
+original characters. Base64, quoted-printable and other transfer encodings are not decoded
+(data URLs are, elsewhere). Pure functions.
 """
 
 from __future__ import annotations
 
 import html.entities
 import re
+from collections.abc import Callable
 
 import regex
 
@@ -29,7 +35,11 @@ def drop_default_ignorables(text: str) -> str:
 
 DECODABLE = re.compile(
     r"(?:%[0-9A-Fa-f]{2})+"
-    r"|&#[0-9]{1,7};?|&#[xX][0-9A-Fa-f]{1,6};?|&[A-Za-z][A-Za-z0-9]{1,31};")
+    r"|&#[0-9]{1,7};?|&#[xX][0-9A-Fa-f]{1,6};?|&[A-Za-z][A-Za-z0-9]{1,31};"
+    r"|(?:\\u[0-9A-Fa-f]{4})+|\\x[0-9A-Fa-f]{2}")
+#: how many times decoding is applied to its own output (an encoding nested that deep is
+#: still seen through; one nested deeper is analyzed as its outer layers decode it)
+MAX_PASSES = 4
 _HTML5 = html.entities.html5
 
 
@@ -84,9 +94,32 @@ def _copy(text: str, lo: int, hi: int, base: int, out: list[str], starts: list[i
     ends.extend(range(base + lo + 1, base + hi + 1))
 
 
-def decoded_view(text: str) -> tuple[str, list[int], list[int]] | None:
-    """(decoded text, starts, ends): decoded character ``i`` came from
-    ``text[starts[i]:ends[i]]``. None when nothing in ``text`` decodes."""
+def _decode_escapes(run: str, start: int, out: list[str], starts: list[int],
+                    ends: list[int]) -> None:
+    """A run of ``\\uXXXX`` escapes (JSON, JavaScript, Java, Python): a surrogate pair is one
+    character; a lone surrogate stays as written."""
+    units = [int(run[i + 2:i + 6], 16) for i in range(0, len(run), 6)]
+    i = 0
+    while i < len(units):
+        unit, pos = units[i], start + 6 * i
+        if 0xD800 <= unit <= 0xDBFF and i + 1 < len(units) and 0xDC00 <= units[i + 1] <= 0xDFFF:
+            out.append(chr(0x10000 + ((unit - 0xD800) << 10) + units[i + 1] - 0xDC00))
+            starts.append(pos)
+            ends.append(pos + 12)
+            i += 2
+            continue
+        ch = _char(unit)
+        if ch is None:
+            _copy(run, 6 * i, 6 * i + 6, start, out, starts, ends)
+        else:
+            out.append(ch)
+            starts.append(pos)
+            ends.append(pos + 6)
+        i += 1
+
+
+def _decode_once(text: str) -> tuple[str, list[int], list[int]] | None:
+    """One pass of :func:`decoded_view` (no repetition)."""
     out: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
@@ -101,7 +134,11 @@ def decoded_view(text: str) -> tuple[str, list[int], list[int]] | None:
             _decode_percent(ref, s, out, starts, ends)
             changed = True
             continue
-        decoded = _decode_reference(ref)
+        if ref[:2] == "\\u":
+            _decode_escapes(ref, s, out, starts, ends)
+            changed = True
+            continue
+        decoded = _char(int(ref[2:], 16)) if ref[:2] == "\\x" else _decode_reference(ref)
         if decoded is None:
             _copy(text, s, e, 0, out, starts, ends)
             continue
@@ -114,6 +151,31 @@ def decoded_view(text: str) -> tuple[str, list[int], list[int]] | None:
         return None
     _copy(text, pos, len(text), 0, out, starts, ends)
     return "".join(out), starts, ends
+
+
+def decoded_view(text: str, expired: Callable[[], bool] | None = None
+                 ) -> tuple[str, list[int], list[int]] | None:
+    """(decoded text, starts, ends): decoded character ``i`` came from
+    ``text[starts[i]:ends[i]]``. None when nothing in ``text`` decodes.
+
+    Decoding is applied again to its own output while that still holds something to decode,
+    at most :data:`MAX_PASSES` times in all; each pass maps onto the text it decoded, and
+    the maps are composed so the result maps onto ``text``. ``expired`` (the caller's time
+    budget) stops the repetition early: the caller then withholds the text anyway."""
+    view = _decode_once(text)
+    if view is None:
+        return None
+    decoded, starts, ends = view
+    for _ in range(MAX_PASSES - 1):
+        if (expired is not None and expired()) or DECODABLE.search(decoded) is None:
+            break
+        again = _decode_once(decoded)
+        if again is None:
+            break
+        decoded, inner_starts, inner_ends = again
+        starts, ends = ([starts[i] for i in inner_starts],
+                        [ends[i - 1] for i in inner_ends])
+    return decoded, starts, ends
 
 
 def decode_text(text: str) -> str:

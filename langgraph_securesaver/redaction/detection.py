@@ -16,6 +16,7 @@ from typing import Any
 
 from presidio_analyzer import AnalyzerEngine, RecognizerResult
 
+from ..keymaterial import SecretBytes
 from .decoding import DECODABLE, decoded_view
 from .engine import (
     LANGUAGE,
@@ -161,7 +162,8 @@ class Detection:
                  found: dict[tuple[str, int, int], float]) -> None:
         """Analyze the percent- and HTML-reference-decoded view too; a detection there is
         reported on the span of the original characters it was decoded from."""
-        view = decoded_view(text)
+        clock = self._clock
+        view = decoded_view(text, lambda: clock() > deadline)
         if view is None:
             return
         decoded, starts, ends = view
@@ -207,7 +209,7 @@ class Detection:
 
     @staticmethod
     def _apply(text: str, entities: Sequence[Entity], policy: RedactionPolicy,
-               key: bytes) -> tuple[str, list[VaultEntry]]:
+               key: SecretBytes) -> tuple[str, list[VaultEntry]]:
         parts: list[str] = []
         vault: dict[str, VaultEntry] = {}
         pos = 0

@@ -21,6 +21,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from ..keymaterial import SecretBytes
 from .caches import Cached
 from .number_recognizers import luhn_ok
 from .policy import Action, RedactionPolicy
@@ -106,7 +107,7 @@ class NumberRedaction:
 
     @staticmethod
     def _apply(text: str, entities: Any, policy: RedactionPolicy,
-               key: bytes) -> tuple[str, list[VaultEntry]]:
+               key: SecretBytes) -> tuple[str, list[VaultEntry]]:
         raise NotImplementedError
 
     def _named_entity(self, digits: str, name: str | None, call: Any) -> Entity | None:

@@ -19,6 +19,7 @@ from typing import Any
 from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
+from ..keymaterial import SecretBytes
 from .budget import Spend
 from .caches import Cache, Cached, IdentityCache, vault_size
 from .engine import (
@@ -45,12 +46,7 @@ from .tokens import (  # noqa: F401 - public names re-exported (defined here bef
     normalize_value,
     tokens_in_dump,
 )
-from .types import (
-    Entity,
-    RedactionResult,
-    RedactionStats,
-    VaultEntry,
-)
+from .types import Entity, RedactionResult, RedactionStats, VaultEntry
 from .view import (  # noqa: F401 - public names re-exported (defined here before)
     BATCH_SEP,
     CHUNK_OVERLAP,
@@ -78,7 +74,8 @@ class _Call:
     __slots__ = ("analyzed", "chars", "ctx", "found", "free", "hits", "key", "policy", "scopes",
                  "seen", "spend", "unbilled")
 
-    def __init__(self, ctx: bytes, key: bytes, policy: RedactionPolicy, spend: Spend) -> None:
+    def __init__(self, ctx: bytes, key: SecretBytes, policy: RedactionPolicy,
+                 spend: Spend) -> None:
         self.spend = spend  # the budget of the write this call belongs to
         self.ctx = ctx
         self.key = key
@@ -165,7 +162,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
         # message objects handed out by reads: their content was paid for when stored
         self._readback = ReadBack(cache_size > 0)
         self._stats = RedactionStats()
-        self._process_key = secrets.token_bytes(32)
+        self._process_key = SecretBytes(secrets.token_bytes(32))
         self._known_labels: frozenset[str] | None = None
         # the clock the time budget is measured with (tests replace it)
         self._clock: Callable[[], float] = time.monotonic
@@ -217,13 +214,13 @@ class Redactor(BudgetedDetection, NumberRedaction):
         self._readback.clear()
 
     # -- public API --------------------------------------------------------------------------
-    def redact(self, text: str, *, token_key: bytes | None = None,
+    def redact(self, text: str, *, token_key: bytes | SecretBytes | None = None,
                channel: str | None = None) -> RedactionResult:
         """Redact one string as plain text (no JSON parsing); for trying a policy out.
 
         Without ``token_key`` tokens use a random key made once per ``Redactor``: they are
-        stable within the process and meaningless outside it.
-        """
+        stable within the process and meaningless outside it. A ``SecretBytes`` key is never
+        held raw in a frame of the redactor (docs/keys.md)."""
         if not isinstance(text, str):
             raise TypeError(f"redact() takes a str, not {type(text).__name__}")
         policy = self.policy.for_channel(channel)
@@ -237,7 +234,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
         return RedactionResult(entry.text, list(entry.entities), list(entry.vault))
 
     def redact_value(self, value: Any, *, channel: str | None,
-                     token_key: bytes) -> tuple[Any, list[VaultEntry]]:
+                     token_key: bytes | SecretBytes) -> tuple[Any, list[VaultEntry]]:
         """A redacted copy of ``value`` (LangGraph state) and the vault entries of its tokens.
 
         ``value`` itself is never mutated; unchanged sub-objects are shared with it, and a
@@ -258,7 +255,8 @@ class Redactor(BudgetedDetection, NumberRedaction):
             self._flush(call)
         return result, list(call.scopes[0].values())
 
-    def remember_read(self, value: Any, *, channel: str | None, token_key: bytes) -> None:
+    def remember_read(self, value: Any, *, channel: str | None,
+                      token_key: bytes | SecretBytes) -> None:
         """``value`` was just read back for the tenant of ``token_key``: analysis of its
         messages' strings, stored and paid for before, is not charged to a later write."""
         policy = self.policy.for_channel(channel)
@@ -420,17 +418,18 @@ class Redactor(BudgetedDetection, NumberRedaction):
         return found_per
 
     # -- internals ---------------------------------------------------------------------------
-    def _check_key(self, token_key: bytes | None, required: bool = False) -> bytes:
+    def _check_key(self, token_key: bytes | SecretBytes | None,
+                   required: bool = False) -> SecretBytes:
         if token_key is None:
             if required:
                 raise ConfigurationError("redact_value needs a token_key (bytes)")
             return self._process_key
-        if not isinstance(token_key, (bytes, bytearray)) or len(token_key) < 16:
+        if not isinstance(token_key, (bytes, bytearray, SecretBytes)) or len(token_key) < 16:
             raise ConfigurationError("token_key must be at least 16 bytes")
-        return bytes(token_key)
+        return token_key if isinstance(token_key, SecretBytes) else SecretBytes(token_key)
 
-    def _new_call(self, policy: RedactionPolicy, key: bytes) -> _Call:
-        ctx = hashlib.blake2b(key, digest_size=16, person=b"ss-redact-ctx").digest()
+    def _new_call(self, policy: RedactionPolicy, key: SecretBytes) -> _Call:
+        ctx = hashlib.blake2b(key.reveal(), digest_size=16, person=b"ss-redact-ctx").digest()
         ctx += policy.fingerprint.encode("ascii")
         return _Call(ctx, key, policy, self.new_spend())
 

@@ -6,7 +6,6 @@ Pure functions of their inputs; no state.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
 import marshal
@@ -14,6 +13,7 @@ import re
 import unicodedata
 from typing import Any
 
+from ..keymaterial import SecretBytes
 from .decoding import decode_text, drop_default_ignorables
 
 # --------------------------------------------------------------------------------------------
@@ -57,12 +57,16 @@ def normalize_value(kind: str, value: str) -> str:
     return v
 
 
-def make_token(token_key: bytes, kind: str, value: str) -> str:
-    """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value)."""
+def make_token(token_key: SecretBytes | bytes, kind: str, value: str) -> str:
+    """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value).
+
+    A :class:`SecretBytes` key is revealed only as the argument of the HMAC call: no frame of
+    the redaction path holds the raw key (a ``bytes`` key is the caller's own frame's)."""
     label = kind_label(kind)
     msg = (_TOKEN_DOMAIN + label.encode("ascii") + b"\x00"
            + normalize_value(kind, value).encode("utf-8", "surrogatepass"))
-    digest = hmac.new(token_key, msg, hashlib.sha256).hexdigest()[:TOKEN_HEX_CHARS]
+    digest = hmac.digest(token_key.reveal() if isinstance(token_key, SecretBytes) else token_key,
+                         msg, "sha256").hex()[:TOKEN_HEX_CHARS]
     return f"<{label}:{digest}>"
 
 
