@@ -94,8 +94,9 @@ def test_shredding_leaves_a_backup_unreadable_for_that_tenant(
                 "KeyState"] == "PendingDeletion"
         return
     if not isinstance(provider, Keyring):
-        # the kept tenants' data keys are unchanged, only rewrapped: a backup is restored
-        # with the live registry's key rows (the shredded tenant's rows stay the backup's)
+        # the kept tenants' data and thread keys are unchanged, only rewrapped (under new
+        # KEKs): a backup is restored with the live registry's key rows (the shredded
+        # tenant's rows stay the backup's)
         _restore_key_rows(live, backup, keep="acme")
     with _open(backup, provider) as old:
         assert {r.master_version for r in old.registry.load_key_rows("acme")} == acme_masters
@@ -105,11 +106,14 @@ def test_shredding_leaves_a_backup_unreadable_for_that_tenant(
 
 
 def _restore_key_rows(live: Path, backup: Path, *, keep: str) -> None:
-    """Put the live database's key rows into the backup, except ``keep``'s."""
+    """Put the live database's key rows (tenant keys with their KEKs, thread and vault-entry
+    keys) into the backup, except ``keep``'s."""
     with sqlite3.connect(live) as src, sqlite3.connect(backup) as dst:
-        columns = [c[1] for c in src.execute("PRAGMA table_info(securesaver_tenant_keys)")]
-        rows = src.execute(f"SELECT {', '.join(columns)} FROM securesaver_tenant_keys "
-                           "WHERE tenant != ?", (keep,)).fetchall()
-        dst.execute("DELETE FROM securesaver_tenant_keys WHERE tenant != ?", (keep,))
-        dst.executemany(f"INSERT INTO securesaver_tenant_keys ({', '.join(columns)}) VALUES "
-                        f"({', '.join('?' for _ in columns)})", rows)
+        for table in ("securesaver_tenant_keys", "securesaver_thread_keys",
+                      "securesaver_pii_keys"):
+            columns = [c[1] for c in src.execute(f"PRAGMA table_info({table})")]
+            rows = src.execute(f"SELECT {', '.join(columns)} FROM {table} "
+                               "WHERE tenant != ?", (keep,)).fetchall()
+            dst.execute(f"DELETE FROM {table} WHERE tenant != ?", (keep,))
+            dst.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+                            f"({', '.join('?' for _ in columns)})", rows)

@@ -29,7 +29,7 @@ def main(db_url: str, provider_url: str) -> None:
         for turn in range(100):
             for tenant in tenants:
                 graph.invoke({"messages": [HumanMessage(f"turn {turn}")]},
-                             {"configurable": {"thread_id": "t", "tenant_id": tenant}})
+                             {"configurable": {"thread_id": f"t{turn % 10}", "tenant_id": tenant}})
         rows = sum(len(saver.registry.load_key_rows(t)) for t in tenants)
     print(json.dumps({"rows": rows, "calls": dict(provider.calls)}))
 
