@@ -96,7 +96,8 @@ def test_clean_sqlite_database_passes_and_verifies(sqlite_db) -> None:
     assert report["ok"] and report["violations"] == []
     assert report["tokens"] > 20 and report["verified"] == report["tokens"]
     assert report["rows"]["checkpoints"] > 0 and report["rows"]["writes"] > 0
-    assert report["rows"]["securesaver_tenant_keys"] == 5  # + the registry MAC key row
+    # 2 tenants x (data, index, the KEK of their threads) + the registry MAC key row
+    assert report["rows"]["securesaver_tenant_keys"] == 7
     assert report["data_key_versions"].keys() == {"acme", "globex"}
     assert "clean" in output
 
