@@ -232,7 +232,8 @@ def _forged_database(tmp_path: Path) -> tuple[str, Path]:
         inner.put({"configurable": {"thread_id": EVIL, "checkpoint_ns": ""}},
                   empty_checkpoint(), {"source": "input", "step": -1}, {})
     with sqlite3.connect(tmp_path / "forged.sqlite") as conn:   # and a forged key row
-        conn.execute("INSERT INTO securesaver_tenant_keys VALUES ('acme', 'index', 9, ?, "
+        conn.execute("INSERT INTO securesaver_tenant_keys (tenant, purpose, version, "
+                     "master_version, wrapped, created_at) VALUES ('acme', 'index', 9, ?, "
                      "x'00', 0)", (EVIL[:30],))
     return url, ring_path
 
