@@ -19,28 +19,13 @@ from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavaila
 from langgraph_securesaver.keymaterial import SecretBytes
 from langgraph_securesaver.keyring import WrappedKey
 
+from .provider_helpers import cfg as _cfg
+from .provider_helpers import open_saver as _saver
+from .provider_helpers import say as _say
+from .provider_helpers import texts as _texts
 from .secrecy_helpers import Secrets, capture, leaks
 
 KEY = bytes(range(32))
-
-
-def _cfg(thread: str, tenant: str) -> dict:
-    return {"configurable": {"thread_id": thread, "tenant_id": tenant}}
-
-
-def _say(saver: SecureSaver, tenant: str, thread: str, text: str) -> None:
-    build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _cfg(thread, tenant))
-
-
-def _texts(saver: SecureSaver, tenant: str, thread: str) -> list[str]:
-    tup = saver.get_tuple(_cfg(thread, tenant))
-    assert tup is not None
-    return [m.content for m in tup.checkpoint["channel_values"]["messages"]]
-
-
-def _saver(tmp_path: Path, keyring: Any) -> SecureSaver:
-    return SecureSaver.from_url(f"sqlite:///{tmp_path / 'agent.db'}", keyring=keyring,
-                                redaction=None)
 
 
 def _key_state(key_id: str) -> str:

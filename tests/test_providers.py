@@ -10,24 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.demo import build_chat_graph
 
-
-def _cfg(thread: str, tenant: str) -> dict:
-    return {"configurable": {"thread_id": thread, "tenant_id": tenant}}
-
-
-def _say(saver: SecureSaver, tenant: str, thread: str, text: str) -> None:
-    build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _cfg(thread, tenant))
-
-
-def _texts(saver: SecureSaver, tenant: str, thread: str) -> list[str]:
-    tup = saver.get_tuple(_cfg(thread, tenant))
-    assert tup is not None
-    return [str(m.content) for m in tup.checkpoint["channel_values"]["messages"]]
+from .provider_helpers import cfg as _cfg
+from .provider_helpers import say as _say
+from .provider_helpers import texts as _texts
 
 
 def _open(db: Path, provider: Any) -> SecureSaver:
