@@ -106,8 +106,7 @@ class ThreadKeyStore:
                 if not create:
                     self._drop([k])
                     return None
-                self._create(scope, tenant, name)
-                row = self._load(scope, tenant, name)   # another process may have won the race
+                row = self._create(scope, tenant, name)
                 if row is None:   # deleted between the insert and the read
                     return None
             kek = self.kek(tenant, row[0], create=False)
@@ -137,7 +136,9 @@ class ThreadKeyStore:
                 table.c.tenant == tenant, col == name)).first()
         return None if row is None else (str(row[0]), bytes(row[1]))
 
-    def _create(self, scope: str, tenant: str, name: str) -> None:
+    def _create(self, scope: str, tenant: str, name: str) -> tuple[str, bytes] | None:
+        """Insert a new key row unless one exists, and read back the row that stands (another
+        process may have won the race), in one transaction."""
         table, col = TABLES[scope]
         version = self.keys.provider.current_version
         kek = self.kek(tenant, version, create=True)
@@ -149,6 +150,9 @@ class ThreadKeyStore:
             self.registry._insert_ignore(conn, table, [{
                 "tenant": tenant, col.name: name, "master_version": version,
                 "wrapped": blob, "created_at": time.time()}])
+            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
+                table.c.tenant == tenant, col == name)).first()
+        return None if row is None else (str(row[0]), bytes(row[1]))
 
     # the tenant's key-encryption keys -----------------------------------------------------------
     def kek(self, tenant: str, master_version: str, *, create: bool) -> AESGCM | None:
