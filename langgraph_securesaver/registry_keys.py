@@ -175,6 +175,14 @@ class RegistryKeys:
                                  f"or its master version is gone): {type(exc).__name__}"))
         return len(rows), problems
 
+    def kek_row(self, tenant: str, master_version: str) -> KeyRow | None:
+        """The tenant's KEK row under ``master_version`` (the lowest number if a race between
+        processes made two): thread and vault-entry key rows name their KEK this way."""
+        from .crypto import KEK
+        rows = [r for r in self.load_key_rows(tenant)
+                if r.purpose == KEK and r.master_version == master_version]
+        return min(rows, key=lambda r: r.version) if rows else None
+
     def thread_key_problems(self, provider: KeyProvider
                             ) -> tuple[int, list[tuple[str, str, str]]]:
         """(rows checked, problems): every thread key must unwrap here under its tenant's KEK,
@@ -192,12 +200,10 @@ class RegistryKeys:
 
         def kek_of(tenant: str, version: str) -> AESGCM:
             if (tenant, version) not in keks:
-                found = sorted((r for r in self.load_key_rows(tenant)
-                                if r.purpose == KEK and r.master_version == version),
-                               key=lambda r: r.version)
-                keks[(tenant, version)] = None if not found else AESGCM(provider.unwrap(
-                    tenant, WrappedKey(found[0].master_version, found[0].wrapped),
-                    row_context(self, tenant, KEK, found[0].version, found[0].context)))
+                row = self.kek_row(tenant, version)
+                keks[(tenant, version)] = None if row is None else AESGCM(provider.unwrap(
+                    tenant, WrappedKey(row.master_version, row.wrapped),
+                    row_context(self, tenant, KEK, row.version, row.context)))
             kek = keks[(tenant, version)]
             if kek is None:
                 raise TamperedDataError("no key-encryption key for this thread key")

@@ -166,7 +166,7 @@ class ThreadKeyStore:
             hit = self._keks.get(k)
             if hit is not None and time.monotonic() - hit[0] < self.ttl:
                 return hit[1]
-            row = self._kek_row(tenant, master_version)
+            row = self.registry.kek_row(tenant, master_version)
             if row is None:
                 if not create:
                     self._keks.pop(k, None)
@@ -177,7 +177,7 @@ class ThreadKeyStore:
                     tenant, KEK, number, self.registry.database_id()))
                 self.registry.insert_key_rows([KeyRow(
                     tenant, KEK, number, wrapped.master_version, wrapped.blob, time.time())])
-                row = self._kek_row(tenant, master_version)  # another process may have won
+                row = self.registry.kek_row(tenant, master_version)  # another process may have won
                 if row is None:
                     raise TamperedDataError(
                         f"tenant {tenant!r}: the key provider wrapped a new key-encryption key "
@@ -189,12 +189,6 @@ class ThreadKeyStore:
                 row_context(self.registry, tenant, KEK, row.version, row.context)))
             self._keks[k] = (time.monotonic(), aes)
             return aes
-
-    def _kek_row(self, tenant: str, master_version: str) -> KeyRow | None:
-        """The KEK row under ``master_version`` (the lowest number if a race made two)."""
-        rows = [r for r in self.registry.load_key_rows(tenant)
-                if r.purpose == KEK and r.master_version == master_version]
-        return min(rows, key=lambda r: r.version) if rows else None
 
     def drop_stale_keks(self, current: str, except_tenant: str | None = None) -> int:
         """Delete KEK rows not under ``current`` that wrap no live key any more (after
