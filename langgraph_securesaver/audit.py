@@ -211,9 +211,10 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
         report = _audit_walk(saver, all_tenants, tenant, now, progress)
 
         def finish_walk() -> AuditSummary:
-            return AuditSummary(report.generated_at, report.backend, tenant, report.tenants,
-                                report.orphans, report.age_bytes, report.problems,
-                                len(report.threads), len(report.overdue), len(report.orphans))
+            return _with_store(saver, all_tenants, tenant, now, AuditSummary(
+                report.generated_at, report.backend, tenant, report.tenants,
+                report.orphans, report.age_bytes, report.problems,
+                len(report.threads), len(report.overdue), len(report.orphans)))
         return iter(report.threads), finish_walk
     backend = "postgres" if registry.dialect == "postgresql" else "sqlite"
     totals = _Totals(saver, all_tenants, tenant, now)
@@ -230,10 +231,21 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
                 pass
         tenants, problems = totals.finish()
         problems += _unsealed_problems(totals.unsealed)
-        return AuditSummary(now, backend, tenant, tenants, totals.orphans,
-                            totals.age_bytes, problems, totals.threads, totals.overdue,
-                            totals.orphan_count)
+        return _with_store(saver, all_tenants, tenant, now, AuditSummary(
+            now, backend, tenant, tenants, totals.orphans, totals.age_bytes, problems,
+            totals.threads, totals.overdue, totals.orphan_count))
     return stream, finish
+
+
+def _with_store(saver: _Source, all_tenants: list[str], tenant: str | None, now: float,
+                summary: AuditSummary) -> AuditSummary:
+    """The summary plus the SecureStore items of the database (:mod:`.store_audit`)."""
+    from .store_audit import audit_store
+    store = audit_store(saver.registry.engine, all_tenants, tenant, now)
+    if store is not None:
+        summary.store = store.as_dict()
+        summary.problems = [*summary.problems, *store.problems]
+    return summary
 
 
 def _unsealed_problems(unsealed: dict[str, int]) -> list[str]:
@@ -252,7 +264,8 @@ def audit(saver: _Source, *, tenant: str | None = None, now: float | None = None
     threads = list(stream)
     summary = finish()
     return AuditReport(summary.generated_at, summary.backend, tenant, summary.tenants,
-                       threads, summary.orphans, summary.age_bytes, summary.problems)
+                       threads, summary.orphans, summary.age_bytes, summary.problems,
+                       store=summary.store)
 
 
 def audit_stream(saver: _Source, out: TextIO, *, tenant: str | None = None,
@@ -279,7 +292,8 @@ def audit_stream(saver: _Source, out: TextIO, *, tenant: str | None = None,
         "orphan_count": summary.orphan_count, "stored_bytes_by_age": summary.age_bytes,
         "age_buckets": [label for label, _ in AGE_BUCKETS] + [UNKNOWN_AGE],
         "generated_at": iso(summary.generated_at), "backend": summary.backend,
-        "tenant": tenant, "problems": summary.problems, "ok": summary.ok}
+        "tenant": tenant, "problems": summary.problems, "ok": summary.ok,
+        **({"store": summary.store} if summary.store is not None else {})}
     out.write("\n],\n")
     out.write(",\n".join(f"{json.dumps(k)}: {json_safe(json.dumps(v, default=str))}"
                          for k, v in tail.items()))

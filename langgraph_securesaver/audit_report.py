@@ -239,6 +239,7 @@ class AuditReport:
     orphans: list[dict[str, Any]]               # stored threads whose tag names no tenant
     age_bytes: dict[str, dict[str, int]]        # tenant -> age bucket -> stored bytes
     problems: list[str] = field(default_factory=list)
+    store: dict[str, Any] | None = None         # SecureStore items (store_audit), if any
 
     @property
     def ok(self) -> bool:
@@ -257,6 +258,7 @@ class AuditReport:
             "orphans": self.orphans,
             "stored_bytes_by_age": self.age_bytes,
             "age_buckets": [label for label, _ in AGE_BUCKETS] + [UNKNOWN_AGE],
+            **({"store": self.store} if self.store is not None else {}),
         }
 
 
@@ -274,6 +276,7 @@ class AuditSummary:
     threads: int
     overdue: int
     orphan_count: int = 0
+    store: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -367,10 +367,27 @@ def _print_audit(report: Any) -> None:
     for orphan in report.orphans:
         console.print(f"[red]stored thread of no known tenant[/]: {shown(orphan['thread_id'])}"
                       f" ({orphan['checkpoints']} checkpoints)")
+    if report.store is not None:
+        _print_store_audit(report.store)
     for problem in report.problems:
         console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
         console.print("[green]no problems[/]")
+
+
+def _print_store_audit(store: dict[str, Any]) -> None:
+    """The SecureStore items of the audit (store_audit.StoreAudit.as_dict())."""
+    from rich.table import Table
+
+    from .report_html import human_bytes
+    table = Table("tenant", "items", "namespaces", "stored", "last updated", "TTL / expired",
+                  "PII kinds (vault)", title="Store items (SecureStore)")
+    for t in store["tenants"]:
+        table.add_row(shown(t["tenant"]), str(t["items"]), str(t["namespaces"]),
+                      human_bytes(t["stored_bytes"]), _dt(t["last_updated"]),
+                      f"{t['with_ttl']} / " + (f"[red]{t['expired']}[/]" if t["expired"]
+                                               else "0"), _kinds(t["pii"]))
+    console.print(table)
 
 
 # --------------------------------------------------------------------------------------------

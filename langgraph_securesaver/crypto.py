@@ -63,14 +63,14 @@ _AAD_PREFIX = b"securesaver/aad/v1"
 _LEN = struct.Struct(">I")
 
 
+_AAD_HEAD = b"securesaver/aad/v1"
+_LENGTH = struct.Struct(">I").pack
+
+
 def associated_data(*parts: str) -> bytes:
     """Length-prefixed encoding, so ("a:b", "c") and ("a", "b:c") never collide."""
-    out = bytearray(b"securesaver/aad/v1")
-    for part in parts:
-        raw = part.encode("utf-8", "surrogatepass")
-        out += struct.pack(">I", len(raw))
-        out += raw
-    return bytes(out)
+    raws = [part.encode("utf-8", "surrogatepass") for part in parts]
+    return _AAD_HEAD + b"".join([_LENGTH(len(raw)) + raw for raw in raws])
 
 
 def aad_scope(aad: bytes) -> tuple[str, str, str] | None:

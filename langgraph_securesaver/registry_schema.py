@@ -292,6 +292,19 @@ def create_registry_engine(url: str) -> Engine:
     raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
 
 
+def scrub_wal(engine: Engine) -> None:
+    """After an erasure on SQLite: checkpoint the write-ahead log and truncate it, so frames
+    holding the erased rows' old pages are gone from the -wal file too (best effort: a reader
+    on an older snapshot keeps it; the next erasure or checkpoint retries)."""
+    if engine.dialect.name != "sqlite" or isinstance(engine.pool, StaticPool):
+        return
+    with engine.connect() as conn:
+        busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+    if busy is not None and busy[0]:
+        logger.info("the SQLite write-ahead log could not be truncated after an erasure "
+                    "(a reader holds an older snapshot)")
+
+
 _engine_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
 _engine_locks_guard = threading.Lock()
 

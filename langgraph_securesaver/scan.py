@@ -65,6 +65,7 @@ from .tenancy import ThreadRef
 
 if TYPE_CHECKING:
     from .services import SaverLike
+    from .store_audit import StoreRow
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ VIOLATIONS: dict[str, str] = {
     "unevaluated_payload": "a row holds a serialized object SecureSaver never writes (msgpack "
                            "extension / constructor); it was not evaluated",
     "write_moved": "a pending write sits at another idx or task path than it was sealed for",
+    "plaintext_store_value": "a store item holds no SecureStore ciphertext (plain, forged or "
+                             "extra fields)",
 }
 
 
@@ -316,7 +319,8 @@ class Scanner:
         inner_counts = self.raw.counts()
         tables = registry_tables(self.registry.engine)
         reg_counts = {t.name: count_rows(self.registry.engine, t) for t in tables}
-        self._total = sum(inner_counts.values()) + sum(reg_counts.values())
+        self._total = sum(inner_counts.values()) + sum(reg_counts.values()) + (
+            _store_count(self.registry.engine))
         self._check_keys(tenants)
         for name, rows in (("checkpoints", self._scan_checkpoints()),
                            ("checkpoint_blobs", self._scan_blobs()),
@@ -325,6 +329,9 @@ class Scanner:
                 self.report.rows[self._table_name(name)] = rows
         for table in tables:
             self.report.rows[table.name] = self._scan_registry_table(table)
+        store_rows = self._scan_store(tenants)
+        if store_rows is not None:
+            self.report.rows["store"] = store_rows
         # tenant names are clear columns too: shown masked, like every location
         self.report.key_versions = {self._m(t): v for t, v in self.report.key_versions.items()}
         self.report.duration = time.monotonic() - started
@@ -547,6 +554,44 @@ class Scanner:
                                 "sealed for idx/task path "
                                 + ("(idx differs)" if idx != row.idx else "(task path differs)"))
 
+    def _scan_store(self, tenants: list[str]) -> int | None:
+        """SecureStore's items (LangGraph's ``store`` table on this database), if any."""
+        from .store_audit import has_store_table, iter_store_rows
+        engine = self.registry.engine
+        if not has_store_table(engine):
+            return None
+        n = 0
+        for rows in iter_store_rows(engine, tenants, page=self.page):
+            for row in rows:
+                self._store_row(row)
+            n += len(rows)
+            self._advance(len(rows))
+        return n
+
+    def _store_row(self, row: StoreRow) -> None:
+        table = "store"
+        ns = ".".join(row.namespace)
+        where = f"namespace={self._m(ns)!r} key={self._m(row.key)}"
+        if row.tenant is None:
+            self._violation("unknown_tenant", table, where,
+                            "the namespace's first label is no known tenant's tag")
+        else:
+            where = f"tenant={self._m(row.tenant)} {where}"
+        self._clear(table, where, "prefix", list(row.namespace))
+        self._clear(table, where, "key", row.key)
+        if row.problem is not None or row.token is None:
+            self._violation("plaintext_store_value", table, where, row.problem or "")
+            return
+        if row.malformed_blind:
+            self._violation("malformed_blind_index", table, where)
+        tenant = row.tenant
+        aad: Callable[[], bytes] | None = None
+        if tenant is not None:
+            from .store_format import item_aad, sealed_aad
+            aad = lambda: sealed_aad(item_aad(  # noqa: E731
+                self.saver.services.database_id(), tenant, row.namespace, row.key), row.blind)
+        self._token(table, where, tenant, row.token, aad)
+
     def _scan_registry_table(self, table: RegistryTable) -> int:
         n = 0
         engine = self.registry.engine
@@ -579,6 +624,11 @@ class Scanner:
             if spec is not None:
                 aad = partial(spec.aad, row)
             self._token(table.name, at, tenant, value, aad)
+
+
+def _store_count(engine: Any) -> int:
+    from .store_audit import count_store_rows, has_store_table
+    return count_store_rows(engine) if has_store_table(engine) else 0
 
 
 def scan(saver: SaverLike, *, keyring: Any = None, verify: bool = False,

@@ -65,6 +65,12 @@ def shred_tenant(services: SaverServices, tenant: str, *,
             "tenant": tenant, "thread_id": thread_id, "action": "shredded",
             "reason": "shred_tenant", "requested_by": requested_by, "detail": counts})
     services.vault.delete_tenant(tenant)
+    # SecureStore items on this database: unreadable now, but their namespaces and keys are
+    # clear text (store_audit)
+    from ..store_audit import purge_store_tenant
+    store_items = purge_store_tenant(registry.engine, tenant)
+    if store_items:
+        logger.info("shred_tenant: %d store item(s) of tenant %r deleted", store_items, tenant)
     store = idempotency_store(services)
     if store is not None:
         store.delete_tenant(tenant)
@@ -75,5 +81,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     services.flush_deleted()
     registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,
                           threads=len(thread_ids), master_version=ring.current_version)
+    from ..registry_schema import scrub_wal
+    scrub_wal(registry.engine)   # the deleted rows' old pages (clear ids, labels), on SQLite
     logger.warning("tenant %r crypto-shredded (%d threads)", tenant, len(thread_ids))
     return len(thread_ids)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -36,6 +36,7 @@ from langgraph.store.base import (
 from ..crypto import TenantKeys
 from ..errors import TamperedDataError
 from ..pii_layer import PiiLayer
+from ..store_format import VAULT_PREFIX
 from ..tenancy import tenant_tag
 from . import codec, matching
 
@@ -43,9 +44,6 @@ logger = logging.getLogger(__name__)
 
 #: the redaction channel store values are redacted under (redaction policies can name it)
 STORE_CHANNEL = "__store__"
-#: the PII vault keeps each item's originals under a pseudo thread id of this prefix, so
-#: deleting the item drops the originals no other item or thread uses
-VAULT_PREFIX = "securestore:"
 #: "every row" for an inner search whose filtering, scoring or paging SecureStore does itself
 SCAN_LIMIT = 2 ** 62
 
@@ -129,25 +127,66 @@ class BatchPlan:
                         SCAN_LIMIT if scan else op.limit, 0 if scan else op.offset,
                         None, op.refresh_ttl)
 
-    def finish(self, results: Sequence[Result], query_vectors: Sequence[Sequence[float]]
-               ) -> list[Result]:
-        """The caller's results (``query_vectors`` in :meth:`query_texts` order)."""
-        by_text = dict(zip(self.query_texts(), query_vectors, strict=True))
-        out: list[Result] = []
-        for i, (op, res) in enumerate(zip(self.ops, results, strict=True)):
+    def open_results(self, results: Sequence[Result]) -> list[Any]:
+        """Authenticate and decrypt every item the inner store returned (PII tokens still
+        in): per op, an :class:`Opened` (get), a list of them (search), or the raw result."""
+        out: list[Any] = []
+        for op, res in zip(self.ops, results, strict=True):
             if isinstance(op, GetOp):
-                out.append(None if res is None else self.core.open(self, cast(Item, res)))
+                out.append(None if res is None else self.core.open_item(self, cast(Item, res)))
+            elif isinstance(op, SearchOp):
+                out.append([self.core.open_item(self, it)
+                            for it in cast("list[Item]", res or [])])
+            else:
+                out.append(res)
+        return out
+
+    def tokens(self, opened: Sequence[Any]) -> list[str]:
+        """The PII tokens in the opened values (one vault lookup serves the whole batch)."""
+        redactor = self.core.pii.redactor
+        if redactor is None:
+            return []
+        found: dict[str, None] = {}
+        for entry in opened:
+            for one in entry if isinstance(entry, list) else [entry]:
+                if isinstance(one, Opened):
+                    found.update(dict.fromkeys(redactor.find_tokens(one.value)))
+        return list(found)
+
+    def finish(self, opened: Sequence[Any], query_vectors: Sequence[Sequence[float]],
+               originals: Mapping[str, str]) -> list[Result]:
+        """The caller's results from :meth:`open_results` (``query_vectors`` in
+        :meth:`query_texts` order, ``originals``: the vault's values of :meth:`tokens`)."""
+        by_text = dict(zip(self.query_texts(), query_vectors, strict=True))
+        restore = self.core.restorer(originals)
+        out: list[Result] = []
+        for i, (op, res) in enumerate(zip(self.ops, opened, strict=True)):
+            if isinstance(op, GetOp):
+                out.append(None if res is None else res.item(restore(res.value)))
             elif isinstance(op, SearchOp):
                 query = by_text.get(self.queries[i]) if i in self.queries else None
                 out.append(self.core.finish_search(
-                    self, op, list(cast("list[Item]", res or [])), query,
-                    self.scans.get(i, False)))
+                    op, res, restore, query, self.scans.get(i, False)))
             elif isinstance(op, ListNamespacesOp):
                 out.append(self.core.finish_list(
                     op, list(cast("list[tuple[str, ...]]", res or []))))
             else:
                 out.append(None)
         return out
+
+
+@dataclass
+class Opened:
+    """One inner item, authenticated and decrypted (PII tokens still in)."""
+
+    namespace: tuple[str, ...]       # the caller's
+    value: Any
+    vectors: dict[str, list[float]]
+    inner: Item
+
+    def item(self, value: Any) -> Item:
+        return Item(value=value, key=self.inner.key, namespace=self.namespace,
+                    created_at=self.inner.created_at, updated_at=self.inner.updated_at)
 
 
 class StoreCore:
@@ -195,7 +234,8 @@ class StoreCore:
 
     def _prepare_put(self, keys: TenantKeys, op: PutOp, dumped: bytes) -> _Put:
         value = cast(dict, op.value)
-        redacted = self._redact(keys, vault_id(op.namespace, op.key), value)
+        redacted = value if self.pii.redactor is None else self._redact(
+            keys, vault_id(op.namespace, op.key), value)
         put = _Put(op, dumped if redacted is value else codec.dump_json(redacted))
         if self.blind_index:
             put.blind = codec.blind_entries(keys, value)
@@ -207,9 +247,9 @@ class StoreCore:
 
     # deletion side effects --------------------------------------------------------------------
     @staticmethod
-    def deleted_items(plan: BatchPlan) -> list[str]:
-        """Vault owners of the items a batch deletes (their originals go with them)."""
-        return [vault_id(op.namespace, op.key) for op in plan.ops
+    def deleted_items(plan: BatchPlan) -> list[tuple[str, str]]:
+        """(tenant, vault owner) of the items a batch deletes (their originals go with them)."""
+        return [(plan.tenant, vault_id(op.namespace, op.key)) for op in plan.ops
                 if isinstance(op, PutOp) and op.value is None]
 
     # list_namespaces --------------------------------------------------------------------------
@@ -239,9 +279,8 @@ class StoreCore:
         return unique[op.offset:op.offset + op.limit]
 
     # step 3 -----------------------------------------------------------------------------------
-    def open_value(self, plan: BatchPlan, item: Item) -> tuple[tuple[str, ...], Any,
-                                                                dict[str, list[float]]]:
-        """Authenticate one inner item; (caller's namespace, restored value, vectors)."""
+    def open_item(self, plan: BatchPlan, item: Item) -> Opened:
+        """Authenticate one inner item of the plan's tenant and decrypt it."""
         ns = tuple(item.namespace)
         if not ns or ns[0] != tenant_tag(plan.tenant):
             raise TamperedDataError("the inner store returned an item of another tenant")
@@ -253,32 +292,39 @@ class StoreCore:
         value, vectors = codec.open_item(
             plan.keys, codec.item_aad(plan.database_id, plan.tenant, outer, item.key),
             item.value)
-        return outer, self.pii.restore_for_store(plan.keys, value), vectors
+        return Opened(outer, value, vectors, item)
 
-    def open(self, plan: BatchPlan, item: Item) -> Item:
-        outer, value, _vectors = self.open_value(plan, item)
-        return Item(value=value, key=item.key, namespace=outer, created_at=item.created_at,
-                    updated_at=item.updated_at)
+    def restorer(self, originals: Mapping[str, str]) -> Callable[[Any], Any]:
+        """Put the tenant's originals (looked up once per batch) back into a value."""
+        redactor = self.pii.redactor
+        if redactor is None or not originals:
+            return lambda value: value
+        return lambda value: redactor.restore_value(value, lambda _wanted: {},
+                                                    originals=originals)
 
-    def finish_search(self, plan: BatchPlan, op: SearchOp, items: list[Item],
+    def finish_search(self, op: SearchOp, opened: list[Opened], restore: Callable[[Any], Any],
                       query: Sequence[float] | None, scanned: bool) -> list[SearchItem]:
-        opened = []
-        for item in items:
-            outer, value, vectors = self.open_value(plan, item)
+        kept_items: list[tuple[Opened, Any]] = []
+        for one in opened:
+            value = restore(one.value)
             if not matching.value_matches(value, op.filter, self.dotted_filters):
                 continue
-            opened.append((outer, value, vectors, item))
+            kept_items.append((one, value))
         if query is None:
-            page = opened[op.offset:op.offset + op.limit] if scanned else opened
-            return [SearchItem(namespace=ns, key=it.key, value=v, created_at=it.created_at,
-                               updated_at=it.updated_at) for ns, v, _vec, it in page]
-        scored = [(max(matching.score(query, vec, self.distance) for vec in vecs.values()),
-                   n, ns, v, it) for n, (ns, v, vecs, it) in enumerate(opened) if vecs]
+            page = kept_items[op.offset:op.offset + op.limit] if scanned else kept_items
+            return [_search_item(one, value, None) for one, value in page]
+        scored = [(max(matching.score(query, vec, self.distance) for vec in one.vectors.values()),
+                   n, one, value) for n, (one, value) in enumerate(kept_items) if one.vectors]
         scored.sort(key=lambda row: (-row[0], row[1]))
-        kept: list[tuple[float | None, Any, Any, Item]] = [
-            (s, ns, v, it) for s, _n, ns, v, it in scored[op.offset:op.offset + op.limit]]
+        kept: list[tuple[float | None, Opened, Any]] = [
+            (s, one, value) for s, _n, one, value in scored[op.offset:op.offset + op.limit]]
         if len(kept) < op.limit:  # fewer scored items than asked: unscored ones follow
-            rest = [(None, ns, v, it) for ns, v, vecs, it in opened if not vecs]
+            rest = [(None, one, value) for one, value in kept_items if not one.vectors]
             kept.extend(rest[:op.limit - len(kept)])
-        return [SearchItem(namespace=ns, key=it.key, value=v, created_at=it.created_at,
-                           updated_at=it.updated_at, score=s) for s, ns, v, it in kept]
+        return [_search_item(one, value, s) for s, one, value in kept]
+
+
+def _search_item(one: Opened, value: Any, score: float | None) -> SearchItem:
+    return SearchItem(namespace=one.namespace, key=one.inner.key, value=value,
+                      created_at=one.inner.created_at, updated_at=one.inner.updated_at,
+                      score=score)

@@ -19,23 +19,18 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..crypto import TenantKeys, associated_data, from_text, to_text
+from ..crypto import TenantKeys, from_text, to_text
 from ..errors import ConfigurationError, TamperedDataError
+from ..store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
 
-SEALED_KEY = "__securesaver"
-BLIND_PREFIX = "ssbi_"
+__all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "seal_item"]
+
 ENVELOPE_VERSION = 1
 #: the largest serialized value a put accepts (before sealing), as the saver bounds its input
 MAX_VALUE_BYTES = 8 * 1024 * 1024
 #: deepest nesting a value may have (the redaction policy's default bound)
 MAX_VALUE_DEPTH = 100
 _BLIND_TYPES = (str, int, float, bool)
-
-
-def item_aad(database_id: str, tenant: str, namespace: Sequence[str], key: str) -> bytes:
-    """What a sealed value is bound to (length-prefixed, so labels never run together)."""
-    return associated_data("store-item", database_id, tenant, str(len(namespace)),
-                           *namespace, key)
 
 
 def _depth_ok(value: Any, limit: int) -> bool:
@@ -54,19 +49,27 @@ def _depth_ok(value: Any, limit: int) -> bool:
 def dump_json(value: Any) -> bytes:
     """A value as the JSON an inner store would keep; bounded in depth and size
     (ConfigurationError otherwise)."""
-    if not _depth_ok(value, MAX_VALUE_DEPTH):
-        raise ConfigurationError(
-            f"store values may nest at most {MAX_VALUE_DEPTH} levels deep")
     try:
-        raw = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
-                         allow_nan=True).encode("utf-8", "surrogatepass")
+        raw = _DUMPS(value).encode("utf-8", "surrogatepass")
+    except RecursionError:
+        raise ConfigurationError(
+            f"store values may nest at most {MAX_VALUE_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"store values must be JSON-serializable: {exc}") from None
+    # a value with fewer brackets than the bound cannot nest deeper (counted in C); only
+    # bracket-rich values (or brackets inside strings) take the walk
+    if raw.count(b"[") + raw.count(b"{") > MAX_VALUE_DEPTH \
+            and not _depth_ok(value, MAX_VALUE_DEPTH):
+        raise ConfigurationError(
+            f"store values may nest at most {MAX_VALUE_DEPTH} levels deep")
     if len(raw) > MAX_VALUE_BYTES:
         raise ConfigurationError(
             f"a store value is {len(raw)} bytes serialized; at most {MAX_VALUE_BYTES} "
             "are accepted")
     return raw
+
+
+_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
 
 
 def blind_name(keys: TenantKeys, field: str) -> str:
@@ -127,15 +130,6 @@ def unpack_vector(text: Any) -> list[float]:
     return vec.tolist()
 
 
-def _bound(aad: bytes, blind: Mapping[str, Any]) -> bytes:
-    """The item's associated data plus its blind-index entries (so they cannot be altered,
-    added, removed or copied without the value failing to open)."""
-    if not blind:
-        return aad
-    return aad + associated_data("store-blind", *(
-        part for k in sorted(blind) for part in (str(k), str(blind[k]))))
-
-
 def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
               blind: Mapping[str, str]) -> dict[str, Any]:
@@ -143,7 +137,7 @@ def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
     head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
                       separators=(",", ":")).encode("ascii") if vectors else b""
     plain = bytes([ENVELOPE_VERSION]) + len(head).to_bytes(4, "big") + head + value_json
-    return {SEALED_KEY: to_text(keys.seal(plain, _bound(aad, blind))), **blind}
+    return {SEALED_KEY: to_text(keys.seal(plain, sealed_aad(aad, blind))), **blind}
 
 
 def open_item(keys: TenantKeys, aad: bytes, stored: Any
@@ -157,7 +151,7 @@ def open_item(keys: TenantKeys, aad: bytes, stored: Any
     blind = {k: v for k, v in stored.items() if k != SEALED_KEY}
     if not all(isinstance(k, str) and k.startswith(BLIND_PREFIX) for k in blind):
         raise TamperedDataError("a store item holds fields SecureStore did not write")
-    plain = keys.open(from_text(stored[SEALED_KEY]), _bound(aad, blind))
+    plain = keys.open(from_text(stored[SEALED_KEY]), sealed_aad(aad, blind))
     if plain[:1] != bytes([ENVELOPE_VERSION]):
         raise TamperedDataError("a store item was sealed in an unknown format")
     try:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, cast
+
+from langgraph.store.base import BaseStore, GetOp, ListNamespacesOp, Op, PutOp, Result, SearchOp
+from langgraph.store.base.batch import AsyncBatchedBaseStore
 
 from ..backends import (
     POSTGRES_EXTRA_HINT,
@@ -16,6 +19,9 @@ from ..backends import (
 )
 from ..errors import ConfigurationError
 
+#: the store's SQLite connection: the saver's pragmas, and deleted or overwritten items
+#: zeroed in the file (not left in free pages for a copy of it to carve)
+STORE_SQLITE_PRAGMAS = (*SQLITE_FILE_PRAGMAS, "PRAGMA secure_delete=ON")
 #: options that configure the store; every other option is SecureSaver's
 STORE_OPTIONS = frozenset({"index", "blind_index"})
 
@@ -33,7 +39,7 @@ def open_sync_store(url: str, ttl: Any) -> Iterator[Any]:
         from langgraph.store.sqlite import SqliteStore
         with SqliteStore.from_conn_string(path, ttl=ttl) as store:
             if path != ":memory:":
-                for pragma in SQLITE_FILE_PRAGMAS:   # as the saver's connection runs
+                for pragma in STORE_SQLITE_PRAGMAS:
                     store.conn.execute(pragma)
             yield store
         return
@@ -55,7 +61,7 @@ async def open_async_store(url: str, ttl: Any) -> AsyncIterator[Any]:
         from langgraph.store.sqlite.aio import AsyncSqliteStore
         async with AsyncSqliteStore.from_conn_string(path, ttl=ttl) as store:
             if path != ":memory:":
-                for pragma in SQLITE_FILE_PRAGMAS:
+                for pragma in STORE_SQLITE_PRAGMAS:
                     await store.conn.execute(pragma)
             yield store
         return
@@ -68,3 +74,54 @@ async def open_async_store(url: str, ttl: Any) -> AsyncIterator[Any]:
             yield store
         return
     raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+
+
+_OP_METHODS: dict[type, str] = {GetOp: "get", PutOp: "put", SearchOp: "search",
+                                ListNamespacesOp: "list_namespaces"}
+
+
+def _queued(inner: BaseStore) -> bool:
+    return isinstance(inner, AsyncBatchedBaseStore)
+
+
+def inner_batch(inner: BaseStore, ops: list[Op]) -> list[Result]:
+    """Run SecureStore's inner operations shaped as a raw caller's would be.
+
+    A store that batches in a background task (``AsyncBatchedBaseStore``: AsyncPostgresStore,
+    AsyncSqliteStore) merges the single-operation calls of concurrent callers (``put``,
+    ``get`` ...) into one inner batch at a time; ``batch``/``abatch`` bypass that queue.
+    SecureStore turns every ``put``/``get``/... into a one-op batch, so a one-op batch goes
+    to the inner store's single-operation method: otherwise concurrent callers become
+    concurrent inner batches, which the raw store never has in flight (on a PostgreSQL pool,
+    TTL refreshes and writes in separate transactions then deadlock)."""
+    if len(ops) == 1 and _queued(inner):
+        return [_one_op(inner, ops[0], "")]
+    return inner.batch(ops)
+
+
+async def ainner_batch(inner: BaseStore, ops: list[Op]) -> list[Result]:
+    """:func:`inner_batch` for the async path."""
+    if len(ops) == 1 and _queued(inner):
+        return [await _one_op(inner, ops[0], "a")]
+    return await inner.abatch(ops)
+
+
+def _one_op(inner: BaseStore, op: Op, prefix: str) -> Any:
+    """Call the inner store's single-operation method (``get``, ``aget`` ...) for ``op``."""
+    name = "delete" if isinstance(op, PutOp) and op.value is None else _OP_METHODS[type(op)]
+    method = getattr(inner, prefix + name)
+    if isinstance(op, GetOp):
+        return method(op.namespace, op.key, refresh_ttl=op.refresh_ttl)
+    if isinstance(op, PutOp):
+        if op.value is None:
+            return method(op.namespace, op.key)
+        return method(op.namespace, op.key, op.value, op.index, ttl=op.ttl)
+    if isinstance(op, SearchOp):
+        return method(op.namespace_prefix, query=op.query, filter=op.filter, limit=op.limit,
+                      offset=op.offset, refresh_ttl=op.refresh_ttl)
+    conditions = list(cast(ListNamespacesOp, op).match_conditions or ())
+    if len(conditions) > 1 or any(c.match_type != "prefix" for c in conditions):
+        raise ValueError("SecureStore sends its inner store at most one prefix condition")
+    listing = cast(ListNamespacesOp, op)
+    return method(prefix=conditions[0].path if conditions else None,
+                  max_depth=listing.max_depth, limit=listing.limit, offset=listing.offset)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from langgraph.store.base import BaseStore, Op, PutOp, Result, TTLConfig
+from langgraph.store.base import BaseStore, Op, PutOp, Result, SearchOp, TTLConfig
 from langgraph.store.base.embed import ensure_embeddings
 
 from ..crypto import TenantKeys
@@ -24,9 +24,25 @@ from ..registry import Registry
 from ..saver import DEFAULT, SecureSaver
 from ..tenancy import tenant_tag
 from .base import SCAN_LIMIT, BatchPlan, StoreCore
-from .inner_stores import open_async_store, open_sync_store, split_options
+from .inner_stores import (
+    ainner_batch,
+    inner_batch,
+    open_async_store,
+    open_sync_store,
+    split_options,
+)
+from .vault_deletes import VaultDeletes
 
 logger = logging.getLogger(__name__)
+
+#: up to this many ops (or returned items) a batch's CPU steps run on the event loop: below
+#: it they take less time than the hop to a worker thread
+_INLINE_OPS = 16
+
+
+def _returned(results: list[Result]) -> int:
+    """How many items the inner store returned (what opening a batch costs)."""
+    return sum(len(r) if isinstance(r, list) else int(r is not None) for r in results)
 
 
 class SecureStore(BaseStore):
@@ -78,6 +94,7 @@ class SecureStore(BaseStore):
         self.supports_ttl = bool(getattr(inner, "supports_ttl", False))
         self.ttl_config: TTLConfig | None = getattr(inner, "ttl_config", None)
         self._services = saver.services
+        self._vault_deletes = VaultDeletes(saver.registry, saver.vault)
         # filter keys follow the inner store's convention: the SQLite stores read "a.b" as
         # a path, the others as a literal key
         self._core = StoreCore(saver.services.pii, self.index_config, self.embeddings,
@@ -121,34 +138,51 @@ class SecureStore(BaseStore):
         vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings else []
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
             if queries and self.embeddings else []
-        results = self.inner.batch(plan.inner_ops(vectors))
+        results = inner_batch(self.inner, plan.inner_ops(vectors))
         if plan.keys is None and plan.found_items(results):
             # another caller created the tenant's first item meanwhile
             plan.keys = self.saver.keys.require(tenant)
         self._forget_deleted(plan)
-        return plan.finish(results, query_vectors)
+        opened = plan.open_results(results)
+        tokens = plan.tokens(opened)
+        originals = self.saver.vault.lookup(plan.keys, tokens) \
+            if tokens and plan.keys is not None else {}
+        return plan.finish(opened, query_vectors, originals)
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """:meth:`batch` without blocking the event loop: registry and vault round trips,
+        redaction and large sealing/opening run in a worker thread; small CPU steps (a get,
+        a delete, opening a few items) run inline, since a thread hop costs more."""
         listed = list(ops)
         if not listed:
             return []
         tenant = await self._services.gate.aresolve_tenant("store")
         keys = await self._akeys(tenant, listed)
         database_id = await self._adatabase_id()
-        plan = await self._offload(self._core.prepare, listed, tenant, keys, database_id)
+        redacts = self._core.pii.redactor is not None and self._writes(listed)
+        queries_to_embed = self.embeddings is not None and any(
+            isinstance(op, SearchOp) and op.query for op in listed)
+        plan = await self._run(redacts or queries_to_embed or len(listed) > _INLINE_OPS,
+                               self._core.prepare, listed, tenant, keys, database_id)
         texts, queries = plan.texts(), plan.query_texts()
         vectors = await self.embeddings.aembed_documents(texts) \
             if texts and self.embeddings else []
         query_vectors = list(await asyncio.gather(
             *(self.embeddings.aembed_query(q) for q in queries))) \
             if queries and self.embeddings else []
-        inner_ops = await self._offload(plan.inner_ops, vectors)
-        results = await self.inner.abatch(inner_ops)
+        inner_ops = await self._run(len(listed) > _INLINE_OPS or bool(texts),
+                                    plan.inner_ops, vectors)
+        results = await ainner_batch(self.inner, inner_ops)
         if plan.keys is None and plan.found_items(results):
             plan.keys = await self._services.arequire_keys(tenant)
         if self._core.pii.redactor is not None:
-            await asyncio.to_thread(self._forget_deleted, plan)
-        return await self._offload(plan.finish, results, query_vectors)
+            await self._vault_deletes.aforget(self._core.deleted_items(plan))
+        opened = await self._run(_returned(results) > _INLINE_OPS, plan.open_results, results)
+        tokens = plan.tokens(opened)
+        originals = await asyncio.to_thread(self.saver.vault.lookup, plan.keys, tokens) \
+            if tokens and plan.keys is not None else {}
+        return await self._run(_returned(results) > _INLINE_OPS, plan.finish, opened,
+                               query_vectors, originals)
 
     # TTL --------------------------------------------------------------------------------------
     def sweep_ttl(self) -> int:
@@ -243,19 +277,16 @@ class SecureStore(BaseStore):
             self.__dict__["_database_id"] = cached
         return cached
 
-    async def _offload(self, fn: Any, *args: Any) -> Any:
-        """CPU and registry work: off the event loop when it may take long (redaction, vault
-        lookups, sealing of large batches), inline otherwise (a thread hop costs more than
-        sealing one small value)."""
-        if self._core.pii.redactor is not None or self.embeddings is not None:
+    @staticmethod
+    async def _run(offload: bool, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in a worker thread when ``offload``, else inline."""
+        if offload:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)
 
     def _forget_deleted(self, plan: BatchPlan) -> None:
-        if self._core.pii.redactor is None:
-            return
-        for owner in self._core.deleted_items(plan):
-            self.saver.vault.delete_thread(plan.tenant, owner)
+        if self._core.pii.redactor is not None:
+            self._vault_deletes.forget(self._core.deleted_items(plan))
 
 
 @contextmanager

@@ -136,6 +136,23 @@ def outcomes(junit: Path) -> dict[str, str]:
     return found
 
 
+def _rerun(tree: Path, tests: list[str], junit: Path, extra: list[str]) -> dict[str, str]:
+    """Run these tests (``tests.file::name[param]`` ids from the junit report) once more."""
+    ids = []
+    for test in tests:
+        module, _sep, name = test.partition("::")
+        ids.append(module.replace(".", "/") + ".py::" + name)
+    serial: list[str] = []
+    skip = False
+    for arg in extra:               # the few reruns run in one process (no -n N)
+        if skip or arg == "-n" or arg.startswith("-n"):
+            skip = arg == "-n"
+            continue
+        serial.append(arg)
+    run(tree, tuple(ids), junit, serial)
+    return outcomes(junit)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suites", default="memory,sqlite,postgres")
@@ -157,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 counts.setdefault(side, {}).setdefault(outcome, 0)
                 counts[side][outcome] += 1
         artifacts = 0
+        failing: list[str] = []
         for test, outcome in sorted(raw_out.items()):
             if outcome != "passed" or secure_out.get(test) == "passed":
                 continue
@@ -164,7 +182,17 @@ def main(argv: list[str] | None = None) -> int:
             if key in KNOWN_ARTIFACTS:
                 artifacts += 1
                 continue
-            problems.append(f"{key}: passes raw, {secure_out.get(test, 'missing')} wrapped")
+            failing.append(test)
+        # upstream's TTL tests leave 2 s of margin on a 6 s TTL: on a loaded machine a test
+        # can miss it once; each such test runs once more, and counts only if it fails again
+        rerun = _rerun(patched, failing, args.cache / f"junit-{suite}-rerun.xml",
+                       args.pytest_args) if failing else {}
+        for test in failing:
+            if rerun.get(test) == "passed":
+                print(f"{suite}: {test} failed wrapped once, passed on its rerun", flush=True)
+                continue
+            problems.append(f"{suite}::{test}: passes raw, "
+                            f"{secure_out.get(test, 'missing')} wrapped (and on its rerun)")
         print(f"{suite}: " + "; ".join(
             f"{side} " + ", ".join(f"{n} {o}" for o, n in sorted(c.items()))
             for side, c in sorted(counts.items())) + f"; known artifacts {artifacts}",

@@ -54,13 +54,27 @@ def _registry_for(real: type, conn_string: str | None) -> Registry | None:
     return Registry(f"sqlite:///{conn_string}")
 
 
+#: one keyring per database, as a deployment has: upstream fixtures open the same database
+#: more than once (set up and migrate, then the test's store), and the registry that the
+#: first opening created is bound to its keyring
+_KEYRINGS: dict[str, Keyring] = {}
+
+
+def _keyring_for(conn_string: str | None) -> Keyring:
+    if conn_string is None or conn_string in (":memory:", ""):
+        return Keyring.generate()
+    if conn_string not in _KEYRINGS:
+        _KEYRINGS[conn_string] = Keyring.generate()
+    return _KEYRINGS[conn_string]
+
+
 def _secure(real: type, inner: Any, index: Any, conn_string: str | None) -> SecureStore:
     cls = _AsyncHarnessStore if real.__name__.startswith("Async") else _HarnessStore
     registry = _registry_for(real, conn_string)
     if registry is None and real.__name__ != "InMemoryStore":
         registry = Registry.in_memory()
-    return cls(inner, keyring=Keyring.generate(), default_tenant="t", registry=registry,
-               index=index)
+    return cls(inner, keyring=_keyring_for(conn_string), default_tenant="t",
+               registry=registry, index=index)
 
 
 def wrap(real: type) -> type:
