@@ -2,7 +2,13 @@
 
 On the way in, channel values, writes, metadata and list() filters are redacted (the
 originals of new tokens go to the vault before the tokens reach storage); on the way out,
-tokens are restored for the owning tenant only. Companion stores (idempotency results,
+tokens are restored for the owning tenant only.
+
+The redactor tokenizes with a keyed HMAC of each value (deterministic, so its caches work and
+no key or vault reaches its worker processes); this layer then swaps each HMAC for the random
+public token of the value's vault entry (:meth:`.pii_vault.PiiVault.resolve`) before anything
+is sealed: what storage holds is not a function of the value, so erasing the entry leaves
+nothing that confirms a guess of it. Companion stores (idempotency results,
 recovery records) use :meth:`PiiLayer.redact_for_store` / :meth:`PiiLayer.restore_for_store`.
 
 It knows the redactor, the vault and a tenant's keys; nothing of sealing, tenancy rules or
@@ -21,6 +27,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from .crypto import TenantKeys
 from .keymaterial import SecretBytes
 from .pii_vault import PiiVault
+from .redaction.budget import current_spend
 from .storage_ops import DELTA_METADATA_KEYS
 
 # metadata keys LangGraph itself writes (ids, counters, delta-channel bookkeeping): not redacted
@@ -44,28 +51,54 @@ class PiiLayer:
         return SecretBytes(bytes.fromhex(keys.blind("pii-token-key")))
 
     def redact_one(self, keys: TenantKeys, channel: str, value: Any,
-                    entries: builtins.list[Any]) -> Any:
+                    entries: builtins.list[Any], *, create: bool = True) -> Any:
+        """``value`` redacted, with public tokens; its vault entries are added to ``entries``.
+        ``create=False`` (filters, queries): values without a live entry keep the HMAC token
+        (never stored: it matches nothing new)."""
         redacted, found = self.redactor.redact_value(
             value, channel=channel, token_key=self.token_key(keys))
-        entries.extend(found)
-        return redacted
+        if not found:
+            return redacted
+        # the vault's erasure epoch is read once per write (a put redacts several channels)
+        spend = current_spend()
+        checked = spend is not None and keys.tenant in spend.pii_epochs
+        public = self.vault.resolve(keys, found, create=create, verify=not checked)
+        if spend is not None:
+            spend.pii_epochs.add(keys.tenant)
+        entries.extend(public.values())
+        return self.translate(redacted, {lookup: e.token for lookup, e in public.items()})
+
+    def translate(self, value: Any, mapping: Mapping[str, str]) -> Any:
+        """``value`` with the HMAC tokens of ``mapping`` replaced by public tokens."""
+        if not mapping:
+            return value
+        return self.redactor.restore_value(
+            value, lambda wanted: {t: mapping[t] for t in wanted if t in mapping})
+
+    def public_token(self, keys: TenantKeys, kind: str, value: str) -> str | None:
+        """The public token the tenant's conversations hold for ``value`` (None: no live
+        entry). For operators and tests; never creates an entry."""
+        from .redaction import make_token
+        lookup = make_token(self.token_key(keys), kind, value)
+        return self.vault.public_tokens(keys, [lookup]).get(lookup)
 
     def redact_metadata(self, keys: TenantKeys, full: Mapping[str, Any],
-                         entries: builtins.list[Any]) -> Any:
+                         entries: builtins.list[Any], *, create: bool = True) -> Any:
         """Checkpoint metadata (including what LangGraph copied from ``configurable`` and
         ``config["metadata"]``) through the redactor; LangGraph's own bookkeeping keys stay."""
         if self.redactor is None or not full:
             return full
         rest = {k: v for k, v in full.items() if k not in METADATA_KEPT}
-        redacted = self.redact_one(keys, METADATA_CHANNEL, rest, entries)
+        redacted = self.redact_one(keys, METADATA_CHANNEL, rest, entries, create=create)
         return full if redacted is rest else {**full, **redacted}
 
     def redact_filter(self, keys: TenantKeys | None,
                        filter: dict[str, Any] | None) -> dict[str, Any] | None:
-        """A list() filter redacted like stored metadata (tokens are deterministic)."""
+        """A list() filter redacted like stored metadata (a value maps to its entry's public
+        token; a value without a live entry is stored nowhere, and matches nothing new)."""
         if self.redactor is None or not filter or keys is None:
             return filter
-        out: dict[str, Any] = self.redact_metadata(keys, filter, [])
+        out: dict[str, Any] = self.redact_metadata(keys, filter, [], create=False)
         return out
 
     def redact_for_store(self, keys: TenantKeys, thread_id: str, value: Any,

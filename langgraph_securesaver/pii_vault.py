@@ -1,9 +1,18 @@
-"""The PII vault: originals behind redaction tokens, sealed under the tenant's key.
+"""The PII vault: originals behind redaction tokens, sealed under each entry's own key.
 
-Redaction replaces a value by a stable token (``<EMAIL_ADDRESS:3f9a…>``) before anything is
+Redaction replaces a value by a token (``<EMAIL_ADDRESS:3f9a…>``) before anything is
 encrypted; the original goes here, encrypted and bound to (tenant, token), so a tool call
 resumed by the owning tenant gets the real value back, while an erasure request
-(:meth:`PiiVault.forget`) removes the value and leaves the token in the conversation.
+(:meth:`PiiVault.forget_tokens`, :meth:`PiiVault.forget_lookups`) removes the value and leaves
+the token in the conversation.
+
+The token a conversation holds is **random** (the entry's *public* token), not a function of
+the value: the keyed HMAC of the value (the *lookup*, what the redactor computes) is kept only
+in the vault row, under a unique (tenant, lookup) index, so that the same value keeps one
+token per tenant while its entry lives (:meth:`PiiVault.resolve`: insert-or-read-existing),
+and an erased entry takes the only link between its token and its value with it. Rows
+written before (``lookup`` NULL) have the HMAC itself as token; they keep restoring, and stay
+enumerable by a keyring holder until their threads are rewritten or deleted.
 
 ``securesaver_pii_refs`` records which thread holds which token (and its kind): the PII
 inventory per tenant and thread, and what deleting a thread must erase.
@@ -20,6 +29,7 @@ from another process's memory.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +51,10 @@ pii_vault = sa.Table(
     sa.Column("kind", sa.String(64), nullable=False),
     sa.Column("sealed", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    # the keyed HMAC of the normalized value (redaction.make_token under the tenant's index
+    # key): how a value finds its entry; NULL on rows written before public tokens
+    sa.Column("lookup", sa.String(128), nullable=True),
+    sa.Index("ux_securesaver_pii_vault_lookup", "tenant", "lookup", unique=True),
 )
 
 pii_refs = sa.Table(
@@ -68,6 +82,12 @@ def _aad(tenant: str, token: str) -> bytes:
     return associated_data("pii", tenant, token)
 
 
+def public_token_for(lookup: str) -> str:
+    """A new random public token of the kind of ``lookup`` (same ``<KIND:32 hex>`` shape)."""
+    label = lookup[1:lookup.index(":")] if lookup.startswith("<") and ":" in lookup else "PII"
+    return f"<{label}:{secrets.token_hex(16)}>"
+
+
 class PiiVault:
     """Thread-safe; keeps a bounded in-process cache of what it already wrote and read."""
 
@@ -75,6 +95,9 @@ class PiiVault:
         self.registry = registry
         self._known: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._values: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # (tenant, lookup) -> public token of the live entry (dropped when the epoch moves)
+        self._public: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._creators: dict[str, threading.Lock] = {}   # tenant -> creating new entries
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._epochs: dict[str, int] = {}  # tenant -> erasure epoch its cached values are from
@@ -84,6 +107,112 @@ class PiiVault:
         #: per-entry keys (set by the saver): cached keys of erased entries are dropped here
         self.entry_keys: Any = None
 
+    # public tokens ----------------------------------------------------------------------------
+    def resolve(self, keys: TenantKeys, entries: Sequence[Any], *, create: bool = True,
+                verify: bool = True) -> dict[str, Any]:
+        """lookup token -> the vault entry (public token, kind, value) of each of ``entries``
+        (what the redactor returned: tokens that are HMACs of the values).
+
+        An entry that does not exist yet is created (``create``): a random public token, the
+        value sealed under that entry's own key, inserted under the unique (tenant, lookup)
+        index; when another writer (thread or process) inserted the same value first, its
+        entry wins and ours is dropped, so concurrent writers converge on one token. Cached
+        mappings are used while the tenant's erasure epoch has not moved (one indexed read
+        per call; ``verify=False``: the caller's write read it a moment ago).
+        ``create=False`` (list filters, search queries) returns existing entries only. A
+        write whose mapping raced with an erasure keeps the erased token: the value of that
+        write is erased too; it is never written back under the erased token."""
+        tenant = keys.tenant
+        by_lookup: dict[str, Any] = {}
+        for e in entries:
+            by_lookup.setdefault(e.token, e)
+        if not by_lookup:
+            return {}
+        epoch = self._read_epoch(tenant) if verify or tenant not in self._epochs else \
+            self._epochs[tenant]
+        out: dict[str, Any] = {}
+        with self._lock:
+            if self._epochs.get(tenant) != epoch:
+                self._drop_tenant_cache_locked(tenant)
+                self._epochs[tenant] = epoch
+            for lookup, e in by_lookup.items():
+                public = self._public.get((tenant, lookup))
+                if public is not None:
+                    out[lookup] = type(e)(public, e.kind, e.value)
+        missing = [t for t in by_lookup if t not in out]
+        if missing:
+            found = self._read_public(tenant, missing)
+            fresh = [t for t in missing if t not in found]
+            if fresh and create:
+                # one creator per tenant in this process (a step's put and put_writes carry
+                # the same new values: the second finds the first's entries in the cache);
+                # other processes are settled by the unique index
+                with self._creating(tenant):
+                    with self._lock:
+                        for t in fresh:
+                            public = self._public.get((tenant, t))
+                            if public is not None:
+                                found[t] = public
+                    fresh = [t for t in fresh if t not in found]
+                    if fresh:
+                        created = self._create_entries(keys, [by_lookup[t] for t in fresh])
+                        found.update(created)
+                        with self._lock:
+                            for lookup, public in created.items():
+                                self._public[(tenant, lookup)] = public
+            for lookup, public in found.items():
+                e = by_lookup[lookup]
+                out[lookup] = type(e)(public, e.kind, e.value)
+            with self._lock:
+                for lookup, public in found.items():
+                    self._public[(tenant, lookup)] = public
+                    self._values[(tenant, public)] = by_lookup[lookup].value
+                self._trim()
+        return out
+
+    def _creating(self, tenant: str) -> threading.Lock:
+        with self._lock:
+            lock = self._creators.get(tenant)
+            if lock is None:
+                lock = self._creators[tenant] = threading.Lock()
+                if len(self._creators) > 4096:   # bounded: drop idle locks of other tenants
+                    for other in [t for t, lk in self._creators.items()
+                                  if t != tenant and not lk.locked()][:2048]:
+                        del self._creators[other]
+            return lock
+
+    def _read_public(self, tenant: str, lookups: Sequence[str]) -> dict[str, str]:
+        with self.registry.begin() as conn:
+            rows = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
+                pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(lookups)))).all()
+        return {str(lookup): str(token) for lookup, token in rows}
+
+    def _create_entries(self, keys: TenantKeys, entries: Sequence[Any]) -> dict[str, str]:
+        """Insert-or-read-existing: our new entries, or the ones a concurrent writer won with."""
+        tenant, now = keys.tenant, time.time()
+        ours: dict[str, str] = {}
+        rows = []
+        for e in entries:
+            public = public_token_for(e.token)
+            ours[e.token] = public
+            # sealing creates the entry's own key (outside the insert's transaction)
+            rows.append({"tenant": tenant, "token": public, "lookup": e.token, "kind": e.kind,
+                         "sealed": keys.seal(e.value.encode("utf-8", "surrogatepass"),
+                                             _aad(tenant, public)), "created_at": now})
+        with self.registry.begin() as conn:
+            self.registry._insert_ignore(conn, pii_vault, rows)
+            got = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
+                pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(ours)))).all()
+            winners = {str(lookup): str(token) for lookup, token in got}
+            lost = [p for lookup, p in ours.items() if winners.get(lookup) != p]
+            if lost:   # another writer's entry won: our keys are orphans
+                self._destroy_keys(conn, tenant, lost)
+        return winners
+
+    def public_tokens(self, keys: TenantKeys, lookups: Sequence[str]) -> dict[str, str]:
+        """lookup token -> public token of the live entries (no cache, no creation)."""
+        return self._read_public(keys.tenant, lookups) if lookups else {}
+
     # writing ----------------------------------------------------------------------------------
     def unknown(self, tenant: str, thread_id: str, entries: Iterable[Any]) -> list[Any]:
         """Entries this process has not stored for that thread yet (the rest are no-ops)."""
@@ -91,7 +220,8 @@ class PiiVault:
             return [e for e in entries if (tenant, thread_id, e.token) not in self._known]
 
     def store(self, keys: TenantKeys, thread_id: str, entries: Sequence[Any]) -> None:
-        """Seal and insert the originals (idempotent), then record the thread's references.
+        """Record the thread's references to resolved entries (:meth:`resolve` stored their
+        originals); an entry erased meanwhile is not written back (idempotent).
 
         When this returns, every entry is committed: by this call, or by a concurrent call
         of this process that was already writing it (LangGraph runs a step's ``put`` and
@@ -132,17 +262,12 @@ class PiiVault:
             self._write(keys, thread_id, failed)
 
     def _write(self, keys: TenantKeys, thread_id: str, entries: Sequence[Any]) -> None:
+        # references only: the value was stored by resolve(); inserting it again here would
+        # bring an entry erased meanwhile back under the token old conversations still hold
         tenant, now = keys.tenant, time.time()
-        if self.entry_keys is not None:   # an entry erased by another process gets a new key
-            self.entry_keys.forget_entries(tenant, [e.token for e in entries])
-        vault_rows = [{"tenant": tenant, "token": e.token, "kind": e.kind,
-                       "sealed": keys.seal(e.value.encode("utf-8", "surrogatepass"),
-                                           _aad(tenant, e.token)), "created_at": now}
-                      for e in entries]
         ref_rows = [{"tenant": tenant, "thread_id": thread_id, "token": e.token, "kind": e.kind,
                      "first_seen": now} for e in entries]
         with self.registry.begin() as conn:
-            self.registry._insert_ignore(conn, pii_vault, vault_rows)
             self.registry._insert_ignore(conn, pii_refs, ref_rows)
         with self._lock:
             for e in entries:
@@ -155,6 +280,8 @@ class PiiVault:
             self._known.popitem(last=False)
         while len(self._values) > self._cache_size:
             self._values.popitem(last=False)
+        while len(self._public) > self._cache_size:
+            self._public.popitem(last=False)
 
     # reading ----------------------------------------------------------------------------------
     def lookup(self, keys: TenantKeys, tokens: Sequence[str], *,
@@ -230,9 +357,13 @@ class PiiVault:
 
     def _drop_tenant_cache(self, tenant: str) -> None:
         with self._lock:
-            self._values = OrderedDict((k, v) for k, v in self._values.items() if k[0] != tenant)
-            self._known = OrderedDict((k, None) for k in self._known if k[0] != tenant)
-            self._epochs.pop(tenant, None)
+            self._drop_tenant_cache_locked(tenant)
+
+    def _drop_tenant_cache_locked(self, tenant: str) -> None:
+        self._values = OrderedDict((k, v) for k, v in self._values.items() if k[0] != tenant)
+        self._known = OrderedDict((k, None) for k in self._known if k[0] != tenant)
+        self._public = OrderedDict((k, v) for k, v in self._public.items() if k[0] != tenant)
+        self._epochs.pop(tenant, None)
 
     # inventory and erasure ------------------------------------------------------------------
     def inventory(self, tenant: str | None = None, thread_id: str | None = None
@@ -265,6 +396,37 @@ class PiiVault:
             self._bump_epoch(conn, tenant)
         self._drop_tenant_cache(tenant)
         return int(erased or 0)
+
+    def forget_lookups(self, tenant: str, lookups: Sequence[str]) -> int:
+        """Erase the entries of values given by their lookup tokens (and the older entries
+        whose token is that HMAC itself). Returns values erased."""
+        return self.erase_lookups(tenant, lookups)[0]
+
+    def erase_lookups(self, tenant: str, lookups: Sequence[str]) -> tuple[int, int]:
+        """:meth:`forget_lookups`, returning (values erased, threads that referenced them)."""
+        if not lookups:
+            return 0, 0
+        wanted = list(dict.fromkeys(lookups))
+        with self.registry.begin() as conn:
+            tokens = list(conn.execute(sa.select(pii_vault.c.token).where(
+                pii_vault.c.tenant == tenant, sa.or_(pii_vault.c.lookup.in_(wanted),
+                                                     pii_vault.c.token.in_(wanted)))).scalars())
+            erased = threads = 0
+            if tokens:
+                threads = int(conn.execute(sa.select(sa.func.count(
+                    sa.distinct(pii_refs.c.thread_id))).where(
+                    pii_refs.c.tenant == tenant, pii_refs.c.token.in_(tokens))).scalar() or 0)
+                erased = int(conn.execute(pii_vault.delete().where(
+                    pii_vault.c.tenant == tenant, pii_vault.c.token.in_(tokens))).rowcount or 0)
+                self._destroy_keys(conn, tenant, tokens)
+                self._bump_epoch(conn, tenant)
+        self._drop_tenant_cache(tenant)
+        return erased, threads
+
+    def tenants(self) -> list[str]:
+        """Tenants with values in the vault."""
+        with self.registry.begin() as conn:
+            return sorted(conn.execute(sa.select(pii_vault.c.tenant).distinct()).scalars())
 
     def _destroy_keys(self, conn: Any, tenant: str, tokens: Sequence[str]) -> None:
         """Delete the entries' own keys with them (crypto-erasure of every copy of the value

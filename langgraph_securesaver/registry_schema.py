@@ -161,6 +161,7 @@ _V2_COLUMNS: tuple[tuple[str, str, Any], ...] = (
     ("securesaver_events", "mac", sa.String(64)),
     ("securesaver_idempotency", "fp_mac", sa.String(64)),
     ("securesaver_tenant_keys", "context", sa.SmallInteger()),   # v3
+    ("securesaver_pii_vault", "lookup", sa.String(128)),   # v3: public PII tokens
 )
 _ADOPTED = "integrity_adopted"
 #: securesaver_meta key naming the database (bound into every wrapped key)
@@ -336,10 +337,16 @@ def _create_all(engine: Engine) -> None:
     metadata.create_all(engine, checkfirst=True)
 
 
+#: indexes of companion tables (defined in their modules) added after those tables existed
+LATER_COMPANION_INDEXES = frozenset({"ux_securesaver_pii_vault_lookup"})
+
+
 def _migrate_indexes(engine: Engine) -> None:
     """Create indexes that later versions added, on tables that already existed (idempotent;
     tolerates another process creating the same index at the same moment)."""
-    for index in LATER_INDEXES:
+    companion = [ix for table in metadata.tables.values() for ix in table.indexes
+                 if ix.name in LATER_COMPANION_INDEXES]
+    for index in (*LATER_INDEXES, *companion):
         try:
             with engine_lock(engine), engine.begin() as conn:
                 index.create(conn, checkfirst=True)

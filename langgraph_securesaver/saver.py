@@ -299,9 +299,11 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         if not run_ids:
             return
         self._io.sync("delete_for_runs")
-        self.services.storage.delete_for_runs(thread_prefix(tenant), run_ids)
+        touched = self.services.storage.delete_for_runs(thread_prefix(tenant), run_ids)
+        emptied = threads.delete_emptied(self.services, tenant, touched)
         self.services.flush_deleted()
-        self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids)
+        self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids,
+                                   threads_emptied=len(emptied))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread of the caller's tenant to a new thread id, each checkpoint decrypted and
@@ -437,13 +439,15 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         if not run_ids:
             return
         if self._io.sync_only:
-            await asyncio.to_thread(self.services.storage.delete_for_runs, thread_prefix(tenant),
-                                    run_ids)
+            touched = await asyncio.to_thread(self.services.storage.delete_for_runs,
+                                              thread_prefix(tenant), run_ids)
         else:
-            await self.services.storage.adelete_for_runs(thread_prefix(tenant), run_ids)
+            touched = await self.services.storage.adelete_for_runs(thread_prefix(tenant),
+                                                                   run_ids)
+        emptied = await asyncio.to_thread(threads.delete_emptied, self.services, tenant, touched)
         await self.services.aflush_deleted()
         await asyncio.to_thread(self.registry.record_event, "runs_deleted", tenant=tenant,
-                                run_ids=run_ids)
+                                run_ids=run_ids, threads_emptied=len(emptied))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Async twin of :meth:`copy_thread`; never blocks the event loop."""

@@ -48,7 +48,9 @@ from .storage_sql import (
     SQLITE_THREADS_IN_RANGE,
     _pg_threads_sql,
     _placeholders,
+    pg_identity,
     prefix_range,
+    sqlite_identity,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,26 +91,12 @@ def registry_identity(engine: Any) -> tuple[Any, ...] | None:
         with engine.connect() as conn:
             if engine.dialect.name == "postgresql":
                 row = conn.execute(sa.text(PG_IDENTITY)).mappings().first()
-                return _pg_identity(dict(row) if row else None)
+                return pg_identity(dict(row) if row else None)
             if engine.dialect.name == "sqlite":
-                return _sqlite_identity(conn.exec_driver_sql("PRAGMA database_list").all())
+                return sqlite_identity(conn.exec_driver_sql("PRAGMA database_list").all())
     except Exception as exc:  # noqa: BLE001 - unknown: use the two-step path
         logger.debug("cannot identify the registry database: %s", exc)
     return None
-
-
-def _pg_identity(row: dict[str, Any] | None) -> tuple[Any, ...] | None:
-    if not row or None in (row.get("c"), row.get("b"), row.get("w")):
-        return None
-    return ("postgresql", row["started"], row["db"], row["c"], row["b"], row["w"])
-
-
-def _sqlite_identity(rows: Sequence[Any]) -> tuple[Any, ...] | None:
-    import os
-    for row in rows:
-        if row[1] == "main" and row[2]:
-            return ("sqlite", os.path.realpath(row[2]))
-    return None  # an in-memory database is never shared between connections
 
 
 def _sqlite_keep_latest_statements(cur: Any, thread_id: str) -> None:
@@ -157,10 +145,11 @@ class StorageOps:
         for tid in inner_ids:
             await self.inner.adelete_thread(tid)
 
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
+        """Delete the runs' checkpoints and writes under ``prefix``: the thread ids touched."""
         raise self._unsupported("delete_for_runs scoped to one tenant")
 
-    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
         raise self._unsupported("delete_for_runs scoped to one tenant")
 
     def count_checkpoints(self, inner_id: str) -> int:
@@ -322,9 +311,10 @@ class MemoryOps(StorageOps):
         # the dict's keys only: other tenants' checkpoints are never decoded
         return sorted(t for t in list(self.inner.storage) if t.startswith(prefix))
 
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
         wanted = set(run_ids)
         serde = self.inner.serde
+        touched: set[str] = set()
         for tid, namespaces in list(self.inner.storage.items()):
             if not tid.startswith(prefix):
                 continue
@@ -333,9 +323,11 @@ class MemoryOps(StorageOps):
                           if serde.loads_typed(md).get("run_id") in wanted]
                 if doomed:
                     self._delete_checkpoints(tid, ns, doomed)
+                    touched.add(tid)
+        return touched
 
-    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
-        self.delete_for_runs(prefix, run_ids)
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
+        return self.delete_for_runs(prefix, run_ids)
 
 
 class SqliteOps(StorageOps):
@@ -371,9 +363,10 @@ class SqliteOps(StorageOps):
         import asyncio
         await asyncio.to_thread(self.keep_latest, inner_ids)
 
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
+        touched: set[str] = set()
         if not run_ids:
-            return
+            return touched
         sql = SQLITE_RUN_CHECKPOINTS.format(placeholders=",".join("?" * len(run_ids)))
 
         def body(cur: Any) -> None:
@@ -381,12 +374,14 @@ class SqliteOps(StorageOps):
             for row in rows:
                 cur.execute(SQLITE_DELETE_CHECKPOINT_WRITES, row)
                 cur.execute(SQLITE_DELETE_CHECKPOINT, row)
+                touched.add(str(row[0]))
 
         self._transaction(body)
+        return touched
 
-    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
         import asyncio
-        await asyncio.to_thread(self.delete_for_runs, prefix, run_ids)
+        return await asyncio.to_thread(self.delete_for_runs, prefix, run_ids)
 
     def count_checkpoints(self, inner_id: str) -> int:
         inner: Any = self.inner
@@ -432,7 +427,7 @@ class SqliteOps(StorageOps):
         inner: Any = self.inner
         inner.setup()
         with inner.lock:
-            return _sqlite_identity(inner.conn.execute("PRAGMA database_list").fetchall())
+            return sqlite_identity(inner.conn.execute("PRAGMA database_list").fetchall())
 
     def thread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner
@@ -455,8 +450,8 @@ class _AsyncOnlyOps(StorageOps):
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
         self.bridge(self.adelete_threads(inner_ids))
 
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
-        self.bridge(self.adelete_for_runs(prefix, run_ids))
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
+        return set(self.bridge(self.adelete_for_runs(prefix, run_ids)))
 
     def count_checkpoints(self, inner_id: str) -> int:
         return int(self.bridge(self.acount_checkpoints(inner_id)))
@@ -548,9 +543,10 @@ class AsyncSqliteOps(_AsyncOnlyOps):
         return list(self.bridge(self.athread_ids(prefix)))
 
 
-    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
+        touched: set[str] = set()
         if not run_ids:
-            return
+            return touched
         sql = SQLITE_RUN_CHECKPOINTS.format(placeholders=",".join("?" * len(run_ids)))
 
         async def body(conn: Any) -> None:
@@ -559,20 +555,23 @@ class AsyncSqliteOps(_AsyncOnlyOps):
             for row in rows:
                 await conn.execute(SQLITE_DELETE_CHECKPOINT_WRITES, tuple(row))
                 await conn.execute(SQLITE_DELETE_CHECKPOINT, tuple(row))
+                touched.add(str(row[0]))
 
         await self._atransaction(body)
+        return touched
 
 
 class PostgresOps(StorageOps):
     """PostgresSaver: keep_latest is upstream's native prune; delete_for_runs is one statement."""
 
-    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
         if not run_ids:
-            return
+            return set()
         inner: Any = self.inner
         with inner._cursor() as cur:
             cur.execute(PG_DELETE_RUNS, {"plen": len(prefix), "prefix": prefix,
                                          "runs": list(run_ids)})
+            return {str(r["thread_id"]) for r in cur.fetchall()}
 
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
         self.inner.prune(list(inner_ids), strategy="delete")
@@ -606,7 +605,7 @@ class PostgresOps(StorageOps):
         with inner._cursor() as cur:
             cur.execute(PG_IDENTITY)
             row = cur.fetchone()
-        return _pg_identity(dict(row) if row else None)
+        return pg_identity(dict(row) if row else None)
 
     def thread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner
@@ -619,13 +618,14 @@ class PostgresOps(StorageOps):
 
 
 class AsyncPostgresOps(_AsyncOnlyOps):
-    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> None:
+    async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
         if not run_ids:
-            return
+            return set()
         inner: Any = self.inner
         async with inner._cursor() as cur:
             await cur.execute(PG_DELETE_RUNS, {"plen": len(prefix), "prefix": prefix,
                                                "runs": list(run_ids)})
+            return {str(r["thread_id"]) for r in await cur.fetchall()}
 
     async def adelete_threads(self, inner_ids: Sequence[str]) -> None:
         await self.inner.aprune(list(inner_ids), strategy="delete")
@@ -654,7 +654,7 @@ class AsyncPostgresOps(_AsyncOnlyOps):
                 await cur.execute(PG_IDENTITY)
                 return await cur.fetchone()
         row = self.bridge(identity())
-        return _pg_identity(dict(row) if row else None)
+        return pg_identity(dict(row) if row else None)
 
     async def athread_ids(self, prefix: str) -> list[str] | None:
         inner: Any = self.inner

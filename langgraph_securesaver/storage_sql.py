@@ -1,11 +1,13 @@
 """The SQL of :mod:`.storage_ops` as named constants (reviewable in one place), with the two
-helpers that pick a statement (the PostgreSQL tenant-range form, IN-list placeholders).
+helpers that pick a statement (the PostgreSQL tenant-range form, IN-list placeholders) and
+the two that read a database's identity from its answer.
 
 Statements only: no transactions, no saver objects, no policy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 # --- SQLite (langgraph-checkpoint-sqlite schema) ---------------------------------------------
@@ -84,10 +86,13 @@ WITH gone AS (
     DELETE FROM checkpoints
     WHERE left(thread_id, %(plen)s) = %(prefix)s AND metadata ->> 'run_id' = ANY(%(runs)s)
     RETURNING thread_id, checkpoint_ns, checkpoint_id
+), writes_gone AS (
+    DELETE FROM checkpoint_writes w USING gone g
+    WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
+    AND w.checkpoint_id = g.checkpoint_id
+    RETURNING 1
 )
-DELETE FROM checkpoint_writes w USING gone g
-WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
-AND w.checkpoint_id = g.checkpoint_id
+SELECT DISTINCT thread_id FROM gone
 """
 
 
@@ -140,3 +145,19 @@ def _placeholders(n: int, mark: str = "?") -> str:
 # WAL, which still holds the pages as they were before the deletion, is emptied afterwards
 SQLITE_SECURE_DELETE = "PRAGMA secure_delete=ON"
 SQLITE_WAL_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+
+
+def pg_identity(row: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What names PostgreSQL storage, from the answer to PG_IDENTITY."""
+    if not row or None in (row.get("c"), row.get("b"), row.get("w")):
+        return None
+    return ("postgresql", row["started"], row["db"], row["c"], row["b"], row["w"])
+
+
+def sqlite_identity(rows: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What names a SQLite database file, from ``PRAGMA database_list``."""
+    import os
+    for row in rows:
+        if row[1] == "main" and row[2]:
+            return ("sqlite", os.path.realpath(row[2]))
+    return None  # an in-memory database is never shared between connections

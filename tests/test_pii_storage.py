@@ -182,8 +182,12 @@ def test_concurrent_stores_of_the_same_new_pii_write_it_once_and_each_returns_co
                               keyring=Keyring.generate(), redaction=None) as saver:
         keys = saver.services.tenant_keys("acme")
         vault = saver.vault
-        entries = [VaultEntry(f"<EMAIL_ADDRESS:{i:032x}>", "EMAIL_ADDRESS", f"p{i}@example.com")
-                   for i in range(3)]
+        # the redactor's HMAC tokens, resolved to their entries' public tokens (which stores
+        # the originals); store() then records the thread's references
+        entries = list(vault.resolve(keys, [
+            VaultEntry(f"<EMAIL_ADDRESS:{i:032x}>", "EMAIL_ADDRESS", f"p{i}@example.com")
+            for i in range(3)]).values())
+        assert all(e.token != f"<EMAIL_ADDRESS:{i:032x}>" for i, e in enumerate(entries))
         writes: list[int] = []
         real_write = vault._write
         fail_first = {"on": False}

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -235,8 +236,16 @@ def test_deletion_removes_idempotency_records_and_counts_them(saver: SecureSaver
 
 
 def _vault_entry(token: str, kind: str, value: str):
-    from types import SimpleNamespace
-    return SimpleNamespace(token=token, kind=kind, value=value)
+    from langgraph_securesaver.redaction import VaultEntry
+    return VaultEntry(token, kind, value)
+
+
+def _remember(saver: SecureSaver, keys: Any, thread: str, entries: list[Any]) -> list[str]:
+    """What a redacted write does: create the vault entries, then record the thread's refs.
+    Returns the entries' public tokens (what the conversation holds)."""
+    resolved = list(saver.vault.resolve(keys, entries).values())
+    saver.vault.store(keys, thread, resolved)
+    return [e.token for e in resolved]
 
 
 @pytest.mark.parametrize("layout", ["shared database", "registry elsewhere"])
@@ -266,10 +275,11 @@ def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: 
             _say(saver, t)
         keys = saver.keys.keys_for("acme", create=True)
         shared, only_a, kept = "<EMAIL_ADDRESS:1>", "<PHONE_NUMBER:2>", "<EMAIL_ADDRESS:3>"
-        saver.vault.store(keys, "a", [_vault_entry(shared, "EMAIL_ADDRESS", "x@example.com"),
-                                      _vault_entry(only_a, "PHONE_NUMBER", "+1 415 555 0101")])
-        saver.vault.store(keys, "b", [_vault_entry(shared, "EMAIL_ADDRESS", "x@example.com")])
-        saver.vault.store(keys, "keep", [_vault_entry(kept, "EMAIL_ADDRESS", "k@example.com")])
+        _remember(saver, keys, "a", [_vault_entry(shared, "EMAIL_ADDRESS", "x@example.com"),
+                                     _vault_entry(only_a, "PHONE_NUMBER", "+1 415 555 0101")])
+        _remember(saver, keys, "b", [_vault_entry(shared, "EMAIL_ADDRESS", "x@example.com")])
+        [kept_public] = _remember(saver, keys, "keep",
+                                  [_vault_entry(kept, "EMAIL_ADDRESS", "k@example.com")])
         store = IdempotencyStore.for_saver(saver)
         for thread, n in (("a", 2), ("b", 1), ("keep", 1)):
             for k in range(n):
@@ -302,7 +312,7 @@ def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: 
         # the vault's process cache forgot the deleted threads: a new thread "a" stores again
         again = _vault_entry(only_a, "PHONE_NUMBER", "+1 415 555 0101")
         assert saver.vault.unknown("acme", "a", [again]) == [again]
-        assert saver.vault.unknown("acme", "keep", [_vault_entry(kept, "", "")]) == []
+        assert saver.vault.unknown("acme", "keep", [_vault_entry(kept_public, "", "")]) == []
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])

@@ -144,6 +144,20 @@ class SaverOperations:
         return await asyncio.to_thread(lambda: self.forget_pii(
             tenant, value, kind=kind, requested_by=requested_by))
 
+    def forget_subject(self, identifiers: Any, *, tenants: Any = None,
+                       requested_by: str | None = None) -> dict[str, int]:
+        """Erase every stored value of one person (``identifiers``: their e-mails, phones,
+        names, ids) in ``tenants`` (None: every tenant; inside a scope, that tenant only),
+        across all threads, with one deletion receipt. Returns {tenant: values erased}."""
+        return pii.forget_subject(self.services, identifiers, tenants=tenants,
+                                  requested_by=requested_by)
+
+    async def aforget_subject(self, identifiers: Any, *, tenants: Any = None,
+                              requested_by: str | None = None) -> dict[str, int]:
+        """Async twin of :meth:`forget_subject`, run in a worker thread."""
+        return await asyncio.to_thread(lambda: self.forget_subject(
+            identifiers, tenants=tenants, requested_by=requested_by))
+
     # audit, events, scan, rotation (audit.py, scan.py, rotation.py) -------------------------
     def audit(self, *, tenant: str | None = None, now: Any = None) -> Any:
         """Inventory: tenants, threads, ages, expiry, sizes, key versions, PII kinds (inside a

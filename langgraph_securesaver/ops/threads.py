@@ -8,7 +8,7 @@ idempotency records) and leave a receipt. Knows the services of a saver; not the
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -35,6 +35,22 @@ def delete_threads(services: SaverServices, tenant: str, thread_ids: Sequence[st
             "requested_by": actor, "detail": counts})
         services.forget_thread(tenant, thread_id)
     services.flush_deleted()
+
+
+def delete_emptied(services: SaverServices, tenant: str, inner_ids: Iterable[str]
+                   ) -> builtins.list[str]:
+    """After ``delete_for_runs``: delete completely (vault values, companion records, the
+    thread's key; one receipt each) the threads of ``inner_ids`` left without a checkpoint.
+    Returns their thread ids. A thread written again meanwhile keeps its key and data."""
+    ids = sorted(set(inner_ids or ()))
+    if not ids:
+        return []
+    counts = services.storage.count_checkpoints_many(ids)
+    emptied = [outer for tid in ids if not counts.get(tid, 0)
+               for outer in [outer_thread_id(tenant, tid)] if outer is not None]
+    if emptied:
+        delete_threads(services, tenant, emptied, "delete_for_runs")
+    return emptied
 
 
 def keep_latest(services: SaverServices, tenant: str, thread_ids: Sequence[str]) -> None:

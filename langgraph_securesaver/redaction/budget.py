@@ -78,11 +78,12 @@ class Spend:
     """What one write has spent so far; shared by every redaction of the write (and by the
     threads that may run them), so it is locked."""
 
-    __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "seconds",
-                 "withheld")
+    __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "pii_epochs",
+                 "seconds", "withheld")
 
     def __init__(self, budget: WriteBudget | None = None) -> None:
         self.budget = budget
+        self.pii_epochs: set[str] = set()   # tenants whose vault epoch this write checked
         self.chars = 0
         self.parts = 0
         self.seconds = 0.0

@@ -230,7 +230,7 @@ class StoreCore:
             return value
         if remember:
             return self.pii.redact_for_store(keys, owner, value, STORE_CHANNEL)
-        return self.pii.redact_one(keys, STORE_CHANNEL, value, [])
+        return self.pii.redact_one(keys, STORE_CHANNEL, value, [], create=False)
 
     def _prepare_put(self, keys: TenantKeys, op: PutOp, dumped: bytes) -> _Put:
         value = cast(dict, op.value)
