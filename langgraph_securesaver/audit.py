@@ -45,6 +45,7 @@ from .audit_sql import (  # noqa: F401
     checkpoint_versions,
     value_unsealed,
 )
+from .audit_trail import _kind_matches, events  # noqa: F401 - the trail, light for the CLI
 from .crypto import is_token, token_key_version
 from .errors import ConfigurationError
 from .textsafety import json_safe
@@ -189,8 +190,11 @@ def _shares_database(saver: _Source) -> bool:
     return shares_database(saver)
 
 
+SOURCES = ("auto", "summaries", "recount")
+
+
 def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None = None,
-               progress: Callable[[int, int], None] | None = None
+               progress: Callable[[int, int], None] | None = None, source: str = "auto"
                ) -> tuple[Iterator[ThreadAudit], Callable[[], AuditSummary]]:
     """The inventory as a stream: ``(threads, finish)``. Iterate ``threads`` (sorted by tenant
     and thread, in code-point order), then call ``finish()`` for the per-tenant totals and
@@ -199,7 +203,15 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
 
     With the registry in the inner saver's database (``from_url``) everything is aggregated
     by one grouped statement and streamed as its rows arrive: memory stays flat however
-    many threads there are. Otherwise the rows are walked in Python (see :func:`audit`)."""
+    many threads there are. Otherwise the rows are walked in Python (see :func:`audit`).
+
+    ``source``: ``recount`` reads every raw row (the grouped statement); ``summaries`` reads
+    the maintained summaries (:mod:`.summaries`: one row per thread, the raw rows of the
+    threads whose summary is due); ``auto`` the summaries once they are built and the scope
+    holds at least ``summaries.AUTO_THRESHOLD`` threads. From summaries, stored threads
+    without a registry row are not listed: ``scan --verify`` reports them."""
+    if source not in SOURCES:
+        raise ConfigurationError(f"source must be one of {', '.join(SOURCES)}")
     from .timeargs import to_epoch
     tenant = _admin_tenant(saver, "audit", tenant)
     now = time.time() if now is None else float(to_epoch(now, "now") or 0.0)
@@ -218,7 +230,16 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
         return iter(report.threads), finish_walk
     backend = "postgres" if registry.dialect == "postgresql" else "sqlite"
     totals = _Totals(saver, all_tenants, tenant, now)
-    stream = _iter_sql(saver, all_tenants, tenant, now, totals, progress)
+    due = _summaries_plan(saver, all_tenants, tenant, now, source)
+    if due is not None:
+        from .summaries import iter_summaries
+
+        def read(t: _Totals) -> Iterator[ThreadAudit]:
+            return iter_summaries(saver, all_tenants, tenant, now, t, due)
+    else:
+        def read(t: _Totals) -> Iterator[ThreadAudit]:
+            return _iter_sql(saver, all_tenants, tenant, now, t, progress)
+    stream = read(totals)
 
     def finish() -> AuditSummary:
         # a caller that stopped early still gets every thread's totals, as from the walk
@@ -227,7 +248,7 @@ def iter_audit(saver: _Source, *, tenant: str | None = None, now: float | None =
             pass
         if not totals.complete:          # the stream was closed before its end: read again
             totals = _Totals(saver, all_tenants, tenant, now)
-            for _ in _iter_sql(saver, all_tenants, tenant, now, totals, None):
+            for _ in read(totals):
                 pass
         tenants, problems = totals.finish()
         problems += _unsealed_problems(totals.unsealed)
@@ -248,6 +269,23 @@ def _with_store(saver: _Source, all_tenants: list[str], tenant: str | None, now:
     return summary
 
 
+def _summaries_plan(saver: _Source, tenants: list[str], tenant: str | None, now: float,
+                    source: str) -> dict[str, list[str]] | None:
+    """The due threads per tenant when the audit reads summaries; None: the raw rows
+    (``recount``; ``auto`` below the threshold, before the summaries were built, or when
+    more than half the scope is due: then one statement over everything is faster)."""
+    if source == "recount":
+        return None
+    from . import summaries
+    if source == "auto" and not summaries.built(saver.registry):
+        return None
+    size, due = summaries.plan(saver.registry, tenants, tenant, now)
+    if source == "auto" and (size < summaries.AUTO_THRESHOLD
+                             or 2 * sum(len(v) for v in due.values()) > size):
+        return None
+    return due
+
+
 def _unsealed_problems(unsealed: dict[str, int]) -> list[str]:
     return [f"{n} row(s) of {table} hold data SecureSaver never writes (undecodable, or not a "
             "sealed ciphertext): tampered; run `securesaver scan --verify` for where"
@@ -255,12 +293,14 @@ def _unsealed_problems(unsealed: dict[str, int]) -> list[str]:
 
 
 def audit(saver: _Source, *, tenant: str | None = None, now: float | None = None,
-          progress: Callable[[int, int], None] | None = None) -> AuditReport:
+          progress: Callable[[int, int], None] | None = None, source: str = "auto"
+          ) -> AuditReport:
     """Inventory of the database behind ``saver`` (optionally one tenant). Reads only.
     Inside a tenant scope it covers that tenant only (see :meth:`.gate.TenantGate.admin_tenant`).
 
     Builds the whole report in memory; :func:`audit_stream` writes it out as it is read."""
-    stream, finish = iter_audit(saver, tenant=tenant, now=now, progress=progress)
+    stream, finish = iter_audit(saver, tenant=tenant, now=now, progress=progress,
+                                source=source)
     threads = list(stream)
     summary = finish()
     return AuditReport(summary.generated_at, summary.backend, tenant, summary.tenants,
@@ -270,11 +310,13 @@ def audit(saver: _Source, *, tenant: str | None = None, now: float | None = None
 
 def audit_stream(saver: _Source, out: TextIO, *, tenant: str | None = None,
                  now: float | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> AuditSummary:
+                 progress: Callable[[int, int], None] | None = None, source: str = "auto"
+                 ) -> AuditSummary:
     """Write the inventory as one JSON object, streamed: ``threads`` first (one thread per
     line, as read), then ``tenants``, ``orphans``, ``stored_bytes_by_age``, ``problems`` and
     ``ok`` (the same keys as ``AuditReport.as_dict()``). Memory stays flat."""
-    stream, finish = iter_audit(saver, tenant=tenant, now=now, progress=progress)
+    stream, finish = iter_audit(saver, tenant=tenant, now=now, progress=progress,
+                                source=source)
     out.write('{"threads": [')
     lines: list[str] = []
     separator = "\n"
@@ -385,36 +427,3 @@ def _audit_walk(saver: SecureSaver, all_tenants: list[str], tenant: str | None, 
 def _inner_id(tenant: str, thread_id: str) -> str:
     from .tenancy import inner_thread_id
     return inner_thread_id(tenant, thread_id)
-
-
-def _kind_matches(kind: str, wanted: str | None) -> bool:
-    return wanted is None or kind == wanted or kind.split(":", 1)[0] == wanted
-
-
-def events(saver: _Source, *, tenant: str | None = None, thread_id: str | None = None,
-           kind: str | None = None, since: float | None = None, until: float | None = None,
-           limit: int | None = None) -> list[TrailEntry]:
-    """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind
-    (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action).
-    Inside a tenant scope: that tenant's entries only."""
-    tenant = _admin_tenant(saver, "events", tenant)
-    registry = saver.registry
-    out: list[TrailEntry] = []
-    if kind is None or not kind.startswith("receipt"):
-        for e in registry.list_events(kind=kind, tenant=tenant, thread_id=thread_id,
-                                      since=since, until=until):
-            out.append(TrailEntry(e.at, e.kind, e.tenant, e.thread_id, e.actor, e.detail,
-                                  "event", str(e.id)))
-    if kind is None or kind.startswith("receipt"):
-        for r in registry.list_receipts(tenant=tenant, thread_id=thread_id, since=since,
-                                        until=until):
-            entry_kind = f"receipt:{r.action}"
-            if not _kind_matches(entry_kind, kind):
-                continue
-            detail = {"reason": r.reason, **r.detail}
-            out.append(TrailEntry(r.deleted_at, entry_kind, r.tenant, r.thread_id,
-                                  r.requested_by, detail, "receipt", r.receipt_id))
-    out.sort(key=lambda e: (e.at, e.source, e.ref))
-    if limit is not None:
-        out = out[-limit:]
-    return out

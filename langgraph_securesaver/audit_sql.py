@@ -1,7 +1,7 @@
 """The audit aggregated by the database: one grouped statement over the registry, the inner
 saver's tables and the PII tables (SQLite and PostgreSQL forms), streamed, folded into the
-per-tenant totals; and :class:`AuditDatabase`, the light source the CLI opens on a URL (the
-registry's engine alone: no inner saver, no keyring, no LangGraph).
+per-tenant totals; :class:`~.audit_db.AuditDatabase` (the light source the CLI opens on a
+URL) is re-exported.
 
 Knows the tables' layouts and the report types; nothing of keys, sealing or the saver.
 """
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from .audit_db import AuditDatabase
 from .audit_report import (
     AGE_BUCKETS,
     UNKNOWN_AGE,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from .raw_tables import CheckpointRow
-    from .registry import Registry
     from .services import SaverLike as SecureSaver
 
     _Source: TypeAlias = "SecureSaver | AuditDatabase"   # what the audit and the trail read
@@ -293,12 +293,16 @@ class _Totals:
         self.overdue += th.overdue
         self.unregistered += not th.registered
 
-    def unsealed_rows(self, r: Any) -> None:
+    def unsealed_rows(self, r: Any) -> dict[str, int]:
+        """Count a statement row's unsealed rows in; returns them per table."""
+        found: dict[str, int] = {}
         for column, table in (("uc", "checkpoints"), ("ub", "checkpoint_blobs"),
                               ("uw", self.writes_table)):
             n = int(r[column] or 0)
             if n:
                 self.unsealed[table] = self.unsealed.get(table, 0) + n
+                found[table] = n
+        return found
 
     def orphan(self, inner_id: str, checkpoints: int, stored_bytes: int) -> None:
         self.orphan_count += 1
@@ -347,17 +351,21 @@ class _Totals:
 
 
 def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float,
-              totals: _Totals, progress: Callable[[int, int], None] | None
+              totals: _Totals, progress: Callable[[int, int], None] | None,
+              only: list[str] | None = None,
+              per_thread: Callable[[ThreadAudit, list[int], dict[str, int]], None] | None = None
               ) -> Iterator[ThreadAudit]:
-    """Stream ThreadAudits from the grouped statement, as its rows arrive."""
+    """Stream ThreadAudits from the grouped statement, as its rows arrive. ``only``: these
+    registered threads of ``tenant`` alone; ``per_thread`` is told each thread's age slots and
+    unsealed rows (what the maintained summaries keep)."""
     registry = saver.registry
     if not tenants:
         totals.complete = True
         return
     if registry.dialect == "postgresql":
-        sql, params = inventory_pg(tenants, tenant, now)
+        sql, params = inventory_pg(tenants, tenant, now, only)
     else:
-        sql, params = inventory_sqlite(tenants, tenant, now)
+        sql, params = inventory_sqlite(tenants, tenant, now, only)
     total = 0
     if progress:
         from .registry import threads as threads_table
@@ -385,10 +393,12 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
                 if ts is not None:
                     first = ts if first is None else min(first, ts)
                     last = ts if last is None else max(last, ts)
+            slots: list[int] | None = None
+            unsealed: dict[str, int] = {}
             if r["inner_id"] is not None:
-                _ages(totals, "(unknown tenant)" if owner is None else owner, r, first, last,
-                      odd)
-                totals.unsealed_rows(r)
+                slots = _ages(totals, "(unknown tenant)" if owner is None else owner, r, first,
+                              last, odd, per_thread is not None)
+                unsealed = totals.unsealed_rows(r)
             if owner is None:
                 totals.orphan(r["thread"], checkpoints, stored)
                 continue
@@ -410,6 +420,8 @@ def _iter_sql(saver: _Source, tenants: list[str], tenant: str | None, now: float
                 overdue=registered and expires is not None and expires <= now and not hold,
                 held_past_ttl=bool(held_past))
             totals.thread(th)
+            if per_thread is not None:
+                per_thread(th, slots or [0] * (len(AGE_BUCKETS) + 1), unsealed)
             yield th
     totals.complete = True
     if progress:
@@ -460,21 +472,28 @@ _LAST = len(AGE_BUCKETS) - 1
 
 
 def _ages(totals: _Totals, key: str, r: Any, first: float | None, last: float | None,
-          odd: list[tuple[float | None, int]]) -> None:
+          odd: list[tuple[float | None, int]], own: bool = False) -> list[int] | None:
+    """Add a statement row's bytes to its tenant's age slots; with ``own``, also return the
+    row's own slots."""
     per = totals.age_slots(key)
+    mine = [0] * (_AGES + 1)
     for k, column in _AGE_COLUMNS:
         size = r[column]
         if size:
-            per[k] += size
-    per[-1] += r["au"] or 0
+            mine[k] += size
+    mine[-1] += r["au"] or 0
     for ts, size in odd:
-        per[_slot(totals.now, ts)] += size
+        mine[_slot(totals.now, ts)] += size
     # blobs are aged by the thread's first checkpoint (a channel value's history goes back
     # that far), pending writes by its latest one
     if r["bl_bytes"]:
-        per[_slot(totals.now, first)] += r["bl_bytes"]
+        mine[_slot(totals.now, first)] += r["bl_bytes"]
     if r["wr_bytes"]:
-        per[_slot(totals.now, last)] += r["wr_bytes"]
+        mine[_slot(totals.now, last)] += r["wr_bytes"]
+    for k, size in enumerate(mine):
+        if size:
+            per[k] += size
+    return mine if own else None
 
 
 def _slot(now: float, ts: float | None) -> int:
@@ -495,34 +514,3 @@ def _kinds_of(value: Any) -> dict[Any, int]:
     for type_, kind, n in json.loads(value):
         out[bytes.fromhex(kind) if type_ == "blob" else kind] = int(n)
     return out
-
-
-class AuditDatabase:
-    """The audit's and the trail's view of a database opened by URL, where the registry and
-    the inner saver's tables live together (what the CLI opens): the registry's engine only.
-    No inner saver, no keyring, no LangGraph import -- the grouped statements need none.
-    Operator access: it refuses to run inside a tenant scope (use a SecureSaver there)."""
-
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-
-    def admin_tenant(self, operation: str, tenant: Any = None) -> str | None:
-        """The scope rule of an AuditDatabase: operator only (refused inside a tenant scope)."""
-        from .errors import AccessDenied
-        from .tenancy import current_tenant_scope, validate_tenant
-        if current_tenant_scope() is not None:
-            raise AccessDenied(f"{operation} on an AuditDatabase is operator access; inside a "
-                               "tenant scope use the SecureSaver's own methods")
-        return None if tenant is None else validate_tenant(tenant)
-
-    @staticmethod
-    def inner_tables(dialect: str) -> tuple[str, ...]:
-        """The inner saver's tables the grouped statements read."""
-        if dialect == "postgresql":
-            return ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
-        return ("checkpoints", "writes")
-
-    def has_inner_tables(self) -> bool:
-        inspector = sa.inspect(self.registry.engine)
-        return all(inspector.has_table(name)
-                   for name in self.inner_tables(self.registry.dialect))

@@ -8,6 +8,7 @@ Knows the tables' layouts and the token format; nothing of keys, sealing or the 
 from __future__ import annotations
 
 import base64
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -75,8 +76,8 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner, rows.thread
 """  # noqa: S608
 
 
-def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
-                          ) -> tuple[str, dict[str, Any]]:
+def inventory_sqlite(tenants: list[str], tenant: str | None, now: float,
+                     only: list[str] | None = None) -> tuple[str, dict[str, Any]]:
     """SQLite: one grouped statement, registry rows joined with per-thread storage aggregates
     and PII kinds, ordered by (tenant, thread). Runs on the registry's engine when it shares
     the inner saver's database (see :func:`~langgraph_securesaver.pruner.shares_database`).
@@ -113,6 +114,13 @@ def inventory_sqlite(tenants: list[str], tenant: str | None, now: float
         where_reg = "WHERE r.tenant = :tenant"
         where_pii = "WHERE r.tenant = :tenant"
         params["plen"] = PREFIX_LEN
+        if only is not None:      # these registered threads of the tenant only (summaries)
+            params["only_inner"] = json.dumps([thread_prefix(tenant) + t for t in only])
+            params["only"] = json.dumps(only)
+            where_ck += " AND c.thread_id IN (SELECT value FROM json_each(:only_inner))"
+            where_st += " AND x.thread_id IN (SELECT value FROM json_each(:only_inner))"
+            where_reg += " AND r.thread_id IN (SELECT value FROM json_each(:only))"
+            where_pii += " AND r.thread_id IN (SELECT value FROM json_each(:only))"
 
     def side(table: str, column: str) -> str:
         col = f"x.{column}"
@@ -283,8 +291,8 @@ ORDER BY CASE WHEN rows.owner IS NULL THEN 1 ELSE 0 END, rows.owner COLLATE "C",
 """  # noqa: S608
 
 
-def inventory_pg(tenants: list[str], tenant: str | None, now: float
-                      ) -> tuple[str, dict[str, Any]]:
+def inventory_pg(tenants: list[str], tenant: str | None, now: float,
+                 only: list[str] | None = None) -> tuple[str, dict[str, Any]]:
     """PostgreSQL's form of the inventory statement (see the constants above)."""
     params: dict[str, Any] = {"sealed_like": SEALED_TEXT_PREFIX + "%", "b64": B64URL,
                               "shape0": TS_SHAPES[0], "shape1": TS_SHAPES[1]}
@@ -303,6 +311,11 @@ def inventory_pg(tenants: list[str], tenant: str | None, now: float
         params.update(like=thread_prefix(tenant) + "%", tenant=tenant)
         where = "WHERE x.thread_id LIKE :like"
         reg_where = "WHERE r.tenant = :tenant"
+        if only is not None:      # these registered threads of the tenant only (summaries)
+            params["only_inner"] = [thread_prefix(tenant) + t for t in only]
+            params["only"] = list(only)
+            where += " AND x.thread_id = ANY(CAST(:only_inner AS text[]))"
+            reg_where += " AND r.thread_id = ANY(CAST(:only AS text[]))"
     checkpoints = _PG_CHECKPOINTS.format(
         buckets=", ".join(f"sum(bytes) FILTER (WHERE wb = {n - k}) AS a{k}"
                           for k in range(n + 1)), where=where)

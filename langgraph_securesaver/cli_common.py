@@ -202,7 +202,7 @@ def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
     Otherwise (a database SecureSaver never set up) a full SecureSaver, as :func:`opened`."""
     check_url(url)
     try:
-        from .audit import AuditDatabase
+        from .audit_db import AuditDatabase
         from .backends import registry_url_for
         from .registry import Registry
         registry = Registry(registry_url_for(url))

@@ -149,9 +149,15 @@ def audit(
         "from this time on (same forms as events --since; default: all).")] = None,
     until: Annotated[str | None, typer.Option(
         "--until", metavar="WHEN", help="html: ... up to this time.")] = None,
+    recount: Annotated[bool, typer.Option(
+        "--recount", help="Read every stored row instead of the maintained summaries (slower "
+        "on large databases; also lists stored threads without a registry row).")] = False,
 ) -> None:
     """What is held per tenant and thread: since when, until when, how much, under which
     keys, which personal data; threads past their expiry are flagged.
+
+    Large databases are answered from the maintained summaries (`securesaver summaries`
+    refreshes them; `scan --verify` checks them against the stored rows).
 
     With --format html the report is one self-contained page for an auditor: the database
     and library version, the verification results (with --keyring: scan --verify and events
@@ -166,12 +172,13 @@ def audit(
     tenant = tenant_arg(tenant)
     ring = _keyring_or_none(keyring)
     period = (parse_when(since, what="--since"), parse_when(until, what="--until"))
+    source = "recount" if recount else "auto"
     if output is not AuditFormat.table:
-        _stream_audit(url, ring, tenant, output, out, period)
+        _stream_audit(url, ring, tenant, output, out, period, source)
     with opened_for_audit(url, ring) as saver:
         try:
             with progress_bar("audit") as advance:
-                report = run_audit(saver, tenant=tenant, progress=advance)
+                report = run_audit(saver, tenant=tenant, progress=advance, source=source)
             epoch = erasure_epoch_of(saver.registry, ring) if ring is not None else None
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
@@ -184,7 +191,8 @@ def audit(
 
 
 def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
-                  out: Path | None, period: tuple[float | None, float | None]) -> None:
+                  out: Path | None, period: tuple[float | None, float | None],
+                  source: str = "auto") -> None:
     """json / html: written while the database is read (memory stays flat); always exits."""
     import sys
 
@@ -198,10 +206,10 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
             with (out.open("w", encoding="utf-8") if out is not None
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
-                    stream, finish = iter_audit(saver, tenant=tenant)
+                    stream, finish = iter_audit(saver, tenant=tenant, source=source)
                     summary = write_html(stream, finish, target, context=context)
                 else:
-                    summary = audit_stream(saver, target, tenant=tenant)
+                    summary = audit_stream(saver, target, tenant=tenant, source=source)
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
     if out is not None:
@@ -220,7 +228,7 @@ def _report_context(url: str, ring: Any, tenant: str | None,
 
     import sqlalchemy as sa
 
-    from .audit import events as list_entries
+    from .audit_trail import events as list_entries
     from .registry_schema import meta_table
     from .report_html import ReportContext
     from .scan import scan as run_scan
@@ -607,7 +615,7 @@ def events(
     """
     if verify:
         _verify_registry(url, keyring, anchor, save_anchor, output)
-    from .audit import events as list_entries
+    from .audit_trail import events as list_entries
     tenant = tenant_arg(tenant)
     thread = thread_arg(thread)
     if kind is not None and (not kind or len(kind) > 64):

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from . import summaries
 from .errors import TamperedDataError
 from .ops import threads
 from .registry import ThreadRow, _thread_ref, pairs_in
@@ -112,6 +113,10 @@ def _reason(row: ThreadRow, now: float) -> str:
     return "retention:max_age"
 
 
+#: audit summaries refreshed per sweep at most (summaries.py)
+SUMMARY_REFRESH_LIMIT = 50_000
+
+
 class Sweep:
     """One run of the pruner over the registry."""
 
@@ -136,6 +141,7 @@ class Sweep:
         self.should_stop = should_stop or (lambda: False)
         self.report = PruneReport(self.now, dry_run)
         self._shared = False
+        self.report_refreshed = 0
 
     def _verified(self, row: ThreadRow) -> tuple[bool, float | None]:
         """(verifies, verified expiry); a row that does not verify is reported as an error."""
@@ -184,10 +190,25 @@ class Sweep:
                     self.progress(done, max(total, done))
         if self.report.deleted or self.report.pruned_to_latest:
             self.services.flush_deleted()
+        if self._shared and self.tenant is None and not self.should_stop():
+            self._refresh_summaries()
         logger.info("retention sweep: %d deleted, %d pruned, %d errors",
                     len(self.report.deleted), len(self.report.pruned_to_latest),
                     len(self.report.errors))
         return self.report
+
+    def _refresh_summaries(self) -> None:
+        """The audit summaries that are due (summaries.py), at most SUMMARY_REFRESH_LIMIT
+        threads a sweep: what bounds how long a summary stays due (the audit recomputes a due
+        one from the raw rows meanwhile, so only its speed depends on this)."""
+        from .audit_sql import AuditDatabase
+        if not summaries.built(self.registry):
+            return
+        try:
+            self.report_refreshed = summaries.refresh(AuditDatabase(self.registry),
+                                                      limit=SUMMARY_REFRESH_LIMIT)
+        except Exception as exc:  # noqa: BLE001 - summaries never fail a retention sweep
+            logger.warning("audit summaries not refreshed (%s: %s)", type(exc).__name__, exc)
 
     # one claimed batch ---------------------------------------------------------------------
     def _batch(self, current: list[ThreadRow]) -> None:
@@ -449,6 +470,7 @@ class Sweep:
         """Companion records of a batch (PII vault, idempotency), in the caller's transaction;
         the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
         out = {"pii_values": self.services.vault.delete_threads_in(conn, pairs)}
+        summaries.drop_pairs(conn, self.registry.dialect, pairs)
         keys = threads.thread_key_store(self.services)
         if keys is not None:   # the keys go with the data (crypto-erasure)
             out["thread_keys"] = keys.delete_in(conn, pairs)
@@ -536,6 +558,7 @@ class Sweep:
             checkpoints_before = self.services.storage.count_checkpoints(ref.inner_id)
             self.services.storage.keep_latest([ref.inner_id])
             after = self.services.storage.count_checkpoints(ref.inner_id)
+            summaries.mark_changed(self.registry, row.tenant, [row.thread_id])
             self.registry.finish_pruned(row, {
                 "tenant": row.tenant, "thread_id": row.thread_id, "action": "pruned",
                 "reason": reason, "requested_by": f"pruner:{self.owner}",

@@ -29,8 +29,9 @@ logger = logging.getLogger("langgraph_securesaver.registry")
 
 
 #: v2: MACs on retention rows, hash-chained receipts and events; v3: key rows bound to the
-#: database (``securesaver_tenant_keys.context``), per-thread data keys
-SCHEMA_VERSION = 3
+#: database (``securesaver_tenant_keys.context``), per-thread data keys; v4: maintained audit
+#: summaries (built by ``SecureSaver.setup()`` on older databases)
+SCHEMA_VERSION = 4
 
 metadata = sa.MetaData()
 
@@ -146,6 +147,40 @@ chain_heads = sa.Table(
     sa.Column("seq", sa.BigInteger, nullable=False),
     sa.Column("mac", sa.String(64), nullable=False),        # MAC of the chain's last row
     sa.Column("head_mac", sa.String(64), nullable=False),
+)
+
+# Maintained audit summaries (summaries.py): what the audit reads instead of every raw row.
+# Per registered thread, its storage totals as of ``refreshed_at`` (NULL: due for a refresh);
+# ``ages`` the stored bytes per age bucket at that time, JSON like ``pii`` and ``unsealed``.
+thread_summaries = sa.Table(
+    "securesaver_thread_summaries", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("checkpoints", sa.BigInteger, nullable=False),
+    sa.Column("stored_bytes", sa.BigInteger, nullable=False),
+    sa.Column("first_ts", sa.Float, nullable=True),
+    sa.Column("last_ts", sa.Float, nullable=True),
+    sa.Column("key_versions", sa.Text, nullable=False),
+    sa.Column("pii", sa.Text, nullable=False),
+    sa.Column("ages", sa.Text, nullable=False),
+    sa.Column("unsealed", sa.Text, nullable=False),
+    sa.Column("refreshed_at", sa.Float, nullable=True),
+    # set by the paths that change stored rows without touching the thread's activity
+    # (keep_latest, delete_for_runs, forget_pii): due again if at or after refreshed_at
+    sa.Column("changed_at", sa.Float, nullable=True),
+)
+# Per tenant, the sums of its thread summaries (written with them).
+tenant_summaries = sa.Table(
+    "securesaver_tenant_summaries", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("threads", sa.BigInteger, nullable=False),
+    sa.Column("checkpoints", sa.BigInteger, nullable=False),
+    sa.Column("stored_bytes", sa.BigInteger, nullable=False),
+    sa.Column("first_ts", sa.Float, nullable=True),
+    sa.Column("last_ts", sa.Float, nullable=True),
+    sa.Column("key_versions", sa.Text, nullable=False),
+    sa.Column("unsealed", sa.Text, nullable=False),
+    sa.Column("refreshed_at", sa.Float, nullable=True),
 )
 
 #: columns added by schema v2 (ALTER TABLE ADD COLUMN on databases set up by v1)

@@ -32,6 +32,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from . import summaries
 from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .crypto import KeyManager
 from .errors import (
@@ -183,6 +184,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup) and not asyncio.iscoroutinefunction(inner_setup):
             inner_setup()
+        summaries.on_setup(self)
 
     async def asetup(self) -> None:
         """Async twin of :meth:`setup`: the same tables, without blocking the event loop."""
@@ -195,6 +197,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                 await inner_setup()
             else:
                 await asyncio.to_thread(inner_setup)
+        await asyncio.to_thread(summaries.on_setup, self)
 
     # --------------------------------------------------------------------------------------
     # sync API
@@ -301,6 +304,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         self._io.sync("delete_for_runs")
         touched = self.services.storage.delete_for_runs(thread_prefix(tenant), run_ids)
         emptied = threads.delete_emptied(self.services, tenant, touched)
+        summaries.mark_changed(self.registry, tenant)
         self.services.flush_deleted()
         self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids,
                                    threads_emptied=len(emptied))

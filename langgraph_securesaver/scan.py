@@ -95,6 +95,10 @@ VIOLATIONS: dict[str, str] = {
     "write_moved": "a pending write sits at another idx or task path than it was sealed for",
     "plaintext_store_value": "a store item holds no SecureStore ciphertext (plain, forged or "
                              "extra fields)",
+    "summary_drift": "an audit summary differs from a recount of the raw rows (the audit "
+                     "answers from it until it is refreshed: `securesaver summaries`)",
+    "unregistered_thread": "a stored thread has no registry row (no retention applies; the "
+                           "audit that reads summaries does not list it)",
 }
 
 
@@ -332,10 +336,29 @@ class Scanner:
         store_rows = self._scan_store(tenants)
         if store_rows is not None:
             self.report.rows["store"] = store_rows
+        if self.verify:
+            self._recount()
         # tenant names are clear columns too: shown masked, like every location
         self.report.key_versions = {self._m(t): v for t, v in self.report.key_versions.items()}
         self.report.duration = time.monotonic() - started
         return self.report
+
+    def _recount(self) -> None:
+        """``verify``: the audit summaries against a recount of the raw rows, and the stored
+        threads the registry does not know (where the registry shares the database)."""
+        from . import summaries
+        from .audit_sql import AuditDatabase
+        if not self.saver.services.storage.shares_database(self.registry.engine):
+            return
+        db = AuditDatabase(self.registry)
+        if not db.has_inner_tables():
+            return
+        for f in summaries.recount(db):
+            table = ("securesaver_thread_summaries" if f["kind"] == "summary_drift"
+                     else self._table_name("checkpoints"))
+            where = f"tenant={self._m(f['tenant'])} thread={self._m(f['thread_id'])}"
+            self._violation(f["kind"], table, where,
+                            f"differs in {', '.join(f['fields'])}" if f["fields"] else "")
 
     def _table_name(self, name: str) -> str:
         if name == "writes" and self.raw.backend == "postgres":

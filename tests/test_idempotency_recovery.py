@@ -20,7 +20,6 @@ from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.idempotency import (
     IdempotencyStore,
     dead_letters_of,
-    mark_recoverable,
     rearm_dead_letter,
     recover_stalled,
     recoverable_run,

@@ -14,9 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, arecover_stalled
-from langgraph_securesaver.idempotency import arecoverable_run
 from langgraph_securesaver.cli import app
-from langgraph_securesaver.idempotency import dead_letters_of, recovery_state
+from langgraph_securesaver.idempotency import arecoverable_run, dead_letters_of, recovery_state
 from langgraph_securesaver.idempotency.recovery import async_url
 
 from .idem_scripts.recovery_graph import abuild

@@ -39,13 +39,13 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "audit_report", "audit_sql",
-                              "audit_statements",
+                              "audit_statements", "audit_db", "audit_trail", "summaries",
                               "report_html", "scan", "store_audit",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "connect", "server", "server_encryption",
                                 "server_store", "demo", "demo_run",
                                   "recover", "store", "store.*"})),
-    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events"})),
+    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events", "cli_summaries"})),
     # the facades: the package and the idempotency package re-export names of every layer
     ("package", frozenset({"", "idempotency"})),
 )

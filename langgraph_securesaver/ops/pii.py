@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterable
 
+from .. import summaries
 from ..errors import ConfigurationError
 from ..gate import thread_id_of
 from ..pii_layer import PiiLayer
@@ -45,6 +46,7 @@ def forget_pii(services: SaverServices, tenant: str, value: str | None = None, *
         erased += vault.forget_lookups(tenant, [
             make_token(token_key, known, value) for known in ([kind] if kind else
                                                               vault.kinds(tenant))])
+    summaries.mark_changed(services.registry, tenant)
     services.flush_deleted()
     services.registry.record_event("pii_forgotten", tenant=tenant, actor=requested_by,
                                    entity=kind, by_value=value is not None, erased=erased,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .. import summaries
 from ..crypto import KEK
 from ..errors import ConfigurationError
 from ..services import SaverServices
@@ -71,6 +72,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     store_items = purge_store_tenant(registry.engine, tenant)
     if store_items:
         logger.info("shred_tenant: %d store item(s) of tenant %r deleted", store_items, tenant)
+    summaries.drop(registry, tenant)
     store = idempotency_store(services)
     if store is not None:
         store.delete_tenant(tenant)

@@ -13,6 +13,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
+from .. import summaries
 from ..errors import TamperedDataError
 from ..listing import ARows, decoding, listing
 from ..services import SaverServices
@@ -59,6 +60,7 @@ def keep_latest(services: SaverServices, tenant: str, thread_ids: Sequence[str])
     refs = [ThreadRef(tenant, t) for t in thread_ids]
     before = {r.thread_id: ops.count_checkpoints(r.inner_id) for r in refs}
     ops.keep_latest([r.inner_id for r in refs])
+    summaries.mark_changed(services.registry, tenant, list(thread_ids))
     for ref in refs:
         after = ops.count_checkpoints(ref.inner_id)
         if before[ref.thread_id] > after:
@@ -76,6 +78,7 @@ def purge_thread_storage(services: SaverServices, ref: ThreadRef) -> dict[str, i
     services.storage.delete_threads([ref.inner_id])
     for name, purge in thread_purgers(services):
         counts[name] = purge(ref.tenant, ref.thread_id)
+    summaries.drop(services.registry, ref.tenant, [ref.thread_id])
     return counts
 
 
