@@ -6,8 +6,8 @@ settings (redaction on, the default budget and worker pool).
 Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
 raw AsyncPostgresSaver, throughput ratio (``--concurrent``).
 
-    python benchmarks/noisy_neighbour.py [--rounds 2] [--phase 6] [--backends sqlite,postgres]
-                                         [--concurrent 16]
+    python benchmarks/noisy_neighbour.py [--rounds 2] [--phase 5] [--backends sqlite,postgres]
+                                         [--concurrent 16] [--turns 12]
 
 Targets: victim median <= 1.5x and p95 <= 2x alone; every hostile write returns (withheld or
 refused) in <= 2 s; <= 10 access_denied rows per 8 s of flood, counts exact; 16 conversations
@@ -174,7 +174,8 @@ def denial_rows(saver: SecureSaver, since: float) -> tuple[int, int]:
     return len(rows), sum(int(e.detail.get("count", 1)) for e in rows)
 
 
-async def run_backend(backend: str, rounds: int, phase: float, workdir: Path) -> None:
+async def run_backend(backend: str, rounds: int, phase: float, workdir: Path
+                      ) -> dict[str, dict[str, list[Any]]]:
     scenarios: dict[str, Callable[[SecureSaver], Callable[[asyncio.Event, dict[str, Any]],
                                                           list[Awaitable[None]]]]] = {
         "500 parts x 2 KB": lambda s: lambda stop, out: [hostile_writes(
@@ -225,6 +226,28 @@ async def run_backend(backend: str, rounds: int, phase: float, workdir: Path) ->
         print(f"{name:24} {a_med * 1e3:8.1f}/{a_p95 * 1e3:<8.1f} {w_med * 1e3:8.1f}/"
               f"{w_p95 * 1e3:<8.1f} {w_med / a_med:6.2f} {w_p95 / a_p95:6.2f} "
               f"{hmax:20.2f}  {notes}")
+    return results
+
+
+def readme_rows(by_backend: dict[str, dict[str, dict[str, list[Any]]]]) -> None:
+    """The docs/benchmarks.md table: one row per hostile phase, backends as ``a / b``."""
+    names = list(by_backend)
+    print(f"\n| hostile tenant | victim median x alone | victim p95 x alone | hostile write, max "
+          f"| rows per 8 s of flood |   ({' / '.join(names)})")
+    print("| --- | --- | --- | --- | --- |")
+    phases = list(next(iter(by_backend.values()))) if by_backend else []
+    for name in phases:
+        cells: list[list[str]] = [[], [], [], []]
+        for backend in names:
+            res = by_backend[backend][name]
+            a_med, a_p95 = statistics.median(res["alone"]), pct(res["alone"], 0.95)
+            w_med, w_p95 = statistics.median(res["with"]), pct(res["with"], 0.95)
+            cells[0].append(f"{w_med / a_med:.2f}")
+            cells[1].append(f"{w_p95 / a_p95:.2f}")
+            cells[2].append(f"{max(res['hostile']):.1f} s" if res["hostile"] else "—")
+            cells[3].append(", ".join(f"{rows} (count {total} = {raised})"
+                                      for rows, total, raised in res["rows"]) or "—")
+        print(f"| {name} | " + " | ".join(" / ".join(c) for c in cells) + " |")
 
 
 async def conversations(make_saver: Callable[[], Any], n: int, turns: int) -> float:
@@ -275,20 +298,25 @@ async def run_concurrent(n: int, turns: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--phase", type=float, default=6.0)
+    parser.add_argument("--phase", type=float, default=5.0)
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrent", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--turns", type=int, default=12)
     args = parser.parse_args()
+    started = time.perf_counter()
     print(load())
     if shared_pool is not None:
         pool = shared_pool()
         print(f"redaction workers: {pool.size} (ready: {pool.wait_ready()})")
+    by_backend: dict[str, dict[str, dict[str, list[Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in [b for b in args.backends.split(",") if b]:
-            asyncio.run(run_backend(backend, args.rounds, args.phase, Path(tmp)))
+            by_backend[backend] = asyncio.run(run_backend(backend, args.rounds, args.phase,
+                                                          Path(tmp)))
     if args.concurrent:
         asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds)))
+    readme_rows(by_backend)
+    print(f"\n{time.perf_counter() - started:.0f} s in all; {load()}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ constructor option by name (type checkers and IDEs see them) without growing the
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .errors import KeyringRequired
 from .key_urls import is_provider_url, provider_from_url
 from .keyring import KeyProvider, Keyring
+from .offthread import to_thread
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -114,7 +114,7 @@ class UrlConstructors:
         ``AsyncPostgresSaver`` inside, set up without blocking the event loop; the same
         parameters."""
         from .backends import open_async_inner
-        keyring = await asyncio.to_thread(_keyring_of, keyring)
+        keyring = await to_thread(_keyring_of, keyring)
         async with open_async_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(
                 inner, keyring=keyring, registry=registry_url, redaction=redaction,
@@ -126,7 +126,7 @@ class UrlConstructors:
             try:
                 yield saver
             finally:
-                await asyncio.to_thread(saver.registry.dispose)
+                await to_thread(saver.registry.dispose)
 
     #: The name LangGraph's savers use for :meth:`from_url` (same URL, same parameters).
     from_conn_string = from_url

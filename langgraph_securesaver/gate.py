@@ -12,7 +12,6 @@ LangGraph Server saver) subclasses it and sets ``SecureSaver.gate_class``.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import logging
 import time
@@ -24,6 +23,7 @@ from langchain_core.runnables import RunnableConfig
 
 from .denials import log_for
 from .errors import AccessDenied, ConfigurationError, TenantRequired
+from .offthread import to_thread
 from .registry import Registry
 from .run_tenants import RunTenants, run_of
 from .tenancy import (
@@ -141,7 +141,7 @@ class TenantGate:
         try:
             return fn()
         except DeniedError as denied:
-            raise await asyncio.to_thread(self.record_denial, denied.denial) from None
+            raise await to_thread(self.record_denial, denied.denial) from None
 
     def resolve_tenant(self, operation: str, thread_id: str | None = None) -> str:
         """:meth:`tenant` (no explicit tenant) with a denial recorded and raised."""

@@ -18,6 +18,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.memory import InMemorySaver
 
 from .errors import AsyncOnlySaverError, TamperedDataError
+from .offthread import to_thread
 from .tenancy import ThreadRef, outer_thread_id
 
 T = TypeVar("T")
@@ -59,7 +60,7 @@ class InnerAccess:
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self.sync_only:
-            return await asyncio.to_thread(getattr(self.inner, name), *args, **kwargs)
+            return await to_thread(getattr(self.inner, name), *args, **kwargs)
         return await getattr(self.inner, "a" + name)(*args, **kwargs)
 
     def optional(self, operation: str, **params: Any) -> dict[str, Any]:

@@ -17,7 +17,6 @@ the inner saver.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from .crypto import TenantKeys
 from .keymaterial import SecretBytes
+from .offthread import to_thread
 from .pii_vault import PiiVault
 from .redaction.budget import current_spend
 from .storage_ops import DELTA_METADATA_KEYS
@@ -191,5 +191,5 @@ class PiiLayer:
             return tup
         tokens = self.tokens_in(tup, known)
         # every token's original looked up off the event loop; restoring is then CPU only
-        found = await asyncio.to_thread(self.vault.lookup, keys, tokens) if tokens else {}
+        found = await to_thread(self.vault.lookup, keys, tokens) if tokens else {}
         return self.restore(keys, tup, known, prefetched=found)

@@ -10,7 +10,6 @@ path, retention or the operations.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import (
     AsyncIterator,
@@ -42,6 +41,7 @@ from .listing import (
     parent_config,
     row_ref,
 )
+from .offthread import to_thread
 from .seal import SealedCodec, _DetachedParent
 from .services import SaverServices
 from .steps import Steps, arun_steps, run_steps
@@ -203,7 +203,7 @@ class ReadPath:
         with the sync API on the loop (key and vault lookups run off it; a sync-only inner
         saver is walked by :meth:`delta_history` in a worker thread)."""
         if channels and self.io.sync_only:
-            return await asyncio.to_thread(self.delta_history, codec, config, channels)
+            return await to_thread(self.delta_history, codec, config, channels)
         inner = self.io.inner
         rows: AsyncIterator[CheckpointTuple] = empty_rows()  # after a "list" request
         async with AsyncExitStack() as page:
@@ -225,7 +225,7 @@ class ReadPath:
                     await page.aclose()
                     rows = empty_rows()
                 else:
-                    return await asyncio.to_thread(self.restore_history, *arg)
+                    return await to_thread(self.restore_history, *arg)
                 return None
             return await arun_steps(self.delta_steps(codec, config, channels), serve)
 
@@ -275,7 +275,7 @@ class ReadPath:
                            ) -> Any:
         """Async twin of :meth:`inner_rows` (an async or a sync iterable)."""
         if self.io.sync_only:
-            return await asyncio.to_thread(lambda: builtins.list(self.inner_rows(
+            return await to_thread(lambda: builtins.list(self.inner_rows(
                 tenant, config, filter, before, limit, one_thread)))
         if one_thread:
             return self.io.inner.alist(config, filter=filter, before=before, limit=limit)

@@ -18,6 +18,7 @@ from .idempotency.recovery import (
     rearm_dead_letter,
     recover_stalled,
 )
+from .offthread import to_thread
 from .saver import SecureSaver
 
 logger = logging.getLogger("langgraph_securesaver.idempotency.recovery")
@@ -58,10 +59,9 @@ async def _arecover_main(url: str, graph_ref: str, *, keyring: str | None, older
                          tenant: str | None, max_attempts: int, worker_id: str | None,
                          lease: float, limit: int | None, durability: str,
                          **saver_options: Any) -> RecoveryReport:
-    import asyncio
 
     from .key_urls import load_provider
-    ring = await asyncio.to_thread(load_provider, keyring)
+    ring = await to_thread(load_provider, keyring)
     async with SecureSaver.afrom_url(url, keyring=ring, **saver_options) as saver:
         graph = load_graph(graph_ref, saver)
         report = await arecover_stalled(graph, saver, older_than=older_than, tenant=tenant,

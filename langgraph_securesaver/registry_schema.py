@@ -324,7 +324,10 @@ def create_registry_engine(url: str) -> Engine:
 
         return engine
     if url.startswith("postgresql"):
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        # the async API's hops run on up to 16 threads (offthread), the application's own
+        # on more: beyond pool_size a connection is closed when it is returned (PostgreSQL
+        # forks a backend for each new one), beyond pool_size + max_overflow a thread waits
+        return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=22)
     raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
 
 

@@ -49,6 +49,7 @@ from .listing import (
     named_tup,
     refusing_listing,
 )
+from .offthread import to_thread
 from .ops import copying, threads
 from .ops.api import SaverOperations
 from .pii_layer import METADATA_CHANNEL, PiiLayer  # noqa: F401 - METADATA_CHANNEL re-exported
@@ -188,16 +189,16 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
 
     async def asetup(self) -> None:
         """Async twin of :meth:`setup`: the same tables, without blocking the event loop."""
-        await asyncio.to_thread(self.registry.setup)
-        await asyncio.to_thread(self.services.save_default_policy)
-        await asyncio.to_thread(self.services.bind_keyring)
+        await to_thread(self.registry.setup)
+        await to_thread(self.services.save_default_policy)
+        await to_thread(self.services.bind_keyring)
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup):
             if asyncio.iscoroutinefunction(inner_setup):
                 await inner_setup()
             else:
-                await asyncio.to_thread(inner_setup)
-        await asyncio.to_thread(summaries.on_setup, self)
+                await to_thread(inner_setup)
+        await to_thread(summaries.on_setup, self)
 
     # --------------------------------------------------------------------------------------
     # sync API
@@ -385,7 +386,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         if keys is None:
             return
         if filter and self.redactor is not None:
-            filter = await asyncio.to_thread(self._pii.redact_filter, keys, filter)
+            filter = await to_thread(self._pii.redact_filter, keys, filter)
         inner_filter = self.codec.translate_filter(keys, filter)
         with refusing_listing(tenant):
             rows = await self._reads.ainner_rows(tenant, inner_config, inner_filter, inner_before,
@@ -410,7 +411,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         ref = await self._gate.aresolve_ref(config, "put")
         keys = await self.services.atenant_keys(ref.tenant)
         # redaction, serialization, sealing and the registry rows: one hop off the event loop
-        sealed, md = await asyncio.to_thread(
+        sealed, md = await to_thread(
             self._writes.seal_put, self.codec, keys, ref, config, checkpoint, metadata,
             new_versions)
         saved = await self._io.call("put", self._io.config(ref, config), sealed, md,
@@ -424,7 +425,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         keys = await self.services.atenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
         path = optional.get("task_path", "")  # as the inner saver stores it
-        sealed = await asyncio.to_thread(  # one hop off the event loop, as in aput
+        sealed = await to_thread(  # one hop off the event loop, as in aput
             self._writes.seal_writes, self.codec, keys, ref, config, writes, task_id, path)
         await self._io.call("put_writes", self._io.config(ref, config), sealed, task_id,
                            **optional)
@@ -433,7 +434,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         """Async twin of :meth:`delete_thread`; never blocks the event loop."""
         thread_id = thread_id_of(thread_id)
         tenant = await self._gate.aresolve_tenant("delete_thread", thread_id=str(thread_id))
-        await asyncio.to_thread(threads.delete_threads, self.services, tenant, [str(thread_id)],
+        await to_thread(threads.delete_threads, self.services, tenant, [str(thread_id)],
                                 "delete_thread")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -443,14 +444,14 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         if not run_ids:
             return
         if self._io.sync_only:
-            touched = await asyncio.to_thread(self.services.storage.delete_for_runs,
+            touched = await to_thread(self.services.storage.delete_for_runs,
                                               thread_prefix(tenant), run_ids)
         else:
             touched = await self.services.storage.adelete_for_runs(thread_prefix(tenant),
                                                                    run_ids)
-        emptied = await asyncio.to_thread(threads.delete_emptied, self.services, tenant, touched)
+        emptied = await to_thread(threads.delete_emptied, self.services, tenant, touched)
         await self.services.aflush_deleted()
-        await asyncio.to_thread(self.registry.record_event, "runs_deleted", tenant=tenant,
+        await to_thread(self.registry.record_event, "runs_deleted", tenant=tenant,
                                 run_ids=run_ids, threads_emptied=len(emptied))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -465,7 +466,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                 copying.copy_steps(tenant, source_thread_id, target_thread_id),
                 copying.serving({"get_tuple": self.aget_tuple, "list": alist, "put": self.aput,
                                  "put_writes": self.aput_writes}))
-        await asyncio.to_thread(
+        await to_thread(
             self.registry.record_event, "thread_copied", tenant=tenant,
             thread_id=target_thread_id, source=source_thread_id, checkpoints=copied)
 
@@ -477,9 +478,9 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         if not ids:
             return
         if strategy == "delete":
-            await asyncio.to_thread(threads.delete_threads, self.services, tenant, ids, "prune")
+            await to_thread(threads.delete_threads, self.services, tenant, ids, "prune")
         else:
-            await asyncio.to_thread(threads.keep_latest, self.services, tenant, ids)
+            await to_thread(threads.keep_latest, self.services, tenant, ids)
 
 
 @contextmanager

@@ -13,7 +13,6 @@ operations or the CLI. Not a public API: names here may change between releases.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +25,7 @@ from .crypto import KeyManager, TenantKeys
 from .errors import ConfigurationError, TamperedDataError
 from .gate import TenantGate
 from .keyring import KeyProvider
+from .offthread import to_thread
 from .pii_layer import PiiLayer
 from .pii_vault import PiiVault
 from .registry import Registry
@@ -89,18 +89,18 @@ class SaverServices:
 
     async def atenant_keys(self, tenant: str) -> TenantKeys:
         cached = self.keys.cached(tenant)
-        return cached if cached is not None else await asyncio.to_thread(
+        return cached if cached is not None else await to_thread(
             self.tenant_keys, tenant)
 
     async def aexisting_keys(self, tenant: str) -> TenantKeys | None:
-        return self.keys.cached(tenant) or await asyncio.to_thread(
+        return self.keys.cached(tenant) or await to_thread(
             self.keys.keys_for, tenant, create=False)
 
     async def arequire_keys(self, tenant: str) -> TenantKeys:
         """:meth:`.crypto.KeyManager.require` off the event loop: the keys of a tenant whose
         stored rows are being read, or the TamperedDataError that says they are gone."""
         cached = self.keys.cached(tenant)
-        return cached if cached is not None else await asyncio.to_thread(
+        return cached if cached is not None else await to_thread(
             self.keys.require, tenant)
 
     async def awarm_thread_key(self, tenant: str, thread_id: str) -> None:
@@ -110,7 +110,7 @@ class SaverServices:
         store = self.keys.threads
         cached = getattr(store, "cached", None)
         if store is not None and callable(cached) and not cached(tenant, thread_id):
-            await asyncio.to_thread(store.key, tenant, "thread", thread_id, False)
+            await to_thread(store.key, tenant, "thread", thread_id, False)
 
     def database_id(self) -> str:
         """A random id for the database behind the registry, created on first use and kept
@@ -155,8 +155,8 @@ class SaverServices:
         if self.async_only:
             await self.storage.aflush_deleted()
         else:
-            await asyncio.to_thread(self.storage.flush_deleted)
-        await asyncio.to_thread(self.registry.flush_deleted)
+            await to_thread(self.storage.flush_deleted)
+        await to_thread(self.registry.flush_deleted)
 
     def forget_thread(self, tenant: str, thread_id: str) -> None:
         """Drop what this process caches about a deleted thread."""

@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
 from .errors import DeltaChannelPruneError, TamperedDataError, parse_failure, refusing_rows
+from .offthread import to_thread
 from .storage_flush import asqlite_flush, bridged_flush, sqlite_flush
 from .storage_sql import (
     _BYTEWISE,
@@ -360,8 +361,7 @@ class SqliteOps(StorageOps):
             self._transaction(lambda cur, tid=tid: _sqlite_keep_latest_statements(cur, tid))
 
     async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
-        import asyncio
-        await asyncio.to_thread(self.keep_latest, inner_ids)
+        await to_thread(self.keep_latest, inner_ids)
 
     def delete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
         touched: set[str] = set()
@@ -380,8 +380,7 @@ class SqliteOps(StorageOps):
         return touched
 
     async def adelete_for_runs(self, prefix: str, run_ids: Sequence[str]) -> set[str]:
-        import asyncio
-        return await asyncio.to_thread(self.delete_for_runs, prefix, run_ids)
+        return await to_thread(self.delete_for_runs, prefix, run_ids)
 
     def count_checkpoints(self, inner_id: str) -> int:
         inner: Any = self.inner

@@ -139,9 +139,57 @@ def test_the_time_budget_withholds_what_is_left() -> None:
     assert out == [WITHHELD] * 4 and vault == []
 
 
+class _LoadedMachine:
+    """A fake machine where every analysis takes 0.1 CPU seconds and 2 wall seconds (a load
+    of 20): the wall clock moves only when the CPU clock is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def wall(self) -> float:
+        return self.now
+
+    def cpu(self) -> float:
+        cpu = self.now / 10  # read before and after an analysis: 0.1 CPU s, 2 wall s
+        self.now += 1.0
+        return cpu
+
+
+@pytest.mark.parametrize("on_exceed", ["mask", "raise"])
+def test_the_wall_clock_deadline_applies_once_the_write_used_real_cpu(on_exceed: str) -> None:
+    """On a loaded machine the CPU budget alone stretches to many wall seconds: past
+    ``wall_after`` CPU seconds the write also has ``wall_budget`` wall seconds of analysis.
+    Below ``wall_after`` (every real turn) load alone never withholds anything."""
+    pool_mod.configure_pool(0)
+    budget = WriteBudget(time_budget=100.0, wall_budget=3.0, wall_after=0.25,
+                         on_exceed=on_exceed)
+    redactor = Redactor(RedactionPolicy(write_budget=budget, time_budget=60.0))
+    machine = _LoadedMachine()
+    redactor._cpu_clock = machine.cpu
+    redactor._clock = machine.wall
+    values = [f"user{i}@example.com" for i in range(6)]
+    if on_exceed == "raise":
+        with pytest.raises(RedactionError, match="wall time") as info:
+            redactor.redact_value(values, channel="messages", token_key=KEY)
+        assert "example" not in str(info.value)
+        return
+    out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
+    # 0.1, 0.2, 0.3 CPU s (2, 4, 6 wall s, far past 3): the first three go through
+    assert all("<EMAIL_ADDRESS:" in v for v in out[:3]) and out[3:] == [WITHHELD] * 3
+    assert {e.value for e in vault} == {f"user{i}@example.com" for i in range(3)}
+    # the same load with the deadline applying only past 100 CPU s: nothing withheld
+    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(
+        time_budget=100.0, wall_budget=3.0, wall_after=100.0), time_budget=60.0))
+    machine = _LoadedMachine()
+    lenient._cpu_clock = machine.cpu
+    lenient._clock = machine.wall
+    out, _ = lenient.redact_value(values, channel="messages", token_key=KEY)
+    assert WITHHELD not in out and machine.now > 10
+
+
 def test_budget_settings_are_checked() -> None:
     for bad in ({"max_chars": 10}, {"max_parts": 0}, {"time_budget": 0},
-                {"on_exceed": "ignore"}):
+                {"on_exceed": "ignore"}, {"wall_budget": 0}, {"wall_after": -1}):
         with pytest.raises(Exception, match="budget"):
             WriteBudget(**bad)
     with pytest.raises(Exception, match="WriteBudget"):
@@ -389,3 +437,45 @@ def test_coalesced_counts_are_exact_under_floods_from_two_processes(
     assert total == raised                       # the count is exact
     assert rows <= 2 * 2 * 3                     # a few rows per process, not one per attempt
     assert _verify(url, ring_path) == 0          # the chains verify
+
+
+# --------------------------------------------------------------------------------------------
+# the async API's hops: SecureSaver's own threads, not the application's default executor
+# --------------------------------------------------------------------------------------------
+def test_the_async_api_never_needs_the_loops_default_executor(tmp_path: Path) -> None:
+    """The loop's default executor (six threads on 2 cores, shared with the application) is
+    replaced by one that refuses work: puts, writes, reads, listings and a refused
+    cross-tenant read all still work, tenant_scope included, and PII is restored."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Refusing(ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the loop's default executor was used")
+
+    pool_mod.configure_pool(0)
+    cfg = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    md: Any = {"source": "input", "step": -1, "parents": {}}
+
+    async def run() -> tuple[Any, int, bool]:
+        async with SecureSaver.afrom_url(f"sqlite:///{tmp_path / 'a.db'}",
+                                         keyring=Keyring.generate()) as saver:
+            asyncio.get_running_loop().set_default_executor(Refusing(1))
+            with tenant_scope("acme"):
+                stored = await saver.aput(
+                    cfg, _checkpoint([HumanMessage("mail me at ann@example.com")]), md,
+                    {"messages": 1})
+                await saver.aput_writes(stored, [("messages", "or bob@example.com")], "task-1")
+                tup = await saver.aget_tuple(cfg)
+                listed = [t async for t in saver.alist(cfg)]
+            denied = False
+            with tenant_scope("globex"):
+                try:
+                    await saver.aget_tuple(_cfg("t1", "acme"))
+                except AccessDenied:
+                    denied = True
+            return tup, len(listed), denied
+
+    tup, listed, denied = asyncio.run(run())
+    assert tup is not None and listed == 1 and denied
+    assert tup.checkpoint["channel_values"]["messages"][0].content == "mail me at ann@example.com"
+    assert [w[2] for w in tup.pending_writes] == ["or bob@example.com"]

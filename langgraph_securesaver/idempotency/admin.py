@@ -5,7 +5,6 @@ class of the store; it relies on the store's transactions and sealing).
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -13,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..crypto import TenantKeys
+from ..offthread import to_thread
 from . import schema
 from . import statements as stmts
 from .keys import KeyScope
@@ -118,7 +118,7 @@ class RecordAdmin:
         return total
 
     async def adelete_thread(self, tenant: str, thread_id: str) -> int:
-        return await asyncio.to_thread(self.delete_thread, tenant, thread_id)
+        return await to_thread(self.delete_thread, tenant, thread_id)
 
     async def adelete_tenant(self, tenant: str) -> int:
-        return await asyncio.to_thread(self.delete_tenant, tenant)
+        return await to_thread(self.delete_tenant, tenant)

@@ -10,7 +10,6 @@ Inside the effect, :func:`current_idempotency_key` returns the key to send downs
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
@@ -24,6 +23,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest, ToolNode, ToolRuntime
 from langgraph.types import Command
 
 from ..errors import ConfigurationError
+from ..offthread import to_thread
 from ..tenancy import current_tenant_scope, validate_tenant
 from .context import (
     CONFIG_KEY_CHECKPOINTER,
@@ -288,7 +288,7 @@ async def _run_async(spec: _Spec, fn: Callable[..., Awaitable[Any]], args: tuple
             and active.tool_call_id == runtime.tool_call_id):
         return await fn(*args, **kwargs)
     # key derivation may read the registry (tenant keys): keep it off the event loop
-    plan = await asyncio.to_thread(_plan_in_context(spec, args, kwargs, runtime))
+    plan = await to_thread(_plan_in_context(spec, args, kwargs, runtime))
     if plan is None:
         return await fn(*args, **kwargs)
     if plan.ctx is not None:
@@ -309,7 +309,7 @@ async def _run_async(spec: _Spec, fn: Callable[..., Awaitable[Any]], args: tuple
 
 def _plan_in_context(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                      runtime: ToolRuntime | None) -> Callable[[], _Plan | None]:
-    # asyncio.to_thread copies the context, so get_config()/current_call() still work there
+    # to_thread (offthread) copies the context, so get_config()/current_call() still work there
     return functools.partial(_plan_call, spec, args, kwargs, runtime)
 
 
@@ -495,7 +495,7 @@ async def arun_once(step: int | str, fn: Callable[..., Any], /, *args: Any,
                     policy: IdempotencyPolicy | None = None,
                     fingerprint: FingerprintOpt = True, **kwargs: Any) -> Any:
     """Async :func:`run_once`; ``fn`` may be a coroutine function or a plain function."""
-    plan = await asyncio.to_thread(functools.partial(
+    plan = await to_thread(functools.partial(
         _step_plan, step, fn, args, kwargs, store, policy, fingerprint, {}))
     await aguard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant, plan.policy)
     with call_span(plan.scope) as span:
@@ -616,7 +616,7 @@ class IdempotentToolCalls:
                     execute: Callable[[ToolCallRequest], Awaitable[ToolResult]]) -> ToolResult:
         if not self.covers(str(request.tool_call["name"])):
             return await execute(request)
-        plan = await asyncio.to_thread(self._plan, request)
+        plan = await to_thread(self._plan, request)
         await aguard_durability(plan.store, cast(RunContext, plan.ctx), plan.tenant,
                                  plan.policy)
         with call_span(plan.scope) as span:

@@ -27,6 +27,7 @@ from langchain_core.runnables import RunnableConfig
 
 from ..crypto import associated_data
 from ..errors import ConfigurationError, TamperedDataError
+from ..offthread import to_thread
 from .context import CONFIG_KEY_CHECKPOINTER
 from .errors import NoIdempotencyContext
 from .recovery_lease import (
@@ -167,8 +168,7 @@ def _on_exit(stack: Any, held: Lease) -> None:
         return
 
     async def release() -> None:  # an async run: the database work off the event loop
-        import asyncio
-        await asyncio.to_thread(_release_quietly, held)
+        await to_thread(_release_quietly, held)
 
     push_async(release)
 
@@ -183,11 +183,10 @@ def _release_quietly(held: Lease) -> None:
 
 async def amark_recoverable(config: RunnableConfig | None = None, *,
                             saver: SaverLike | None = None, lease: float = DEFAULT_LEASE) -> None:
-    import asyncio
     if config is None:
         from langgraph.config import get_config
         config = get_config()
-    await asyncio.to_thread(mark_recoverable, config, saver=saver, lease=lease)
+    await to_thread(mark_recoverable, config, saver=saver, lease=lease)
 
 
 def release_recoverable(config: RunnableConfig, *, saver: SaverLike | None = None) -> bool:
@@ -225,12 +224,11 @@ def _release_run(config: RunnableConfig, saver: SaverLike | None) -> None:
 @asynccontextmanager
 async def arecoverable_run(config: RunnableConfig, *, saver: SaverLike | None = None,
                            lease: float = DEFAULT_LEASE) -> AsyncIterator[None]:
-    import asyncio
     await amark_recoverable(config, saver=saver, lease=lease)
     try:
         yield
     finally:
-        await asyncio.to_thread(_release_run, config, saver)
+        await to_thread(_release_run, config, saver)
 
 
 def unmark_recoverable(saver: SaverLike, tenant: str, thread_id: str) -> bool:
@@ -427,48 +425,46 @@ async def arecover_stalled(graph: Any, saver: SaverLike | None = None, *,
     """Async :func:`recover_stalled`, for graphs on async savers (``AsyncPostgresSaver``,
     ``AsyncSqliteSaver``, LangGraph Server): reads state with ``aget_state``, resumes with
     ``ainvoke``; the database work of the leases runs in worker threads, never on the loop."""
-    import asyncio
     sv = _saver_of(saver if saver is not None else getattr(graph, "checkpointer", None), None)
     store = IdempotencyStore.for_saver(sv)
     owner = worker_id or f"{default_owner()}:{uuid.uuid4().hex[:6]}"
     report = RecoveryReport(owner)
-    for ten, thread_id in await asyncio.to_thread(_candidates, store, tenant, limit):
+    for ten, thread_id in await to_thread(_candidates, store, tenant, limit):
         report.examined += 1
-        claimed = await asyncio.to_thread(_claim, store, ten, thread_id, owner, lease)
+        claimed = await to_thread(_claim, store, ten, thread_id, owner, lease)
         if claimed is None:
             report.skipped_busy += 1
             continue
         try:
             try:
-                config = await asyncio.to_thread(_resume_config, store, claimed)
+                config = await to_thread(_resume_config, store, claimed)
             except _ForgedOptIn as exc:
-                await asyncio.to_thread(_refuse, claimed, report, exc)
+                await to_thread(_refuse, claimed, report, exc)
                 continue
             await _arecover_one(graph, store, claimed, config, report, older_than=older_than,
                                 max_attempts=max_attempts, durability=durability)
         except Exception:
             logger.exception("recovery of %s/%s failed outside the run", ten, thread_id)
-            await asyncio.to_thread(claimed.release)
+            await to_thread(claimed.release)
     return report
 
 
 async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: Lease,
                         config: RunnableConfig, report: RecoveryReport, *, older_than: float,
                         max_attempts: int, durability: str) -> None:
-    import asyncio
     ident = (claimed.tenant, claimed.thread_id)
     snap = await graph.aget_state(config)
-    attempts = await asyncio.to_thread(_precheck, store, claimed, snap, report, older_than)
+    attempts = await to_thread(_precheck, store, claimed, snap, report, older_than)
     if attempts is None:
         return
     try:  # the lease is renewed by this process's lease thread, off the event loop
         await graph.ainvoke(None, config, durability=durability)
     except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
-        await asyncio.to_thread(_record_failure, store, claimed, exc, attempts, max_attempts,
+        await to_thread(_record_failure, store, claimed, exc, attempts, max_attempts,
                                 report)
         return
     after = await graph.aget_state(config)
-    await asyncio.to_thread(claimed.release, DONE if not after.next else ARMED,
+    await to_thread(claimed.release, DONE if not after.next else ARMED,
                             last_error=None)
     report.resumed.append(ident)
 

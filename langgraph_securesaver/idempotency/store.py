@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..crypto import KeyManager, TenantKeys
 from ..errors import ConfigurationError, TamperedDataError
+from ..offthread import to_thread
 from ..registry import engine_lock
 from . import schema
 from . import statements as stmts
@@ -207,7 +208,7 @@ class IdempotencyStore(RecordAdmin):
                     raise
 
     async def asetup(self) -> None:
-        await asyncio.to_thread(self.setup)
+        await to_thread(self.setup)
 
     @contextmanager
     def _db(self, what: str) -> Iterator[None]:
@@ -482,7 +483,7 @@ class IdempotencyStore(RecordAdmin):
         start = time.monotonic()
         delay = policy.poll_interval
         while True:
-            step = await asyncio.to_thread(self._acquire_step, scope, fingerprint, policy)
+            step = await to_thread(self._acquire_step, scope, fingerprint, policy)
             if not isinstance(step, _Wait):
                 return step
             if policy.on_conflict == "raise" and step.reason == "in progress elsewhere":
@@ -620,12 +621,12 @@ class IdempotencyStore(RecordAdmin):
             try:
                 value = await fn(claim)
             except BaseException as exc:
-                await asyncio.to_thread(self._after_exception, claim, exc)
+                await to_thread(self._after_exception, claim, exc)
                 raise
         if is_failure is not None and is_failure(value):
-            await asyncio.to_thread(self.fail, claim, _failure_text(value))
+            await to_thread(self.fail, claim, _failure_text(value))
         else:
-            await asyncio.to_thread(self.complete, claim, value)
+            await to_thread(self.complete, claim, value)
         return Outcome(value, False, scope.key, claim.token, claim.attempts)
 
     def _after_exception(self, claim: Claim, exc: BaseException) -> None:

@@ -8,11 +8,11 @@ runs the same body in a worker thread. Nothing here knows the checkpointer contr
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from ..offthread import to_thread
 from ..registry import Receipt, ThreadRow
 from ..retention import PruneReport, RetentionPolicy
 from ..services import SaverServices
@@ -45,11 +45,11 @@ class SaverOperations:
 
     async def aset_default_retention(self, policy: RetentionPolicy | None) -> None:
         """Async twin of :meth:`set_default_retention`, run in a worker thread."""
-        await asyncio.to_thread(self.set_default_retention, policy)
+        await to_thread(self.set_default_retention, policy)
 
     async def aset_tenant_retention(self, tenant: str, policy: RetentionPolicy | None) -> None:
         """Async twin of :meth:`set_tenant_retention`, run in a worker thread."""
-        await asyncio.to_thread(self.set_tenant_retention, tenant, policy)
+        await to_thread(self.set_tenant_retention, tenant, policy)
 
     def set_retention(self, thread_id: str, *, idle_ttl: Any = UNSET, max_age: Any = UNSET,
                       legal_hold: Any = UNSET, strategy: Any = UNSET) -> ThreadRow:
@@ -68,7 +68,7 @@ class SaverOperations:
         def run() -> ThreadRow:
             with tenant_scope(tenant):
                 return self.set_retention(thread_id, **changes)
-        return await asyncio.to_thread(run)
+        return await to_thread(run)
 
     def prune_expired(self, now: Any = None, *, limit: int | None = None,
                       dry_run: bool = False, tenant: str | None = None, **options: Any
@@ -87,7 +87,7 @@ class SaverOperations:
                              dry_run: bool = False, tenant: str | None = None, **options: Any
                              ) -> PruneReport:
         """Async twin of :meth:`prune_expired`, run in a worker thread."""
-        return await asyncio.to_thread(self.prune_expired, now, limit=limit, dry_run=dry_run,
+        return await to_thread(self.prune_expired, now, limit=limit, dry_run=dry_run,
                                        tenant=tenant, **options)
 
     def receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
@@ -99,7 +99,7 @@ class SaverOperations:
 
     async def areceipts(self, **filters: Any) -> builtins.list[Receipt]:
         """Async twin of :meth:`receipts`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.receipts(**filters))
+        return await to_thread(lambda: self.receipts(**filters))
 
     # shredding and PII ----------------------------------------------------------------------
     def shred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
@@ -115,7 +115,7 @@ class SaverOperations:
 
     async def ashred_tenant(self, tenant: str, *, requested_by: str | None = None) -> int:
         """Async twin of :meth:`shred_tenant`, run in a worker thread."""
-        return await asyncio.to_thread(self.shred_tenant, tenant, requested_by=requested_by)
+        return await to_thread(self.shred_tenant, tenant, requested_by=requested_by)
 
     def pii_inventory(self, tenant: str | None = None, thread_id: str | None = None
                       ) -> dict[tuple[str, str], dict[str, int]]:
@@ -126,7 +126,7 @@ class SaverOperations:
     async def apii_inventory(self, tenant: str | None = None, thread_id: str | None = None
                              ) -> dict[tuple[str, str], dict[str, int]]:
         """Async twin of :meth:`pii_inventory`, run in a worker thread."""
-        return await asyncio.to_thread(self.pii_inventory, tenant, thread_id)
+        return await to_thread(self.pii_inventory, tenant, thread_id)
 
     def forget_pii(self, tenant: str, value: str | None = None, *, kind: str | None = None,
                    requested_by: str | None = None) -> int:
@@ -141,7 +141,7 @@ class SaverOperations:
     async def aforget_pii(self, tenant: str, value: str | None = None, *,
                           kind: str | None = None, requested_by: str | None = None) -> int:
         """Async twin of :meth:`forget_pii`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.forget_pii(
+        return await to_thread(lambda: self.forget_pii(
             tenant, value, kind=kind, requested_by=requested_by))
 
     def forget_subject(self, identifiers: Any, *, tenants: Any = None,
@@ -155,7 +155,7 @@ class SaverOperations:
     async def aforget_subject(self, identifiers: Any, *, tenants: Any = None,
                               requested_by: str | None = None) -> dict[str, int]:
         """Async twin of :meth:`forget_subject`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.forget_subject(
+        return await to_thread(lambda: self.forget_subject(
             identifiers, tenants=tenants, requested_by=requested_by))
 
     # audit, events, scan, rotation (audit.py, scan.py, rotation.py) -------------------------
@@ -168,7 +168,7 @@ class SaverOperations:
 
     async def aaudit(self, *, tenant: str | None = None, now: Any = None) -> Any:
         """Async twin of :meth:`audit`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.audit(tenant=tenant, now=now))
+        return await to_thread(lambda: self.audit(tenant=tenant, now=now))
 
     def events(self, **filters: Any) -> Any:
         """Audit events and deletion receipts (tenant, thread_id, kind, since, until, limit;
@@ -185,7 +185,7 @@ class SaverOperations:
 
     async def aevents(self, **filters: Any) -> Any:
         """Async twin of :meth:`events`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.events(**filters))
+        return await to_thread(lambda: self.events(**filters))
 
     def scan(self, **options: Any) -> Any:
         """Check the at-rest guarantees on the raw tables (see scan.scan for options).
@@ -195,7 +195,7 @@ class SaverOperations:
 
     async def ascan(self, **options: Any) -> Any:
         """Async twin of :meth:`scan`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.scan(**options))
+        return await to_thread(lambda: self.scan(**options))
 
     def rotate_keys(self, **options: Any) -> Any:
         """New master version + rewrap; ``reencrypt=True`` also re-encrypts stored data.
@@ -205,7 +205,7 @@ class SaverOperations:
 
     async def arotate_keys(self, **options: Any) -> Any:
         """Async twin of :meth:`rotate_keys`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.rotate_keys(**options))
+        return await to_thread(lambda: self.rotate_keys(**options))
 
     def reencrypt(self, **options: Any) -> Any:
         """Rewrite every ciphertext not under its tenant's newest data key (resumable).
@@ -215,7 +215,7 @@ class SaverOperations:
 
     async def areencrypt(self, **options: Any) -> Any:
         """Async twin of :meth:`reencrypt`, run in a worker thread."""
-        return await asyncio.to_thread(lambda: self.reencrypt(**options))
+        return await to_thread(lambda: self.reencrypt(**options))
 
     # keys and databases ---------------------------------------------------------------------
     def database_id(self) -> str:
@@ -240,7 +240,7 @@ class SaverOperations:
 
     async def arewrap_keys(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Async twin of :meth:`rewrap_keys`, run in a worker thread."""
-        return await asyncio.to_thread(self.rewrap_keys, progress=progress)
+        return await to_thread(self.rewrap_keys, progress=progress)
 
     def rotate_data_key(self, tenant: str) -> int:
         """Start a new data-key version for ``tenant``; new writes use it, old data still reads."""
@@ -248,7 +248,7 @@ class SaverOperations:
 
     async def arotate_data_key(self, tenant: str) -> int:
         """Async twin of :meth:`rotate_data_key`, run in a worker thread."""
-        return await asyncio.to_thread(self.rotate_data_key, tenant)
+        return await to_thread(self.rotate_data_key, tenant)
 
     def erasure_epoch(self) -> dict[str, Any]:
         """How many erasures still open from remnants and backups (made under a master version
@@ -258,7 +258,7 @@ class SaverOperations:
 
     async def aerasure_epoch(self) -> dict[str, Any]:
         """Async twin of :meth:`erasure_epoch`, run in a worker thread."""
-        return await asyncio.to_thread(self.erasure_epoch)
+        return await to_thread(self.erasure_epoch)
 
     def master_versions_in_use(self) -> dict[str, int]:
         """How many key rows each master version still wraps (retire a version at zero).
@@ -267,4 +267,4 @@ class SaverOperations:
 
     async def amaster_versions_in_use(self) -> dict[str, int]:
         """Async twin of :meth:`master_versions_in_use`, run in a worker thread."""
-        return await asyncio.to_thread(self.master_versions_in_use)
+        return await to_thread(self.master_versions_in_use)

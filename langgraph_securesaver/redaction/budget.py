@@ -3,7 +3,8 @@
 Every per-string limit of the policy can hold while one write still carries hundreds of
 strings, each just under them; without a bound per write, one caller's message keeps a
 process busy for seconds to minutes. :class:`WriteBudget` bounds the characters analyzed,
-the strings analyzed and the analysis time of one write. Past it, each string still to be
+the strings analyzed and the analysis time of one write (CPU seconds, and wall-clock seconds
+once the write has used more CPU than any real turn needs). Past it, each string still to be
 analyzed is withheld (``<WITHHELD:masked>``, never stored in clear) or the whole write is
 refused with :class:`RedactionError`, per ``on_exceed``.
 
@@ -33,6 +34,8 @@ from .errors import RedactionError
 DEFAULT_WRITE_CHARS = 2_000_000
 DEFAULT_WRITE_PARTS = 20_000
 DEFAULT_WRITE_SECONDS = 1.0
+DEFAULT_WRITE_WALL = 1.0
+DEFAULT_WALL_AFTER = 0.5
 ON_EXCEED = ("mask", "raise")
 
 
@@ -46,6 +49,13 @@ class WriteBudget:
         time_budget: CPU seconds of analysis per write (measured where it ran: this
             thread, or the redaction worker), so that a loaded machine does not make a real
             turn look bigger; one string may take up to four times what is left in wall time.
+        wall_budget: wall-clock seconds (monotonic) of analysis per write -- the time its
+            strings spent being analyzed, here or waiting on a worker -- enforced once the
+            write has used ``wall_after`` CPU seconds of analysis: on a loaded machine one
+            CPU second stretches to many wall seconds, while other requests wait for the
+            worker and the GIL. Real turns (0.2 CPU seconds or less, see docs/redaction.md)
+            never reach ``wall_after``, so load alone never withholds them.
+        wall_after: CPU seconds of analysis a write may use before ``wall_budget`` applies.
         on_exceed: ``"mask"`` withholds each string past the budget as
             ``<WITHHELD:masked>``; ``"raise"`` refuses the write with ``RedactionError``.
     """
@@ -54,6 +64,8 @@ class WriteBudget:
     max_parts: int = DEFAULT_WRITE_PARTS
     time_budget: float = DEFAULT_WRITE_SECONDS
     on_exceed: str = "mask"
+    wall_budget: float = DEFAULT_WRITE_WALL
+    wall_after: float = DEFAULT_WALL_AFTER
 
     def __post_init__(self) -> None:
         if int(self.max_chars) < 1_000:
@@ -62,16 +74,23 @@ class WriteBudget:
             raise ConfigurationError("write budget max_parts must be at least 1")
         if not 0.0 < float(self.time_budget) <= 3600.0:
             raise ConfigurationError("write budget time_budget must be > 0 and <= 3600 s")
+        if not 0.0 < float(self.wall_budget) <= 3600.0:
+            raise ConfigurationError("write budget wall_budget must be > 0 and <= 3600 s")
+        if not 0.0 <= float(self.wall_after) <= 3600.0:
+            raise ConfigurationError("write budget wall_after must be >= 0 and <= 3600 s")
         if self.on_exceed not in ON_EXCEED:
             raise ConfigurationError(f"write budget on_exceed must be one of {ON_EXCEED}")
         object.__setattr__(self, "max_chars", int(self.max_chars))
         object.__setattr__(self, "max_parts", int(self.max_parts))
         object.__setattr__(self, "time_budget", float(self.time_budget))
+        object.__setattr__(self, "wall_budget", float(self.wall_budget))
+        object.__setattr__(self, "wall_after", float(self.wall_after))
 
     @classmethod
     def unlimited(cls) -> WriteBudget:
         """No practical bound (an hour of analysis per write): for trusted batch jobs."""
-        return cls(max_chars=2**62, max_parts=2**62, time_budget=3600.0)
+        return cls(max_chars=2**62, max_parts=2**62, time_budget=3600.0, wall_budget=3600.0,
+                   wall_after=3600.0)
 
 
 class Spend:
@@ -79,7 +98,7 @@ class Spend:
     threads that may run them), so it is locked."""
 
     __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "pii_epochs",
-                 "seconds", "withheld")
+                 "seconds", "wall", "withheld")
 
     def __init__(self, budget: WriteBudget | None = None) -> None:
         self.budget = budget
@@ -91,6 +110,7 @@ class Spend:
         self.calls = 0  # strings (or batches) that needed analysis, admitted or not
         self.exceeded: str | None = None  # why the budget is spent, once it is
         self.lock = threading.Lock()
+        self.wall = 0.0  # wall-clock seconds of the analyses charged so far
 
     def bind(self, budget: WriteBudget) -> WriteBudget:
         """The budget of the write: the first redaction's policy sets it."""
@@ -98,6 +118,17 @@ class Spend:
             if self.budget is None:
                 self.budget = budget
             return self.budget
+
+    def wall_left(self) -> float | None:
+        """Wall seconds of analysis the write has left, or None while its wall-clock bound
+        does not apply yet (less than ``wall_after`` CPU seconds used)."""
+        budget = self.budget
+        if budget is None:  # pragma: no cover
+            return None
+        with self.lock:
+            if self.seconds < budget.wall_after:
+                return None
+            return budget.wall_budget - self.wall
 
     def admit(self, chars: int) -> str | None:
         """None if a string of ``chars`` characters may be analyzed, else why not (and with
@@ -113,6 +144,9 @@ class Spend:
                     self.exceeded = f"write budget: more than {budget.max_chars} characters"
                 elif self.seconds >= budget.time_budget:
                     self.exceeded = f"write budget: {budget.time_budget} s of analysis"
+                elif (self.seconds >= budget.wall_after
+                      and self.wall >= budget.wall_budget):
+                    self.exceeded = f"write budget: {budget.wall_budget} s of wall time"
             reason = self.exceeded
             if reason is None:
                 self.parts += 1
@@ -134,17 +168,24 @@ class Spend:
         with self.lock:
             return budget.time_budget - self.seconds
 
-    def charge(self, seconds: float) -> None:
+    def charge(self, seconds: float, wall: float = 0.0) -> None:
+        """Add one analysis: its CPU ``seconds`` and its ``wall``-clock seconds."""
         with self.lock:
             self.seconds += max(0.0, seconds)
+            self.wall += max(0.0, wall)
 
-    def overran(self) -> str:
-        """Record that an analysis ran into the write's deadline; returns the reason."""
+    def overran(self, wall: bool = False) -> str:
+        """Record that an analysis ran into the write's deadline (``wall``: its wall-clock
+        one); returns the reason."""
         budget = self.budget
         with self.lock:
             if self.exceeded is None:
-                limit = budget.time_budget if budget is not None else 0.0
-                self.exceeded = f"write budget: {limit} s of analysis"
+                if wall:
+                    limit = budget.wall_budget if budget is not None else 0.0
+                    self.exceeded = f"write budget: {limit} s of wall time"
+                else:
+                    limit = budget.time_budget if budget is not None else 0.0
+                    self.exceeded = f"write budget: {limit} s of analysis"
             self.withheld += 1
             reason = self.exceeded
         if budget is not None and budget.on_exceed == "raise":

@@ -3,8 +3,9 @@
 :class:`BudgetedDetection` sits between :class:`~.detection.Detection` and the redactor: every
 string (or batch of JSON strings) that needs analysis is first admitted by the write's
 :class:`~.budget.Spend`, then analyzed with a deadline that is the earlier of the string's
-own time budget and what the write has left, in this process for a small write and in a
-:mod:`.pool` worker once the write has analyzed ``offload_after`` characters.
+own time budget and what the write has left (CPU, and wall-clock once the write's deadline
+applies), in this process for a small write and in a :mod:`.pool` worker once the write has
+analyzed ``offload_after`` characters.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from .view import OWN_LABELS
 
 Raw = dict[tuple[str, int, int], float]
 YIELD_AFTER = 64  # strings analyzed (or withheld) in one write before it starts yielding
-YIELD_EVERY = 8
+YIELD_EVERY = 0.002  # then it hands the GIL over at most this often (wall seconds)
 WALL_SLACK = 4.0
+OFFLOAD_PARTS = 64  # strings a write analyzes in-process before offloading, however short
 
 
 class BudgetedDetection(Detection):
@@ -35,6 +37,7 @@ class BudgetedDetection(Detection):
     _clock: Callable[[], float]
     #: the CPU clock the write budget is charged with (this thread's CPU time)
     _cpu_clock: Callable[[], float] = staticmethod(time.thread_time)
+    _yielded: float = 0.0  # when a write last handed the GIL over (any thread; a hint only)
 
     def new_spend(self) -> Spend:
         """The spend of the write in progress, or one of its own for a lone redaction."""
@@ -72,8 +75,13 @@ class BudgetedDetection(Detection):
         :mod:`.readback`), paid for when it was stored: it is analyzed within its own time
         budget, whatever the write has spent, and is not charged to the write."""
         spend.calls += 1
-        if spend.calls > YIELD_AFTER and not spend.calls % YIELD_EVERY:
-            time.sleep(0)  # a large write hands the GIL to other requests between strings
+        if spend.calls > YIELD_AFTER:
+            # a large write hands the GIL to other requests now and then (not per string: a
+            # sleep costs ~60 us of timer slack, more than withholding a string does)
+            now = self._clock()
+            if now - self._yielded > YIELD_EVERY:
+                time.sleep(0)
+                self._yielded = self._clock()
         spent = spend.exceeded
         if (not free and spent is not None and spend.budget is not None
                 and spend.budget.on_exceed == "mask"):
@@ -87,29 +95,37 @@ class BudgetedDetection(Detection):
         own = policy.time_budget * units
         left = own / WALL_SLACK if free else spend.remaining()
         # the budget counts CPU seconds (a loaded machine does not make a turn "bigger"); one
-        # string may take up to WALL_SLACK times what is left in wall-clock time
+        # string may take up to WALL_SLACK times what is left in wall-clock time, and no more
+        # than the write's wall-clock deadline leaves once that applies
         limit = max(0.0, min(own, left * WALL_SLACK))
+        wall_left = None if free else spend.wall_left()
+        by_wall = wall_left is not None and wall_left < limit
+        if by_wall:
+            limit = max(0.0, wall_left or 0.0)
         pool = shared_pool()
         clock, cpu = self._clock, self._cpu_clock
         answer = None
-        offload = free or spend.chars > pool.offload_after
+        offload = free or spend.chars > pool.offload_after or spend.parts > OFFLOAD_PARTS
+        started = clock()
         if (pool.enabled and not self._custom_analyzer and offload
                 and len(text) <= policy.hard_max_chars):
             answer = pool.detect(text, self._worker_params(policy), limit)
         if answer is not None:
             raw, why, took = answer
-            spend.charge(0.0 if free else took)
+            if not free:
+                spend.charge(took, clock() - started)
         else:
-            started, used = clock(), cpu()
+            used = cpu()
             try:
                 raw, why = self._raw_detect(text, policy, started + limit), None
             except Overrun as exc:
                 raw, why = None, str(exc)
             finally:
-                spend.charge(0.0 if free else cpu() - used)
+                if not free:
+                    spend.charge(cpu() - used, clock() - started)
         if raw is not None:
             return raw
         reason = why or "time budget"
-        if reason == "time budget" and left * WALL_SLACK < own and not free:  # write deadline
-            return spend.overran()
+        if reason == "time budget" and not free and (by_wall or left * WALL_SLACK < own):
+            return spend.overran(wall=by_wall)  # the write's deadline, not the string's own
         return reason

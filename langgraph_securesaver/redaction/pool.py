@@ -39,6 +39,7 @@ DEFAULT_OFFLOAD_AFTER = 16_000  # characters a write analyzes in-process before 
 START_TIMEOUT = 120.0  # seconds a new worker may take to build its engine
 RETRY_START = 60.0  # seconds before starting workers again after one failed to start
 GRACE = 5.0  # seconds past a request's own deadline before its worker counts as stuck
+TAKE_WAIT = 0.05  # seconds a write waits for a busy worker before analyzing in-process
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -191,8 +192,9 @@ class RedactionPool:
     def detect(self, text: str, params: dict[str, Any], seconds: float
                ) -> tuple[dict[tuple[str, int, int], float] | None, str | None, float] | None:
         """(raw detections or None, why not, seconds taken) from a worker; None when no
-        worker is free within ``seconds`` (the caller then analyzes in-process)."""
-        worker = self._take(seconds)
+        worker is free within ``TAKE_WAIT`` (the caller then analyzes in-process): one
+        write's strings never queue behind another write holding every worker."""
+        worker = self._take(min(seconds, TAKE_WAIT))
         if worker is None:
             return None
         if worker.proc.poll() is not None:  # died while idle: nothing was sent to it

@@ -20,6 +20,7 @@ from langgraph.store.base.embed import ensure_embeddings
 from ..crypto import TenantKeys
 from ..errors import ConfigurationError
 from ..keyring import KeyProvider
+from ..offthread import to_thread
 from ..registry import Registry
 from ..saver import DEFAULT, SecureSaver
 from ..tenancy import tenant_tag
@@ -117,14 +118,14 @@ class SecureStore(BaseStore):
             inner_setup()
 
     async def asetup(self) -> None:
-        await asyncio.to_thread(self.saver.registry.setup)
-        await asyncio.to_thread(self._services.bind_keyring)
+        await to_thread(self.saver.registry.setup)
+        await to_thread(self._services.bind_keyring)
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup):
             if asyncio.iscoroutinefunction(inner_setup):
                 await inner_setup()
             else:
-                await asyncio.to_thread(inner_setup)
+                await to_thread(inner_setup)
 
     # the BaseStore contract -------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
@@ -179,7 +180,7 @@ class SecureStore(BaseStore):
             await self._vault_deletes.aforget(self._core.deleted_items(plan))
         opened = await self._run(_returned(results) > _INLINE_OPS, plan.open_results, results)
         tokens = plan.tokens(opened)
-        originals = await asyncio.to_thread(self.saver.vault.lookup, plan.keys, tokens) \
+        originals = await to_thread(self.saver.vault.lookup, plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
         return await self._run(_returned(results) > _INLINE_OPS, plan.finish, opened,
                                query_vectors, originals)
@@ -273,7 +274,7 @@ class SecureStore(BaseStore):
     async def _adatabase_id(self) -> str:
         cached: str | None = self.__dict__.get("_database_id")
         if cached is None:
-            cached = await asyncio.to_thread(self._services.database_id)
+            cached = await to_thread(self._services.database_id)
             self.__dict__["_database_id"] = cached
         return cached
 
@@ -281,7 +282,7 @@ class SecureStore(BaseStore):
     async def _run(offload: bool, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` in a worker thread when ``offload``, else inline."""
         if offload:
-            return await asyncio.to_thread(fn, *args)
+            return await to_thread(fn, *args)
         return fn(*args)
 
     def _forget_deleted(self, plan: BatchPlan) -> None:

@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 
+from ..offthread import to_thread
 from ..pii_vault import PiiVault
 from ..registry import Registry
 
@@ -72,7 +73,7 @@ class VaultDeletes:
                 taken, queue.pending = queue.pending, []
                 pairs = [p for wanted, _f in taken for p in wanted]
                 try:
-                    await asyncio.to_thread(self.forget, pairs)
+                    await to_thread(self.forget, pairs)
                 except Exception as exc:  # noqa: BLE001  # each waiter raises it in its task
                     for _wanted, future in taken:
                         if not future.done():
