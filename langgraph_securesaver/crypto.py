@@ -12,7 +12,6 @@ place fails authentication. Text columns (JSON metadata) carry ``"ss1." + urlsaf
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hmac
 import logging
@@ -23,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from hashlib import sha256
 from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
@@ -59,6 +57,7 @@ THREAD_SCOPED = frozenset({b"cv", b"w", b"md", b"idem", b"idem-error", b"recover
 #: ``("pii", tenant, token)``: a PII-vault value, sealed under its entry's own key
 ENTRY_SCOPED = frozenset({b"pii"})
 THREAD, ENTRY = "thread", "entry"
+_SCOPED_KINDS = THREAD_SCOPED | ENTRY_SCOPED
 _AAD_PREFIX = b"securesaver/aad/v1"
 _LEN = struct.Struct(">I")
 
@@ -69,8 +68,19 @@ _LENGTH = struct.Struct(">I").pack
 
 def associated_data(*parts: str) -> bytes:
     """Length-prefixed encoding, so ("a:b", "c") and ("a", "b:c") never collide."""
-    raws = [part.encode("utf-8", "surrogatepass") for part in parts]
-    return _AAD_HEAD + b"".join([_LENGTH(len(raw)) + raw for raw in raws])
+    return _AAD_HEAD + aad_parts(parts)
+
+
+def aad_parts(parts: Iterable[str]) -> bytes:
+    """The length-prefixed encoding of ``parts`` without the header (what follows a cached
+    prefix of :func:`associated_data`: ``associated_data(*a, *b) ==
+    associated_data(*a) + aad_parts(b)``)."""
+    out = bytearray()
+    for part in parts:
+        raw = part.encode("utf-8", "surrogatepass")
+        out += _LENGTH(len(raw))
+        out += raw
+    return bytes(out)
 
 
 def aad_scope(aad: bytes) -> tuple[str, str, str] | None:
@@ -78,8 +88,13 @@ def aad_scope(aad: bytes) -> tuple[str, str, str] | None:
     thread or one vault entry, else None."""
     if not aad.startswith(_AAD_PREFIX):
         return None
-    parts: list[bytes] = []
     pos = len(_AAD_PREFIX)
+    if pos + 4 > len(aad):
+        return None
+    (n,) = _LEN.unpack_from(aad, pos)
+    if aad[pos + 4:pos + 4 + n] not in _SCOPED_KINDS:  # the usual case, decided on the kind
+        return None
+    parts: list[bytes] = []
     while len(parts) < 3 and pos + 4 <= len(aad):
         (n,) = _LEN.unpack_from(aad, pos)
         parts.append(aad[pos + 4:pos + 4 + n])
@@ -115,8 +130,14 @@ def token_key_version(token: bytes) -> int:
     return int(_HEADER.unpack_from(token)[1])
 
 
+# base64.urlsafe_b64encode/-decode, without their per-call argument handling
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+
+
 def to_text(token: bytes) -> str:
-    return TEXT_PREFIX + base64.urlsafe_b64encode(token).decode("ascii")
+    return TEXT_PREFIX + binascii.b2a_base64(token, newline=False).translate(
+        _TO_URLSAFE).decode("ascii")
 
 
 def from_text(text: object) -> bytes:
@@ -124,7 +145,8 @@ def from_text(text: object) -> bytes:
         raise TamperedDataError(
             "expected a SecureSaver ciphertext in a text column, found a plain value")
     try:
-        return base64.urlsafe_b64decode(text[len(TEXT_PREFIX):].encode("ascii"))
+        return binascii.a2b_base64(text[len(TEXT_PREFIX):].encode("ascii").translate(
+            _FROM_URLSAFE))
     except (binascii.Error, ValueError, UnicodeEncodeError):
         raise TamperedDataError("a text ciphertext is not valid base64") from None
 
@@ -263,7 +285,7 @@ class TenantKeys:
         hit = self._hmac_cache.get(key)
         if hit is None:
             raw = key.encode("utf-8", "surrogatepass")
-            hit = hmac.new(self.index_key.reveal(), raw, sha256).hexdigest()[:32]
+            hit = hmac.digest(self.index_key.reveal(), raw, "sha256").hex()[:32]
             if len(self._hmac_cache) < 4096:
                 self._hmac_cache[key] = hit
         return hit

@@ -152,6 +152,7 @@ def tagged_thread_id(value: object, tenant: str) -> object:
 
 
 @lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096)
 def tenant_tag(tenant: str) -> str:
     return "t" + hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:24]
 

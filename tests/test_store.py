@@ -347,3 +347,103 @@ def test_redacted_values_restored_for_the_owner_only(tmp_path: Path, keyring: Ke
             assert store.get(("m",), "k") is None
             store.put(("m",), "k", {"text": "globex's own"})
         assert store.get(("m",), "k").value == value  # type: ignore[union-attr]
+
+
+def _reference_aad(*parts: str) -> bytes:
+    """The v1 associated-data encoding, written out here independently of the library."""
+    out = b"securesaver/aad/v1"
+    for part in parts:
+        raw = part.encode("utf-8", "surrogatepass")
+        out += len(raw).to_bytes(4, "big") + raw
+    return out
+
+
+@pytest.mark.parametrize("vectors", [None, {"text": [0.5, -1.0]}])
+def test_sealed_format_is_stable(store: SecureStore, vectors: Any) -> None:
+    """The envelope keeps its v1 layout and binding: what the store seals opens with a
+    reference decoder (stdlib base64, the AAD written out here), and an envelope built by
+    hand in the v1 layout (other JSON spacing, escaped text) opens through the store."""
+    import base64
+
+    from langgraph_securesaver.store import codec
+    namespace, key = ("m", "caf\u00e9"), "k"
+    value = {"text": "h\u00e9llo <b>", "kind": "k1", "n": 3, "deep": {"x": [1, 2.5]}}
+    store.put(namespace, key, value)
+    (raw,) = _raw_items(store)
+    keys = store.saver.keys.keys_for("acme", create=False)
+    assert keys is not None
+    db = store.saver.services.database_id()
+    blind = {k: v for k, v in raw.value.items() if k.startswith("ssbi_")}
+    assert len(blind) == 3  # text, kind, n: the top-level scalars
+    reference = _reference_aad("store-item", db, "acme", "2", *namespace, key) \
+        + _reference_aad("store-blind", *(p for k in sorted(blind) for p in (k, blind[k])))
+    sealed = codec.seal_item(keys, codec.item_aad(db, "acme", namespace, key),
+                             codec.dump_json(value), vectors, blind)
+    token = base64.urlsafe_b64decode(sealed[SEALED_KEY][len("ss1."):])
+    plain = keys.open(token, reference)
+    size = int.from_bytes(plain[1:5], "big")
+    assert plain[0] == 1 and json.loads(plain[5 + size:]) == value
+    assert (json.loads(plain[5:5 + size]) if size else {}).keys() == (vectors or {}).keys()
+
+    head = json.dumps({"text": codec.pack_vector([1.0])}).encode() if vectors else b""
+    body = json.dumps(value, ensure_ascii=True, indent=1).encode()   # another writer's JSON
+    by_hand = keys.seal(b"\x01" + len(head).to_bytes(4, "big") + head + body, reference)
+    _raw_put(store, tuple(raw.namespace), key, {
+        SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(), **blind})
+    assert store.get(namespace, key).value == value  # type: ignore[union-attr]
+    assert codec.open_item(keys, codec.item_aad(db, "acme", namespace, key),
+                           {SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(),
+                            **blind})[0] == value
+    with pytest.raises(TamperedDataError):   # the binding still holds for it
+        codec.open_item(keys, codec.item_aad(db, "acme", namespace, "other"),
+                        {SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(),
+                         **blind})
+
+
+def test_escaped_tokens_are_restored(tmp_path: Path, keyring: Keyring) -> None:
+    """A sealed value whose JSON writes a PII token's ``<`` escaped (``\\u003c``) still has
+    its originals restored: the check that skips the vault lookup for token-free values
+    reads escapes too."""
+    import base64
+
+    from langgraph_securesaver.store import codec
+    with SecureStore.from_url(f"sqlite:///{tmp_path / 'e.db'}", keyring=keyring,
+                              default_tenant="acme") as store:
+        value = {"text": "mail jane.roe@example.com", "n": 1}
+        store.put(("m",), "k", value)
+        (raw,) = _raw_items(store)
+        keys = store.saver.keys.keys_for("acme", create=False)
+        assert keys is not None
+        aad = codec.item_aad(store.saver.services.database_id(), "acme", ("m",), "k")
+        tokenized, _ = codec.open_item(keys, aad, raw.value)
+        assert "<" in tokenized["text"] and "jane.roe" not in tokenized["text"]
+        escaped = json.dumps(tokenized).replace("<", "\\u003c").encode()
+        assert b"<" not in escaped
+        blind = {k: v for k, v in raw.value.items() if k.startswith("ssbi_")}
+        from langgraph_securesaver.store_format import sealed_aad
+        token = keys.seal(b"\x01" + bytes(4) + escaped, sealed_aad(aad, blind))
+        _raw_put(store, tuple(raw.namespace), "k", {
+            SEALED_KEY: "ss1." + base64.urlsafe_b64encode(token).decode(), **blind})
+        assert store.get(("m",), "k").value == value  # type: ignore[union-attr]
+        assert store.search(("m",))[0].value == value
+
+
+def test_prefilter_memo_holds_only_text_without_candidates(tmp_path: Path,
+                                                          keyring: Keyring) -> None:
+    """Short strings the redactor's pre-filter clears are remembered; a string that may hold
+    PII never is, and a label seen clean before does not clear a different value."""
+    from langgraph_securesaver.redaction import view
+    assert view.may_have_pii("kind-of-label") is False
+    assert "kind-of-label" in view._CLEAN
+    assert view.may_have_pii("kind-of-label") is False
+    assert view.may_have_pii("call +1 415 555 0142") is True
+    assert "call +1 415 555 0142" not in view._CLEAN
+    assert view.may_have_pii("a word " * 50) is False
+    assert "a word " * 50 not in view._CLEAN      # longer text is scanned every time
+    with SecureStore.from_url(f"sqlite:///{tmp_path / 'p.db'}", keyring=keyring,
+                              default_tenant="acme") as store:
+        store.put(("m",), "a", {"kind": "label"})
+        store.put(("m",), "b", {"kind": "jane.roe@example.com"})
+        stored = json.dumps([i.value for i in _raw_items(store)])
+        assert "jane.roe" not in stored
+        assert store.get(("m",), "b").value == {"kind": "jane.roe@example.com"}  # type: ignore[union-attr]

@@ -183,13 +183,27 @@ def decode_payload(payload: str) -> str | None:
     return text
 
 
+#: short strings :func:`may_have_pii` found nothing in (dictionary keys, labels, enum-like
+#: values repeat from write to write: each is scanned once). Text nothing can match is all
+#: this holds, so no PII is kept by it; bounded in count and length.
+_CLEAN: dict[str, None] = {}
+_CLEAN_MAX = 8192
+_CLEAN_MAX_CHARS = 256
+
+
 def may_have_pii(s: str) -> bool:
     """False only for text in which no built-in recognizer can match (cheap, conservative):
     non-ASCII text always goes to the analysis view and its own pre-filter."""
+    if type(s) is str and s in _CLEAN:
+        return False
     if len(s) > _SLICE:
         return True  # long text is pre-filtered chunk by chunk in _raw_detect
-    return (not s.isascii() or CANDIDATE_RE.search(s) is not None
-            or DECODABLE.search(s) is not None)
+    if (not s.isascii() or CANDIDATE_RE.search(s) is not None
+            or DECODABLE.search(s) is not None):
+        return True
+    if len(s) <= _CLEAN_MAX_CHARS and len(_CLEAN) < _CLEAN_MAX:
+        _CLEAN[s] = None
+    return False
 
 
 CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP

@@ -74,6 +74,10 @@ class BatchPlan:
     queries: dict[int, str]          # search op index -> redacted query (to embed)
     scans: dict[int, bool]           # search op index -> SecureStore pages itself
     core: StoreCore
+    tag: str = ""                    # the tenant's namespace label in the inner store
+
+    def __post_init__(self) -> None:
+        self.tag = tenant_tag(self.tenant)
 
     def found_items(self, results: Sequence[Result]) -> bool:
         """Whether the inner store returned any item (to open, keys are needed)."""
@@ -90,7 +94,7 @@ class BatchPlan:
         """The inner batch; ``vectors`` are the embeddings of :meth:`texts`, in order."""
         it = iter(vectors)
         out: list[Op] = []
-        tag = tenant_tag(self.tenant)
+        tag = self.tag
         for i, op in enumerate(self.ops):
             if isinstance(op, GetOp):
                 out.append(GetOp((tag, *op.namespace), op.key, op.refresh_ttl))
@@ -131,12 +135,12 @@ class BatchPlan:
         """Authenticate and decrypt every item the inner store returned (PII tokens still
         in): per op, an :class:`Opened` (get), a list of them (search), or the raw result."""
         out: list[Any] = []
+        open_item = self.core.open_item
         for op, res in zip(self.ops, results, strict=True):
             if isinstance(op, GetOp):
-                out.append(None if res is None else self.core.open_item(self, cast(Item, res)))
+                out.append(None if res is None else open_item(self, cast(Item, res)))
             elif isinstance(op, SearchOp):
-                out.append([self.core.open_item(self, it)
-                            for it in cast("list[Item]", res or [])])
+                out.append([open_item(self, it) for it in cast("list[Item]", res or [])])
             else:
                 out.append(res)
         return out
@@ -149,7 +153,7 @@ class BatchPlan:
         found: dict[str, None] = {}
         for entry in opened:
             for one in entry if isinstance(entry, list) else [entry]:
-                if isinstance(one, Opened):
+                if isinstance(one, Opened) and one.may_hold_tokens:
                     found.update(dict.fromkeys(redactor.find_tokens(one.value)))
         return list(found)
 
@@ -157,7 +161,8 @@ class BatchPlan:
                originals: Mapping[str, str]) -> list[Result]:
         """The caller's results from :meth:`open_results` (``query_vectors`` in
         :meth:`query_texts` order, ``originals``: the vault's values of :meth:`tokens`)."""
-        by_text = dict(zip(self.query_texts(), query_vectors, strict=True))
+        by_text = dict(zip(self.query_texts(), query_vectors, strict=True)) \
+            if self.queries else {}
         restore = self.core.restorer(originals)
         out: list[Result] = []
         for i, (op, res) in enumerate(zip(self.ops, opened, strict=True)):
@@ -183,6 +188,7 @@ class Opened:
     value: Any
     vectors: dict[str, list[float]]
     inner: Item
+    may_hold_tokens: bool = True     # False: no PII token in the value (no vault lookup)
 
     def item(self, value: Any) -> Item:
         return Item(value=value, key=self.inner.key, namespace=self.namespace,
@@ -220,22 +226,29 @@ class StoreCore:
             if isinstance(op, PutOp) and op.value is not None and keys is not None:
                 plan.puts[i] = self._prepare_put(keys, op, dumped[i])
             elif isinstance(op, SearchOp) and op.query and self.embeddings is not None:
-                plan.queries[i] = self._redact(keys, vault_id(("query",), ""), op.query,
-                                               remember=False)
+                plan.queries[i] = self._redact_query(keys, op.query)
         return plan
 
-    def _redact(self, keys: TenantKeys | None, owner: str, value: Any, *,
-                remember: bool = True) -> Any:
+    def _redact_query(self, keys: TenantKeys | None, value: Any) -> Any:
         if self.pii.redactor is None or keys is None:
             return value
-        if remember:
-            return self.pii.redact_for_store(keys, owner, value, STORE_CHANNEL)
         return self.pii.redact_one(keys, STORE_CHANNEL, value, [], create=False)
+
+    def _redact_put(self, keys: TenantKeys, op: PutOp, value: Any) -> Any:
+        """:meth:`PiiLayer.redact_for_store` with the item's vault owner id computed only
+        when the value holds PII (most puts hold none)."""
+        entries: list[Any] = []
+        redacted = self.pii.redact_one(keys, STORE_CHANNEL, value, entries)
+        if entries:
+            owner = vault_id(op.namespace, op.key)
+            new = self.pii.vault.unknown(keys.tenant, owner, entries)
+            if new:
+                self.pii.vault.store(keys, owner, new)
+        return redacted
 
     def _prepare_put(self, keys: TenantKeys, op: PutOp, dumped: bytes) -> _Put:
         value = cast(dict, op.value)
-        redacted = value if self.pii.redactor is None else self._redact(
-            keys, vault_id(op.namespace, op.key), value)
+        redacted = value if self.pii.redactor is None else self._redact_put(keys, op, value)
         put = _Put(op, dumped if redacted is value else codec.dump_json(redacted))
         if self.blind_index:
             put.blind = codec.blind_entries(keys, value)
@@ -282,17 +295,17 @@ class StoreCore:
     def open_item(self, plan: BatchPlan, item: Item) -> Opened:
         """Authenticate one inner item of the plan's tenant and decrypt it."""
         ns = tuple(item.namespace)
-        if not ns or ns[0] != tenant_tag(plan.tenant):
+        if not ns or ns[0] != plan.tag:
             raise TamperedDataError("the inner store returned an item of another tenant")
         if plan.keys is None:
             raise TamperedDataError(
                 f"a store item of tenant {plan.tenant!r} exists but the tenant has no keys "
                 "(shredded, or the registry of another database)")
         outer = ns[1:]
-        value, vectors = codec.open_item(
+        value, vectors, tokens = codec.open_item_scanned(
             plan.keys, codec.item_aad(plan.database_id, plan.tenant, outer, item.key),
             item.value)
-        return Opened(outer, value, vectors, item)
+        return Opened(outer, value, vectors, item, tokens)
 
     def restorer(self, originals: Mapping[str, str]) -> Callable[[Any], Any]:
         """Put the tenant's originals (looked up once per batch) back into a value."""

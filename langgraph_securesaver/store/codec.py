@@ -23,7 +23,8 @@ from ..crypto import TenantKeys, from_text, to_text
 from ..errors import ConfigurationError, TamperedDataError
 from ..store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
 
-__all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "seal_item"]
+__all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "open_item_scanned",
+           "seal_item"]
 
 ENVELOPE_VERSION = 1
 #: the largest serialized value a put accepts (before sealing), as the saver bounds its input
@@ -31,6 +32,9 @@ MAX_VALUE_BYTES = 8 * 1024 * 1024
 #: deepest nesting a value may have (the redaction policy's default bound)
 MAX_VALUE_DEPTH = 100
 _BLIND_TYPES = (str, int, float, bool)
+_VERSION = bytes([ENVELOPE_VERSION])
+_NO_VECTORS = _VERSION + bytes(4)
+_loads = json.JSONDecoder().decode
 
 
 def _depth_ok(value: Any, limit: int) -> bool:
@@ -134,9 +138,12 @@ def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
               blind: Mapping[str, str]) -> dict[str, Any]:
     """The inner store's value for one item: version, vectors (JSON, usually empty), value."""
-    head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
-                      separators=(",", ":")).encode("ascii") if vectors else b""
-    plain = bytes([ENVELOPE_VERSION]) + len(head).to_bytes(4, "big") + head + value_json
+    if vectors:
+        head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
+                          separators=(",", ":")).encode("ascii")
+        plain = _VERSION + len(head).to_bytes(4, "big") + head + value_json
+    else:
+        plain = _NO_VECTORS + value_json
     return {SEALED_KEY: to_text(keys.seal(plain, sealed_aad(aad, blind))), **blind}
 
 
@@ -144,20 +151,38 @@ def open_item(keys: TenantKeys, aad: bytes, stored: Any
               ) -> tuple[Any, dict[str, list[float]]]:
     """Authenticate an inner store's value, then parse it: (value, vectors by field path).
     Anything but an envelope SecureStore sealed for exactly this place is TamperedDataError."""
-    if not isinstance(stored, Mapping) or not isinstance(stored.get(SEALED_KEY), str):
+    value, vectors, _tokens = open_item_scanned(keys, aad, stored)
+    return value, vectors
+
+
+def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
+                      ) -> tuple[Any, dict[str, list[float]], bool]:
+    """:func:`open_item`, plus whether the value may hold PII tokens (see
+    :func:`may_hold_tokens`)."""
+    sealed = stored.get(SEALED_KEY) if type(stored) is dict or isinstance(stored, Mapping) \
+        else None
+    if not isinstance(sealed, str):
         raise TamperedDataError(
             "a store item holds a plain value where a SecureStore ciphertext was expected "
             "(written without encryption, or injected)")
     blind = {k: v for k, v in stored.items() if k != SEALED_KEY}
-    if not all(isinstance(k, str) and k.startswith(BLIND_PREFIX) for k in blind):
-        raise TamperedDataError("a store item holds fields SecureStore did not write")
-    plain = keys.open(from_text(stored[SEALED_KEY]), sealed_aad(aad, blind))
-    if plain[:1] != bytes([ENVELOPE_VERSION]):
+    for k in blind:
+        if not (isinstance(k, str) and k.startswith(BLIND_PREFIX)):
+            raise TamperedDataError("a store item holds fields SecureStore did not write")
+    plain = keys.open(from_text(sealed), sealed_aad(aad, blind))
+    if plain[:1] != _VERSION:
         raise TamperedDataError("a store item was sealed in an unknown format")
     try:
         size = int.from_bytes(plain[1:5], "big")
         head = json.loads(plain[5:5 + size]) if size else {}
-        value = json.loads(plain[5 + size:].decode("utf-8", "surrogatepass"))
+        body = plain[5 + size:]
+        value = _loads(body.decode("utf-8", "surrogatepass"))
     except (ValueError, UnicodeDecodeError):  # pragma: no cover - authenticated: ours
         raise TamperedDataError("a sealed store value does not parse") from None
-    return value, {p: unpack_vector(t) for p, t in head.items()}
+    return value, {p: unpack_vector(t) for p, t in head.items()}, may_hold_tokens(body)
+
+
+def may_hold_tokens(value_json: bytes) -> bool:
+    """False only when no string of the JSON text can hold a PII token (``<KIND:...>``):
+    no ``<``, written or escaped, in it."""
+    return b"<" in value_json or b"\\u" in value_json

@@ -258,11 +258,13 @@ class SecureStore(BaseStore):
         return any(isinstance(op, PutOp) and op.value is not None for op in ops)
 
     def _keys(self, tenant: str, ops: list[Op]) -> TenantKeys | None:
-        if self._writes(ops):
-            return self._services.tenant_keys(tenant)
-        if any(not isinstance(op, PutOp) for op in ops):
-            return self.saver.keys.keys_for(tenant, create=False)
-        return None
+        reads = False
+        for op in ops:
+            if not isinstance(op, PutOp):
+                reads = True
+            elif op.value is not None:
+                return self._services.tenant_keys(tenant)
+        return self.saver.keys.keys_for(tenant, create=False) if reads else None
 
     async def _akeys(self, tenant: str, ops: list[Op]) -> TenantKeys | None:
         if self._writes(ops):
