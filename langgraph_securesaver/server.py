@@ -56,8 +56,9 @@ the field named by ``SECURESAVER_TENANT_FIELD``). Then:
 
 What the server stores itself, outside the checkpointer -- thread, run, assistant and cron
 records and the long-term store -- is covered by :mod:`.server_encryption` (the
-``encryption`` entry) and :mod:`.server_store` (the ``store`` entry), except the copies the
-in-memory runtime keeps in clear: docs/guides/langgraph-server.md.
+``encryption`` entry) and :mod:`.server_store` (the ``store`` entry); the record file of
+``langgraph dev``'s in-memory runtime, which also holds copies the handlers never see, is
+sealed by :mod:`.server_records` (called from the auth module): docs/guides/langgraph-server.md.
 """
 
 from __future__ import annotations
@@ -350,6 +351,8 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
     """
     @asynccontextmanager
     async def checkpointer() -> AsyncIterator[AuthTenantSaver]:
+        from .server_records import warn_if_unsealed
+        warn_if_unsealed()
         cfg = settings or ServerSettings.from_env()
         options: dict[str, Any] = {"retention": cfg.retention,
                                    "default_tenant": cfg.default_tenant}
