@@ -37,6 +37,7 @@ from langgraph_securesaver.server import (
     make_checkpointer,
     tenant_from_field,
 )
+from langgraph_securesaver.server_records import OPS_FILENAME, RecordsSealer, is_sealed
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "langgraph_server"
@@ -110,13 +111,14 @@ CRON_FIRED = "ALICE-CRONFIRED-monthly-report"
 PRIVATE_SECRET = "ALICE-PRIVATE-diagnosis-lupus"
 SERVER_ONLY = [*THREAD_META.values(), *RUN_META.values(), *MEMORY.values(),
                ASSISTANT_SECRET, CRON_SECRET]
-#: where the in-memory runtime keeps user strings in clear whatever the encryption handlers do
-#: (README "LangGraph Server"): the thread's copy of its latest state, and the kwargs of every
-#: run its worker has started (the worker writes its decrypted copy back into the record)
+#: where the in-memory runtime's records hold user strings whatever the encryption handlers do
+#: (docs/guides/langgraph-server.md): the thread's copy of its latest state, and the kwargs of
+#: every run its worker has started (the worker writes its decrypted copy back into the record).
+#: They are in clear only inside the sealed record file (server_records), never on disk.
 NOT_COVERED = (re.compile(r"^threads\.\d+\.(values|interrupts)\."),
                re.compile(r"^runs\.\d+\.kwargs\.(input|config|command|context)\."))
-#: what the checkpoint database, the store and every file but the server's record file must
-#: hold none of
+#: what the checkpoint database, the store and every file the server wrote (the sealed record
+#: file included) must hold none of
 ALL_SECRETS = [*SECRETS, ALICE_TEXT, BOB_TEXT, *SERVER_ONLY, PRIVATE_SECRET, CRON_FIRED,
                "this run will be rolled back", "alice is still typing"]
 
@@ -171,9 +173,8 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def _start(workdir: Path, log_name: str = "server.log") -> Server:
+def _launch(workdir: Path, log_name: str) -> Server:
     """``langgraph dev`` on the example in ``workdir`` (loopback, offline, no reload)."""
-    import httpx
     db = workdir / "checkpoints.db"
     keyring_file = workdir / "keyring.json"
     port = _free_port()
@@ -195,7 +196,14 @@ def _start(workdir: Path, log_name: str = "server.log") -> Server:
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-    srv = Server(workdir, db, keyring_file, f"http://127.0.0.1:{port}", proc, log)
+    return Server(workdir, db, keyring_file, f"http://127.0.0.1:{port}", proc, log)
+
+
+def _start(workdir: Path, log_name: str = "server.log") -> Server:
+    """``langgraph dev`` on ``workdir``, once it answers."""
+    import httpx
+    srv = _launch(workdir, log_name)
+    proc, log = srv.proc, srv.log
     deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
     try:
         while True:
@@ -213,6 +221,26 @@ def _start(workdir: Path, log_name: str = "server.log") -> Server:
     except BaseException:
         srv.stop()
         raise
+
+
+def _start_refused(workdir: Path, log_name: str) -> str:
+    """``langgraph dev`` on ``workdir`` must exit without ever answering: returns its log."""
+    import httpx
+    srv = _launch(workdir, log_name)
+    deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
+    try:
+        while srv.proc.poll() is None:
+            try:
+                answered = httpx.get(srv.url + "/ok", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                answered = False
+            assert not answered, "the server started on an altered record file"
+            assert time.monotonic() < deadline, "langgraph dev neither started nor exited"
+            time.sleep(0.5)
+    finally:
+        srv.stop()
+    assert srv.proc.returncode != 0
+    return srv.log.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -373,12 +401,15 @@ def _texts(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def _records_script(workdir: Path, mode: str, stdin: str = "") -> Any:
-    """tests/scripts/server_records.py on the server's record file, in its own process."""
+    """tests/scripts/server_records.py on the server's record file, in its own process (it
+    opens the sealed file with the server's keys)."""
     out = subprocess.run(
         [sys.executable, "-m", "tests.scripts.server_records", mode,
          str(workdir / ".langgraph_api" / ".langgraph_ops.pckl")],
         input=stdin, capture_output=True, text=True, timeout=300, cwd=workdir,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)]),
+             "SECURESAVER_URL": f"sqlite:///{workdir / 'checkpoints.db'}",
+             "SECURESAVER_KEYRING_FILE": str(workdir / "keyring.json")})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -456,8 +487,7 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
         for form in _forms(secret):
             assert form not in raw, f"{secret!r} is readable in the checkpoint/store DB"
 
-    # every other file the server and SecureSaver wrote: nothing in clear, except the
-    # server's record file at the documented places
+    # every file the server and SecureSaver wrote, the record file included: nothing in clear
     _scan_written_files(server.workdir)
 
     # bob's run naming alice's tenant failed and was recorded
@@ -521,14 +551,15 @@ def _scan_written_files(workdir: Path) -> None:
     names = {p.name for p in written}
     assert ".langgraph_ops.pckl" in names and "checkpoints.db" in names, names
     records = workdir / ".langgraph_api" / ".langgraph_ops.pckl"
+    assert is_sealed(records.read_bytes()), "the record file is written sealed"
     for path in written:
-        if path == records:
-            continue
         data = path.read_bytes()
         for secret in ALL_SECRETS:
             for form in _forms(secret):
                 assert form not in data, f"{secret!r} is readable in {path.relative_to(workdir)}"
+    # inside the seal: the handlers still sealed every field but the runtime's two copies
     hits = _records_script(workdir, "find", json.dumps(ALL_SECRETS))
+    assert hits, "the sealed record file holds the conversations (the runtime's copies)"
     outside = [(n, p) for n, p in hits if not any(rx.match(p) for rx in NOT_COVERED)]
     assert outside == [], outside
     # the strings only the server's records hold (metadata, store, assistant, cron) are
@@ -542,11 +573,20 @@ def _scan_written_files(workdir: Path) -> None:
         assert place in sealed, sorted(sealed)
 
 
+def _sealer(workdir: Path, name: str = OPS_FILENAME) -> RecordsSealer:
+    """The record file's sealer with the server's keys (opened in the test process)."""
+    return RecordsSealer(ServerSettings(url=f"sqlite:///{workdir / 'checkpoints.db'}",
+                                        keyring=Keyring.from_file(workdir / "keyring.json")),
+                         name=name)
+
+
 def _tamper_and_restart(workdir: Path, result: dict[str, Any]) -> None:
     tokens = _records_script(workdir, "tokens")
     alice_thread = result["alice"]["tid"]
     assistant_id = result["assistant"]["assistant_id"]
-    raw = (workdir / ".langgraph_api" / ".langgraph_ops.pckl").read_bytes()
+    sealer = _sealer(workdir)
+    # someone holding the keys edits fields inside the sealed file: the handlers refuse them
+    raw = sealer.open((workdir / ".langgraph_api" / ".langgraph_ops.pckl").read_bytes())
     flipped = plain = 0
     for place, token, record_id in tokens:
         if record_id == alice_thread and place.startswith("threads.") \
@@ -562,7 +602,8 @@ def _tamper_and_restart(workdir: Path, result: dict[str, Any]) -> None:
             raw = raw.replace(token.encode(), injected.encode())
             plain += 1
     assert flipped == 1 and plain == 1
-    (workdir / ".langgraph_api" / ".langgraph_ops.pckl").write_bytes(raw)
+    (workdir / ".langgraph_api" / ".langgraph_ops.pckl").write_bytes(sealer.seal(raw))
+    sealer.close()
     restarted = _start(workdir, "server-restarted.log")
     try:
         outcome = asyncio.run(_read_after_tamper(restarted.url, result))
@@ -599,6 +640,67 @@ async def _read_after_tamper(url: str, result: dict[str, Any]) -> dict[str, Any]
     out["bob_topic"] = bob_thread["metadata"]["topic"]
     out["alice_other"] = (await client(ALICE).threads.get(result["rollback"]["tid"]))["thread_id"]
     return out
+
+
+async def _alice_turn(url: str) -> str:
+    from langgraph_sdk import get_client
+    alice = get_client(url=url, headers=ALICE)
+    tid = (await alice.threads.create(metadata={"topic": THREAD_META["alice"]}))["thread_id"]
+    await alice.runs.wait(tid, "agent", input={"messages": [
+        {"role": "user", "content": ALICE_TEXT}]})
+    return str(tid)
+
+
+async def _alice_thread(url: str, tid: str) -> dict[str, Any]:
+    from langgraph_sdk import get_client
+    return dict(await get_client(url=url, headers=ALICE).threads.get(tid))
+
+
+def test_the_record_file_is_sealed_and_an_altered_one_is_refused(tmp_path: Path) -> None:
+    """langgraph dev writes its record file sealed; a flipped byte, a plain pickle in its
+    place or a file sealed under another name stop the server from starting (the file is left
+    as it was: nothing is discarded), and the original file then loads with its data."""
+    require_server()
+    workdir = tmp_path / "example"
+    shutil.copytree(EXAMPLE, workdir)
+    Keyring.generate().save(workdir / "keyring.json")
+    srv = _start(workdir)
+    try:
+        tid = asyncio.run(_alice_turn(srv.url))
+    finally:
+        srv.stop()
+    ops = workdir / ".langgraph_api" / ".langgraph_ops.pckl"
+    good = ops.read_bytes()
+    assert is_sealed(good)
+    for secret in (ALICE_TEXT, THREAD_META["alice"]):
+        for form in _forms(secret):
+            assert form not in good
+    sealer = _sealer(workdir)
+    plain = sealer.open(good)
+    # the runtime's copy of the thread's state is inside: the seal is what keeps it off disk
+    assert ALICE_TEXT.encode() in plain
+    other_name = _sealer(workdir, name="elsewhere/.langgraph_ops.pckl")
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x01
+    cases = {"flipped": (bytes(flipped), "failed authentication"),
+             "plaintext": (plain, "is not sealed"),
+             "other name": (other_name.seal(plain), "failed authentication")}
+    sealer.close()
+    other_name.close()
+    for case, (data, message) in cases.items():
+        ops.write_bytes(data)
+        log = _start_refused(workdir, f"refused-{case.replace(' ', '-')}.log")
+        assert "TamperedDataError" in log and message in log, (case, log[-3000:])
+        assert ops.read_bytes() == data, f"{case}: the refused file was changed or removed"
+    ops.write_bytes(good)
+    srv = _start(workdir, "server-good.log")
+    try:
+        thread = asyncio.run(_alice_thread(srv.url, tid))
+    finally:
+        srv.stop()
+    assert thread["metadata"]["topic"] == THREAD_META["alice"]
+    assert _texts(thread["values"]["messages"])[0] == ALICE_TEXT
+    assert is_sealed(ops.read_bytes())
 
 
 async def _direct_reads(server: Server, alice_thread: str, rolled_thread: str) -> None:
