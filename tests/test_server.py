@@ -1180,3 +1180,207 @@ async def test_store_factory_is_a_securestore_per_user(tmp_path: Path) -> None:
             await store.aget(("memories",), "m")
     items = b"".join(p.read_bytes() for p in tmp_path.glob("items.db*"))
     assert items and b"alice's secret memory" not in items
+
+
+# --------------------------------------------------------------------------------------------
+# the record file wrapper without a server (a stand-in runtime with the installed one's shape)
+# --------------------------------------------------------------------------------------------
+_UNPICKLED: list[str] = []
+
+
+def _unpickled(marker: str) -> str:
+    """What a planted pickle calls when it is loaded."""
+    _UNPICKLED.append(marker)
+    return marker
+
+
+class _Planted:
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_unpickled, ("planted pickle ran",))
+
+
+@pytest.fixture
+def fake_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """langgraph_runtime_inmem's database/lifespan/_persistence modules as the server has them
+    when the auth module is imported: a PersistentDict record store and a start_pool that,
+    like the runtime's, deletes a file it cannot load."""
+    import types
+
+    from langgraph.checkpoint.memory import PersistentDict
+
+    from langgraph_securesaver import server_records
+    ops = str(tmp_path / ".langgraph_ops.pckl")
+    database = types.ModuleType("langgraph_runtime_inmem.database")
+
+    class GlobalStore(PersistentDict):
+        pass
+
+    async def start_pool() -> None:
+        if os.path.exists(ops):
+            try:
+                database.GLOBAL_STORE.load()
+            except Exception:
+                os.remove(ops)
+
+    database.OPS_FILENAME = ops                                     # type: ignore[attr-defined]
+    database.GLOBAL_STORE = GlobalStore(list, filename=ops)         # type: ignore[attr-defined]
+    database.start_pool = start_pool                                # type: ignore[attr-defined]
+    lifespan = types.ModuleType("langgraph_runtime_inmem.lifespan")
+    lifespan.start_pool = start_pool                                # type: ignore[attr-defined]
+    persistence = types.ModuleType("langgraph_runtime_inmem._persistence")
+    persistence._stores = {}                                        # type: ignore[attr-defined]
+    package = types.ModuleType("langgraph_runtime_inmem")
+    package.__version__ = sorted(server_records.KNOWN_RUNTIME_VERSIONS)[-1]  # type: ignore[attr-defined]
+    for module in (package, database, lifespan, persistence):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(server_records._STATE, "sealer", None)
+    monkeypatch.delenv(server_records.ENV_VAR, raising=False)
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'r.db'}", keyring=Keyring.generate())
+    ns = types.SimpleNamespace(database=database, lifespan=lifespan, persistence=persistence,
+                               package=package, ops=Path(ops), settings=settings,
+                               start_pool=start_pool)
+    yield ns
+    sealer = server_records.installed()
+    if sealer is not None:
+        sealer.close()
+
+
+def _fresh_store(fake: Any) -> Any:
+    """The runtime's store as a new process has it: empty, then start_pool loads the file."""
+    store = fake.database.GLOBAL_STORE
+    dict.clear(store)
+    asyncio.run(fake.database.start_pool())
+    return store
+
+
+def test_the_wrapper_seals_what_the_runtime_writes_and_reads_it_back(fake_runtime: Any) -> None:
+    from langgraph_securesaver.server_records import SEALED, seal_server_records
+    fake = fake_runtime
+    assert seal_server_records(fake.settings) == SEALED
+    assert fake.lifespan.start_pool is fake.database.start_pool is not fake.start_pool
+    store = fake.database.GLOBAL_STORE
+    store["threads"] = [{"values": {"messages": [ALICE_TEXT]}}]
+    store.sync()                                 # what the flush loop and close() call
+    raw = fake.ops.read_bytes()
+    assert is_sealed(raw) and ALICE_TEXT.encode() not in raw
+    assert _fresh_store(fake)["threads"] == [{"values": {"messages": [ALICE_TEXT]}}]
+    assert seal_server_records(fake.settings) == SEALED       # idempotent
+
+
+@pytest.mark.parametrize("case", ["flipped", "truncated", "plain pickle", "empty",
+                                  "other database"])
+def test_an_altered_record_file_is_refused_before_the_runtime_sees_it(
+        fake_runtime: Any, case: str) -> None:
+    import pickle
+
+    from langgraph_securesaver import TamperedDataError
+    from langgraph_securesaver.server_records import seal_server_records
+    fake = fake_runtime
+    seal_server_records(fake.settings)
+    fake.database.GLOBAL_STORE["threads"] = [{"values": ALICE_TEXT}]
+    fake.database.GLOBAL_STORE.sync()
+    good = fake.ops.read_bytes()
+    other = RecordsSealer(ServerSettings(url=f"sqlite:///{fake.ops.parent / 'other.db'}",
+                                         keyring=Keyring.generate()))
+    altered = {
+        "flipped": good[:-5] + bytes([good[-5] ^ 0x01]) + good[-4:],
+        "truncated": good[:20],
+        "plain pickle": pickle.dumps({"threads": [_Planted()], "runs": []}),
+        "empty": b"",
+        "other database": other.seal(pickle.dumps({"threads": [], "runs": []})),
+    }[case]
+    other.close()
+    fake.ops.write_bytes(altered)
+    _UNPICKLED.clear()
+    with pytest.raises(TamperedDataError) as info:
+        _fresh_store(fake)
+    assert fake.ops.read_bytes() == altered, "the refused file is kept as it was"
+    assert _UNPICKLED == [], "an unauthenticated pickle was loaded"
+    assert "record file" in str(info.value)
+    fake.ops.write_bytes(good)
+    assert _fresh_store(fake)["threads"] == [{"values": ALICE_TEXT}]
+
+
+def test_no_file_starts_empty(fake_runtime: Any) -> None:
+    from langgraph_securesaver.server_records import seal_server_records
+    seal_server_records(fake_runtime.settings)
+    assert dict(_fresh_store(fake_runtime)) == {}
+    assert not fake_runtime.ops.exists()
+
+
+def test_an_unknown_runtime_is_left_alone_and_a_sealed_file_is_not_given_to_it(
+        fake_runtime: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from langgraph_securesaver import ConfigurationError
+    from langgraph_securesaver.server_records import UNSUPPORTED, seal_file, seal_server_records
+    fake = fake_runtime
+    fake.package.__version__ = "0.0.1"
+    with caplog.at_level("WARNING", logger="langgraph_securesaver.server_records"):
+        assert seal_server_records(fake.settings) == UNSUPPORTED
+    assert "0.0.1" in caplog.text and "written in clear" in caplog.text
+    assert fake.database.start_pool is fake.start_pool
+    assert type(fake.database.GLOBAL_STORE).__name__ == "GlobalStore"
+    # a sealed file: the runtime would discard it, so the server is stopped instead
+    fake.ops.write_bytes(b"plain records")
+    sealer = RecordsSealer(fake.settings)
+    seal_file(fake.ops, sealer)
+    sealer.close()
+    with pytest.raises(ConfigurationError, match="is sealed by langgraph-securesaver"):
+        seal_server_records(fake.settings)
+
+
+def test_off_too_late_and_no_runtime(fake_runtime: Any, monkeypatch: pytest.MonkeyPatch,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    from langgraph_securesaver import ConfigurationError
+    from langgraph_securesaver.server_records import (
+        ENV_VAR,
+        NO_RUNTIME,
+        OFF,
+        TOO_LATE,
+        seal_file,
+        seal_server_records,
+    )
+    fake = fake_runtime
+    monkeypatch.setenv(ENV_VAR, "off")
+    assert seal_server_records(fake.settings) == OFF
+    assert fake.database.start_pool is fake.start_pool
+    monkeypatch.setenv(ENV_VAR, "maybe")
+    with pytest.raises(ConfigurationError):
+        seal_server_records(fake.settings)
+    monkeypatch.setenv(ENV_VAR, "on")
+    fake.persistence._stores[fake.database.OPS_FILENAME] = None   # start_pool already ran
+    with caplog.at_level("WARNING", logger="langgraph_securesaver.server_records"):
+        assert seal_server_records(fake.settings) == TOO_LATE
+    assert "auth module" in caplog.text
+    assert fake.database.start_pool is fake.start_pool
+    monkeypatch.setenv(ENV_VAR, "off")
+    fake.ops.write_bytes(b"plain records")
+    sealer = RecordsSealer(fake.settings)
+    seal_file(fake.ops, sealer)
+    sealer.close()
+    with pytest.raises(ConfigurationError, match="is off"):
+        seal_server_records(fake.settings)
+    monkeypatch.delitem(sys.modules, "langgraph_runtime_inmem.database")
+    assert seal_server_records(fake.settings) == NO_RUNTIME
+
+
+def test_seal_and_unseal_a_file(tmp_path: Path) -> None:
+    from langgraph_securesaver import ConfigurationError, TamperedDataError
+    from langgraph_securesaver.server_records import main, seal_file, unseal_file
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'r.db'}", keyring=Keyring.generate())
+    sealer = RecordsSealer(settings)
+    path = tmp_path / "records.pckl"
+    path.write_bytes(b"\x80\x02}q\x00.")
+    seal_file(path, sealer)
+    sealed = path.read_bytes()
+    assert is_sealed(sealed) and repr(sealer) == f"RecordsSealer(name={OPS_FILENAME!r})"
+    with pytest.raises(ConfigurationError, match="already sealed"):
+        seal_file(path, sealer)
+    unseal_file(path, sealer)
+    assert path.read_bytes() == b"\x80\x02}q\x00."
+    with pytest.raises(TamperedDataError, match="not sealed"):
+        unseal_file(path, sealer)
+    # the same file under another name does not open (another database: the test above)
+    with pytest.raises(TamperedDataError, match="failed authentication"):
+        RecordsSealer(settings, name="store.pckl").open(sealed)
+    sealer.close()
+    assert main(["bogus"]) == 2
