@@ -67,7 +67,7 @@ from .backends import registry_url_for
 from .crypto import associated_data
 from .errors import ConfigurationError, TamperedDataError
 from .registry import Registry
-from .server import ServerSettings
+from .server_settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
