@@ -56,30 +56,28 @@ the field named by ``SECURESAVER_TENANT_FIELD``). Then:
 
 What the server stores itself, outside the checkpointer -- thread, run, assistant and cron
 records and the long-term store -- is covered by :mod:`.server_encryption` (the
-``encryption`` entry) and :mod:`.server_store` (the ``store`` entry), except the copies the
-in-memory runtime keeps in clear: docs/guides/langgraph-server.md.
+``encryption`` entry) and :mod:`.server_store` (the ``store`` entry); the record file of
+``langgraph dev``'s in-memory runtime, which also holds copies the handlers never see, is
+sealed by :mod:`.server_records` (called from the auth module): docs/guides/langgraph-server.md.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 
-from .errors import ConfigurationError, TenantRequired
+from .errors import TenantRequired
 from .gate import Denial, DeniedError, TenantGate
-from .key_urls import provider_from_url
-from .keyring import KeyProvider, Keyring
-from .retention import RetentionPolicy
 from .saver import SecureSaver
+from .server_records import warn_if_unsealed
+from .server_settings import ServerSettings
 from .tenancy import ThreadRef, current_tenant_scope, tenant_scope, validate_tenant
 
 logger = logging.getLogger(__name__)
@@ -291,50 +289,6 @@ def _scope_as(tenant: str) -> Iterator[None]:
         yield
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    """What :func:`make_checkpointer` reads from the environment."""
-
-    url: str
-    keyring: KeyProvider
-    redaction: bool = True
-    retention: RetentionPolicy | None = None
-    tenant_field: str = "identity"
-    default_tenant: str | None = None
-
-    @classmethod
-    def from_env(cls) -> ServerSettings:
-        env = os.environ
-        url = env.get("SECURESAVER_URL", "").strip()
-        if not url:
-            raise ConfigurationError(
-                "set SECURESAVER_URL (sqlite:///path.db or postgresql://...) for the "
-                "LangGraph Server checkpointer")
-        key_file = env.get("SECURESAVER_KEYRING_FILE", "").strip()
-        provider_url = env.get("SECURESAVER_KEY_PROVIDER", "").strip()
-        keyring: KeyProvider
-        if provider_url:
-            keyring = provider_from_url(provider_url)
-        elif key_file:
-            keyring = Keyring.from_file(key_file)
-        else:
-            keyring = Keyring.from_env()
-        redaction_text = env.get("SECURESAVER_REDACTION", "on").strip().lower()
-        if redaction_text not in ("on", "off", "true", "false", "1", "0"):
-            raise ConfigurationError(
-                f"SECURESAVER_REDACTION must be on or off, got {redaction_text!r}")
-        idle = env.get("SECURESAVER_RETENTION_IDLE_TTL") or None
-        max_age = env.get("SECURESAVER_RETENTION_MAX_AGE") or None
-        strategy = env.get("SECURESAVER_RETENTION_STRATEGY") or "delete"
-        retention = (RetentionPolicy(idle_ttl=idle, max_age=max_age, strategy=strategy)
-                     if idle or max_age else None)
-        default_tenant = env.get("SECURESAVER_DEFAULT_TENANT") or None
-        return cls(url=url, keyring=keyring,
-                   redaction=redaction_text in ("on", "true", "1"), retention=retention,
-                   tenant_field=env.get("SECURESAVER_TENANT_FIELD") or "identity",
-                   default_tenant=default_tenant)
-
-
 def make_checkpointer(*, tenant_of: TenantOf | None = None,
                       settings: ServerSettings | None = None,
                       **saver_options: Any) -> Callable[[], Any]:
@@ -350,6 +304,7 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
     """
     @asynccontextmanager
     async def checkpointer() -> AsyncIterator[AuthTenantSaver]:
+        warn_if_unsealed()
         cfg = settings or ServerSettings.from_env()
         options: dict[str, Any] = {"retention": cfg.retention,
                                    "default_tenant": cfg.default_tenant}

@@ -43,7 +43,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                               "report_html", "scan", "store_audit",
                               "rotation", "idempotency.*"})),
     ("checkpointer", frozenset({"saver", "connect", "server", "server_encryption",
-                                "server_store", "demo", "demo_run",
+                                "server_store", "server_records", "server_settings",
+                                "demo", "demo_run",
                                   "recover", "store", "store.*"})),
     ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events", "cli_summaries"})),
     # the facades: the package and the idempotency package re-export names of every layer

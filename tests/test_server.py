@@ -37,6 +37,7 @@ from langgraph_securesaver.server import (
     make_checkpointer,
     tenant_from_field,
 )
+from langgraph_securesaver.server_records import OPS_FILENAME, RecordsSealer, is_sealed
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "langgraph_server"
@@ -110,13 +111,14 @@ CRON_FIRED = "ALICE-CRONFIRED-monthly-report"
 PRIVATE_SECRET = "ALICE-PRIVATE-diagnosis-lupus"
 SERVER_ONLY = [*THREAD_META.values(), *RUN_META.values(), *MEMORY.values(),
                ASSISTANT_SECRET, CRON_SECRET]
-#: where the in-memory runtime keeps user strings in clear whatever the encryption handlers do
-#: (README "LangGraph Server"): the thread's copy of its latest state, and the kwargs of every
-#: run its worker has started (the worker writes its decrypted copy back into the record)
+#: where the in-memory runtime's records hold user strings whatever the encryption handlers do
+#: (docs/guides/langgraph-server.md): the thread's copy of its latest state, and the kwargs of
+#: every run its worker has started (the worker writes its decrypted copy back into the record).
+#: They are in clear only inside the sealed record file (server_records), never on disk.
 NOT_COVERED = (re.compile(r"^threads\.\d+\.(values|interrupts)\."),
                re.compile(r"^runs\.\d+\.kwargs\.(input|config|command|context)\."))
-#: what the checkpoint database, the store and every file but the server's record file must
-#: hold none of
+#: what the checkpoint database, the store and every file the server wrote (the sealed record
+#: file included) must hold none of
 ALL_SECRETS = [*SECRETS, ALICE_TEXT, BOB_TEXT, *SERVER_ONLY, PRIVATE_SECRET, CRON_FIRED,
                "this run will be rolled back", "alice is still typing"]
 
@@ -171,9 +173,8 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def _start(workdir: Path, log_name: str = "server.log") -> Server:
+def _launch(workdir: Path, log_name: str) -> Server:
     """``langgraph dev`` on the example in ``workdir`` (loopback, offline, no reload)."""
-    import httpx
     db = workdir / "checkpoints.db"
     keyring_file = workdir / "keyring.json"
     port = _free_port()
@@ -195,7 +196,14 @@ def _start(workdir: Path, log_name: str = "server.log") -> Server:
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-    srv = Server(workdir, db, keyring_file, f"http://127.0.0.1:{port}", proc, log)
+    return Server(workdir, db, keyring_file, f"http://127.0.0.1:{port}", proc, log)
+
+
+def _start(workdir: Path, log_name: str = "server.log") -> Server:
+    """``langgraph dev`` on ``workdir``, once it answers."""
+    import httpx
+    srv = _launch(workdir, log_name)
+    proc, log = srv.proc, srv.log
     deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
     try:
         while True:
@@ -213,6 +221,26 @@ def _start(workdir: Path, log_name: str = "server.log") -> Server:
     except BaseException:
         srv.stop()
         raise
+
+
+def _start_refused(workdir: Path, log_name: str) -> str:
+    """``langgraph dev`` on ``workdir`` must exit without ever answering: returns its log."""
+    import httpx
+    srv = _launch(workdir, log_name)
+    deadline = time.monotonic() + 180   # a startup timeout, not a performance assertion
+    try:
+        while srv.proc.poll() is None:
+            try:
+                answered = httpx.get(srv.url + "/ok", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                answered = False
+            assert not answered, "the server started on an altered record file"
+            assert time.monotonic() < deadline, "langgraph dev neither started nor exited"
+            time.sleep(0.5)
+    finally:
+        srv.stop()
+    assert srv.proc.returncode != 0
+    return srv.log.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -373,12 +401,15 @@ def _texts(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def _records_script(workdir: Path, mode: str, stdin: str = "") -> Any:
-    """tests/scripts/server_records.py on the server's record file, in its own process."""
+    """tests/scripts/server_records.py on the server's record file, in its own process (it
+    opens the sealed file with the server's keys)."""
     out = subprocess.run(
         [sys.executable, "-m", "tests.scripts.server_records", mode,
          str(workdir / ".langgraph_api" / ".langgraph_ops.pckl")],
         input=stdin, capture_output=True, text=True, timeout=300, cwd=workdir,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)])})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workdir)]),
+             "SECURESAVER_URL": f"sqlite:///{workdir / 'checkpoints.db'}",
+             "SECURESAVER_KEYRING_FILE": str(workdir / "keyring.json")})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -456,8 +487,7 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
         for form in _forms(secret):
             assert form not in raw, f"{secret!r} is readable in the checkpoint/store DB"
 
-    # every other file the server and SecureSaver wrote: nothing in clear, except the
-    # server's record file at the documented places
+    # every file the server and SecureSaver wrote, the record file included: nothing in clear
     _scan_written_files(server.workdir)
 
     # bob's run naming alice's tenant failed and was recorded
@@ -521,14 +551,15 @@ def _scan_written_files(workdir: Path) -> None:
     names = {p.name for p in written}
     assert ".langgraph_ops.pckl" in names and "checkpoints.db" in names, names
     records = workdir / ".langgraph_api" / ".langgraph_ops.pckl"
+    assert is_sealed(records.read_bytes()), "the record file is written sealed"
     for path in written:
-        if path == records:
-            continue
         data = path.read_bytes()
         for secret in ALL_SECRETS:
             for form in _forms(secret):
                 assert form not in data, f"{secret!r} is readable in {path.relative_to(workdir)}"
+    # inside the seal: the handlers still sealed every field but the runtime's two copies
     hits = _records_script(workdir, "find", json.dumps(ALL_SECRETS))
+    assert hits, "the sealed record file holds the conversations (the runtime's copies)"
     outside = [(n, p) for n, p in hits if not any(rx.match(p) for rx in NOT_COVERED)]
     assert outside == [], outside
     # the strings only the server's records hold (metadata, store, assistant, cron) are
@@ -542,11 +573,20 @@ def _scan_written_files(workdir: Path) -> None:
         assert place in sealed, sorted(sealed)
 
 
+def _sealer(workdir: Path, name: str = OPS_FILENAME) -> RecordsSealer:
+    """The record file's sealer with the server's keys (opened in the test process)."""
+    return RecordsSealer(ServerSettings(url=f"sqlite:///{workdir / 'checkpoints.db'}",
+                                        keyring=Keyring.from_file(workdir / "keyring.json")),
+                         name=name)
+
+
 def _tamper_and_restart(workdir: Path, result: dict[str, Any]) -> None:
     tokens = _records_script(workdir, "tokens")
     alice_thread = result["alice"]["tid"]
     assistant_id = result["assistant"]["assistant_id"]
-    raw = (workdir / ".langgraph_api" / ".langgraph_ops.pckl").read_bytes()
+    sealer = _sealer(workdir)
+    # someone holding the keys edits fields inside the sealed file: the handlers refuse them
+    raw = sealer.open((workdir / ".langgraph_api" / ".langgraph_ops.pckl").read_bytes())
     flipped = plain = 0
     for place, token, record_id in tokens:
         if record_id == alice_thread and place.startswith("threads.") \
@@ -562,7 +602,8 @@ def _tamper_and_restart(workdir: Path, result: dict[str, Any]) -> None:
             raw = raw.replace(token.encode(), injected.encode())
             plain += 1
     assert flipped == 1 and plain == 1
-    (workdir / ".langgraph_api" / ".langgraph_ops.pckl").write_bytes(raw)
+    (workdir / ".langgraph_api" / ".langgraph_ops.pckl").write_bytes(sealer.seal(raw))
+    sealer.close()
     restarted = _start(workdir, "server-restarted.log")
     try:
         outcome = asyncio.run(_read_after_tamper(restarted.url, result))
@@ -599,6 +640,67 @@ async def _read_after_tamper(url: str, result: dict[str, Any]) -> dict[str, Any]
     out["bob_topic"] = bob_thread["metadata"]["topic"]
     out["alice_other"] = (await client(ALICE).threads.get(result["rollback"]["tid"]))["thread_id"]
     return out
+
+
+async def _alice_turn(url: str) -> str:
+    from langgraph_sdk import get_client
+    alice = get_client(url=url, headers=ALICE)
+    tid = (await alice.threads.create(metadata={"topic": THREAD_META["alice"]}))["thread_id"]
+    await alice.runs.wait(tid, "agent", input={"messages": [
+        {"role": "user", "content": ALICE_TEXT}]})
+    return str(tid)
+
+
+async def _alice_thread(url: str, tid: str) -> dict[str, Any]:
+    from langgraph_sdk import get_client
+    return dict(await get_client(url=url, headers=ALICE).threads.get(tid))
+
+
+def test_the_record_file_is_sealed_and_an_altered_one_is_refused(tmp_path: Path) -> None:
+    """langgraph dev writes its record file sealed; a flipped byte, a plain pickle in its
+    place or a file sealed under another name stop the server from starting (the file is left
+    as it was: nothing is discarded), and the original file then loads with its data."""
+    require_server()
+    workdir = tmp_path / "example"
+    shutil.copytree(EXAMPLE, workdir)
+    Keyring.generate().save(workdir / "keyring.json")
+    srv = _start(workdir)
+    try:
+        tid = asyncio.run(_alice_turn(srv.url))
+    finally:
+        srv.stop()
+    ops = workdir / ".langgraph_api" / ".langgraph_ops.pckl"
+    good = ops.read_bytes()
+    assert is_sealed(good)
+    for secret in (ALICE_TEXT, THREAD_META["alice"]):
+        for form in _forms(secret):
+            assert form not in good
+    sealer = _sealer(workdir)
+    plain = sealer.open(good)
+    # the runtime's copy of the thread's state is inside: the seal is what keeps it off disk
+    assert ALICE_TEXT.encode() in plain
+    other_name = _sealer(workdir, name="elsewhere/.langgraph_ops.pckl")
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x01
+    cases = {"flipped": (bytes(flipped), "failed authentication"),
+             "plaintext": (plain, "is not sealed"),
+             "other name": (other_name.seal(plain), "failed authentication")}
+    sealer.close()
+    other_name.close()
+    for case, (data, message) in cases.items():
+        ops.write_bytes(data)
+        log = _start_refused(workdir, f"refused-{case.replace(' ', '-')}.log")
+        assert "TamperedDataError" in log and message in log, (case, log[-3000:])
+        assert ops.read_bytes() == data, f"{case}: the refused file was changed or removed"
+    ops.write_bytes(good)
+    srv = _start(workdir, "server-good.log")
+    try:
+        thread = asyncio.run(_alice_thread(srv.url, tid))
+    finally:
+        srv.stop()
+    assert thread["metadata"]["topic"] == THREAD_META["alice"]
+    assert _texts(thread["values"]["messages"])[0] == ALICE_TEXT
+    assert is_sealed(ops.read_bytes())
 
 
 async def _direct_reads(server: Server, alice_thread: str, rolled_thread: str) -> None:
@@ -1078,3 +1180,207 @@ async def test_store_factory_is_a_securestore_per_user(tmp_path: Path) -> None:
             await store.aget(("memories",), "m")
     items = b"".join(p.read_bytes() for p in tmp_path.glob("items.db*"))
     assert items and b"alice's secret memory" not in items
+
+
+# --------------------------------------------------------------------------------------------
+# the record file wrapper without a server (a stand-in runtime with the installed one's shape)
+# --------------------------------------------------------------------------------------------
+_UNPICKLED: list[str] = []
+
+
+def _unpickled(marker: str) -> str:
+    """What a planted pickle calls when it is loaded."""
+    _UNPICKLED.append(marker)
+    return marker
+
+
+class _Planted:
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_unpickled, ("planted pickle ran",))
+
+
+@pytest.fixture
+def fake_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """langgraph_runtime_inmem's database/lifespan/_persistence modules as the server has them
+    when the auth module is imported: a PersistentDict record store and a start_pool that,
+    like the runtime's, deletes a file it cannot load."""
+    import types
+
+    from langgraph.checkpoint.memory import PersistentDict
+
+    from langgraph_securesaver import server_records
+    ops = str(tmp_path / ".langgraph_ops.pckl")
+    database = types.ModuleType("langgraph_runtime_inmem.database")
+
+    class GlobalStore(PersistentDict):
+        pass
+
+    async def start_pool() -> None:
+        if os.path.exists(ops):
+            try:
+                database.GLOBAL_STORE.load()
+            except Exception:
+                os.remove(ops)
+
+    database.OPS_FILENAME = ops                                     # type: ignore[attr-defined]
+    database.GLOBAL_STORE = GlobalStore(list, filename=ops)         # type: ignore[attr-defined]
+    database.start_pool = start_pool                                # type: ignore[attr-defined]
+    lifespan = types.ModuleType("langgraph_runtime_inmem.lifespan")
+    lifespan.start_pool = start_pool                                # type: ignore[attr-defined]
+    persistence = types.ModuleType("langgraph_runtime_inmem._persistence")
+    persistence._stores = {}                                        # type: ignore[attr-defined]
+    package = types.ModuleType("langgraph_runtime_inmem")
+    package.__version__ = sorted(server_records.KNOWN_RUNTIME_VERSIONS)[-1]  # type: ignore[attr-defined]
+    for module in (package, database, lifespan, persistence):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(server_records._STATE, "sealer", None)
+    monkeypatch.delenv(server_records.ENV_VAR, raising=False)
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'r.db'}", keyring=Keyring.generate())
+    ns = types.SimpleNamespace(database=database, lifespan=lifespan, persistence=persistence,
+                               package=package, ops=Path(ops), settings=settings,
+                               start_pool=start_pool)
+    yield ns
+    sealer = server_records.installed()
+    if sealer is not None:
+        sealer.close()
+
+
+def _fresh_store(fake: Any) -> Any:
+    """The runtime's store as a new process has it: empty, then start_pool loads the file."""
+    store = fake.database.GLOBAL_STORE
+    dict.clear(store)
+    asyncio.run(fake.database.start_pool())
+    return store
+
+
+def test_the_wrapper_seals_what_the_runtime_writes_and_reads_it_back(fake_runtime: Any) -> None:
+    from langgraph_securesaver.server_records import SEALED, seal_server_records
+    fake = fake_runtime
+    assert seal_server_records(fake.settings) == SEALED
+    assert fake.lifespan.start_pool is fake.database.start_pool is not fake.start_pool
+    store = fake.database.GLOBAL_STORE
+    store["threads"] = [{"values": {"messages": [ALICE_TEXT]}}]
+    store.sync()                                 # what the flush loop and close() call
+    raw = fake.ops.read_bytes()
+    assert is_sealed(raw) and ALICE_TEXT.encode() not in raw
+    assert _fresh_store(fake)["threads"] == [{"values": {"messages": [ALICE_TEXT]}}]
+    assert seal_server_records(fake.settings) == SEALED       # idempotent
+
+
+@pytest.mark.parametrize("case", ["flipped", "truncated", "plain pickle", "empty",
+                                  "other database"])
+def test_an_altered_record_file_is_refused_before_the_runtime_sees_it(
+        fake_runtime: Any, case: str) -> None:
+    import pickle
+
+    from langgraph_securesaver import TamperedDataError
+    from langgraph_securesaver.server_records import seal_server_records
+    fake = fake_runtime
+    seal_server_records(fake.settings)
+    fake.database.GLOBAL_STORE["threads"] = [{"values": ALICE_TEXT}]
+    fake.database.GLOBAL_STORE.sync()
+    good = fake.ops.read_bytes()
+    other = RecordsSealer(ServerSettings(url=f"sqlite:///{fake.ops.parent / 'other.db'}",
+                                         keyring=Keyring.generate()))
+    altered = {
+        "flipped": good[:-5] + bytes([good[-5] ^ 0x01]) + good[-4:],
+        "truncated": good[:20],
+        "plain pickle": pickle.dumps({"threads": [_Planted()], "runs": []}),
+        "empty": b"",
+        "other database": other.seal(pickle.dumps({"threads": [], "runs": []})),
+    }[case]
+    other.close()
+    fake.ops.write_bytes(altered)
+    _UNPICKLED.clear()
+    with pytest.raises(TamperedDataError) as info:
+        _fresh_store(fake)
+    assert fake.ops.read_bytes() == altered, "the refused file is kept as it was"
+    assert _UNPICKLED == [], "an unauthenticated pickle was loaded"
+    assert "record file" in str(info.value)
+    fake.ops.write_bytes(good)
+    assert _fresh_store(fake)["threads"] == [{"values": ALICE_TEXT}]
+
+
+def test_no_file_starts_empty(fake_runtime: Any) -> None:
+    from langgraph_securesaver.server_records import seal_server_records
+    seal_server_records(fake_runtime.settings)
+    assert dict(_fresh_store(fake_runtime)) == {}
+    assert not fake_runtime.ops.exists()
+
+
+def test_an_unknown_runtime_is_left_alone_and_a_sealed_file_is_not_given_to_it(
+        fake_runtime: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from langgraph_securesaver import ConfigurationError
+    from langgraph_securesaver.server_records import UNSUPPORTED, seal_file, seal_server_records
+    fake = fake_runtime
+    fake.package.__version__ = "0.0.1"
+    with caplog.at_level("WARNING", logger="langgraph_securesaver.server_records"):
+        assert seal_server_records(fake.settings) == UNSUPPORTED
+    assert "0.0.1" in caplog.text and "written in clear" in caplog.text
+    assert fake.database.start_pool is fake.start_pool
+    assert type(fake.database.GLOBAL_STORE).__name__ == "GlobalStore"
+    # a sealed file: the runtime would discard it, so the server is stopped instead
+    fake.ops.write_bytes(b"plain records")
+    sealer = RecordsSealer(fake.settings)
+    seal_file(fake.ops, sealer)
+    sealer.close()
+    with pytest.raises(ConfigurationError, match="is sealed by langgraph-securesaver"):
+        seal_server_records(fake.settings)
+
+
+def test_off_too_late_and_no_runtime(fake_runtime: Any, monkeypatch: pytest.MonkeyPatch,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    from langgraph_securesaver import ConfigurationError
+    from langgraph_securesaver.server_records import (
+        ENV_VAR,
+        NO_RUNTIME,
+        OFF,
+        TOO_LATE,
+        seal_file,
+        seal_server_records,
+    )
+    fake = fake_runtime
+    monkeypatch.setenv(ENV_VAR, "off")
+    assert seal_server_records(fake.settings) == OFF
+    assert fake.database.start_pool is fake.start_pool
+    monkeypatch.setenv(ENV_VAR, "maybe")
+    with pytest.raises(ConfigurationError):
+        seal_server_records(fake.settings)
+    monkeypatch.setenv(ENV_VAR, "on")
+    fake.persistence._stores[fake.database.OPS_FILENAME] = None   # start_pool already ran
+    with caplog.at_level("WARNING", logger="langgraph_securesaver.server_records"):
+        assert seal_server_records(fake.settings) == TOO_LATE
+    assert "auth module" in caplog.text
+    assert fake.database.start_pool is fake.start_pool
+    monkeypatch.setenv(ENV_VAR, "off")
+    fake.ops.write_bytes(b"plain records")
+    sealer = RecordsSealer(fake.settings)
+    seal_file(fake.ops, sealer)
+    sealer.close()
+    with pytest.raises(ConfigurationError, match="is off"):
+        seal_server_records(fake.settings)
+    monkeypatch.delitem(sys.modules, "langgraph_runtime_inmem.database")
+    assert seal_server_records(fake.settings) == NO_RUNTIME
+
+
+def test_seal_and_unseal_a_file(tmp_path: Path) -> None:
+    from langgraph_securesaver import ConfigurationError, TamperedDataError
+    from langgraph_securesaver.server_records import main, seal_file, unseal_file
+    settings = ServerSettings(url=f"sqlite:///{tmp_path / 'r.db'}", keyring=Keyring.generate())
+    sealer = RecordsSealer(settings)
+    path = tmp_path / "records.pckl"
+    path.write_bytes(b"\x80\x02}q\x00.")
+    seal_file(path, sealer)
+    sealed = path.read_bytes()
+    assert is_sealed(sealed) and repr(sealer) == f"RecordsSealer(name={OPS_FILENAME!r})"
+    with pytest.raises(ConfigurationError, match="already sealed"):
+        seal_file(path, sealer)
+    unseal_file(path, sealer)
+    assert path.read_bytes() == b"\x80\x02}q\x00."
+    with pytest.raises(TamperedDataError, match="not sealed"):
+        unseal_file(path, sealer)
+    # the same file under another name does not open (another database: the test above)
+    with pytest.raises(TamperedDataError, match="failed authentication"):
+        RecordsSealer(settings, name="store.pckl").open(sealed)
+    sealer.close()
+    assert main(["bogus"]) == 2

@@ -13,9 +13,20 @@ server compares it as stored.
 
 Store items are separated by SecureStore (each user's namespaces live under their tenant), so
 the store handler adds no filter (an ``owner`` filter would compare against the item values).
+
+``seal_server_records()`` seals the record file of ``langgraph dev``'s in-memory runtime
+(``.langgraph_api/.langgraph_ops.pckl``: thread state copies, run input) at rest with
+SecureSaver's keys. It is called here because the server imports this module before it reads
+that file (the checkpointer, store and encryption modules come later);
+``SECURESAVER_SERVER_RECORDS=off`` turns it off. It does nothing on ``langgraph up`` or the
+platform.
 """
 
 from langgraph_sdk import Auth
+
+from langgraph_securesaver.server_records import seal_server_records
+
+seal_server_records()
 
 USERS = {
     "token-alice": {"identity": "alice", "org_id": "acme"},

@@ -1,6 +1,7 @@
 """Reads LangGraph Server's in-memory persistence file (``.langgraph_api/.langgraph_ops.pckl``)
 for tests/test_server.py, in its own process (unpickling imports the server's modules, which
-read their configuration from the environment on import).
+read their configuration from the environment on import). A sealed file is opened with the keys
+of ``SECURESAVER_URL`` / ``SECURESAVER_KEYRING_FILE`` first.
 
     python -m tests.scripts.server_records find FILE < needles.json   -> [[needle, path], ...]
     python -m tests.scripts.server_records tokens FILE    -> [[path, "ss1...", record id], ...]
@@ -43,10 +44,22 @@ _ID_FIELDS = {"threads": "thread_id", "runs": "run_id", "assistants": "assistant
               "assistant_versions": "assistant_id", "crons": "cron_id"}
 
 
+def load(file: str) -> Any:
+    from langgraph_securesaver.server_records import RecordsSealer, is_sealed
+    with open(file, "rb") as fh:
+        data = fh.read()
+    if not is_sealed(data):
+        return pickle.loads(data)
+    sealer = RecordsSealer()
+    try:
+        return sealer.read(file)
+    finally:
+        sealer.close()
+
+
 def main() -> None:
     mode, file = sys.argv[1], sys.argv[2]
-    with open(file, "rb") as fh:
-        records = pickle.load(fh)
+    records = load(file)
     if mode == "find":
         needles = json.load(sys.stdin)
         hits = [[n, p] for p, s in strings(records) for n in needles if n in s]
