@@ -53,6 +53,7 @@ thread by thread, so one bad thread never stops the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -165,6 +166,7 @@ class Sweep:
             rows = rows if self.limit is None else rows[:self.limit]
             for start in range(0, len(rows), self.batch):
                 self._dry_batch(rows[start:start + self.batch])
+            self._dry_emptied()
             return self.report
         self._shared = shares_database(self.services)
         done = 0
@@ -188,6 +190,8 @@ class Sweep:
                 done += 1
                 if self.progress:
                     self.progress(done, max(total, done))
+        if not self.should_stop():
+            self._sweep_emptied(done)
         if self.report.deleted or self.report.pruned_to_latest:
             self.services.flush_deleted()
         if self._shared and self.tenant is None and not self.should_stop():
@@ -332,6 +336,117 @@ class Sweep:
                 self.report.would_prune.append(key)
             else:
                 self.report.would_delete.append(key)
+
+    # threads delete_for_runs left empty ------------------------------------------------------
+    def emptied_grace(self) -> float:
+        """How long a thread ``delete_for_runs`` left empty must stay empty and unwritten
+        (its registry ``last_activity``, moved by the mark and by every write's touch) before
+        the sweep deletes it: ``active_grace``, and at least the thread-key cache lifetime
+        plus the activity resolution, so no process still holds its key from a write (a
+        write touches the row at least once per resolution, before it fetches the key)."""
+        store = threads.thread_key_store(self.services)
+        ttl = store.ttl if store is not None else 0.0
+        return max(self.active_grace, ttl + float(self.services.activity_resolution))
+
+    def _sweep_emptied(self, done: int) -> None:
+        """Claim emptied threads due (state ``emptied``, last active before the grace, not
+        held) and delete each one still empty (:meth:`_emptied`)."""
+        cutoff = self.now - self.emptied_grace()
+        while not self.should_stop() and (self.limit is None or done < self.limit):
+            want = self.batch if self.limit is None else min(self.batch, self.limit - done)
+            rows = self.registry.claim_emptied(cutoff=cutoff, owner=self.owner,
+                                               lease=self.lease, limit=want,
+                                               tenant=self.tenant)
+            if not rows:
+                return
+            for row in rows:
+                self._safely(row, functools.partial(self._emptied, row, cutoff))
+                done += 1
+
+    def _dry_emptied(self) -> None:
+        """What :meth:`_sweep_emptied` would decide, changing nothing."""
+        cutoff = self.now - self.emptied_grace()
+        wall = time.time()
+        for row in self.registry.list_emptied(cutoff, self.tenant):
+            if row.claim_expires is not None and row.claim_expires >= wall:
+                continue
+            key = (row.tenant, row.thread_id)
+            if not self._verified(row)[0]:
+                continue
+            inner = inner_thread_id(row.tenant, row.thread_id)
+            if self.services.storage.count_checkpoints(inner):
+                self.report.survived.append(key)
+            else:
+                self.report.would_delete.append(key)
+
+    def _emptied(self, row: ThreadRow, cutoff: float) -> None:
+        """Delete a claimed emptied thread if it is still empty and unwritten.
+
+        With the registry in the inner saver's database (``from_url``) one transaction
+        deletes the registry row (fenced: still ours, still ``emptied``, not held, last
+        active before ``cutoff``; on SQLite this statement takes the write lock), counts and
+        deletes the thread's checkpoints -- any found roll everything back and the thread
+        lives on -- then its companion records and key, and writes the receipt. Otherwise
+        the count, the storage delete and the registry transaction are three steps."""
+        key = (row.tenant, row.thread_id)
+        self.registry.verified_expiry(row)   # a row that does not verify: reported, kept
+        inner = inner_thread_id(row.tenant, row.thread_id)
+        gone = False
+        if self._shared:
+            try:
+                with self.registry.begin() as conn:
+                    if self.registry.delete_emptied_claimed(conn, row, cutoff):
+                        checkpoints = delete_threads_in(conn, self.registry.dialect, [inner])
+                        if checkpoints.get(inner, 0):
+                            raise _WrittenAgain
+                        self._finish_emptied(conn, row, 0)
+                        gone = True
+            except _WrittenAgain:
+                self.registry.unmark_emptied(row)
+                self.report.survived.append(key)
+                return
+        else:
+            if self.services.storage.count_checkpoints(inner):
+                self.registry.unmark_emptied(row)
+                self.report.survived.append(key)
+                return
+            self.services.storage.delete_threads([inner])   # writes and blobs left behind
+            with self.registry.begin() as conn:
+                if self.registry.delete_emptied_claimed(conn, row, cutoff):
+                    self._finish_emptied(conn, row, 0)
+                    gone = True
+        if not gone:   # written (touched) or held since the claim
+            self.registry.release_claim(row)
+            self.report.survived.append(key)
+            return
+        self.services.forget_thread(row.tenant, row.thread_id)
+        self.report.deleted.append(key)
+
+    def _finish_emptied(self, conn: Any, row: ThreadRow, checkpoints: int) -> None:
+        """Companion records, key and receipt of an emptied thread, in ``conn``."""
+        pair = (row.tenant, row.thread_id)
+        companions = self._purge_companions(conn, [pair])
+        self.registry.insert_receipts(conn, [{
+            "tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",
+            "reason": "delete_for_runs", "requested_by": f"pruner:{self.owner}",
+            "detail": {"checkpoints": checkpoints,
+                       **{name: per[pair] for name, per in companions.items()},
+                       "emptied_at": row.last_activity,
+                       "erased_under": threads.erased_under(self.services)}}])
+
+    def _safely(self, row: ThreadRow, action: Callable[[], None]) -> None:
+        """``action`` for one thread, retried on transient conflicts; any other failure is
+        reported in ``errors`` (the claim is kept until its lease runs out)."""
+        for attempt in range(1, TRANSIENT_RETRIES + 1):
+            try:
+                action()
+                return
+            except Exception as exc:  # noqa: BLE001 - one bad thread must not stop the sweep
+                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                    time.sleep(0.05 * attempt)
+                    continue
+                self._record_error(row, exc)
+                return
 
     # what a thread's latest checkpoint time may decide -------------------------------------
     def _alive(self, row: ThreadRow, last: float | None) -> bool:
@@ -577,6 +692,10 @@ class Sweep:
                 claim_token=row.claim_token):
             self.services.forget_thread(row.tenant, row.thread_id)
             self.report.deleted.append(key)
+
+
+class _WrittenAgain(Exception):
+    """An emptied thread holds a checkpoint again: its deletion is rolled back."""
 
 
 def _kept(exc: TamperedDataError) -> TamperedDataError:
