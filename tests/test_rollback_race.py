@@ -75,8 +75,9 @@ def _delete_runs(saver: SecureSaver, runs: list[str], mode: str) -> None:
 
 
 def _key_rows(saver: SecureSaver, thread: str) -> int:
-    from langgraph_securesaver.registry_schema import thread_keys
     import sqlalchemy as sa
+
+    from langgraph_securesaver.registry_schema import thread_keys
     with saver.registry.begin() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(thread_keys).where(
             thread_keys.c.tenant == "acme", thread_keys.c.thread_id == thread)).scalar() or 0)
