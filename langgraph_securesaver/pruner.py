@@ -49,6 +49,11 @@ deleted, then its companions, registry rows and receipts finished in one registr
 transaction; a kill in between leaves ``deleting`` rows the next sweep finishes when their
 lease runs out. A batch that fails for a reason other than a transient conflict is retried
 thread by thread, so one bad thread never stops the others.
+
+Threads ``delete_for_runs`` left empty (state ``emptied``) are swept after the expired ones:
+claimed once last active before ``now - emptied_grace()`` and not held, each is deleted in
+one fenced transaction that re-counts its checkpoints (:meth:`Sweep._emptied`); one written
+again is kept and its mark cleared. docs/erasure.md says when such a thread's key goes.
 """
 
 from __future__ import annotations
