@@ -49,6 +49,11 @@ deleted, then its companions, registry rows and receipts finished in one registr
 transaction; a kill in between leaves ``deleting`` rows the next sweep finishes when their
 lease runs out. A batch that fails for a reason other than a transient conflict is retried
 thread by thread, so one bad thread never stops the others.
+
+Threads ``delete_for_runs`` left empty (state ``emptied``) are swept after the expired ones:
+claimed once last active before ``now - emptied_grace()`` and not held, each is deleted in
+one fenced transaction that re-counts its checkpoints (:mod:`.pruner_emptied`); one written
+again is kept and its mark cleared. docs/erasure.md says when such a thread's key goes.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ import sqlalchemy as sa
 from . import summaries
 from .errors import TamperedDataError
 from .ops import threads
+from .pruner_emptied import EmptiedSweep
 from .registry import ThreadRow, _thread_ref, pairs_in
 from .retention import PruneReport
 from .services import SaverServices
@@ -117,7 +123,7 @@ def _reason(row: ThreadRow, now: float) -> str:
 SUMMARY_REFRESH_LIMIT = 50_000
 
 
-class Sweep:
+class Sweep(EmptiedSweep):
     """One run of the pruner over the registry."""
 
     def __init__(self, saver: SaverLike | SaverServices, *, now: float | None, limit: int | None,
@@ -165,6 +171,7 @@ class Sweep:
             rows = rows if self.limit is None else rows[:self.limit]
             for start in range(0, len(rows), self.batch):
                 self._dry_batch(rows[start:start + self.batch])
+            self._dry_emptied()
             return self.report
         self._shared = shares_database(self.services)
         done = 0
@@ -188,6 +195,8 @@ class Sweep:
                 done += 1
                 if self.progress:
                     self.progress(done, max(total, done))
+        if not self.should_stop():
+            self._sweep_emptied(done)
         if self.report.deleted or self.report.pruned_to_latest:
             self.services.flush_deleted()
         if self._shared and self.tenant is None and not self.should_stop():
@@ -332,6 +341,20 @@ class Sweep:
                 self.report.would_prune.append(key)
             else:
                 self.report.would_delete.append(key)
+
+    def _safely(self, row: ThreadRow, action: Callable[[], None]) -> None:
+        """``action`` for one thread, retried on transient conflicts; any other failure is
+        reported in ``errors`` (the claim is kept until its lease runs out)."""
+        for attempt in range(1, TRANSIENT_RETRIES + 1):
+            try:
+                action()
+                return
+            except Exception as exc:  # noqa: BLE001 - one bad thread must not stop the sweep
+                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                    time.sleep(0.05 * attempt)
+                    continue
+                self._record_error(row, exc)
+                return
 
     # what a thread's latest checkpoint time may decide -------------------------------------
     def _alive(self, row: ThreadRow, last: float | None) -> bool:

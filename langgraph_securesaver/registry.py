@@ -308,15 +308,17 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         return sa.func.greatest(a, b) if self.dialect == "postgresql" else sa.func.max(a, b)
 
     def touch_thread(self, tenant: str, thread_id: str, now: float | None = None,
-                     policy: RetentionPolicy | None = None) -> None:
+                     policy: RetentionPolicy | None = None, state: str = "active") -> None:
         """Register a thread (first write, with the given effective policy) or move its last
-        activity forward and recompute its expiry from its stored TTLs."""
+        activity forward and recompute its expiry from its stored TTLs. ``state``: "active"
+        for a write (it also clears an ``emptied`` mark); "emptied" for ``delete_for_runs``
+        leaving the thread without a checkpoint (:meth:`mark_emptied`)."""
         now = float(time.time() if now is None else now)
         policy = policy or NO_RETENTION
         integ = self._keyed()
         row = {"tenant": tenant, "thread_id": thread_id, "created_at": now, "last_activity": now,
                **policy.as_row(), "policy_source": "default",
-               "expires_at": policy.expires_at(now, now), "state": "active"}
+               "expires_at": policy.expires_at(now, now), "state": state}
         row["policy_mac"] = integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(row))
         row["activity_mac"] = integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(row))
         stmt = self._upsert(threads).values(**row)
@@ -331,11 +333,20 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
                      stmt.excluded.activity_mac), else_=threads.c.activity_mac),
                 "expires_at": expires_expr(threads.c.created_at, last, threads.c.idle_ttl,
                                            threads.c.max_age, threads.c.legal_hold),
-                "state": sa.case((threads.c.state == "deleting", "deleting"), else_="active"),
+                "state": sa.case((threads.c.state == "deleting", "deleting"), else_=state),
             },
         )
         with self.begin() as conn:
             conn.execute(stmt)
+
+    def mark_emptied(self, tenant: str, thread_ids: Sequence[str], now: float | None = None,
+                     policy: RetentionPolicy | None = None) -> None:
+        """``delete_for_runs`` left these threads without a checkpoint: mark them
+        ``emptied`` (their last activity moves to ``now``). The retention sweep deletes such
+        a thread -- key included -- once it has stayed empty and unwritten for its grace
+        (:meth:`.pruner.Sweep.emptied_grace`); a write first clears the mark."""
+        for thread_id in thread_ids:
+            self.touch_thread(tenant, thread_id, now=now, policy=policy, state="emptied")
 
     def get_thread(self, tenant: str, thread_id: str) -> ThreadRow | None:
         with self.begin() as conn:

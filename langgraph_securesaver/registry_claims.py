@@ -77,6 +77,58 @@ class RegistryClaims:
         with self.begin() as conn:
             return [ThreadRow(**r) for r in conn.execute(stmt).mappings()]
 
+    def claim_emptied(self, *, cutoff: float, owner: str, lease: float, limit: int,
+                      tenant: str | None = None) -> list[ThreadRow]:
+        """Atomically claim up to ``limit`` threads ``delete_for_runs`` left empty
+        (state ``emptied``), last active at or before ``cutoff``, not held and not claimed
+        by a live pruner. The claim decides nothing: see :meth:`delete_emptied_claimed`."""
+        wall = time.time()
+        token = uuid.uuid4().hex
+        candidates = sa.select(threads.c.tenant, threads.c.thread_id).where(
+            threads.c.state == "emptied", threads.c.last_activity <= cutoff,
+            threads.c.legal_hold.is_(False),
+            sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall),
+        ).order_by(threads.c.last_activity).limit(limit)
+        if tenant is not None:
+            candidates = candidates.where(threads.c.tenant == tenant)
+        if self.dialect == "postgresql":
+            candidates = candidates.with_for_update(skip_locked=True)
+        stmt = threads.update().where(
+            sa.tuple_(threads.c.tenant, threads.c.thread_id).in_(candidates)
+        ).values(claim_owner=owner, claim_token=token, claim_expires=wall + lease
+                 ).returning(*threads.c)
+        with self.begin() as conn:
+            return [ThreadRow(**r) for r in conn.execute(stmt).mappings()]
+
+    def delete_emptied_claimed(self, conn: Connection, row: ThreadRow, cutoff: float) -> bool:
+        """Inside the caller's transaction: drop the registry row of a claimed emptied
+        thread if it is still ours (claim token), still ``emptied`` (a write's touch sets
+        it back to active), not held and still last active at or before ``cutoff``: the
+        re-check is the statement that deletes (and, on SQLite, takes the write lock before
+        the caller re-counts the checkpoints). The deleted row's MACs must verify, else
+        TamperedDataError rolls the caller's transaction back."""
+        stmt = threads.delete().where(
+            threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+            threads.c.claim_token == row.claim_token, threads.c.state == "emptied",
+            threads.c.legal_hold.is_(False), threads.c.last_activity <= cutoff,
+        ).returning(*threads.c)
+        gone = conn.execute(stmt).mappings().first()
+        if gone is None:
+            return False
+        # the filter read last_activity and legal_hold as stored; their MACs cover both
+        self.verified_expiry(ThreadRow(**gone))  # raises on a row that does not verify
+        return True
+
+    def unmark_emptied(self, row: ThreadRow) -> None:
+        """A claimed emptied thread that holds checkpoints again: back to active, released."""
+        with self.begin() as conn:
+            conn.execute(threads.update().where(
+                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+                threads.c.claim_token == row.claim_token,
+            ).values(state=sa.case((threads.c.state == "emptied", "active"),
+                                   else_=threads.c.state),
+                     claim_owner=None, claim_token=None, claim_expires=None))
+
     def release_claim(self, row: ThreadRow) -> None:
         with self.begin() as conn:
             conn.execute(threads.update().where(
@@ -201,8 +253,9 @@ class RegistryClaims:
             done = conn.execute(threads.update().where(
                 threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
                 threads.c.claim_token == row.claim_token,
-            ).values(state="pruned", expires_at=None, claim_owner=None, claim_token=None,
-                     claim_expires=None)).rowcount
+            ).values(state=sa.case((threads.c.state == "emptied", "emptied"),
+                                   else_="pruned"), expires_at=None, claim_owner=None,
+                     claim_token=None, claim_expires=None)).rowcount
             if done:
                 self._insert_receipt(conn, receipt)
         return bool(done)
@@ -237,6 +290,16 @@ class RegistryClaims:
             q = q.where(threads.c.tenant == tenant)
         if limit is not None:
             q = q.limit(limit)
+        with self.begin() as conn:
+            return [ThreadRow(**r) for r in conn.execute(q).mappings()]
+
+    def list_emptied(self, cutoff: float, tenant: str | None = None) -> list[ThreadRow]:
+        """Emptied threads last active at or before ``cutoff``, not held (dry runs)."""
+        q = sa.select(threads).where(
+            threads.c.state == "emptied", threads.c.last_activity <= cutoff,
+            threads.c.legal_hold.is_(False)).order_by(threads.c.last_activity)
+        if tenant is not None:
+            q = q.where(threads.c.tenant == tenant)
         with self.begin() as conn:
             return [ThreadRow(**r) for r in conn.execute(q).mappings()]
 

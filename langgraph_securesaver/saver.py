@@ -296,7 +296,10 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints and writes of these runs, in the caller's tenant only
-        (a ``runs_deleted`` event is recorded).
+        (a ``runs_deleted`` event is recorded). A thread left without a checkpoint is marked
+        ``emptied``; the retention sweep deletes it, key included, once it stayed empty and
+        unwritten for its grace (docs/erasure.md): a run writing the same thread meanwhile
+        (LangGraph Server's rollback) keeps its checkpoints and key.
         """
         tenant = self._gate.resolve_tenant("delete_for_runs")
         run_ids = _str_list(run_ids, "run_ids")
@@ -304,7 +307,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             return
         self._io.sync("delete_for_runs")
         touched = self.services.storage.delete_for_runs(thread_prefix(tenant), run_ids)
-        emptied = threads.delete_emptied(self.services, tenant, touched)
+        emptied = threads.mark_emptied(self.services, tenant, touched)
         summaries.mark_changed(self.registry, tenant)
         self.services.flush_deleted()
         self.registry.record_event("runs_deleted", tenant=tenant, run_ids=run_ids,
@@ -449,7 +452,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         else:
             touched = await self.services.storage.adelete_for_runs(thread_prefix(tenant),
                                                                    run_ids)
-        emptied = await to_thread(threads.delete_emptied, self.services, tenant, touched)
+        emptied = await to_thread(threads.mark_emptied, self.services, tenant, touched)
         await self.services.aflush_deleted()
         await to_thread(self.registry.record_event, "runs_deleted", tenant=tenant,
                                 run_ids=run_ids, threads_emptied=len(emptied))

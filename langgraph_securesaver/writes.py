@@ -89,13 +89,18 @@ class WritePath:
                  config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                  new_versions: ChannelVersions) -> tuple[Checkpoint, dict[str, Any]]:
         """Everything a put does before the inner saver's call (CPU work and registry rows;
-        ``aput`` runs it in one worker thread): redact and seal, touch the thread's registry
-        row when due, and store new PII originals before their tokens reach storage."""
+        ``aput`` runs it in one worker thread): touch the thread's registry row when due,
+        redact and seal, and store new PII originals before their tokens reach storage.
+
+        The touch comes first: it clears an ``emptied`` mark and moves the thread's last
+        activity before the thread key is fetched for sealing, so the retention sweep's
+        fenced delete of an emptied thread either sees this write coming (and keeps the
+        thread) or has committed before the key is read (and this write gets a new key)."""
+        if self.services.touch_due(ref):
+            self.services.touch(ref)
         with write_scope():  # one redaction budget for the channels and metadata of the put
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
-        if self.services.touch_due(ref):
-            self.services.touch(ref)
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         return sealed, md
 

@@ -1,5 +1,5 @@
-"""No preimage after erasure, one person forgotten, and ``delete_for_runs`` erasing the
-threads it empties.
+"""No preimage after erasure, one person forgotten, and the threads ``delete_for_runs``
+empties erased (by the retention sweep after their grace).
 
 The attacker of these tests holds a copy of the storage and the live keyring: they open every
 conversation, read every live row and the raw SQLite files (database + WAL), and enumerate
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from langgraph_securesaver import AccessDenied, Keyring, SecureSaver
 from langgraph_securesaver.crypto import ENTRY, THREAD
 from langgraph_securesaver.demo import build_chat_graph
 from langgraph_securesaver.pii_vault import pii_vault
+from langgraph_securesaver.pruner import Sweep
 from langgraph_securesaver.redaction import VaultEntry, make_token
 from langgraph_securesaver.registry import normalize_url
 from langgraph_securesaver.tenancy import tenant_scope
@@ -366,13 +368,27 @@ def test_delete_for_runs_that_empties_a_thread_destroys_its_key(
                 asyncio.run(saver.adelete_for_runs(runs))
         assert saver.get_tuple(_cfg("solo")) is None
         assert saver.get_tuple(_cfg("kept")) is not None
-        with saver.services.registry.begin() as conn:
-            keyed = conn.exec_driver_sql(
-                "SELECT thread_id FROM securesaver_thread_keys WHERE tenant = 'acme'"
-            ).scalars().all()
-        assert sorted(keyed) == ["kept"]
+
+        def keyed() -> list[str]:
+            with saver.services.registry.begin() as conn:
+                return sorted(conn.exec_driver_sql(
+                    "SELECT thread_id FROM securesaver_thread_keys WHERE tenant = 'acme'"
+                ).scalars().all())
+        # emptied, not deleted yet: a run of the thread may be writing (rollback)
+        assert keyed() == ["kept", "solo"]
+        assert saver.services.registry.get_thread("acme", "solo").state == "emptied"
+        assert saver.receipts(tenant="acme", thread_id="solo") == []
+        # a sweep within the grace leaves it; the first one after deletes it, key included
+        grace = Sweep(saver, now=None, limit=None, dry_run=True, tenant=None).emptied_grace()
+        assert saver.prune_expired(now=time.time() + grace / 2).deleted == []
+        assert keyed() == ["kept", "solo"]
+        report = saver.prune_expired(now=time.time() + grace + 1)
+        assert report.deleted == [("acme", "solo")]
+        assert keyed() == ["kept"]
+        assert saver.services.registry.get_thread("acme", "solo") is None
         receipts = saver.receipts(tenant="acme", thread_id="solo")
         assert [r.reason for r in receipts] == ["delete_for_runs"]
+        assert receipts[0].detail["thread_keys"] == 1
         assert saver.receipts(tenant="acme", thread_id="kept") == []
         assert saver.pii_inventory("acme").get(("acme", "solo")) is None
     doomed = sealed.of(lambda tenant, scope: scope is not None and scope[0] == THREAD

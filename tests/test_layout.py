@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "thread_keys", "store_format", "offthread"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
-    ("operations", frozenset({"ops", "ops.*", "pruner", "audit", "audit_report", "audit_sql",
+    ("operations", frozenset({"ops", "ops.*", "pruner", "pruner_emptied", "audit", "audit_report", "audit_sql",
                               "audit_statements", "audit_db", "audit_trail", "summaries",
                               "report_html", "scan", "store_audit",
                               "rotation", "idempotency.*"})),

@@ -28,9 +28,10 @@ import pytest
 from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
-from langgraph_securesaver import AccessDenied, Keyring, TenantRequired, tenant_scope
+from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, TenantRequired, tenant_scope
 from langgraph_securesaver.cli import app
 from langgraph_securesaver.denials import flush_for
+from langgraph_securesaver.pruner import Sweep
 from langgraph_securesaver.server import (
     AuthTenantSaver,
     ServerSettings,
@@ -518,16 +519,24 @@ def test_two_users_on_langgraph_server(server: Server) -> None:
     log = server.log.read_text(errors="replace")
     assert "Background worker failed" not in log and "TenantRequired" not in log, log[-3000:]
 
-    # the copy had alice's conversation; its deletion left a receipt naming alice; so did the
-    # rollback, whose run was the thread's only one (delete_for_runs emptied it: its key and
-    # data were erased, and the kept run started the thread afresh)
+    # the copy had alice's conversation; its deletion left a receipt naming alice. The
+    # rollback's run was the thread's only one: delete_for_runs marked the thread emptied,
+    # deleting nothing more, while the kept run was starting on it (the sweep would delete
+    # it, key included, only if it stayed empty and unwritten for the grace)
     assert result["copy_state"]["values"]["messages"] == a["final"]["values"]["messages"]
     receipts = json.loads(runner.invoke(app, ["events", "--url", url, "--kind", "receipt",
                                               "--format", "json"]).output)
     assert sorted((r["tenant"], r["thread_id"], r["actor"]) for r in receipts) == sorted([
-        ("alice", result["copied"], "alice"), ("alice", rolled["tid"], "alice")])
+        ("alice", result["copied"], "alice")])
 
-    # a checkpointer read of alice's thread under bob's identity: refused, recorded
+    # a checkpointer read of alice's thread under bob's identity: refused, recorded; the
+    # rolled-back thread's checkpoints (the kept run's) all open
+    asyncio.run(_direct_reads(server, a["tid"], rolled["tid"]))
+    # a retention sweep after the grace keeps that thread (written again), key and all
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(server.keyring_file)) as swept:
+        grace = Sweep(swept, now=None, limit=None, dry_run=True, tenant=None).emptied_grace()
+        report = swept.prune_expired(now=time.time() + grace + 1)
+        assert report.deleted == [] and report.errors == [], report
     asyncio.run(_direct_reads(server, a["tid"], rolled["tid"]))
     events = runner.invoke(app, ["events", "--url", url, "--kind", "access_denied",
                                  "--format", "json"])

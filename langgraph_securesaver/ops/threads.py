@@ -38,11 +38,15 @@ def delete_threads(services: SaverServices, tenant: str, thread_ids: Sequence[st
     services.flush_deleted()
 
 
-def delete_emptied(services: SaverServices, tenant: str, inner_ids: Iterable[str]
-                   ) -> builtins.list[str]:
-    """After ``delete_for_runs``: delete completely (vault values, companion records, the
-    thread's key; one receipt each) the threads of ``inner_ids`` left without a checkpoint.
-    Returns their thread ids. A thread written again meanwhile keeps its key and data."""
+def mark_emptied(services: SaverServices, tenant: str, inner_ids: Iterable[str]
+                 ) -> builtins.list[str]:
+    """After ``delete_for_runs``: mark the threads of ``inner_ids`` left without a checkpoint
+    ``emptied`` in the registry and return their thread ids. Nothing else is deleted here: a
+    run of the same thread may be writing right now (LangGraph Server's rollback), and its
+    checkpoint must neither be deleted nor sealed under a key that is then destroyed. The
+    retention sweep deletes an emptied thread -- its storage, companion records and key, with
+    one receipt (reason ``delete_for_runs``) -- once it has stayed empty and unwritten for
+    :meth:`.pruner.Sweep.emptied_grace` (docs/erasure.md)."""
     ids = sorted(set(inner_ids or ()))
     if not ids:
         return []
@@ -50,7 +54,7 @@ def delete_emptied(services: SaverServices, tenant: str, inner_ids: Iterable[str
     emptied = [outer for tid in ids if not counts.get(tid, 0)
                for outer in [outer_thread_id(tenant, tid)] if outer is not None]
     if emptied:
-        delete_threads(services, tenant, emptied, "delete_for_runs")
+        services.registry.mark_emptied(tenant, emptied, policy=services.policy_for(tenant))
     return emptied
 
 
