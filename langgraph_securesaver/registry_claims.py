@@ -28,6 +28,7 @@ from .registry_schema import (
     policies,
     tenant_keys,
     thread_keys,
+    thread_subjects,
     threads,
 )
 
@@ -245,6 +246,7 @@ class RegistryClaims:
             conn.execute(threads.delete().where(threads.c.tenant == tenant))
             conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant))
             conn.execute(thread_keys.delete().where(thread_keys.c.tenant == tenant))
+            conn.execute(thread_subjects.delete().where(thread_subjects.c.tenant == tenant))
             conn.execute(policies.delete().where(policies.c.tenant == tenant))
 
     def count_expired(self, now: float, tenant: str | None = None) -> int:

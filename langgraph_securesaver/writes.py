@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import (
 
 from .crypto import TenantKeys
 from .errors import ConfigurationError
+from .gate import Denial
 from .inner_access import InnerAccess
 from .redaction.budget import write_scope
 from .seal import SealedCodec
@@ -94,6 +95,7 @@ class WritePath:
         with write_scope():  # one redaction budget for the channels and metadata of the put
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
+        self.bind_subject(keys, ref, "put")
         if self.services.touch_due(ref):
             self.services.touch(ref)
         self.pii.vault.store(keys, ref.thread_id, new_pii)
@@ -106,8 +108,20 @@ class WritePath:
         with write_scope():
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
+        self.bind_subject(keys, ref, "put_writes")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         return sealed
+
+    def bind_subject(self, keys: TenantKeys, ref: ThreadRef, operation: str) -> None:
+        """Record the subject the write names for its thread (after sealing, which (re)loads
+        the thread's key), or refuse the write -- nothing of it stored yet -- when the thread
+        belongs to another subject (AccessDenied, recorded without either subject)."""
+        if ref.subject is None:
+            return
+        if not self.services.subjects.bind(keys, ref.thread_id, ref.subject):
+            raise self.services.gate.record_denial(Denial(
+                ref.tenant, ref.tenant, f"{operation}: the thread belongs to another subject",
+                ref.thread_id))
 
     def remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
         """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""
