@@ -45,7 +45,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("checkpointer", frozenset({"saver", "connect", "server", "server_encryption",
                                 "server_store", "demo", "demo_run",
                                   "recover", "store", "store.*"})),
-    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events", "cli_summaries"})),
+    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events", "cli_summaries",
+             "cli_subjects"})),
     # the facades: the package and the idempotency package re-export names of every layer
     ("package", frozenset({"", "idempotency"})),
 )

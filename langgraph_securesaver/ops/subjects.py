@@ -100,7 +100,8 @@ def _forget_in_tenant(services: SaverServices, tenant: str, subject: str | None,
                 counts[name] += int(purged.get(name, 0))
         counts["threads"] = len(thread_ids)
     if namespace is not None:
-        counts["store_items"] = _purge_store(services, tenant, namespace)
+        counts["store_items"], store_values = _purge_store(services, tenant, namespace)
+        counts["pii_values"] += store_values
     if values:
         counts["values_erased"], counts["value_threads"] = erase_identifiers(
             services, keys, values)
@@ -108,16 +109,20 @@ def _forget_in_tenant(services: SaverServices, tenant: str, subject: str | None,
     return counts
 
 
-def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...]) -> int:
+def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...]
+                 ) -> tuple[int, int]:
     """The subject's SecureStore items on this database, and the PII originals only they
-    used (their vault-entry keys destroyed). The items themselves are sealed under the tenant
-    data key: deleted, not crypto-erased (docs/erasure.md)."""
+    (or the subject's deleted threads) used, their vault-entry keys destroyed. Returns (items,
+    originals erased). The items themselves are sealed under the tenant data key: deleted,
+    not crypto-erased (docs/erasure.md)."""
     from ..store_audit import purge_store_namespace
     owners = purge_store_namespace(services.registry.engine, tenant, namespace)
+    erased = 0
     if owners:
         with services.registry.begin() as conn:
-            services.vault.delete_threads_in(conn, [(tenant, o) for o in owners])
-    return len(owners)
+            erased = sum(services.vault.delete_threads_in(
+                conn, [(tenant, o) for o in owners]).values())
+    return len(owners), erased
 
 
 def _namespace(store_namespace: Any, subject: str | None) -> tuple[str, ...] | None:
