@@ -29,8 +29,9 @@ Configuration comes from the environment (``.env`` / ``"env"`` in langgraph.json
 ``SECURESAVER_TENANT_FIELD``        the user field that names the tenant (default ``identity``)
 ``SECURESAVER_DEFAULT_TENANT``      tenant for calls with no user (unset: they are refused)
 ``SECURESAVER_SUBJECT_FIELD``       the user field that names the subject (default
-                                    ``identity``): threads are recorded for it, as a keyed
-                                    digest, so ``forget_subject`` finds them
+                                    ``identity``; ``none``: no subject): threads are recorded
+                                    for it, as a keyed digest, so ``forget_subject`` finds
+                                    them; another user writing the thread is refused
 ==================================  ==========================================================
 
 Who a call acts for. LangGraph custom auth (``"auth": {"path": ...}``) authenticates every
@@ -356,7 +357,8 @@ class ServerSettings:
     retention: RetentionPolicy | None = None
     tenant_field: str = "identity"
     default_tenant: str | None = None
-    subject_field: str = "identity"
+    #: None: calls name no subject (``SECURESAVER_SUBJECT_FIELD=none``)
+    subject_field: str | None = "identity"
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -389,7 +391,7 @@ class ServerSettings:
                    redaction=redaction_text in ("on", "true", "1"), retention=retention,
                    tenant_field=env.get("SECURESAVER_TENANT_FIELD") or "identity",
                    default_tenant=default_tenant,
-                   subject_field=env.get("SECURESAVER_SUBJECT_FIELD") or "identity")
+                   subject_field=_subject_field(env.get("SECURESAVER_SUBJECT_FIELD")))
 
 
 def make_checkpointer(*, tenant_of: TenantOf | None = None,
@@ -417,7 +419,8 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
             options["redaction"] = None
         options.update(saver_options)
         resolve = tenant_of or tenant_from_field(cfg.tenant_field)
-        subject = subject_of or subject_from_field(cfg.subject_field)
+        subject = subject_of or (subject_from_field(cfg.subject_field)
+                                 if cfg.subject_field is not None else _no_subject)
         async with AuthTenantSaver.afrom_url(cfg.url, keyring=cfg.keyring,
                                              **options) as opened:
             saver = cast(AuthTenantSaver, opened)
@@ -427,6 +430,18 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
                         _redact_url(cfg.url), getattr(resolve, "__name__", "tenant_of"))
             yield saver
     return checkpointer
+
+
+def _subject_field(value: str | None) -> str | None:
+    text = (value or "").strip()
+    if text.lower() == "none":
+        return None
+    return text or "identity"
+
+
+def _no_subject(user: Any) -> str | None:
+    """``subject_of`` when threads are recorded for no subject."""
+    return None
 
 
 def _redact_url(url: str) -> str:
