@@ -219,6 +219,9 @@ class RegistryClaims:
                 where.append(threads.c.claim_token == claim_token)
             done = conn.execute(threads.delete().where(*where)).rowcount
             if done or claim_token is None:
+                conn.execute(thread_subjects.delete().where(   # the subject goes with it
+                    thread_subjects.c.tenant == tenant,
+                    thread_subjects.c.thread_id == thread_id))
                 self._insert_receipt(conn, receipt)
         return bool(done) or claim_token is None
 

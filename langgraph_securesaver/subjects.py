@@ -127,15 +127,8 @@ class SubjectLabels:
                 thread_subjects.c.thread_id == thread_id)).scalar()
         return None if found is None else str(found)
 
-    # deletion (every thread deletion path) ------------------------------------------------------
-    def delete_thread(self, tenant: str, thread_id: str) -> int:
-        with self.registry.begin() as conn:
-            n = conn.execute(thread_subjects.delete().where(
-                thread_subjects.c.tenant == tenant,
-                thread_subjects.c.thread_id == thread_id)).rowcount
-        self.forget_cached(tenant, thread_id)
-        return int(n or 0)
-
+    # deletion (every thread deletion path; the registry's finish_deleted / forget_thread /
+    # forget_tenant delete the row in the transaction that deletes the thread's row) ------------
     def delete_in(self, conn: Any, pairs: Sequence[tuple[str, str]]) -> None:
         """Delete the rows of (tenant, thread) ``pairs`` in the caller's transaction."""
         if pairs:

@@ -523,7 +523,7 @@ def test_forget_subject_deletes_their_threads_in_two_tenants_and_nothing_of_them
             assert saver.get_tuple(_cfg(thread, tenant)) is None
             assert _companion_rows(url, tenant, thread) == 0
         graph = build_chat_graph(saver)
-        for tenant, thread, subject, _how in SUBJECT_LAYOUT:   # everyone else untouched
+        for tenant, thread, _subject, _how in SUBJECT_LAYOUT:   # everyone else untouched
             if (tenant, thread) not in DANA_THREADS:
                 values = graph.get_state(_cfg(thread, tenant)).values
                 assert len(values["messages"]) == 4, (tenant, thread)

@@ -73,9 +73,10 @@ def forget_subject(services: SaverServices, subject: str | None = None, *,
         detail={"by_subject": subject is not None, "identifiers": len(values),
                 "tenants": len(names), "counts": per, "erased_under": when})
     for tenant in names:
+        counts: dict[str, Any] = dict(per[tenant])
         services.registry.record_event(
             "subject_forgotten", tenant=tenant, actor=requested_by, erased_under=when,
-            **per[tenant])
+            **counts)
     return SubjectErasure(
         tenants=names, threads={t: c["threads"] for t, c in per.items()},
         pii_values={t: c["pii_values"] + c["values_erased"] for t, c in per.items()},

@@ -76,7 +76,6 @@ def purge_thread_storage(services: SaverServices, ref: ThreadRef) -> dict[str, i
     companions keep for it. Idempotent: a crash half-way is finished by running it again."""
     counts = {"checkpoints": services.storage.count_checkpoints(ref.inner_id)}
     services.storage.delete_threads([ref.inner_id])
-    services.subjects.delete_thread(ref.tenant, ref.thread_id)
     for name, purge in thread_purgers(services):
         counts[name] = purge(ref.tenant, ref.thread_id)
     summaries.drop(services.registry, ref.tenant, [ref.thread_id])
