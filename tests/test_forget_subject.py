@@ -828,3 +828,26 @@ def test_cli_forget_subject(tmp_path: Path) -> None:
             "dpo"]
     result = runner.invoke(app, [*base, "--subject", DANA, "--yes"])
     assert result.exit_code == 0 and "initech" in result.output
+
+
+def test_store_items_are_chosen_by_namespace_prefix(tmp_path: Path) -> None:
+    """Only namespaces equal to or under the prefix go (LIKE wildcards in an id match only
+    themselves); ``store_namespace`` names another prefix, None no store item."""
+    from langgraph_securesaver.store import secure_pair
+    url = f"sqlite:///{tmp_path / 'ns.db'}"
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    odd = "a_b%"
+    with secure_pair(url, keyring=Keyring.from_file(ring)) as (saver, st):
+        with tenant_scope("acme"):
+            for ns in ((odd,), (odd, "memories"), ("aXbY", "memories"), ("a_b%x",),
+                       ("users", DANA, "notes"), (DANA, "memories"), ("other", odd)):
+                st.put(ns, "k", {"v": 1})
+        assert saver.forget_subject(odd, tenants=["acme"]).store_items == {"acme": 2}
+        assert saver.forget_subject(DANA, tenants=["acme"],
+                                    store_namespace=None).store_items == {"acme": 0}
+        assert saver.forget_subject(DANA, tenants=["acme"], store_namespace=(
+            "users", DANA)).store_items == {"acme": 1}
+        with tenant_scope("acme"):
+            left = sorted(tuple(n) for n in st.list_namespaces())
+        assert left == sorted([("aXbY", "memories"), ("a_b%x",), (DANA, "memories"),
+                               ("other", odd)])
