@@ -92,6 +92,7 @@ class WritePath:
         """Everything a put does before the inner saver's call (CPU work and registry rows;
         ``aput`` runs it in one worker thread): redact and seal, touch the thread's registry
         row when due, and store new PII originals before their tokens reach storage."""
+        self.bind_subject(keys, ref, "put")
         with write_scope():  # one redaction budget for the channels and metadata of the put
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
@@ -105,6 +106,7 @@ class WritePath:
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                     task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`seal_put`."""
+        self.bind_subject(keys, ref, "put_writes")
         with write_scope():
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
@@ -113,9 +115,12 @@ class WritePath:
         return sealed
 
     def bind_subject(self, keys: TenantKeys, ref: ThreadRef, operation: str) -> None:
-        """Record the subject the write names for its thread (after sealing, which (re)loads
-        the thread's key), or refuse the write -- nothing of it stored yet -- when the thread
-        belongs to another subject (AccessDenied, recorded without either subject)."""
+        """Record the subject the write names for its thread, or refuse the write -- nothing
+        of it stored yet -- when the thread belongs to another subject (AccessDenied, recorded
+        without either subject). Called before sealing (refused before any work) and after
+        it: a key (re)loaded while sealing means the thread may have been deleted and started
+        again, so the row is read (or written) again; otherwise the second call is a cache
+        hit."""
         if ref.subject is None:
             return
         if not self.services.subjects.bind(keys, ref.thread_id, ref.subject):
