@@ -30,11 +30,12 @@ if TYPE_CHECKING:
         run_once,
     )
     from .keyring import KeyProvider, Keyring, WrappedKey
+    from .ops.subjects import SubjectErasure
     from .registry import Registry
     from .retention import PruneReport, RetentionPolicy
     from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
     from .store import SecureStore
-    from .tenancy import current_tenant_scope, tenant_scope
+    from .tenancy import current_subject_scope, current_tenant_scope, subject_scope, tenant_scope
 
 __version__ = "0.1.0"
 
@@ -57,7 +58,9 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
     **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),
     "SecureStore": "store",
-    **dict.fromkeys(("current_tenant_scope", "tenant_scope"), "tenancy"),
+    **dict.fromkeys(("current_subject_scope", "current_tenant_scope", "subject_scope",
+                     "tenant_scope"), "tenancy"),
+    "SubjectErasure": "ops.subjects",
 }
 
 
@@ -95,6 +98,7 @@ __all__ = [
     "SecureSaver",
     "SecureSaverError",
     "SecureStore",
+    "SubjectErasure",
     "TamperedDataError",
     "TenantKeys",
     "TenantRequired",
@@ -103,11 +107,13 @@ __all__ = [
     "__version__",
     "arecover_stalled",
     "current_idempotency_key",
+    "current_subject_scope",
     "current_tenant_scope",
     "idempotent",
     "is_replaying",
     "mark_recoverable",
     "recover_stalled",
     "run_once",
+    "subject_scope",
     "tenant_scope",
 ]

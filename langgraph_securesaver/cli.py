@@ -380,7 +380,7 @@ def run() -> Any:  # pragma: no cover - console entry point
 
 
 # operations commands live in their own module and register themselves on `app`
-from . import cli_ops, cli_summaries  # noqa: E402,F401
+from . import cli_ops, cli_subjects, cli_summaries  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m` runs this file as __main__, a second copy of the module: use the real one

@@ -581,7 +581,7 @@ def events(
     kind: Annotated[str | None, typer.Option(
         "--kind", metavar="KIND",
         help="An event kind (access_denied, keys_rewrapped, ...), `receipt` for "
-        "every deletion receipt, or `receipt:deleted|pruned|shredded`.")] = None,
+        "every deletion receipt, or `receipt:deleted|pruned|shredded|forgotten`.")] = None,
     since: Annotated[str | None, typer.Option(
         "--since", metavar="WHEN",
         help="2025-11-01, 2025-11-01T10:00:00Z, an epoch, or a duration ago (7d).")]

@@ -28,9 +28,11 @@ from .registry import Registry
 from .run_tenants import RunTenants, run_of
 from .tenancy import (
     ThreadRef,
+    current_subject_scope,
     current_tenant_scope,
     thread_id_tenant,
     validate_namespace,
+    validate_subject,
     validate_tenant,
     validate_thread_id,
 )
@@ -57,6 +59,10 @@ class DeniedError(Exception):
     def __init__(self, denial: Denial) -> None:
         super().__init__(denial)
         self.denial = denial
+
+
+#: the configurable key naming the subject (the end user) a thread belongs to
+SUBJECT_KEY = "subject_id"
 
 
 def thread_id_of(value: Any, what: str = "a thread id") -> str:
@@ -128,7 +134,23 @@ class TenantGate:
         tenant = self.tenant(operation, explicit, thread_id, run_of(conf))
         if thread_id is None:
             thread_id = thread_id_of(conf["thread_id"])  # raises the ConfigurationError
-        return ThreadRef(tenant, thread_id, validate_namespace(conf.get("checkpoint_ns", "")))
+        subject = self.subject(conf, tenant, operation, thread_id)
+        return ThreadRef(tenant, thread_id, validate_namespace(conf.get("checkpoint_ns", "")),
+                         subject)
+
+    def subject(self, conf: Any, tenant: str, operation: str,
+                thread_id: str | None) -> str | None:
+        """The subject a call names: the active :func:`subject_scope`, else
+        ``configurable["subject_id"]``; None when neither does. A config naming another
+        subject than the scope is a denied attempt (recorded without either subject)."""
+        scoped = current_subject_scope()
+        explicit = conf.get(SUBJECT_KEY) if hasattr(conf, "get") else None
+        if explicit is not None:
+            explicit = validate_subject(explicit, f"configurable[{SUBJECT_KEY!r}]")
+            if scoped is not None and explicit != scoped:
+                raise DeniedError(Denial(tenant, tenant, operation + " as another subject",
+                                         thread_id))
+        return scoped or explicit
 
     def scoped(self, fn: Callable[[], T]) -> T:
         """``fn()`` (a resolution); a denial in it is recorded and raised as AccessDenied."""
@@ -201,7 +223,8 @@ class TenantGate:
             except ConfigurationError:
                 thread_id = None
         message = (f"tenant {denial.actor!r} may not {denial.operation} data of tenant "
-                   f"{denial.target!r}")
+                   f"{denial.target!r}") if denial.actor != denial.target else (
+            f"refused in tenant {denial.target!r}: {denial.operation}")
         log = log_for(self.registry)
         if not log.attempt(denial.actor, denial.target, denial.operation, thread_id):
             if log.failing:

@@ -494,6 +494,7 @@ class Sweep(EmptiedSweep):
         the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
         out = {"pii_values": self.services.vault.delete_threads_in(conn, pairs)}
         summaries.drop_pairs(conn, self.registry.dialect, pairs)
+        self.services.subjects.delete_in(conn, pairs)
         keys = threads.thread_key_store(self.services)
         if keys is not None:   # the keys go with the data (crypto-erasure)
             out["thread_keys"] = keys.delete_in(conn, pairs)

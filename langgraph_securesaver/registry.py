@@ -369,9 +369,13 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         return sorted(found)
 
     def forget_thread(self, tenant: str, thread_id: str) -> None:
+        """Drop a deleted thread's registry and subject rows (no receipt)."""
+        from .registry_schema import thread_subjects
         with self.begin() as conn:
             conn.execute(threads.delete().where(
                 threads.c.tenant == tenant, threads.c.thread_id == thread_id))
+            conn.execute(thread_subjects.delete().where(
+                thread_subjects.c.tenant == tenant, thread_subjects.c.thread_id == thread_id))
 
     # retention policies ---------------------------------------------------------------------
     def set_policy(self, tenant: str, policy: RetentionPolicy | None) -> None:

@@ -28,6 +28,7 @@ from .registry_schema import (
     policies,
     tenant_keys,
     thread_keys,
+    thread_subjects,
     threads,
 )
 
@@ -271,6 +272,9 @@ class RegistryClaims:
                 where.append(threads.c.claim_token == claim_token)
             done = conn.execute(threads.delete().where(*where)).rowcount
             if done or claim_token is None:
+                conn.execute(thread_subjects.delete().where(   # the subject goes with it
+                    thread_subjects.c.tenant == tenant,
+                    thread_subjects.c.thread_id == thread_id))
                 self._insert_receipt(conn, receipt)
         return bool(done) or claim_token is None
 
@@ -308,6 +312,7 @@ class RegistryClaims:
             conn.execute(threads.delete().where(threads.c.tenant == tenant))
             conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant))
             conn.execute(thread_keys.delete().where(thread_keys.c.tenant == tenant))
+            conn.execute(thread_subjects.delete().where(thread_subjects.c.tenant == tenant))
             conn.execute(policies.delete().where(policies.c.tenant == tenant))
 
     def count_expired(self, now: float, tenant: str | None = None) -> int:

@@ -30,8 +30,10 @@ logger = logging.getLogger("langgraph_securesaver.registry")
 
 #: v2: MACs on retention rows, hash-chained receipts and events; v3: key rows bound to the
 #: database (``securesaver_tenant_keys.context``), per-thread data keys; v4: maintained audit
-#: summaries (built by ``SecureSaver.setup()`` on older databases)
-SCHEMA_VERSION = 4
+#: summaries (built by ``SecureSaver.setup()`` on older databases); v5: thread subjects
+#: (``securesaver_thread_subjects``, created by ``setup()``; older libraries would neither
+#: record nor delete them, so they refuse a v5 database)
+SCHEMA_VERSION = 5
 
 metadata = sa.MetaData()
 
@@ -72,6 +74,17 @@ pii_keys = sa.Table(
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
     sa.Column("wrapped", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# the subject (end user) of a thread, as a keyed digest (subjects.py): written by the first
+# write naming a subject, deleted with the thread; what forget_subject finds threads by
+thread_subjects = sa.Table(
+    "securesaver_thread_subjects", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("subject", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Index("ix_securesaver_thread_subjects_subject", "tenant", "subject"),
 )
 
 threads = sa.Table(

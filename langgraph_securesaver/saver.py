@@ -52,6 +52,7 @@ from .listing import (
 from .offthread import to_thread
 from .ops import copying, threads
 from .ops.api import SaverOperations
+from .ops.subjects import copy_subject
 from .pii_layer import METADATA_CHANNEL, PiiLayer  # noqa: F401 - METADATA_CHANNEL re-exported
 from .pii_vault import PiiVault
 from .reads import ReadPath
@@ -320,6 +321,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         """
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
+        copy_subject(self.services, tenant, source_thread_id, target_thread_id)
         with _tenant_pinned(tenant):
             copied = run_steps(
                 copying.copy_steps(tenant, source_thread_id, target_thread_id),
@@ -461,6 +463,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         """Async twin of :meth:`copy_thread`; never blocks the event loop."""
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = await self._gate.aresolve_tenant("copy_thread", thread_id=str(source_thread_id))
+        await to_thread(copy_subject, self.services, tenant, source_thread_id, target_thread_id)
 
         async def alist(config: RunnableConfig) -> builtins.list[CheckpointTuple]:
             return [t async for t in self.alist(config)]

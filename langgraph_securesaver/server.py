@@ -28,6 +28,10 @@ Configuration comes from the environment (``.env`` / ``"env"`` in langgraph.json
 ``SECURESAVER_RETENTION_STRATEGY``  ``delete`` (default) or ``keep_latest``
 ``SECURESAVER_TENANT_FIELD``        the user field that names the tenant (default ``identity``)
 ``SECURESAVER_DEFAULT_TENANT``      tenant for calls with no user (unset: they are refused)
+``SECURESAVER_SUBJECT_FIELD``       the user field that names the subject (default
+                                    ``identity``; ``none``: no subject): threads are recorded
+                                    for it, as a keyed digest, so ``forget_subject`` finds
+                                    them; another user writing the thread is refused
 ==================================  ==========================================================
 
 Who a call acts for. LangGraph custom auth (``"auth": {"path": ...}``) authenticates every
@@ -78,7 +82,13 @@ from .gate import Denial, DeniedError, TenantGate
 from .saver import SecureSaver
 from .server_records import warn_if_unsealed
 from .server_settings import ServerSettings
-from .tenancy import ThreadRef, current_tenant_scope, tenant_scope, validate_tenant
+from .tenancy import (
+    ThreadRef,
+    current_tenant_scope,
+    tenant_scope,
+    validate_subject,
+    validate_tenant,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +136,18 @@ def tenant_from_field(field: str = "identity") -> TenantOf:
     return tenant_of
 
 
+def subject_from_field(field: str = "identity") -> TenantOf:
+    """The default ``subject_of``: the user's ``field`` (default ``identity``) is the subject
+    their threads are recorded for (``forget_subject``), as a keyed digest. Unauthenticated
+    and Studio users name none; write your own ``subject_of(user) -> str | None`` otherwise."""
+    read = tenant_from_field(field)
+
+    def subject_of(user: Any) -> str | None:
+        return read(user)
+    subject_of.__name__ = f"subject_from_field({field!r})"
+    return subject_of
+
+
 def server_auth_user() -> Any:
     """The user of the current server request or run (None outside LangGraph Server).
 
@@ -167,6 +189,36 @@ class AuthTenantGate(TenantGate):
             if from_config is not None:
                 sources.append(from_config)
         return sources
+
+    def subject(self, conf: Any, tenant: str, operation: str,
+                thread_id: str | None) -> str | None:
+        """The subject of a call: the authenticated user's (``owner.subject_of``), which a
+        ``subject_scope`` or a client-sent ``configurable["subject_id"]`` must equal (else
+        AccessDenied, recorded); without a user, the scope's or the config's."""
+        named = super().subject(conf, tenant, operation, thread_id)
+        found = [s for s in (*self._user_subjects(conf), named) if s is not None]
+        for other in found[1:]:
+            if other != found[0]:
+                raise DeniedError(Denial(tenant, tenant, operation + " as another subject",
+                                         thread_id))
+        return found[0] if found else None
+
+    def _user_subjects(self, configurable: Mapping[str, Any] | None) -> list[str]:
+        subject_of = getattr(self.owner, "subject_of", None)
+        if subject_of is None:
+            return []
+        users = [server_auth_user()]
+        if configurable is not None and any(k in configurable for k in _AUTH_KEYS):
+            user = configurable.get("langgraph_auth_user")
+            if user is None and configurable.get("langgraph_auth_user_id"):
+                user = {"identity": configurable["langgraph_auth_user_id"]}
+            users.append(user)
+        found = []
+        for user in users:
+            subject = None if user is None else subject_of(user)
+            if subject is not None:
+                found.append(validate_subject(subject, "subject_of(user)"))
+        return found
 
     def acting_scope(self) -> str | None:
         """Admin methods (pii_inventory, events, ...) act for the authenticated user's tenant
@@ -210,14 +262,18 @@ class AuthTenantSaver(SecureSaver):
 
     Args:
         tenant_of: maps the server's user object to a tenant id (``None`` = no tenant).
+        subject_of: maps it to the subject its threads are recorded for (``forget_subject``;
+            default: the user's ``identity``; ``None`` from the mapping = no subject).
         (every other argument is SecureSaver's)
     """
 
     gate_class = AuthTenantGate
 
-    def __init__(self, *args: Any, tenant_of: TenantOf | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tenant_of: TenantOf | None = None,
+                 subject_of: TenantOf | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tenant_of: TenantOf = tenant_of or tenant_from_field()
+        self.subject_of: TenantOf = subject_of or subject_from_field()
 
     # The server rolls a run back (multitask_strategy="rollback", cancel action="rollback")
     # from its worker *without* a user: adelete_for_runs([run_id]) then acts for the tenant
@@ -290,6 +346,7 @@ def _scope_as(tenant: str) -> Iterator[None]:
 
 
 def make_checkpointer(*, tenant_of: TenantOf | None = None,
+                      subject_of: TenantOf | None = None,
                       settings: ServerSettings | None = None,
                       **saver_options: Any) -> Callable[[], Any]:
     """A ``checkpointer`` for langgraph.json: a callable returning an async context manager
@@ -299,6 +356,8 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
     Args:
         tenant_of: user -> tenant id (default: :func:`tenant_from_field` with
             ``SECURESAVER_TENANT_FIELD``, i.e. the user's ``identity``).
+        subject_of: user -> subject id (default: :func:`subject_from_field` with
+            ``SECURESAVER_SUBJECT_FIELD``, i.e. the user's ``identity``).
         settings: use these instead of reading the environment when the server starts.
         saver_options: passed to SecureSaver (e.g. ``redaction=Redactor(...)``).
     """
@@ -312,14 +371,22 @@ def make_checkpointer(*, tenant_of: TenantOf | None = None,
             options["redaction"] = None
         options.update(saver_options)
         resolve = tenant_of or tenant_from_field(cfg.tenant_field)
+        subject = subject_of or (subject_from_field(cfg.subject_field)
+                                 if cfg.subject_field is not None else _no_subject)
         async with AuthTenantSaver.afrom_url(cfg.url, keyring=cfg.keyring,
                                              **options) as opened:
             saver = cast(AuthTenantSaver, opened)
             saver.tenant_of = resolve   # before the server makes its first call
+            saver.subject_of = subject
             logger.info("SecureSaver for LangGraph Server on %s (tenant from %s)",
                         _redact_url(cfg.url), getattr(resolve, "__name__", "tenant_of"))
             yield saver
     return checkpointer
+
+
+def _no_subject(user: Any) -> str | None:
+    """``subject_of`` when threads are recorded for no subject."""
+    return None
 
 
 def _redact_url(url: str) -> str:

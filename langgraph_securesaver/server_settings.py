@@ -22,6 +22,8 @@ class ServerSettings:
     retention: RetentionPolicy | None = None
     tenant_field: str = "identity"
     default_tenant: str | None = None
+    #: None: calls name no subject (``SECURESAVER_SUBJECT_FIELD=none``)
+    subject_field: str | None = "identity"
 
     @classmethod
     def from_env(cls) -> ServerSettings:
@@ -53,4 +55,12 @@ class ServerSettings:
         return cls(url=url, keyring=keyring,
                    redaction=redaction_text in ("on", "true", "1"), retention=retention,
                    tenant_field=env.get("SECURESAVER_TENANT_FIELD") or "identity",
-                   default_tenant=default_tenant)
+                   default_tenant=default_tenant,
+                   subject_field=_subject_field(env.get("SECURESAVER_SUBJECT_FIELD")))
+
+
+def _subject_field(value: str | None) -> str | None:
+    text = (value or "").strip()
+    if text.lower() == "none":
+        return None
+    return text or "identity"

@@ -31,7 +31,9 @@ from .pii_vault import PiiVault
 from .registry import Registry
 from .retention import DEFAULT_POLICY_KEY, RetentionPolicy
 from .storage_ops import StorageOps
+from .subjects import SubjectLabels
 from .tenancy import ThreadRef
+from .thread_keys import ThreadKeyStore
 
 if TYPE_CHECKING:
     from .seal import SealedCodec
@@ -57,6 +59,10 @@ class SaverServices:
         self.async_only = async_only
         self.tokens = TokenCache()
         self.companions: dict[Any, Any] = {}  # stores built on this saver (idempotency)
+        #: the subject digests of threads (forget_subject finds a person's threads by them)
+        self.subjects = SubjectLabels(registry)
+        if isinstance(keys.threads, ThreadKeyStore):
+            keys.threads.on_load.append(self.subjects.key_loaded)
         self._touched: dict[tuple[str, str], float] = {}
         self._policies: dict[str, tuple[float, RetentionPolicy]] = {}
         #: the saver's own authenticated read of a thread's latest checkpoint (installed by
@@ -162,6 +168,7 @@ class SaverServices:
         """Drop what this process caches about a deleted thread."""
         self._touched.pop((tenant, thread_id), None)
         self.tokens.forget_thread(tenant, thread_id)
+        self.subjects.forget_cached(tenant, thread_id)
 
     # retention policies ---------------------------------------------------------------------
     def save_default_policy(self) -> None:

@@ -32,7 +32,7 @@ from .crypto import TEXT_PREFIX, from_text, is_token
 from .errors import TamperedDataError
 from .pii_vault import pii_refs, pii_vault
 from .raw_tables import lenient_json_loads
-from .store_format import BLIND_PREFIX, SEALED_KEY, VAULT_PREFIX
+from .store_format import BLIND_PREFIX, SEALED_KEY, VAULT_PREFIX, vault_id
 from .tenancy import tenant_tag
 
 logger = logging.getLogger(__name__)
@@ -293,4 +293,41 @@ _PURGE_SQL = {
     "store": sa.text("DELETE FROM store WHERE prefix = :tag OR prefix LIKE :under"),
     "store_vectors": sa.text(
         "DELETE FROM store_vectors WHERE prefix = :tag OR prefix LIKE :under"),
+}
+
+
+def purge_store_namespace(engine: sa.Engine, tenant: str, namespace: Sequence[str]
+                          ) -> list[str]:
+    """Delete the store rows of ``tenant`` whose namespace (the caller's, without the tenant
+    label) is ``namespace`` or starts with it, e.g. ``(user_id,)`` for LangGraph's common
+    ``(user_id, "memories")`` layout; what ``forget_subject`` runs for a subject's items.
+    Returns the PII-vault owner ids of the deleted items (their originals go next). Nothing
+    is opened: namespaces and keys are clear text. A label holding a period matches nothing
+    (LangGraph refuses such labels)."""
+    labels = [str(label) for label in namespace]
+    if not labels or any(not label or "." in label for label in labels) \
+            or not has_store_table(engine):
+        return []
+    prefix = ".".join([tenant_tag(tenant), *labels])
+    under = (prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+             + ".%")
+    owners: list[str] = []
+    with engine.begin() as conn:
+        rows = conn.execute(_SUBJECT_SQL["select"], {"p": prefix, "under": under}).all()
+        owners = [vault_id(str(p).split(".")[1:], str(k)) for p, k in rows]
+        for table in ("store_vectors", "store"):
+            if table == "store_vectors" and not sa.inspect(conn).has_table(table):
+                continue
+            conn.execute(_SUBJECT_SQL[table], {"p": prefix, "under": under})
+    return owners
+
+
+# (constant SQL; the prefix is a bound parameter, LIKE wildcards in it escaped)
+_SUBJECT_SQL = {
+    "select": sa.text(
+        "SELECT prefix, key FROM store WHERE prefix = :p OR prefix LIKE :under ESCAPE '\\'"),
+    "store": sa.text(
+        "DELETE FROM store WHERE prefix = :p OR prefix LIKE :under ESCAPE '\\'"),
+    "store_vectors": sa.text(
+        "DELETE FROM store_vectors WHERE prefix = :p OR prefix LIKE :under ESCAPE '\\'"),
 }

@@ -5,6 +5,8 @@ read raw rows without the store)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -54,3 +56,10 @@ def sealed_aad(aad: bytes, blind: Mapping[str, Any]) -> bytes:
                 _BLIND_PAIRS[pair] = encoded
         out.append(encoded)
     return b"".join(out)
+
+
+def vault_id(namespace: Sequence[str], key: str) -> str:
+    """The pseudo thread id an item's PII originals are recorded under (``namespace``: the
+    caller's, without the tenant label)."""
+    raw = json.dumps([list(namespace), key], ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return VAULT_PREFIX + hashlib.sha256(raw).hexdigest()[:40]

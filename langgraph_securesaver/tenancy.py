@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -29,7 +29,9 @@ from .errors import ConfigurationError
 from .textsafety import validate_id_text
 
 _scope: ContextVar[str | None] = ContextVar("securesaver_tenant_scope", default=None)
+_subject: ContextVar[str | None] = ContextVar("securesaver_subject_scope", default=None)
 MAX_TENANT_LENGTH = 255
+MAX_SUBJECT_LENGTH = 255
 # every registry/vault/idempotency column that holds a thread id is VARCHAR(512); the bound is
 # checked up front so every backend refuses the same ids (SQLite would accept longer ones)
 MAX_THREAD_ID_LENGTH = 512
@@ -45,6 +47,20 @@ def validate_tenant(tenant: object) -> str:
     if "\x00" in tenant or tenant != tenant.strip():
         raise ConfigurationError(f"tenant id {_short(tenant)} has NUL or surrounding whitespace")
     return validate_id_text(tenant, "a tenant id")
+
+
+def validate_subject(subject: object, what: str = "a subject id") -> str:
+    """A subject id (the end user a thread belongs to): bounded like a tenant id. The value
+    is personal data, so an error names its type and length, never the value."""
+    if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT_LENGTH:
+        size = f"{len(subject)} characters" if isinstance(subject, str) else (
+            type(subject).__name__)
+        raise ConfigurationError(
+            f"{what} must be a non-empty string of at most {MAX_SUBJECT_LENGTH} characters, "
+            f"got {size}")
+    if "\x00" in subject or subject != subject.strip():
+        raise ConfigurationError(f"{what} has NUL or surrounding whitespace")
+    return validate_id_text(subject, what)
 
 
 def validate_thread_id(value: object, what: str = "a thread id") -> str:
@@ -106,6 +122,23 @@ def tenant_scope(tenant: str) -> Iterator[str]:
 def current_tenant_scope() -> str | None:
     """The tenant of the innermost active :func:`tenant_scope`, or ``None`` outside one."""
     return _scope.get()
+
+
+@contextmanager
+def subject_scope(subject: str) -> Iterator[str]:
+    """Write the enclosed calls' threads as ``subject``'s (the end user they belong to; set
+    it in request middleware from the authenticated user). A config naming another subject
+    (``configurable["subject_id"]``) is refused with AccessDenied."""
+    token = _subject.set(validate_subject(subject))
+    try:
+        yield subject
+    finally:
+        _subject.reset(token)
+
+
+def current_subject_scope() -> str | None:
+    """The subject of the innermost active :func:`subject_scope`, or ``None`` outside one."""
+    return _subject.get()
 
 
 class TenantThreadId(str):
@@ -178,6 +211,8 @@ class ThreadRef:
     tenant: str
     thread_id: str
     checkpoint_ns: str = ""
+    #: the subject the call names (scope or config), if any: not part of the thread's identity
+    subject: str | None = field(default=None, compare=False)
 
     @property
     def inner_id(self) -> str:

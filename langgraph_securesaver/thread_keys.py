@@ -85,6 +85,9 @@ class ThreadKeyStore:
         self._kek_lock = threading.Lock()
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
+        #: called with (scope, tenant, name) whenever a key is read from the registry (a
+        #: cold or expired cache entry): what others cache per thread is re-read with it
+        self.on_load: list[Callable[[str, str, str], None]] = []
 
     def __repr__(self) -> str:  # never key material
         return f"ThreadKeyStore(cached={len(self._cache)})"
@@ -102,6 +105,8 @@ class ThreadKeyStore:
             if hit is not None and time.monotonic() - hit[0] < self.ttl:
                 return hit[1]
             row = self._load(scope, tenant, name)
+            for hook in self.on_load:
+                hook(scope, tenant, name)
             if row is None:
                 if not create:
                     self._drop([k])

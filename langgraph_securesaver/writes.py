@@ -27,6 +27,7 @@ from langgraph.checkpoint.base import (
 
 from .crypto import TenantKeys
 from .errors import ConfigurationError
+from .gate import Denial
 from .inner_access import InnerAccess
 from .redaction.budget import write_scope
 from .seal import SealedCodec
@@ -97,6 +98,7 @@ class WritePath:
         activity before the thread key is fetched for sealing, so the retention sweep's
         fenced delete of an emptied thread either sees this write coming (and keeps the
         thread) or has committed before the key is read (and this write gets a new key)."""
+        self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
         touched = self.services.touch_due(ref)
         started = time.monotonic()
         if touched:
@@ -104,6 +106,7 @@ class WritePath:
         with write_scope():  # one redaction budget for the channels and metadata of the put
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
+        self.bind_subject(keys, ref, "put")
         if touched and time.monotonic() - started > self.services.activity_resolution / 2:
             # a slow seal: the write must still land within the activity resolution of the
             # recorded last activity (what the audit summaries rely on, summaries.py)
@@ -115,11 +118,27 @@ class WritePath:
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                     task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`seal_put`."""
+        self.bind_subject(keys, ref, "put_writes")
         with write_scope():
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
+        self.bind_subject(keys, ref, "put_writes")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         return sealed
+
+    def bind_subject(self, keys: TenantKeys, ref: ThreadRef, operation: str) -> None:
+        """Record the subject the write names for its thread, or refuse the write -- nothing
+        of it stored yet -- when the thread belongs to another subject (AccessDenied, recorded
+        without either subject). Called before sealing (refused before any work) and after
+        it: a key (re)loaded while sealing means the thread may have been deleted and started
+        again, so the row is read (or written) again; otherwise the second call is a cache
+        hit."""
+        if ref.subject is None:
+            return
+        if not self.services.subjects.bind(keys, ref.thread_id, ref.subject):
+            raise self.services.gate.record_denial(Denial(
+                ref.tenant, ref.tenant, f"{operation}: the thread belongs to another subject",
+                ref.thread_id))
 
     def remember_tokens(self, ref: ThreadRef, raw: CheckpointTuple) -> None:
         """Tokens of the checkpoint just authenticated: the next put reuses the unchanged ones."""

@@ -62,13 +62,16 @@ def _say(saver: SecureSaver, thread: str, text: str, tenant: str = "acme") -> No
     build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _cfg(thread, tenant))
 
 
-def _live_rows(url: str) -> str:
-    """Every live row of every table, as text (what SQL access to the copy shows)."""
+def _live_rows(url: str, skip: tuple[str, ...] = ()) -> str:
+    """Every live row of every table (but ``skip``), as text (what SQL access to the copy
+    shows)."""
     engine = sa.create_engine(normalize_url(url))
     out: list[str] = []
     try:
         with engine.connect() as conn:
             for table in sa.inspect(conn).get_table_names():
+                if table in skip:
+                    continue
                 for row in conn.execute(sa.text(f'SELECT * FROM "{table}"')):
                     out.append(repr(tuple(row)))
     finally:
@@ -240,7 +243,7 @@ SUBJECT_THREADS = [("acme", "a1"), ("acme", "a2"), ("globex", "g1"), ("globex", 
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_forget_subject_across_tenants_leaves_nothing_of_them(
+def test_forget_subject_by_identifiers_across_tenants_leaves_nothing_of_them(
         mode: str, store: tuple[str, Path | None], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     url, db = store
@@ -256,19 +259,20 @@ def test_forget_subject_across_tenants_leaves_nothing_of_them(
         assert len(tokens["acme"]) == 2 and len(tokens["globex"]) == 2
         identifiers = [SUBJECT_MAIL.upper(), "+12125550123", "Dana", "customer-991"]
         with tenant_scope("acme"), pytest.raises(AccessDenied):   # a tenant erases its own only
-            saver.forget_subject(identifiers, tenants=["acme", "globex"])
+            saver.forget_subject(identifiers=identifiers, tenants=["acme", "globex"])
         if mode == "sync":
-            erased = saver.forget_subject(identifiers, tenants=["acme", "globex"],
+            erased = saver.forget_subject(identifiers=identifiers, tenants=["acme", "globex"],
                                           requested_by="dpo")
         else:
-            erased = asyncio.run(saver.aforget_subject(identifiers, tenants=["acme", "globex"],
-                                                       requested_by="dpo"))
-        assert erased == {"acme": 2, "globex": 2}
+            erased = asyncio.run(saver.aforget_subject(
+                identifiers=identifiers, tenants=["acme", "globex"], requested_by="dpo"))
+        assert erased.pii_values == {"acme": 2, "globex": 2}
+        assert erased.threads == {"acme": 0, "globex": 0}     # by value: no thread deleted
         receipts = [r for r in saver.receipts() if r.reason == "forget_subject"]
         assert len(receipts) == 1
-        detail = receipts[0].detail
-        assert detail["values_erased"] == {"acme": 2, "globex": 2}
-        assert detail["threads"] == {"acme": 2, "globex": 2}
+        counts = receipts[0].detail["counts"]
+        assert {t: c["values_erased"] for t, c in counts.items()} == {"acme": 2, "globex": 2}
+        assert {t: c["value_threads"] for t, c in counts.items()} == {"acme": 2, "globex": 2}
         assert SUBJECT_MAIL not in repr(receipts[0]) and "2125550123" not in repr(receipts[0])
     doomed = sealed.of(lambda tenant, scope: scope is not None and scope[0] == ENTRY
                        and scope[2] in tokens.get(tenant, set()) and tenant != "initech")
@@ -298,7 +302,7 @@ def test_forget_subject_across_tenants_leaves_nothing_of_them(
     assert live and _opens(url, ring, live) == len(live)
 
 
-def test_forget_subject_with_a_writer_running_does_not_bring_erased_tokens_back(
+def test_forget_by_identifiers_with_a_writer_running_does_not_bring_erased_tokens_back(
         store: tuple[str, Path | None], tmp_path: Path) -> None:
     """A writer keeps writing the subject's e-mail in another thread during the erasure: the
     tokens stored before the erasure never open again; what the writer stores afterwards is a
@@ -327,7 +331,8 @@ def test_forget_subject_with_a_writer_running_does_not_bring_erased_tokens_back(
         thread = threading.Thread(target=writer)
         thread.start()
         try:
-            admin.forget_subject([SUBJECT_MAIL], tenants=["acme"], requested_by="dpo")
+            admin.forget_subject(identifiers=[SUBJECT_MAIL], tenants=["acme"],
+                                 requested_by="dpo")
         finally:
             stop.set()
             thread.join()
@@ -339,7 +344,7 @@ def test_forget_subject_with_a_writer_running_does_not_bring_erased_tokens_back(
         # the older conversations never get the value back
         graph = build_chat_graph(admin)
         assert SUBJECT_MAIL not in str(graph.get_state(_cfg("a2")).values["messages"])
-        admin.forget_subject([SUBJECT_MAIL], tenants=["acme"], requested_by="dpo")
+        admin.forget_subject(identifiers=[SUBJECT_MAIL], tenants=["acme"], requested_by="dpo")
         assert SUBJECT_MAIL not in str(graph.get_state(_cfg("busy")).values["messages"])
         assert admin.services.pii.public_token(keys, "EMAIL_ADDRESS", SUBJECT_MAIL) is None
 
@@ -400,3 +405,465 @@ def test_delete_for_runs_that_empties_a_thread_destroys_its_key(
     kept = sealed.of(lambda tenant, scope: scope is not None and scope[0] == THREAD
                      and scope[2] == "kept")
     assert kept and _opens(url, ring, kept) > 0
+
+
+# --- one person forgotten: the subject's threads, by their keyed digest ------------------------
+DANA, ERIN = "user-dana-17", "user-erin-42"
+DANA_MAIL = "dana.person@example.com"
+ERIN_MAIL = "erin.person@example.com"
+#: (tenant, thread, subject, how the subject is given)
+SUBJECT_LAYOUT = [
+    ("acme", "d1", DANA, "config"), ("acme", "d2", DANA, "scope"), ("acme", "d3", DANA, "config"),
+    ("acme", "e1", ERIN, "config"), ("acme", "n1", None, None),
+    ("globex", "g1", DANA, "scope"), ("globex", "g2", DANA, "config"),
+    ("globex", "g3", ERIN, "config"),
+    ("initech", "i1", DANA, "config"),        # a tenant the request does not name
+]
+DANA_THREADS = {(t, th) for t, th, s, _h in SUBJECT_LAYOUT if s == DANA and t != "initech"}
+
+
+def _scfg(thread: str, tenant: str, subject: str | None = None) -> dict[str, Any]:
+    conf: dict[str, Any] = {"thread_id": thread, "tenant_id": tenant}
+    if subject is not None:
+        conf["subject_id"] = subject
+    return {"configurable": conf}
+
+
+def _say_as(saver: SecureSaver, tenant: str, thread: str, subject: str | None, how: str | None,
+            text: str) -> None:
+    from langgraph_securesaver import subject_scope
+    graph = build_chat_graph(saver)
+    if how == "scope" and subject is not None:
+        with subject_scope(subject):
+            graph.invoke({"messages": [HumanMessage(text)]}, _scfg(thread, tenant))
+    else:
+        graph.invoke({"messages": [HumanMessage(text)]}, _scfg(thread, tenant, subject))
+
+
+def _write_people(url: str, ring: Path) -> None:
+    """Every thread of SUBJECT_LAYOUT (two turns each, the subject's e-mail in dana's),
+    an idempotency record and a recovery record in a thread of each person, and store items
+    under ``(subject, "memories")`` in both tenants."""
+    from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
+    from langgraph_securesaver.idempotency.recovery import mark_recoverable, release_recoverable
+    from langgraph_securesaver.store import secure_pair
+    with secure_pair(url, keyring=Keyring.from_file(ring)) as (saver, store):
+        for tenant, thread, subject, how in SUBJECT_LAYOUT:
+            mail = DANA_MAIL if subject == DANA else ERIN_MAIL
+            _say_as(saver, tenant, thread, subject, how, f"hello from {thread}, {mail}")
+            _say_as(saver, tenant, thread, subject, how, f"second turn of {thread}")
+        idem = IdempotencyStore.for_saver(saver)
+        idem.setup()
+        for tenant, thread, subject in (("acme", "d1", DANA), ("acme", "e1", ERIN)):
+            idem.execute(KeyScope(tenant, thread, f"k-{thread}", "business", "refund"),
+                         lambda claim: {"refund": "ok"})
+            conf = _scfg(thread, tenant, subject)
+            mark_recoverable(conf, saver=saver)
+            release_recoverable(conf, saver=saver)
+        for tenant in ("acme", "globex"):
+            with tenant_scope(tenant):
+                store.put((DANA, "memories"), "m1", {"note": f"dana likes tea, {DANA_MAIL}"})
+                store.put((DANA,), "profile", {"name": "Dana"})
+                store.put((ERIN, "memories"), "m1", {"note": f"erin likes coffee, {ERIN_MAIL}"})
+
+
+def _subject_rows(url: str) -> list[tuple[str, str, str]]:
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            return sorted(tuple(r) for r in conn.exec_driver_sql(
+                "SELECT tenant, thread_id, subject FROM securesaver_thread_subjects").all())
+    finally:
+        engine.dispose()
+
+
+def _companion_rows(url: str, tenant: str, thread: str) -> int:
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            return sum(int(conn.execute(sa.text(
+                f"SELECT COUNT(*) FROM {table} WHERE tenant = :t AND thread_id = :th"),
+                {"t": tenant, "th": thread}).scalar() or 0)
+                for table in ("securesaver_idempotency", "securesaver_recoverable",
+                              "securesaver_thread_keys", "securesaver_pii_refs",
+                              "securesaver_threads"))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_forget_subject_deletes_their_threads_in_two_tenants_and_nothing_of_them_opens(
+        mode: str, store: tuple[str, Path | None], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    sealed = Sealed()
+    sealed.install(monkeypatch)
+    _write_people(url, ring)
+    rows = _subject_rows(url)
+    # the subject is recorded as a keyed digest per tenant, never in clear
+    assert {(t, th) for t, th, _d in rows} == {
+        (t, th) for t, th, s, _h in SUBJECT_LAYOUT if s is not None}
+    digests = {d for _t, _th, d in rows}
+    assert len(digests) == 5          # dana in three tenants, erin in two: one digest each
+    # (the store's namespaces are the application's clear labels: docs/erasure.md)
+    ours = _live_rows(url, skip=("store", "store_vectors"))
+    assert DANA not in ours and ERIN not in ours and "user-" not in ours
+    assert _companion_rows(url, "acme", "d1") >= 4      # idempotency, recovery, key, refs
+    with _saver(url, ring) as saver:
+        dana_digests = {d for t, th, d in rows if (t, th) in DANA_THREADS}
+        entry_tokens = {t: {saver.services.pii.public_token(saver.services.tenant_keys(t),
+                                                            "EMAIL_ADDRESS", DANA_MAIL)}
+                        for t in ("acme", "globex")}
+        if mode == "sync":
+            report = saver.forget_subject(DANA, tenants=["acme", "globex"], requested_by="dpo")
+        else:
+            report = asyncio.run(saver.aforget_subject(DANA, tenants=["acme", "globex"],
+                                                       requested_by="dpo"))
+        assert report.tenants == ["acme", "globex"]
+        assert report.threads == {"acme": 3, "globex": 2} and report.total_threads == 5
+        assert report.store_items == {"acme": 2, "globex": 2}
+        assert report.pii_values == {"acme": 1, "globex": 1}     # dana's e-mail, per tenant
+        assert report.detail["acme"]["idempotency_records"] >= 2   # the record, the recovery
+        assert report.detail["acme"]["thread_keys"] == 3
+        # one receipt for the whole request, counts only
+        receipts = [r for r in saver.receipts() if r.reason == "forget_subject"]
+        assert len(receipts) == 1 and receipts[0].action == "forgotten"
+        assert receipts[0].tenant == "" and receipts[0].thread_id is None
+        assert receipts[0].detail["counts"]["globex"]["threads"] == 2
+        text = repr(receipts[0]) + repr(saver.registry.list_events(kind="subject_forgotten"))
+        assert DANA not in text and DANA_MAIL not in text
+        assert not [d for d in dana_digests if d in text]
+        assert [r for r in saver.receipts() if r.reason != "forget_subject"] == []
+        for tenant, thread in DANA_THREADS:
+            assert saver.get_tuple(_cfg(thread, tenant)) is None
+            assert _companion_rows(url, tenant, thread) == 0
+        graph = build_chat_graph(saver)
+        for tenant, thread, _subject, _how in SUBJECT_LAYOUT:   # everyone else untouched
+            if (tenant, thread) not in DANA_THREADS:
+                values = graph.get_state(_cfg(thread, tenant)).values
+                assert len(values["messages"]) == 4, (tenant, thread)
+        assert DANA_MAIL in str(graph.get_state(_cfg("i1", "initech")).values["messages"])
+        assert _companion_rows(url, "acme", "e1") >= 4
+    assert {(t, th) for t, th, _d in _subject_rows(url)} == {
+        (t, th) for t, th, s, _h in SUBJECT_LAYOUT if s is not None} - DANA_THREADS
+    # carving: every ciphertext of dana's threads and vault entries, wherever a copy of it
+    # survives (SQLite db+WAL, PostgreSQL pages): none opens with the live keyring
+    doomed = sealed.of(lambda tenant, scope: scope is not None and (
+        (scope[0] == THREAD and (tenant, scope[2]) in DANA_THREADS)
+        or (scope[0] == ENTRY and scope[2] in entry_tokens.get(tenant, set()))))
+    assert len(doomed) > 20
+    raw = _raw_bytes(url, db)
+    carved = [s for s in doomed if s[2] in raw]
+    assert _opens(url, ring, doomed) == 0, f"{len(carved)} carved"
+    if db is not None:   # SQLite: secure_delete + WAL truncation leave nothing to carve
+        assert carved == []
+        assert not [d for d in dana_digests if d.encode() in raw]
+        assert DANA_MAIL.encode() not in raw and b"dana likes tea" not in raw
+    # the other subjects' and tenants' ciphertexts all open (the test tells them apart), and
+    # the carving finds them in the same bytes (PostgreSQL: dead tuples of dana's rows are
+    # carved too until VACUUM, and never open)
+    kept = sealed.of(lambda tenant, scope: scope is not None and scope[0] == THREAD
+                     and (tenant, scope[2]) not in DANA_THREADS)
+    assert kept and _opens(url, ring, kept) == len(kept)
+    assert [s for s in kept if s[2] in raw]
+    from langgraph_securesaver.store import secure_pair
+    with secure_pair(url, keyring=Keyring.from_file(ring)) as (_s, st):
+        for tenant in ("acme", "globex"):
+            with tenant_scope(tenant):
+                assert st.get((DANA, "memories"), "m1") is None
+                assert st.get((DANA,), "profile") is None
+                item = st.get((ERIN, "memories"), "m1")
+                assert item is not None and ERIN_MAIL in item.value["note"]
+
+
+def test_forget_subject_with_writers_running_in_both_tenants(
+        store: tuple[str, Path | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers keep writing other subjects' threads (and threads without a subject) in both
+    tenants while dana is forgotten: they finish without an error, every turn they wrote is
+    there, and nothing dana's threads held before the erasure opens."""
+    url, _db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    sealed = Sealed()
+    sealed.install(monkeypatch)
+    with _saver(url, ring) as saver:
+        for tenant, thread, subject, how in SUBJECT_LAYOUT:
+            _say_as(saver, tenant, thread, subject, how, f"first turn of {thread}, {DANA_MAIL}")
+    before = sealed.of(lambda tenant, scope: scope is not None and scope[0] == THREAD
+                       and (tenant, scope[2]) in DANA_THREADS)
+    assert before
+    writers = [("acme", "e1", ERIN), ("acme", "n1", None), ("globex", "g3", ERIN),
+               ("globex", "w9", ERIN)]
+    turns = 6
+    errors: list[BaseException] = []
+    started = threading.Barrier(len(writers) + 1, timeout=120)
+    with _saver(url, ring) as writer_saver, _saver(url, ring) as admin:
+
+        def write(tenant: str, thread: str, subject: str | None) -> None:
+            graph = build_chat_graph(writer_saver)
+            try:
+                started.wait()
+                for n in range(turns):
+                    graph.invoke({"messages": [HumanMessage(f"turn {n} of {thread}")]},
+                                 _scfg(thread, tenant, subject))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=w) for w in writers]
+        for t in threads:
+            t.start()
+        started.wait()
+        try:
+            report = admin.forget_subject(DANA, tenants=["acme", "globex"])
+        finally:
+            for t in threads:
+                t.join()
+        assert not errors, errors
+        assert report.threads == {"acme": 3, "globex": 2}
+        graph = build_chat_graph(admin)
+        for tenant, thread, _subject in writers:
+            messages = graph.get_state(_cfg(thread, tenant)).values["messages"]
+            expected = 2 * turns + (2 if thread != "w9" else 0)
+            assert len(messages) == expected, (tenant, thread, len(messages))
+        for tenant, thread in DANA_THREADS:
+            assert admin.get_tuple(_cfg(thread, tenant)) is None
+    assert _opens(url, ring, before) == 0
+    kept = sealed.of(lambda tenant, scope: scope is not None and scope[0] == THREAD
+                     and (tenant, scope[2]) in {(w[0], w[1]) for w in writers})
+    assert kept and _opens(url, ring, kept) == len(kept)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_threads_subject_is_fixed_by_its_first_write(
+        mode: str, store: tuple[str, Path | None], tmp_path: Path) -> None:
+    from langgraph_securesaver import subject_scope
+    url, _db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _saver(url, ring) as saver:
+        graph = build_chat_graph(saver)
+
+        def invoke(text: str, config: dict[str, Any]) -> Any:
+            if mode == "sync":
+                return graph.invoke({"messages": [HumanMessage(text)]}, config)
+            return asyncio.run(graph.ainvoke({"messages": [HumanMessage(text)]}, config))
+
+        invoke("dana's thread", _scfg("t1", "acme", DANA))
+        stored = len(list(saver.list(_cfg("t1"))))
+        # another subject writing the thread: refused before anything is stored, recorded
+        with pytest.raises(AccessDenied, match="another subject"):
+            invoke("erin writes here", _scfg("t1", "acme", ERIN))
+        with subject_scope(ERIN), pytest.raises(AccessDenied, match="another subject"):
+            invoke("erin writes here", _cfg("t1"))
+        assert len(list(saver.list(_cfg("t1")))) == stored
+        assert "erin writes here" not in str(saver.get_tuple(_cfg("t1")).checkpoint)
+        denied = saver.registry.list_events(kind="access_denied")
+        assert denied and {e.tenant for e in denied} == {"acme"}
+        assert DANA not in repr(denied) and ERIN not in repr(denied)
+        # a scope and a config naming different subjects: refused (any call)
+        with subject_scope(DANA), pytest.raises(AccessDenied):
+            saver.get_tuple(_scfg("t1", "acme", ERIN))
+        # a write naming no subject keeps the thread's (and is forgotten with it)
+        invoke("no subject named", _cfg("t1"))
+        invoke("dana again", _scfg("t1", "acme", DANA))
+        # another process (a fresh saver, its own cache) refuses as well
+        with _saver(url, ring) as other:
+            with pytest.raises(AccessDenied, match="another subject"):
+                build_chat_graph(other).invoke({"messages": [HumanMessage("x")]},
+                                               _scfg("t1", "acme", ERIN))
+        # the same thread id in another tenant is another thread
+        invoke("erin at globex", _scfg("t1", "globex", ERIN))
+        # copying the thread copies its subject: the copy is forgotten with it
+        with tenant_scope("acme"):
+            saver.copy_thread("t1", "t1-copy")
+        assert saver.forget_subject(DANA, tenants=["acme"]).threads == {"acme": 2}
+        assert saver.get_tuple(_cfg("t1-copy")) is None
+        # a deleted thread's id can be used by anyone again
+        invoke("erin now", _scfg("t1", "acme", ERIN))
+        with tenant_scope("acme"):
+            saver.delete_thread("t1")
+        invoke("dana now", _scfg("t1", "acme", DANA))
+        assert saver.get_tuple(_cfg("t1", "globex")) is not None
+
+
+def test_odd_subject_ids_are_refused_with_typed_errors_that_do_not_echo_them(
+        tmp_path: Path) -> None:
+    from langgraph_securesaver import ConfigurationError, subject_scope
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _saver(f"sqlite:///{tmp_path / 'odd.db'}", ring) as saver:
+        graph = build_chat_graph(saver)
+        secret = "x" * 256
+        for odd in ("", " dana", "dana ", "da\x00na", "da\u202ena", "da\u200bna", secret, 17,
+                    ["dana"]):
+            with pytest.raises(ConfigurationError) as err:
+                graph.invoke({"messages": [HumanMessage("hi")]}, _scfg("t1", "acme", odd))
+            assert "dana" not in str(err.value) and secret not in str(err.value)
+            if isinstance(odd, str):
+                with pytest.raises(ConfigurationError):
+                    with subject_scope(odd):
+                        pass
+                with pytest.raises(ConfigurationError):
+                    saver.forget_subject(odd)
+        assert saver.get_tuple(_cfg("t1")) is None     # nothing was written
+        assert _subject_rows(f"sqlite:///{tmp_path / 'odd.db'}") == []
+        graph.invoke({"messages": [HumanMessage("hi")]}, _scfg("t1", "acme", "d" * 255))
+        # one subject per call; identifiers go in identifiers=
+        with pytest.raises(ConfigurationError, match="identifiers"):
+            saver.forget_subject(["dana@example.com"])  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError):
+            saver.forget_subject()
+        with pytest.raises(ConfigurationError):
+            saver.forget_subject(DANA, identifiers="dana@example.com")
+        with pytest.raises(ConfigurationError):
+            saver.forget_subject(DANA, store_namespace="memories")
+        with pytest.raises(ConfigurationError):
+            saver.forget_subject(DANA, tenants="acme")
+        assert [r for r in saver.receipts() if r.reason == "forget_subject"] == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tenant_scope_forgets_its_own_subject_only(
+        mode: str, store: tuple[str, Path | None], tmp_path: Path) -> None:
+    url, _db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _saver(url, ring) as saver:
+        for tenant, thread, subject, how in SUBJECT_LAYOUT:
+            _say_as(saver, tenant, thread, subject, how, f"turn of {thread}")
+
+        def forget(**kwargs: Any) -> Any:
+            if mode == "sync":
+                return saver.forget_subject(DANA, **kwargs)
+            return asyncio.run(saver.aforget_subject(DANA, **kwargs))
+
+        with tenant_scope("acme"):
+            with pytest.raises(AccessDenied, match="recorded"):
+                forget(tenants=["globex"])
+            with pytest.raises(AccessDenied):
+                forget(tenants=["acme", "globex"])
+        assert saver.get_tuple(_cfg("g1", "globex")) is not None
+        assert [r for r in saver.receipts() if r.reason == "forget_subject"] == []
+        with tenant_scope("acme"):
+            report = forget()                       # no tenant named: its own
+        assert report.tenants == ["acme"] and report.threads == {"acme": 3}
+        assert saver.get_tuple(_cfg("g1", "globex")) is not None
+        assert saver.get_tuple(_cfg("i1", "initech")) is not None
+        # unscoped, no tenant named: the operator's, every tenant
+        report = forget()
+        assert report.threads == {"acme": 0, "globex": 2, "initech": 1}
+        assert saver.get_tuple(_cfg("g3", "globex")) is not None
+        assert saver.get_tuple(_cfg("e1")) is not None
+        # nobody of that name: nothing deleted, still one receipt (the request is recorded)
+        assert forget().total_threads == 0
+        assert len([r for r in saver.receipts() if r.reason == "forget_subject"]) == 3
+
+
+def test_setup_migrates_a_schema_v4_database(tmp_path: Path) -> None:
+    from langgraph_securesaver.registry_schema import SCHEMA_VERSION
+    assert SCHEMA_VERSION == 5
+    url = f"sqlite:///{tmp_path / 'v4.db'}"
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _saver(url, ring) as saver:
+        _say(saver, "old", "written before subjects")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:                   # the database as schema v4 left it
+        conn.exec_driver_sql("DROP TABLE securesaver_thread_subjects")
+        conn.exec_driver_sql(
+            "UPDATE securesaver_meta SET value = '4' WHERE key = 'schema_version'")
+    with _saver(url, ring) as saver:               # setup() migrates
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT value FROM securesaver_meta WHERE key = "
+                                        "'schema_version'").scalar() == "5"
+            assert sa.inspect(conn).has_table("securesaver_thread_subjects")
+            indexes = {ix["name"] for ix in sa.inspect(conn).get_indexes(
+                "securesaver_thread_subjects")}
+        assert "ix_securesaver_thread_subjects_subject" in indexes
+        assert saver.get_tuple(_cfg("old")) is not None      # old threads keep working
+        _say_as(saver, "acme", "new", DANA, "config", "written after")
+        _say(saver, "old", "a later turn, still no subject")
+        assert saver.forget_subject(DANA).threads == {"acme": 1}
+        assert saver.get_tuple(_cfg("old")) is not None      # no subject: today's behaviour
+    with engine.begin() as conn:                   # a newer schema is refused
+        conn.exec_driver_sql(
+            "UPDATE securesaver_meta SET value = '6' WHERE key = 'schema_version'")
+    engine.dispose()
+    from langgraph_securesaver import ConfigurationError
+    with pytest.raises(ConfigurationError, match="newer"):
+        with _saver(url, ring):
+            pass
+
+
+def test_retention_and_shredding_delete_the_subject_rows(tmp_path: Path) -> None:
+    import time as _time
+    url = f"sqlite:///{tmp_path / 'ret.db'}"
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _saver(url, ring) as saver:
+        for thread in ("p1", "p2", "p3"):
+            _say_as(saver, "acme", thread, DANA, "config", f"turn of {thread}")
+        _say_as(saver, "globex", "g1", DANA, "config", "globex turn")
+        with tenant_scope("acme"):
+            saver.set_retention("p1", idle_ttl=60.0)
+            saver.prune(["p2"], strategy="delete")
+        assert saver.prune_expired(_time.time() + 3600).deleted == [("acme", "p1")]
+        assert [th for t, th, _d in _subject_rows(url) if t == "acme"] == ["p3"]
+        saver.shred_tenant("globex")
+        assert [t for t, _th, _d in _subject_rows(url)] == ["acme"]
+
+
+def test_cli_forget_subject(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from langgraph_securesaver.cli import app
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _saver(url, ring) as saver:
+        for tenant, thread, subject, how in SUBJECT_LAYOUT:
+            _say_as(saver, tenant, thread, subject, how, f"turn of {thread}, {DANA_MAIL}")
+    runner = CliRunner()
+    base = ["forget-subject", "--url", url, "--keyring", str(ring)]
+    for bad in (["--subject", " dana"], [], ["--tenant", "nobody", "--subject", DANA],
+                ["--subject", DANA, "--requested-by", "x\x00"]):
+        result = runner.invoke(app, [*base, *bad, "--yes"])
+        assert result.exit_code == 2, result.output
+    result = runner.invoke(app, [*base, "--subject", DANA], input="n\n")
+    assert result.exit_code == 1 and "aborted" in result.output
+    with _saver(url, ring) as saver:
+        assert saver.get_tuple(_cfg("d1")) is not None
+    result = runner.invoke(app, [*base, "--subject", "-", "--tenant", "acme", "--tenant",
+                                 "globex", "--identifier", DANA_MAIL, "--requested-by", "dpo",
+                                 "--yes", "--json"], input=DANA + "\n")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["tenants"] == ["acme", "globex"]
+    assert shown["counts"]["acme"]["threads"] == 3 and shown["counts"]["globex"]["threads"] == 2
+    assert DANA not in result.output
+    with _saver(url, ring) as saver:
+        assert saver.get_tuple(_cfg("d1")) is None and saver.get_tuple(_cfg("e1")) is not None
+        assert saver.get_tuple(_cfg("i1", "initech")) is not None
+        assert [r.requested_by for r in saver.receipts() if r.reason == "forget_subject"] == [
+            "dpo"]
+    result = runner.invoke(app, [*base, "--subject", DANA, "--yes"])
+    assert result.exit_code == 0 and "initech" in result.output
+
+
+def test_store_items_are_chosen_by_namespace_prefix(tmp_path: Path) -> None:
+    """Only namespaces equal to or under the prefix go (LIKE wildcards in an id match only
+    themselves); ``store_namespace`` names another prefix, None no store item."""
+    from langgraph_securesaver.store import secure_pair
+    url = f"sqlite:///{tmp_path / 'ns.db'}"
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    odd = "a_b%"
+    with secure_pair(url, keyring=Keyring.from_file(ring)) as (saver, st):
+        with tenant_scope("acme"):
+            for ns in ((odd,), (odd, "memories"), ("aXbY", "memories"), ("a_b%x",),
+                       ("users", DANA, "notes"), (DANA, "memories"), ("other", odd)):
+                st.put(ns, "k", {"v": 1})
+        assert saver.forget_subject(odd, tenants=["acme"]).store_items == {"acme": 2}
+        assert saver.forget_subject(DANA, tenants=["acme"],
+                                    store_namespace=None).store_items == {"acme": 0}
+        assert saver.forget_subject(DANA, tenants=["acme"], store_namespace=(
+            "users", DANA)).store_items == {"acme": 1}
+        with tenant_scope("acme"):
+            left = sorted(tuple(n) for n in st.list_namespaces())
+        assert left == sorted([("aXbY", "memories"), ("a_b%x",), (DANA, "memories"),
+                               ("other", odd)])

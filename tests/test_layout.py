@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "pii_vault", "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql",
         "backends", "caches", "timeargs", "integrity", "registry_schema", "registry_claims",
         "registry_verify", "steps", "denials", "run_tenants", "storage_flush", "registry_keys",
-        "thread_keys", "store_format", "offthread"})),
+        "thread_keys", "store_format", "offthread", "subjects"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "pruner_emptied", "audit", "audit_report", "audit_sql",
@@ -46,7 +46,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                                 "server_store", "server_records", "server_settings",
                                 "demo", "demo_run",
                                   "recover", "store", "store.*"})),
-    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events", "cli_summaries"})),
+    ("cli", frozenset({"cli", "cli_common", "cli_ops", "cli_events", "cli_summaries",
+             "cli_subjects"})),
     # the facades: the package and the idempotency package re-export names of every layer
     ("package", frozenset({"", "idempotency"})),
 )

@@ -901,6 +901,37 @@ def test_tenant_of_is_overridable(keyring: Keyring) -> None:
         assert custom.get_tuple({"configurable": {"thread_id": "t"}}) is not None
 
 
+def test_the_user_is_the_subject_of_the_threads_they_write(keyring: Keyring) -> None:
+    """Under the server the subject is the authenticated user (``subject_of``, default the
+    identity): a colleague of the same tenant writing the thread is refused, a client's
+    ``subject_id`` must be the user's, and forget_subject finds the user's threads."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    saver = AuthTenantSaver(InMemorySaver(), keyring=keyring, redaction=None,
+                            tenant_of=tenant_from_field("org_id"))
+    graph = _graph(saver)
+    ann = {"identity": "ann", "org_id": "acme"}
+    carl = {"identity": "carl", "org_id": "acme"}
+    graph.invoke({"messages": [HumanMessage("ann's thread")]}, _run_cfg("t", ann))
+    graph.invoke({"messages": [HumanMessage("ann's other")]}, _run_cfg("t2", ann))
+    graph.invoke({"messages": [HumanMessage("carl's thread")]}, _run_cfg("c", carl))
+    assert saver.get_tuple(_run_cfg("t", carl)) is not None      # reads: the tenant's rule
+    with pytest.raises(AccessDenied, match="another subject"):
+        graph.invoke({"messages": [HumanMessage("carl writes")]}, _run_cfg("t", carl))
+    with pytest.raises(AccessDenied, match="another subject"):  # the client cannot pick one
+        graph.invoke({"messages": [HumanMessage("x")]}, _run_cfg("c", carl, subject_id="ann"))
+    graph.invoke({"messages": [HumanMessage("again")]}, _run_cfg("t", ann, subject_id="ann"))
+    report = saver.forget_subject("ann")
+    assert report.threads == {"acme": 2}
+    assert saver.get_tuple(_run_cfg("t", ann)) is None
+    assert saver.get_tuple(_run_cfg("c", carl)) is not None
+    # threads shared by a tenant's users: no subject at all
+    shared = AuthTenantSaver(InMemorySaver(), keyring=keyring, redaction=None,
+                             tenant_of=tenant_from_field("org_id"), subject_of=lambda u: None)
+    _graph(shared).invoke({"messages": [HumanMessage("a")]}, _run_cfg("t", ann))
+    _graph(shared).invoke({"messages": [HumanMessage("b")]}, _run_cfg("t", carl))
+    assert len(_graph(shared).get_state(_run_cfg("t", carl)).values["messages"]) == 4
+
+
 def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from langgraph_securesaver import ConfigurationError, KeyringRequired
     for var in list(os.environ):
@@ -915,7 +946,7 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("SECURESAVER_MASTER_KEY", ring.to_json())
     s = ServerSettings.from_env()
     assert s.redaction and s.retention is None and s.default_tenant is None
-    assert s.tenant_field == "identity"
+    assert s.tenant_field == "identity" and s.subject_field == "identity"
     ring.save(tmp_path / "ring.json")
     monkeypatch.delenv("SECURESAVER_MASTER_KEY")
     monkeypatch.setenv("SECURESAVER_KEYRING_FILE", str(tmp_path / "ring.json"))
@@ -923,8 +954,9 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("SECURESAVER_RETENTION_IDLE_TTL", "30d")
     monkeypatch.setenv("SECURESAVER_RETENTION_STRATEGY", "keep_latest")
     monkeypatch.setenv("SECURESAVER_TENANT_FIELD", "org_id")
+    monkeypatch.setenv("SECURESAVER_SUBJECT_FIELD", "none")
     s = ServerSettings.from_env()
-    assert not s.redaction and s.tenant_field == "org_id"
+    assert not s.redaction and s.tenant_field == "org_id" and s.subject_field is None
     assert s.retention is not None and s.retention.idle_ttl == 30 * 86400
     assert s.retention.strategy == "keep_latest"
     monkeypatch.setenv("SECURESAVER_REDACTION", "maybe")

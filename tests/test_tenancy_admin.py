@@ -132,7 +132,7 @@ def _scoped(scope: str, call: Any, name: str, *args: Any, **kwargs: Any) -> Any:
 NAMING_ACME: list[tuple[str, tuple, dict]] = [
     ("pii_inventory", ("acme",), {}),
     ("forget_pii", ("acme",), {"kind": "EMAIL_ADDRESS"}),
-    ("forget_subject", ([EMAIL],), {"tenants": ["acme"]}),
+    ("forget_subject", ("dana",), {"identifiers": [EMAIL], "tenants": ["acme"]}),
     ("set_tenant_retention", ("acme", RetentionPolicy(legal_hold=True)), {}),
     ("rotate_data_key", ("acme",), {}),
     ("events", (), {"tenant": "acme"}),

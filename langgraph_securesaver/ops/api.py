@@ -16,8 +16,9 @@ from ..offthread import to_thread
 from ..registry import Receipt, ThreadRow
 from ..retention import PruneReport, RetentionPolicy
 from ..services import SaverServices
-from . import keys, pii, retention, shredding
+from . import keys, pii, retention, shredding, subjects
 from .retention import UNSET
+from .subjects import SUBJECT_NAMESPACE, SubjectErasure
 
 if TYPE_CHECKING:
     from ..services import SaverLike
@@ -144,19 +145,33 @@ class SaverOperations:
         return await to_thread(lambda: self.forget_pii(
             tenant, value, kind=kind, requested_by=requested_by))
 
-    def forget_subject(self, identifiers: Any, *, tenants: Any = None,
-                       requested_by: str | None = None) -> dict[str, int]:
-        """Erase every stored value of one person (``identifiers``: their e-mails, phones,
-        names, ids) in ``tenants`` (None: every tenant; inside a scope, that tenant only),
-        across all threads, with one deletion receipt. Returns {tenant: values erased}."""
-        return pii.forget_subject(self.services, identifiers, tenants=tenants,
-                                  requested_by=requested_by)
+    def forget_subject(self, subject: str | None = None, *, tenants: Any = None,
+                       identifiers: Any = (), store_namespace: Any = SUBJECT_NAMESPACE,
+                       requested_by: str | None = None) -> SubjectErasure:
+        """Forget one person (the *subject*: the end user threads were written for, given by
+        ``subject_scope``, ``configurable["subject_id"]`` or the LangGraph Server user) in
+        ``tenants`` (None: every tenant; inside a scope, that tenant only).
 
-    async def aforget_subject(self, identifiers: Any, *, tenants: Any = None,
-                              requested_by: str | None = None) -> dict[str, int]:
+        Deletes every thread recorded for the subject -- checkpoints, pending writes, the PII
+        values only those threads used, idempotency and recovery records -- through the
+        thread deletion path (each thread's key is destroyed: crypto-erasure), and the
+        SecureStore items whose namespace starts with the subject id (``store_namespace``:
+        another prefix tuple, or None for no store items). ``identifiers`` (the person's
+        e-mails, phones, names) also erase those values wherever else the tenant holds
+        them; with ``subject=None`` only that is done. One receipt, counts only.
+        """
+        return subjects.forget_subject(self.services, subject, tenants=tenants,
+                                       identifiers=identifiers,
+                                       store_namespace=store_namespace,
+                                       requested_by=requested_by)
+
+    async def aforget_subject(self, subject: str | None = None, *, tenants: Any = None,
+                              identifiers: Any = (), store_namespace: Any = SUBJECT_NAMESPACE,
+                              requested_by: str | None = None) -> SubjectErasure:
         """Async twin of :meth:`forget_subject`, run in a worker thread."""
         return await to_thread(lambda: self.forget_subject(
-            identifiers, tenants=tenants, requested_by=requested_by))
+            subject, tenants=tenants, identifiers=identifiers,
+            store_namespace=store_namespace, requested_by=requested_by))
 
     # audit, events, scan, rotation (audit.py, scan.py, rotation.py) -------------------------
     def audit(self, *, tenant: str | None = None, now: Any = None) -> Any:

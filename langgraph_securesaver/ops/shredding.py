@@ -77,6 +77,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     if store is not None:
         store.delete_tenant(tenant)
     registry.forget_tenant(tenant)
+    services.subjects.forget_tenant(tenant)
     if keys is not None:
         keys.delete_tenant(tenant)
     services.forget_policy(tenant)

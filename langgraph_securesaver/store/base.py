@@ -13,8 +13,6 @@ registry work off the event loop, embedding and the inner store awaited):
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +34,7 @@ from langgraph.store.base import (
 from ..crypto import TenantKeys
 from ..errors import TamperedDataError
 from ..pii_layer import PiiLayer
-from ..store_format import VAULT_PREFIX
+from ..store_format import vault_id
 from ..tenancy import tenant_tag
 from . import codec, matching
 
@@ -46,12 +44,6 @@ logger = logging.getLogger(__name__)
 STORE_CHANNEL = "__store__"
 #: "every row" for an inner search whose filtering, scoring or paging SecureStore does itself
 SCAN_LIMIT = 2 ** 62
-
-
-def vault_id(namespace: Sequence[str], key: str) -> str:
-    """The pseudo thread id an item's PII originals are recorded under."""
-    raw = json.dumps([list(namespace), key], ensure_ascii=False).encode("utf-8", "surrogatepass")
-    return VAULT_PREFIX + hashlib.sha256(raw).hexdigest()[:40]
 
 
 @dataclass

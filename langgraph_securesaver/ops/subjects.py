@@ -1,0 +1,161 @@
+"""Forgetting one person: every thread of a subject (found by its keyed digest, see
+:mod:`..subjects`), with its pending writes, PII-vault values, idempotency and recovery records
+and keys, through the one thread deletion path (crypto-erasure); the subject's store items;
+optionally the values of their identifiers wherever else the tenant holds them; one receipt.
+
+Knows the services of a saver (gate, keys, subject labels, vault, registry); not the saver.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import summaries
+from ..errors import ConfigurationError
+from ..gate import Denial
+from ..services import SaverServices
+from ..tenancy import ThreadRef, validate_actor, validate_subject, validate_tenant
+from .pii import erase_identifiers, identifier_list
+from .threads import erased_under, purge_thread_storage
+
+#: ``store_namespace`` default: the namespaces that start with the subject id
+SUBJECT_NAMESPACE = object()
+#: per-thread counts of the purge path summed into the receipt
+_COUNTED = ("checkpoints", "pii_values", "idempotency_records", "thread_keys")
+
+
+@dataclass(frozen=True)
+class SubjectErasure:
+    """What :meth:`SecureSaver.forget_subject` erased, per tenant (counts, never values)."""
+
+    tenants: builtins.list[str]
+    #: threads of the subject deleted (their keys destroyed)
+    threads: dict[str, int] = field(default_factory=dict)
+    #: PII-vault values erased: those only the subject's threads used, and (with
+    #: ``identifiers``) the identifiers' values wherever the tenant held them
+    pii_values: dict[str, int] = field(default_factory=dict)
+    #: SecureStore items deleted (namespaces starting with the subject id, by default)
+    store_items: dict[str, int] = field(default_factory=dict)
+    #: every count of the receipt, per tenant
+    detail: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def total_threads(self) -> int:
+        return sum(self.threads.values())
+
+
+def forget_subject(services: SaverServices, subject: str | None = None, *,
+                   tenants: Iterable[str] | None = None, identifiers: Iterable[str] = (),
+                   store_namespace: Any = SUBJECT_NAMESPACE,
+                   requested_by: str | None = None) -> SubjectErasure:
+    """See :meth:`..ops.api.SaverOperations.forget_subject`."""
+    requested_by = validate_actor(requested_by)
+    if subject is not None and not isinstance(subject, str) and isinstance(
+            subject, (builtins.list, tuple, set, frozenset)):
+        raise ConfigurationError(
+            "forget_subject(subject, ...) takes one subject id; pass a person's e-mails, "
+            "phone numbers or names as identifiers=[...]")
+    subject = None if subject is None else validate_subject(subject, "the subject")
+    values = identifier_list(identifiers, allow_empty=subject is not None)
+    namespace = _namespace(store_namespace, subject)
+    names = _tenants(services, tenants)
+    per: dict[str, dict[str, int]] = {}
+    for tenant in names:
+        per[tenant] = _forget_in_tenant(services, tenant, subject, values, namespace)
+    services.flush_deleted()
+    when = erased_under(services)
+    services.registry.add_receipt(
+        tenant=names[0] if len(names) == 1 else "", thread_id=None, action="forgotten",
+        reason="forget_subject", requested_by=requested_by,
+        detail={"by_subject": subject is not None, "identifiers": len(values),
+                "tenants": len(names), "counts": per, "erased_under": when})
+    for tenant in names:
+        counts: dict[str, Any] = dict(per[tenant])
+        services.registry.record_event(
+            "subject_forgotten", tenant=tenant, actor=requested_by, erased_under=when,
+            **counts)
+    return SubjectErasure(
+        tenants=names, threads={t: c["threads"] for t, c in per.items()},
+        pii_values={t: c["pii_values"] + c["values_erased"] for t, c in per.items()},
+        store_items={t: c["store_items"] for t, c in per.items()}, detail=per)
+
+
+def _forget_in_tenant(services: SaverServices, tenant: str, subject: str | None,
+                      values: Sequence[str], namespace: tuple[str, ...] | None
+                      ) -> dict[str, int]:
+    counts = dict.fromkeys(("threads", *_COUNTED, "store_items", "values_erased",
+                            "value_threads"), 0)
+    keys = services.keys.keys_for(tenant, create=False)
+    if keys is None:
+        return counts
+    if subject is not None:
+        thread_ids = services.subjects.threads_of(keys, subject)
+        for thread_id in thread_ids:       # the one deletion path: keys go with the data
+            purged = purge_thread_storage(services, ThreadRef(tenant, thread_id))
+            services.registry.forget_thread(tenant, thread_id)
+            services.forget_thread(tenant, thread_id)
+            for name in _COUNTED:
+                counts[name] += int(purged.get(name, 0))
+        counts["threads"] = len(thread_ids)
+    if namespace is not None:
+        counts["store_items"], store_values = _purge_store(services, tenant, namespace)
+        counts["pii_values"] += store_values
+    if values:
+        counts["values_erased"], counts["value_threads"] = erase_identifiers(
+            services, keys, values)
+    summaries.mark_changed(services.registry, tenant)
+    return counts
+
+
+def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...]
+                 ) -> tuple[int, int]:
+    """The subject's SecureStore items on this database, and the PII originals only they
+    (or the subject's deleted threads) used, their vault-entry keys destroyed. Returns (items,
+    originals erased). The items themselves are sealed under the tenant data key: deleted,
+    not crypto-erased (docs/erasure.md)."""
+    from ..store_audit import purge_store_namespace
+    owners = purge_store_namespace(services.registry.engine, tenant, namespace)
+    erased = 0
+    if owners:
+        with services.registry.begin() as conn:
+            erased = sum(services.vault.delete_threads_in(
+                conn, [(tenant, o) for o in owners]).values())
+    return len(owners), erased
+
+
+def _namespace(store_namespace: Any, subject: str | None) -> tuple[str, ...] | None:
+    if store_namespace is SUBJECT_NAMESPACE:
+        return None if subject is None else (subject,)
+    if store_namespace is None:
+        return None
+    if isinstance(store_namespace, (str, bytes)) or not all(
+            isinstance(label, str) and label for label in store_namespace):
+        raise ConfigurationError(
+            "forget_subject(store_namespace=...) takes a tuple of namespace labels, or None")
+    labels = tuple(store_namespace)
+    return labels or None
+
+
+def _tenants(services: SaverServices, tenants: Iterable[str] | None) -> builtins.list[str]:
+    """The tenants the call acts for (the admin scope rule: the operator names tenants or
+    gets every tenant; a tenant scope acts for itself only)."""
+    gate = services.gate
+    if tenants is None:
+        scoped = gate.admin_tenant("forget_subject", None)
+        return [scoped] if scoped is not None else services.registry.tenants()
+    if isinstance(tenants, (str, bytes)):
+        raise ConfigurationError("forget_subject(tenants=...) takes a list of tenant ids")
+    return sorted({gate.admin_tenant("forget_subject", validate_tenant(t)) or t
+                   for t in tenants})
+
+
+def copy_subject(services: SaverServices, tenant: str, source: str, target: str) -> None:
+    """copy_thread: the target thread belongs to the source's subject (a copy of a person's
+    conversation is theirs); refused when the target already belongs to another subject."""
+    if not services.subjects.copy(tenant, source, target):
+        raise services.gate.record_denial(Denial(
+            tenant, tenant, "copy_thread: the target thread belongs to another subject",
+            target))
