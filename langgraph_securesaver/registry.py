@@ -90,6 +90,20 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         with engine_lock(self.engine), self.engine.begin() as conn:
             yield conn
 
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection for one read-only statement: on PostgreSQL in autocommit (no BEGIN and
+        COMMIT round trips around it), elsewhere like :meth:`begin`."""
+        if self.dialect != "postgresql":
+            with self.begin() as conn:
+                yield conn
+            return
+        if not self._is_setup:
+            self.setup()
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+
     def setup(self) -> None:
         """Create and migrate the tables (idempotent, safe to call from several processes)."""
         with self._setup_lock:
