@@ -145,6 +145,7 @@ class PiiLayer:
                  known: Mapping[str, builtins.set[str] | None] | None = None,
                  prefetched: Mapping[str, str] | None = None) -> CheckpointTuple:
         """Put the originals back for the owning tenant (so a resumed tool gets real values).
+        ``tup`` is this read's own (just opened): its messages are restored in place.
 
         ``known``: the tokens of each channel found in its plaintext bytes (see open_tuple): a
         channel without any is returned as loaded, the others are restored in one walk."""
@@ -170,12 +171,13 @@ class PiiLayer:
         def restore_channel(ch: str, value: Any) -> Any:
             in_bytes = known.get(ch)
             if in_bytes is None:
-                out = self.redactor.restore_value(value, lookup)
+                out = self.redactor.restore_value(value, lookup, owned=True)
             elif not in_bytes:
                 out = value
             else:
                 out = self.redactor.restore_value(
-                    value, lookup, originals={t: originals[t] for t in in_bytes if t in originals})
+                    value, lookup, originals={t: originals[t] for t in in_bytes if t in originals},
+                    owned=True)
             # what the tenant reads back was paid for when stored: writing it again after a
             # restart (cold caches) must not spend, and so withhold, the new write's budget
             self.redactor.remember_read(out, channel=ch, token_key=token_key)
@@ -184,10 +186,10 @@ class PiiLayer:
         checkpoint = tup.checkpoint.copy()
         checkpoint["channel_values"] = {
             ch: restore_channel(ch, v) for ch, v in tup.checkpoint["channel_values"].items()}
-        writes = [(t, ch, self.redactor.restore_value(v, lookup))
+        writes = [(t, ch, self.redactor.restore_value(v, lookup, owned=True))
                   for t, ch, v in tup.pending_writes or []]
-        metadata = self.redactor.restore_value(tup.metadata, lookup) if tup.metadata else \
-            tup.metadata
+        metadata = (self.redactor.restore_value(tup.metadata, lookup, owned=True)
+                    if tup.metadata else tup.metadata)
         return tup._replace(checkpoint=checkpoint, pending_writes=writes, metadata=metadata)
 
     async def arestore(self, keys: TenantKeys, tup: CheckpointTuple,

@@ -360,9 +360,9 @@ class PiiVault:
         return found
 
     def _read_epoch(self, tenant: str) -> int:
-        """The tenant's erasure epoch, read with the least overhead (one indexed SELECT on a
-        pooled connection, no explicit transaction; on PostgreSQL in autocommit, so the read is
-        one round trip after the pool's ping)."""
+        """The tenant's erasure epoch, read with the least overhead: one indexed SELECT on a
+        pooled DBAPI connection, outside any transaction (PostgreSQL: in autocommit, so the
+        read is one round trip after the pool's ping; SQLite opens no transaction for it)."""
         sql = self._epoch_sql
         if sql is None:
             # constant SQL (no user input in it); the tenant is a bound parameter
@@ -370,11 +370,29 @@ class PiiVault:
                                      == "sqlite" else _EPOCH_SQL_PG)
         if not self.registry._is_setup:
             self.registry.setup()
-        with self.registry.engine.connect() as conn:
-            if sql is _EPOCH_SQL_PG:   # one statement, no BEGIN / ROLLBACK round trips
-                conn.execution_options(isolation_level="AUTOCOMMIT")
-            value = conn.exec_driver_sql(sql, (tenant,)).scalar()
-        return int(value or 0)
+        dbapi = self.registry.engine.raw_connection()
+        try:
+            driver = dbapi.driver_connection
+            autocommit = sql is _EPOCH_SQL_PG and not getattr(driver, "autocommit", True)
+            if autocommit:
+                driver.autocommit = True    # type: ignore[union-attr]
+            try:
+                cursor = dbapi.cursor()
+                try:
+                    cursor.execute(sql, (tenant,))
+                    row = cursor.fetchone()
+                finally:
+                    cursor.close()
+            finally:
+                if autocommit:
+                    try:
+                        driver.autocommit = False    # type: ignore[union-attr]
+                    except Exception:   # a broken connection: the pool must not reuse it
+                        dbapi.invalidate()
+                        raise
+        finally:
+            dbapi.close()   # back to the pool
+        return int(row[0] or 0) if row else 0
 
     @staticmethod
     def _epoch(conn: Any, tenant: str) -> int:

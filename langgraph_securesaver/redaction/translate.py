@@ -69,19 +69,26 @@ class TokenTranslator:
             key = (type(first), getattr(first, "id", None),
                    content if type(content) is str else None)
             state = self._lists.get(key)
-            out: list[Any] = []
-            useds: list[dict[str, str | None]] = []
+            prefix = 0
+            marked: list[tuple[int, dict[str, str | None]]] = []
             if state is not None:   # the same objects as last time, mapped the same way
-                for m, old_m, old_out, old_used in zip(messages, *state, strict=False):
-                    if m is not old_m or any(mapping.get(t) != p for t, p in old_used.items()):
+                old_in, old_out, old_marked = state
+                same = list(map(operator.is_, messages, old_in))
+                prefix = same.index(False) if False in same else len(same)
+                for i, used in old_marked:
+                    if i >= prefix:
                         break
-                    out.append(old_out)
-                    useds.append(old_used)
-            for m in messages[len(out):]:
-                result, used = one(m, depth + 1)
+                    if any(mapping.get(t) != p for t, p in used.items()):
+                        prefix = i
+                        break
+                    marked.append((i, used))
+            out = list(old_out[:prefix]) if prefix else []
+            for i in range(prefix, len(messages)):
+                result, used = one(messages[i], depth + 1)
                 out.append(result)
-                useds.append(used)
-            self._lists.put(key, (list(messages), out, useds), 64 * len(messages))
+                if used:
+                    marked.append((i, used))
+            self._lists.put(key, (list(messages), out, marked), 64 * len(messages))
             return messages if all(map(operator.is_, out, messages)) else out
 
         walker = Walker(on_str, max_depth=max_depth, on_message=on_message,
