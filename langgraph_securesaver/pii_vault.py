@@ -201,8 +201,8 @@ class PiiVault:
         another writer won with are deleted in it again."""
         tenant, now = keys.tenant, time.time()
         ours = {e.token: public_token_for(e.token) for e in entries}
-        scoped = self.entry_keys
-        batch = (scoped is not None and keys.threads is scoped and scoped.sealing)
+        scoped: Any = self.entry_keys
+        batch = scoped is not None and bool(scoped.sealing) and keys.threads is scoped
         key_rows: list[dict[str, Any]] = []
         new_keys: dict[str, Any] = {}
         if batch:
@@ -235,7 +235,7 @@ class PiiVault:
                                             if p not in lost})
         if thread_id is not None:
             with self._lock:
-                for lookup, public in winners.items():
+                for public in winners.values():
                     self._known[(tenant, thread_id, public)] = None
         return winners
 
@@ -361,8 +361,8 @@ class PiiVault:
 
     def _read_epoch(self, tenant: str) -> int:
         """The tenant's erasure epoch, read with the least overhead: one indexed SELECT on a
-        pooled DBAPI connection, outside any transaction (PostgreSQL: in autocommit, so the
-        read is one round trip after the pool's ping; SQLite opens no transaction for it)."""
+        DBAPI connection kept for it (:class:`.direct_reads.DirectReads`), outside any
+        transaction: one round trip on PostgreSQL, no pool checkout, ping or reset."""
         sql = self._epoch_sql
         if sql is None:
             # constant SQL (no user input in it); the tenant is a bound parameter
@@ -370,29 +370,7 @@ class PiiVault:
                                      == "sqlite" else _EPOCH_SQL_PG)
         if not self.registry._is_setup:
             self.registry.setup()
-        dbapi = self.registry.engine.raw_connection()
-        try:
-            driver = dbapi.driver_connection
-            autocommit = sql is _EPOCH_SQL_PG and not getattr(driver, "autocommit", True)
-            if autocommit:
-                driver.autocommit = True    # type: ignore[union-attr]
-            try:
-                cursor = dbapi.cursor()
-                try:
-                    cursor.execute(sql, (tenant,))
-                    row = cursor.fetchone()
-                finally:
-                    cursor.close()
-            finally:
-                if autocommit:
-                    try:
-                        driver.autocommit = False    # type: ignore[union-attr]
-                    except Exception:   # a broken connection: the pool must not reuse it
-                        dbapi.invalidate()
-                        raise
-        finally:
-            dbapi.close()   # back to the pool
-        return int(row[0] or 0) if row else 0
+        return int(self.registry.direct.scalar(sql, (tenant,)) or 0)
 
     @staticmethod
     def _epoch(conn: Any, tenant: str) -> int:

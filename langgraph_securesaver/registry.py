@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import integrity as mac
 from .denials import flush_for
+from .direct_reads import DirectReads
 from .errors import ConfigurationError, KeyringRequired, TamperedDataError
 from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
 from .registry_claims import RegistryClaims
@@ -68,6 +69,8 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False
+        #: pooled-connection-free reads of the hottest statement (the erasure epoch)
+        self.direct = DirectReads(self.engine)
         # MACs on retention rows, receipts, events (integrity.py); keyed once a keyring is
         # attached with attach_keys()
         self.integrity = RegistryIntegrity(self, None, has_macs=self._has_macs)
@@ -686,4 +689,5 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
 
     def dispose(self) -> None:
         flush_for(self)  # coalesced access-denied summaries still pending
+        self.direct.close()
         self.engine.dispose()

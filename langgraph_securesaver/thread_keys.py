@@ -161,7 +161,7 @@ class ThreadKeyStore:
         for the caller to insert in the transaction that stores what they seal (one commit
         for keys and data, none of them visible without the other), and the keys. The caller
         passes the keys of the committed rows to :meth:`remember`."""
-        table, col = TABLES[scope]
+        col = TABLES[scope][1]
         version = self.keys.provider.current_version
         kek = self.kek(tenant, version, create=True)
         if kek is None:  # pragma: no cover - create=True returns a KEK or raises
