@@ -47,8 +47,19 @@ class DirectReads:
     def __repr__(self) -> str:
         return f"DirectReads(idle={len(self._free)})"
 
+    @property
+    def placeholder(self) -> str:
+        """The driver's parameter marker (``?`` for SQLite, ``%s`` for psycopg)."""
+        return "?" if self.engine.dialect.name == "sqlite" else "%s"
+
     def scalar(self, sql: str, params: tuple[Any, ...]) -> Any:
         """The first column of the first row of ``sql`` (driver parameter style), or None."""
+        rows = self.rows(sql, params, one=True)
+        return rows[0][0] if rows else None
+
+    def rows(self, sql: str, params: tuple[Any, ...], *, one: bool = False
+             ) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` (driver parameter style; ``one``: the first row only)."""
         error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
         for attempt in (0, 1):
             conn = self._take()
@@ -56,7 +67,7 @@ class DirectReads:
                 cursor = conn.cursor()
                 try:
                     cursor.execute(sql, params)
-                    row = cursor.fetchone()
+                    got = cursor.fetchmany(1) if one else cursor.fetchall()
                 finally:
                     cursor.close()
                 if getattr(conn, "in_transaction", False):   # never keep a snapshot open
@@ -71,8 +82,8 @@ class DirectReads:
                 _close_quietly(conn)
                 raise
             self._give(conn)
-            return None if row is None else row[0]
-        return None  # pragma: no cover - the loop returns or raises
+            return [tuple(r) for r in got]
+        return []  # pragma: no cover - the loop returns or raises
 
     def close(self) -> None:
         """Close the idle connections (the engine's pool is not affected)."""
