@@ -7,7 +7,8 @@ detached from the engine's pool (made by the engine: same URL, arguments and con
 each used by one thread at a time, outside any transaction (PostgreSQL: autocommit; SQLite:
 no transaction is left open), so every read sees the latest committed value. A connection
 that fails is closed and the read retried once on a new one. After ``fork`` the child
-never touches (or closes) its parent's connections.
+never touches (or closes) its parent's connections. A pool of one shared connection (an
+in-memory SQLite database) is used as it is, one checkout per read.
 
 Knows an engine and DBAPI cursors; nothing of the tables it reads.
 """
@@ -20,6 +21,7 @@ import threading
 from typing import Any
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,9 @@ class DirectReads:
         self._free: list[Any] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        # a pool of one shared connection (an in-memory SQLite database lives in it): never
+        # detached, checked out per read instead
+        self._shared = isinstance(engine.pool, (StaticPool, SingletonThreadPool))
 
     def __repr__(self) -> str:
         return f"DirectReads(idle={len(self._free)})"
@@ -97,6 +102,8 @@ class DirectReads:
             _close_quietly(conn)
 
     def _take(self) -> Any:
+        if self._shared:
+            return self.engine.raw_connection()
         with self._lock:
             if self._pid != os.getpid():
                 _ABANDONED.extend(self._free)
@@ -118,6 +125,9 @@ class DirectReads:
         return conn
 
     def _give(self, conn: Any) -> None:
+        if self._shared:
+            conn.close()   # back to its pool
+            return
         with self._lock:
             if self._pid == os.getpid() and len(self._free) < self.size:
                 self._free.append(conn)

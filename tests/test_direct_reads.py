@@ -56,8 +56,27 @@ def test_epoch_reads_see_every_commit_and_survive_a_dropped_connection(
         assert idle
         registry.dispose()
         assert registry.direct._free == []
-        with pytest.raises(Exception):   # closed, not returned to any pool
+        with pytest.raises(registry.engine.dialect.loaded_dbapi.Error):   # closed, not pooled
             idle[0].cursor().execute("SELECT 1")
         assert vault._read_epoch("acme") == (9 if raw.backend == "postgres" else 7)
+    finally:
+        registry.dispose()
+
+
+def test_an_in_memory_registry_keeps_its_one_connection() -> None:
+    """SQLite in memory lives in the pool's only connection: reads use it, never take it."""
+    registry = Registry.in_memory()
+    registry.setup()
+    vault = PiiVault(registry)
+    try:
+        assert vault._read_epoch("acme") == 0
+        with registry.begin() as conn:
+            conn.execute(sa.text("INSERT INTO securesaver_pii_epoch (tenant, epoch) "
+                                 "VALUES ('acme', 3)"))
+        assert vault._read_epoch("acme") == 3
+        assert vault._read_public("acme", ["<EMAIL_ADDRESS:" + "0" * 32 + ">"]) == {}
+        with registry.begin() as conn:   # the database (and its tables) are still there
+            assert conn.execute(sa.text("SELECT count(*) FROM securesaver_pii_epoch")
+                                ).scalar() == 1
     finally:
         registry.dispose()
