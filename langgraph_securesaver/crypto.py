@@ -193,6 +193,12 @@ def _nonce() -> bytes:
     return _NONCES.take()
 
 
+def _seal_under(aes: AESGCM, plaintext: bytes, aad: bytes) -> bytes:
+    """A ciphertext under a thread or vault-entry key (the header names no data-key version)."""
+    nonce = _nonce()
+    return _HEADER.pack(MAGIC, THREAD_KEY_VERSION) + nonce + aes.encrypt(nonce, plaintext, aad)
+
+
 @dataclass
 class TenantKeys:
     """The unwrapped keys of one tenant: versioned data keys (AESGCM objects, which do not
@@ -218,10 +224,18 @@ class TenantKeys:
 
     __str__ = __repr__
 
-    def seal(self, plaintext: bytes, aad: bytes) -> bytes:
+    def seal(self, plaintext: bytes, aad: bytes, *, key: AESGCM | None = None) -> bytes:
         """Seal under the thread's own key when ``aad`` belongs to a thread (and a thread-key
-        source is attached), else under the tenant's current data key."""
-        nonce = _nonce()
+        source is attached), else under the tenant's current data key. ``key``: the thread or
+        vault-entry key of ``aad``, held by the caller (a key just created, whose row commits
+        in the transaction that stores the ciphertext)."""
+        if key is not None:
+            scoped = aad_scope(aad)
+            if scoped is None or scoped[1] != self.tenant:
+                raise TamperedDataError(
+                    "a thread or vault-entry key given for data of no thread or entry of the "
+                    "tenant")
+            return _seal_under(key, plaintext, aad)
         if self.threads is not None and self.threads.sealing:
             scoped = aad_scope(aad)
             if scoped is not None and scoped[1] == self.tenant:
@@ -229,8 +243,8 @@ class TenantKeys:
                 if aes is None:
                     raise TamperedDataError(
                         f"the {scoped[0]}'s data key was deleted while it was being written")
-                return (_HEADER.pack(MAGIC, THREAD_KEY_VERSION) + nonce
-                        + aes.encrypt(nonce, plaintext, aad))
+                return _seal_under(aes, plaintext, aad)
+        nonce = _nonce()
         header = _HEADER.pack(MAGIC, self.current_version) + nonce
         return header + self.data[self.current_version].encrypt(nonce, plaintext, aad)
 

@@ -28,6 +28,7 @@ from .keymaterial import SecretBytes
 from .offthread import to_thread
 from .pii_vault import PiiVault
 from .redaction.budget import current_spend
+from .redaction.translate import TokenTranslator
 from .storage_ops import DELTA_METADATA_KEYS
 
 # metadata keys LangGraph itself writes (ids, counters, delta-channel bookkeeping): not redacted
@@ -43,6 +44,7 @@ class PiiLayer:
     def __init__(self, redactor: Any, vault: PiiVault) -> None:
         self.redactor = redactor
         self.vault = vault
+        self._translator = TokenTranslator()
 
     @staticmethod
     def token_key(keys: TenantKeys) -> SecretBytes:
@@ -51,10 +53,12 @@ class PiiLayer:
         return SecretBytes(bytes.fromhex(keys.blind("pii-token-key")))
 
     def redact_one(self, keys: TenantKeys, channel: str, value: Any,
-                    entries: builtins.list[Any], *, create: bool = True) -> Any:
+                    entries: builtins.list[Any], *, create: bool = True,
+                    thread_id: str | None = None) -> Any:
         """``value`` redacted, with public tokens; its vault entries are added to ``entries``.
         ``create=False`` (filters, queries): values without a live entry keep the HMAC token
-        (never stored: it matches nothing new)."""
+        (never stored: it matches nothing new). ``thread_id``: the thread being written (the
+        references to entries created here are recorded with them)."""
         redacted, found = self.redactor.redact_value(
             value, channel=channel, token_key=self.token_key(keys))
         if not found:
@@ -62,7 +66,8 @@ class PiiLayer:
         # the vault's erasure epoch is read once per write (a put redacts several channels)
         spend = current_spend()
         checked = spend is not None and keys.tenant in spend.pii_epochs
-        public = self.vault.resolve(keys, found, create=create, verify=not checked)
+        public = self.vault.resolve(keys, found, create=create, verify=not checked,
+                                    thread_id=thread_id)
         if spend is not None:
             spend.pii_epochs.add(keys.tenant)
         entries.extend(public.values())
@@ -72,8 +77,7 @@ class PiiLayer:
         """``value`` with the HMAC tokens of ``mapping`` replaced by public tokens."""
         if not mapping:
             return value
-        return self.redactor.restore_value(
-            value, lambda wanted: {t: mapping[t] for t in wanted if t in mapping})
+        return self._translator.translate(value, mapping, self.redactor.policy.max_depth)
 
     def public_token(self, keys: TenantKeys, kind: str, value: str) -> str | None:
         """The public token the tenant's conversations hold for ``value`` (None: no live
@@ -83,13 +87,15 @@ class PiiLayer:
         return self.vault.public_tokens(keys, [lookup]).get(lookup)
 
     def redact_metadata(self, keys: TenantKeys, full: Mapping[str, Any],
-                         entries: builtins.list[Any], *, create: bool = True) -> Any:
+                         entries: builtins.list[Any], *, create: bool = True,
+                         thread_id: str | None = None) -> Any:
         """Checkpoint metadata (including what LangGraph copied from ``configurable`` and
         ``config["metadata"]``) through the redactor; LangGraph's own bookkeeping keys stay."""
         if self.redactor is None or not full:
             return full
         rest = {k: v for k, v in full.items() if k not in METADATA_KEPT}
-        redacted = self.redact_one(keys, METADATA_CHANNEL, rest, entries, create=create)
+        redacted = self.redact_one(keys, METADATA_CHANNEL, rest, entries, create=create,
+                                   thread_id=thread_id)
         return full if redacted is rest else {**full, **redacted}
 
     def redact_filter(self, keys: TenantKeys | None,
@@ -108,7 +114,7 @@ class PiiLayer:
         if self.redactor is None:
             return value
         entries: builtins.list[Any] = []
-        redacted = self.redact_one(keys, channel, value, entries)
+        redacted = self.redact_one(keys, channel, value, entries, thread_id=thread_id)
         new = self.vault.unknown(keys.tenant, thread_id, entries)
         if new:
             self.vault.store(keys, thread_id, new)
@@ -139,6 +145,7 @@ class PiiLayer:
                  known: Mapping[str, builtins.set[str] | None] | None = None,
                  prefetched: Mapping[str, str] | None = None) -> CheckpointTuple:
         """Put the originals back for the owning tenant (so a resumed tool gets real values).
+        ``tup`` is this read's own (just opened): its messages are restored in place.
 
         ``known``: the tokens of each channel found in its plaintext bytes (see open_tuple): a
         channel without any is returned as loaded, the others are restored in one walk."""
@@ -164,12 +171,13 @@ class PiiLayer:
         def restore_channel(ch: str, value: Any) -> Any:
             in_bytes = known.get(ch)
             if in_bytes is None:
-                out = self.redactor.restore_value(value, lookup)
+                out = self.redactor.restore_value(value, lookup, owned=True)
             elif not in_bytes:
                 out = value
             else:
                 out = self.redactor.restore_value(
-                    value, lookup, originals={t: originals[t] for t in in_bytes if t in originals})
+                    value, lookup, originals={t: originals[t] for t in in_bytes if t in originals},
+                    owned=True)
             # what the tenant reads back was paid for when stored: writing it again after a
             # restart (cold caches) must not spend, and so withhold, the new write's budget
             self.redactor.remember_read(out, channel=ch, token_key=token_key)
@@ -178,10 +186,10 @@ class PiiLayer:
         checkpoint = tup.checkpoint.copy()
         checkpoint["channel_values"] = {
             ch: restore_channel(ch, v) for ch, v in tup.checkpoint["channel_values"].items()}
-        writes = [(t, ch, self.redactor.restore_value(v, lookup))
+        writes = [(t, ch, self.redactor.restore_value(v, lookup, owned=True))
                   for t, ch, v in tup.pending_writes or []]
-        metadata = self.redactor.restore_value(tup.metadata, lookup) if tup.metadata else \
-            tup.metadata
+        metadata = (self.redactor.restore_value(tup.metadata, lookup, owned=True)
+                    if tup.metadata else tup.metadata)
         return tup._replace(checkpoint=checkpoint, pending_writes=writes, metadata=metadata)
 
     async def arestore(self, keys: TenantKeys, tup: CheckpointTuple,

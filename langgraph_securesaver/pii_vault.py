@@ -38,7 +38,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .crypto import TenantKeys, associated_data
+from .crypto import ENTRY, TenantKeys, associated_data
 from .registry import Registry, metadata
 from .registry_schema import pii_keys
 
@@ -109,7 +109,7 @@ class PiiVault:
 
     # public tokens ----------------------------------------------------------------------------
     def resolve(self, keys: TenantKeys, entries: Sequence[Any], *, create: bool = True,
-                verify: bool = True) -> dict[str, Any]:
+                verify: bool = True, thread_id: str | None = None) -> dict[str, Any]:
         """lookup token -> the vault entry (public token, kind, value) of each of ``entries``
         (what the redactor returned: tokens that are HMACs of the values).
 
@@ -121,7 +121,11 @@ class PiiVault:
         per call; ``verify=False``: the caller's write read it a moment ago).
         ``create=False`` (list filters, search queries) returns existing entries only. A
         write whose mapping raced with an erasure keeps the erased token: the value of that
-        write is erased too; it is never written back under the erased token."""
+        write is erased too; it is never written back under the erased token.
+
+        ``thread_id``: the thread the write belongs to; the references of the entries this
+        call creates are recorded in the transaction that creates them (:meth:`store` then
+        has nothing left to write for them)."""
         tenant = keys.tenant
         by_lookup: dict[str, Any] = {}
         for e in entries:
@@ -140,6 +144,17 @@ class PiiVault:
                 if public is not None:
                     out[lookup] = type(e)(public, e.kind, e.value)
         missing = [t for t in by_lookup if t not in out]
+        if missing and create and self._creating(tenant).locked():
+            # another writer of this process is creating entries of this tenant (a step's
+            # put and put_writes carry the same new values): its entries, once committed,
+            # come from the cache instead of a read that would find them missing
+            with self._creating(tenant), self._lock:
+                for lookup in missing:
+                    public = self._public.get((tenant, lookup))
+                    if public is not None:
+                        e = by_lookup[lookup]
+                        out[lookup] = type(e)(public, e.kind, e.value)
+            missing = [t for t in missing if t not in out]
         if missing:
             found = self._read_public(tenant, missing)
             fresh = [t for t in missing if t not in found]
@@ -155,7 +170,8 @@ class PiiVault:
                                 found[t] = public
                     fresh = [t for t in fresh if t not in found]
                     if fresh:
-                        created = self._create_entries(keys, [by_lookup[t] for t in fresh])
+                        created = self._create_entries(keys, [by_lookup[t] for t in fresh],
+                                                       thread_id)
                         found.update(created)
                         with self._lock:
                             for lookup, public in created.items():
@@ -182,24 +198,48 @@ class PiiVault:
             return lock
 
     def _read_public(self, tenant: str, lookups: Sequence[str]) -> dict[str, str]:
-        with self.registry.begin() as conn:
-            rows = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
-                pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(lookups)))).all()
-        return {str(lookup): str(token) for lookup, token in rows}
+        """lookup -> public token of the live entries (one indexed read on a direct
+        connection, like the epoch)."""
+        if not self.registry._is_setup:
+            self.registry.setup()
+        wanted = list(dict.fromkeys(lookups))
+        out: dict[str, str] = {}
+        mark = self.registry.direct.placeholder
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            # only driver markers are formatted in; the tenant and every value are bound
+            markers = ", ".join([mark] * len(chunk))
+            sql = ("SELECT lookup, token FROM securesaver_pii_vault "  # noqa: S608
+                   f"WHERE tenant = {mark} AND lookup IN ({markers})")
+            for lookup, token in self.registry.direct.rows(sql, (tenant, *chunk)):
+                out[str(lookup)] = str(token)
+        return out
 
-    def _create_entries(self, keys: TenantKeys, entries: Sequence[Any]) -> dict[str, str]:
-        """Insert-or-read-existing: our new entries, or the ones a concurrent writer won with."""
+    def _create_entries(self, keys: TenantKeys, entries: Sequence[Any],
+                        thread_id: str | None = None) -> dict[str, str]:
+        """Insert-or-read-existing: our new entries, or the ones a concurrent writer won with.
+
+        One registry transaction: the entries' own key rows, the sealed values and (with
+        ``thread_id``) the thread's references to them commit together; the keys of entries
+        another writer won with are deleted in it again."""
         tenant, now = keys.tenant, time.time()
-        ours: dict[str, str] = {}
+        ours = {e.token: public_token_for(e.token) for e in entries}
+        scoped: Any = self.entry_keys
+        batch = scoped is not None and bool(scoped.sealing) and keys.threads is scoped
+        key_rows: list[dict[str, Any]] = []
+        new_keys: dict[str, Any] = {}
+        if batch:
+            key_rows, new_keys = scoped.new_keys(tenant, ENTRY, list(ours.values()))
         rows = []
         for e in entries:
-            public = public_token_for(e.token)
-            ours[e.token] = public
-            # sealing creates the entry's own key (outside the insert's transaction)
+            public = ours[e.token]
+            plain, aad = e.value.encode("utf-8", "surrogatepass"), _aad(tenant, public)
             rows.append({"tenant": tenant, "token": public, "lookup": e.token, "kind": e.kind,
-                         "sealed": keys.seal(e.value.encode("utf-8", "surrogatepass"),
-                                             _aad(tenant, public)), "created_at": now})
+                         "sealed": keys.seal(plain, aad, key=new_keys.get(public)),
+                         "created_at": now})
         with self.registry.begin() as conn:
+            if key_rows:   # random names: a conflict is an error, never a silent reuse
+                conn.execute(pii_keys.insert(), key_rows)
             self.registry._insert_ignore(conn, pii_vault, rows)
             got = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
                 pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(ours)))).all()
@@ -207,6 +247,19 @@ class PiiVault:
             lost = [p for lookup, p in ours.items() if winners.get(lookup) != p]
             if lost:   # another writer's entry won: our keys are orphans
                 self._destroy_keys(conn, tenant, lost)
+            if thread_id is not None:
+                kinds = {e.token: e.kind for e in entries}
+                self.registry._insert_ignore(conn, pii_refs, [
+                    {"tenant": tenant, "thread_id": thread_id, "token": public,
+                     "kind": kinds[lookup], "first_seen": now}
+                    for lookup, public in winners.items()])
+        if batch:
+            scoped.remember(tenant, ENTRY, {p: new_keys[p] for p in ours.values()
+                                            if p not in lost})
+        if thread_id is not None:
+            with self._lock:
+                for public in winners.values():
+                    self._known[(tenant, thread_id, public)] = None
         return winners
 
     def public_tokens(self, keys: TenantKeys, lookups: Sequence[str]) -> dict[str, str]:
@@ -330,8 +383,9 @@ class PiiVault:
         return found
 
     def _read_epoch(self, tenant: str) -> int:
-        """The tenant's erasure epoch, read with the least overhead (one indexed SELECT on a
-        pooled connection, no explicit transaction)."""
+        """The tenant's erasure epoch, read with the least overhead: one indexed SELECT on a
+        DBAPI connection kept for it (:class:`.direct_reads.DirectReads`), outside any
+        transaction: one round trip on PostgreSQL, no pool checkout, ping or reset."""
         sql = self._epoch_sql
         if sql is None:
             # constant SQL (no user input in it); the tenant is a bound parameter
@@ -339,9 +393,7 @@ class PiiVault:
                                      == "sqlite" else _EPOCH_SQL_PG)
         if not self.registry._is_setup:
             self.registry.setup()
-        with self.registry.engine.connect() as conn:
-            value = conn.exec_driver_sql(sql, (tenant,)).scalar()
-        return int(value or 0)
+        return int(self.registry.direct.scalar(sql, (tenant,)) or 0)
 
     @staticmethod
     def _epoch(conn: Any, tenant: str) -> int:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import integrity as mac
 from .denials import flush_for
+from .direct_reads import DirectReads
 from .errors import ConfigurationError, KeyringRequired, TamperedDataError
 from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
 from .registry_claims import RegistryClaims
@@ -68,6 +69,8 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False
+        #: pooled-connection-free reads of the hottest statement (the erasure epoch)
+        self.direct = DirectReads(self.engine)
         # MACs on retention rows, receipts, events (integrity.py); keyed once a keyring is
         # attached with attach_keys()
         self.integrity = RegistryIntegrity(self, None, has_macs=self._has_macs)
@@ -88,6 +91,20 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         if not self._is_setup:
             self.setup()  # like SqliteSaver: the first use creates the tables
         with engine_lock(self.engine), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection for one read-only statement: on PostgreSQL in autocommit (no BEGIN and
+        COMMIT round trips around it), elsewhere like :meth:`begin`."""
+        if self.dialect != "postgresql":
+            with self.begin() as conn:
+                yield conn
+            return
+        if not self._is_setup:
+            self.setup()
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
             yield conn
 
     def setup(self) -> None:
@@ -687,4 +704,5 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
 
     def dispose(self) -> None:
         flush_for(self)  # coalesced access-denied summaries still pending
+        self.direct.close()
         self.engine.dispose()

@@ -135,7 +135,7 @@ class ThreadKeyStore:
 
     def _load(self, scope: str, tenant: str, name: str) -> tuple[str, bytes] | None:
         table, col = TABLES[scope]
-        with self.registry.begin() as conn:
+        with self.registry.read() as conn:
             # CAST: text a database writer put there reads as bytes that fail to unwrap
             row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
                 table.c.tenant == tenant, col == name)).first()
@@ -158,6 +158,41 @@ class ThreadKeyStore:
             row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
                 table.c.tenant == tenant, col == name)).first()
         return None if row is None else (str(row[0]), bytes(row[1]))
+
+    def new_keys(self, tenant: str, scope: str, names: Sequence[str]
+                 ) -> tuple[list[dict[str, Any]], dict[str, AESGCM]]:
+        """Fresh data keys for ``names`` that have no key row (new random names, e.g. the
+        public tokens of new vault entries), wrapped under the tenant's current KEK: the rows
+        for the caller to insert in the transaction that stores what they seal (one commit
+        for keys and data, none of them visible without the other), and the keys. The caller
+        passes the keys of the committed rows to :meth:`remember`."""
+        col = TABLES[scope][1]
+        version = self.keys.provider.current_version
+        kek = self.kek(tenant, version, create=True)
+        if kek is None:  # pragma: no cover - create=True returns a KEK or raises
+            raise TamperedDataError(f"tenant {tenant!r} has no key-encryption key")
+        database, now = self.registry.database_id(), time.time()
+        rows: list[dict[str, Any]] = []
+        out: dict[str, AESGCM] = {}
+        for name in names:
+            ctx = thread_key_context(database, tenant, name, scope)
+            # the raw key never becomes a local: wrapped at once, then unwrapped as AESGCM
+            blob = kek_wrap(kek, secrets.token_bytes(32), ctx)
+            out[name] = kek_unwrap(kek, blob, ctx)
+            rows.append({"tenant": tenant, col.name: name, "master_version": version,
+                         "wrapped": blob, "created_at": now})
+        return rows, out
+
+    def remember(self, tenant: str, scope: str, created: dict[str, AESGCM]) -> None:
+        """Cache keys whose rows (from :meth:`new_keys`) were committed."""
+        stamp = time.monotonic()
+        with self._lock:
+            for name, aes in created.items():
+                k = (scope, tenant, name)
+                self._cache[k] = (stamp, aes)
+                self._cache.move_to_end(k)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
 
     # the tenant's key-encryption keys -----------------------------------------------------------
     def kek(self, tenant: str, master_version: str, *, create: bool) -> AESGCM | None:

@@ -62,11 +62,13 @@ class WritePath:
             values[ch] = value
         entries: builtins.list[Any] = []
         if self.pii.redactor is not None:
-            values = {ch: self.pii.redact_one(keys, ch, v, entries) for ch, v in values.items()}
+            values = {ch: self.pii.redact_one(keys, ch, v, entries, thread_id=ref.thread_id)
+                      for ch, v in values.items()}
         sealed = codec.seal_checkpoint(keys, ref, checkpoint, values, reused)
         for ch in values:
             self.services.tokens.put(ref, ch, versions.get(ch), sealed["channel_values"][ch])
-        full = self.pii.redact_metadata(keys, get_checkpoint_metadata(config, metadata), entries)
+        full = self.pii.redact_metadata(keys, get_checkpoint_metadata(config, metadata), entries,
+                                        thread_id=ref.thread_id)
         parent = (config.get("configurable") or {}).get("checkpoint_id") or None
         md = codec.seal_metadata(keys, ref, checkpoint, full, sealed, parent,
                                  self.io.versioned_blobs)
@@ -82,7 +84,8 @@ class WritePath:
             raise ConfigurationError("put_writes needs config['configurable']['checkpoint_id']")
         entries: builtins.list[Any] = []
         if self.pii.redactor is not None:
-            writes = [(ch, self.pii.redact_one(keys, ch, v, entries)) for ch, v in writes]
+            writes = [(ch, self.pii.redact_one(keys, ch, v, entries, thread_id=ref.thread_id))
+                      for ch, v in writes]
         sealed: builtins.list[tuple[str, Any]] = builtins.list(
             codec.seal_writes(keys, ref, cid, task_id, task_path, writes))
         return sealed, self.pii.vault.unknown(ref.tenant, ref.thread_id, entries)

@@ -43,8 +43,8 @@ class Sealed:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         original = TenantKeys.seal
 
-        def seal(keys: TenantKeys, plaintext: bytes, aad: bytes) -> bytes:
-            token = original(keys, plaintext, aad)
+        def seal(keys: TenantKeys, plaintext: bytes, aad: bytes, **kw: Any) -> bytes:
+            token = original(keys, plaintext, aad, **kw)
             self.tokens.append((keys.tenant, aad, token))
             return token
         monkeypatch.setattr(TenantKeys, "seal", seal)

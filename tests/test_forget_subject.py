@@ -181,9 +181,9 @@ def test_concurrent_writers_of_one_new_value_converge_on_one_token(
         for vault in (a.vault, b.vault):
             create = vault._create_entries
 
-            def racing(keys: Any, entries: Any, create: Any = create) -> Any:
+            def racing(keys: Any, entries: Any, *rest: Any, create: Any = create) -> Any:
                 both_missing.wait()   # each saw the value missing before either inserts
-                return create(keys, entries)
+                return create(keys, entries, *rest)
             vault._create_entries = racing  # type: ignore[method-assign]
         got: dict[str, str] = {}
         errors: list[BaseException] = []

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "pii_vault", "strict_serde", "storage_ops", "storage_sql", "raw_tables", "raw_sql",
         "backends", "caches", "timeargs", "integrity", "registry_schema", "registry_claims",
         "registry_verify", "steps", "denials", "run_tenants", "storage_flush", "registry_keys",
-        "thread_keys", "store_format", "offthread", "subjects"})),
+        "thread_keys", "store_format", "offthread", "subjects", "direct_reads"})),
     ("saver parts", frozenset({"seal", "gate", "pii_layer", "services", "inner_access",
                                "listing", "reads", "writes", "redaction", "redaction.*"})),
     ("operations", frozenset({"ops", "ops.*", "pruner", "pruner_emptied", "audit", "audit_report", "audit_sql",

@@ -36,6 +36,7 @@ from .numbers import NumberRedaction
 from .offload import BudgetedDetection
 from .policy import RedactionPolicy
 from .readback import ReadBack
+from .restoring import text_changes, tokens_per_message
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
     TOKEN_HEX_CHARS,
     TOKEN_RE,
@@ -295,7 +296,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
 
     def restore_value(self, value: Any,
                       lookup: Callable[[Sequence[str]], Mapping[str, str]], *,
-                      originals: Mapping[str, str] | None = None) -> Any:
+                      originals: Mapping[str, str] | None = None, owned: bool = False) -> Any:
         """A copy of ``value`` with tokens replaced by the originals ``lookup`` returns.
 
         ``lookup`` gets every distinct token once and returns the originals it still has;
@@ -304,7 +305,8 @@ class Redactor(BudgetedDetection, NumberRedaction):
         Inside JSON strings the
         originals are inserted JSON-escaped. Masked values (``<KIND:masked>``) stay masked.
         Unchanged sub-objects (e.g. messages without tokens) are shared with ``value``;
-        messages that change are new objects owned by the caller.
+        messages that change are new objects owned by the caller. ``owned``: ``value`` is the
+        caller's own (e.g. just deserialized), so its messages may be restored in place.
         """
         dumps: dict[int, tuple[Any, bytes, list[str]]] = {}
         if originals is None:
@@ -343,7 +345,11 @@ class Redactor(BudgetedDetection, NumberRedaction):
             if originals.keys().isdisjoint(found):
                 return msg  # nothing to put back in this message
             key = (type(msg), dumped, tuple(map(originals.get, found)))
-            restored_dump = self._restore_cache.get(key)
+            hit = self._restore_cache.get(key)
+            if hit is not None and owned and hit[1] is not None:
+                msg.__dict__.update(hit[1])   # only text changed: in place, nothing to copy
+                return msg
+            restored_dump = hit[0] if hit is not None else None
             if restored_dump is not None:  # rebuild a private copy (the graph may mutate it)
                 values, extra = marshal.loads(restored_dump)  # noqa: S302 - our own bytes
                 update = dict(zip(msg.__dict__, values, strict=True))
@@ -356,8 +362,8 @@ class Redactor(BudgetedDetection, NumberRedaction):
             restored = walker.walk_message_guarded(msg, depth)
             restored_dump = dump_message(restored)
             if restored_dump is not None:
-                self._restore_cache.put(key, restored_dump,
-                                        len(dumped) + len(restored_dump) + 256)
+                self._restore_cache.put(key, (restored_dump, text_changes(msg, restored)),
+                                        len(dumped) + 2 * len(restored_dump) + 256)
             return restored
 
         def on_message_list(messages: list[Any], depth: int) -> list[Any]:
@@ -375,47 +381,7 @@ class Redactor(BudgetedDetection, NumberRedaction):
         return walker.walk(value)
 
     def _tokens_per_message(self, messages: list[Any]) -> list[list[str]] | None:
-        """The tokens in each message of a list (the ``messages`` channel read back), reusing
-        the previous read's answers for the longest prefix whose fields equal a deep (marshal)
-        snapshot taken then: a conversation read every turn is scanned only in its new tail.
-        None when some message cannot be snapshotted (the caller then checks each one)."""
-        try:
-            values = [(tuple(m.__dict__.values()), m.__pydantic_extra__) for m in messages]
-        except AttributeError:
-            return None
-        first = messages[0]
-        head = values[0][0]
-        key = ("restore-list", type(first), getattr(first, "id", None),
-               head[0] if head and type(head[0]) is str else None)
-        state = self._list_cache.get(key)
-        prefix = 0
-        if state is not None:
-            old_values = state[0]
-            n = len(old_values)
-            if n <= len(values) and values[:n] == old_values:
-                prefix = n
-            else:
-                for i, (new, old) in enumerate(zip(values, old_values, strict=False)):
-                    if new != old:
-                        break
-                    prefix = i + 1
-        if state is not None and prefix == len(values):
-            return list(state[1][:prefix])
-        try:  # a private deep copy of the new tail: later in-place edits cannot match it
-            tail_blob = marshal.dumps(values[prefix:], 0)
-        except ValueError:
-            return None
-        found_per: list[list[str]] = list(state[1][:prefix]) if state is not None else []
-        for m in messages[prefix:]:
-            dumped = dump_message(m)
-            if dumped is None:
-                return None
-            found_per.append(tokens_in_dump(dumped))
-        tail = marshal.loads(tail_blob)  # noqa: S302 - bytes this process just wrote
-        snapshot = (list(state[0][:prefix]) if state is not None else []) + tail
-        size = (state[2] if state is not None and prefix == len(state[0]) else 0) + len(tail_blob)
-        self._list_cache.put(key, (snapshot, found_per, size), size + 64)
-        return found_per
+        return tokens_per_message(self._list_cache, messages)
 
     # -- internals ---------------------------------------------------------------------------
     def _check_key(self, token_key: bytes | SecretBytes | None,
