@@ -38,6 +38,7 @@ from .registry_schema import (  # noqa: F401 - the schema names are importable f
     _policy_ref,
     _register_companion_tables,
     _thread_ref,
+    adopt_idempotency_macs,
     chain_heads,
     create_registry_engine,
     engine_lock,
@@ -242,7 +243,7 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
                     [{"b_id": r["id"], "b_seq": r["seq"], "b_prev": r["prev_mac"],
                       "b_mac": r["mac"]} for r in rows])
                 counts[name] = len(rows)
-            counts["idempotency"] = self._adopt_idempotency(conn)
+            counts["idempotency"] = adopt_idempotency_macs(conn, integ)
             if any(counts.values()):
                 logger.warning("registry integrity: adopted %s rows written before schema v2",
                                counts)
@@ -250,23 +251,6 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
                     "at": time.time(), "kind": "registry_rows_adopted", "tenant": None,
                     "thread_id": None, "actor": None,
                     "detail": json.dumps(counts, sort_keys=True)}])
-
-    def _adopt_idempotency(self, conn: Connection) -> int:
-        table = metadata.tables.get("securesaver_idempotency")
-        if table is None or "fp_mac" not in table.c:
-            return 0
-        rows = conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
-                                      table.c.fingerprint).where(table.c.fp_mac.is_(None))
-                            ).all()
-        if rows:
-            conn.execute(table.update().where(
-                table.c.tenant == sa.bindparam("b_tenant"),
-                table.c.thread_id == sa.bindparam("b_thread"),
-                table.c.key == sa.bindparam("b_key")).values(fp_mac=sa.bindparam("b_mac")),
-                [{"b_tenant": r.tenant, "b_thread": r.thread_id, "b_key": r.key,
-                  "b_mac": self.integrity.mac(mac.IDEMPOTENCY, *mac.idempotency_parts(
-                      r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
-        return len(rows)
 
     def ready_for_reading(self, also: Sequence[str] = ()) -> bool:
         """For read-only commands: True when every table and index :meth:`setup` creates (and

@@ -415,3 +415,23 @@ def _register_companion_tables() -> None:
             importlib.import_module(module)
         except ImportError:  # an optional component that is not installed
             logger.debug("companion tables %s not available", module)
+
+
+def adopt_idempotency_macs(conn: Any, integrity: Any) -> int:
+    """The schema-v2 adoption of idempotency records written without a fingerprint MAC
+    (``Registry`` adopts the other tables' rows the same way, once)."""
+    from . import integrity as mac
+    table = metadata.tables.get("securesaver_idempotency")
+    if table is None or "fp_mac" not in table.c:
+        return 0
+    rows = conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
+                                  table.c.fingerprint).where(table.c.fp_mac.is_(None))).all()
+    if rows:
+        conn.execute(table.update().where(
+            table.c.tenant == sa.bindparam("b_tenant"),
+            table.c.thread_id == sa.bindparam("b_thread"),
+            table.c.key == sa.bindparam("b_key")).values(fp_mac=sa.bindparam("b_mac")),
+            [{"b_tenant": r.tenant, "b_thread": r.thread_id, "b_key": r.key,
+              "b_mac": integrity.mac(mac.IDEMPOTENCY, *mac.idempotency_parts(
+                  r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
+    return len(rows)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -102,27 +103,33 @@ class WritePath:
         fenced delete of an emptied thread either sees this write coming (and keeps the
         thread) or has committed before the key is read (and this write gets a new key)."""
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
+        with self._activity(ref), write_scope():   # one redaction budget for the put
+            sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
+                                                   metadata, new_versions)
+        self.bind_subject(keys, ref, "put")
+        self.pii.vault.store(keys, ref.thread_id, new_pii)
+        return sealed, md
+
+    @contextmanager
+    def _activity(self, ref: ThreadRef) -> Iterator[None]:
+        """Around the sealing of a write: the thread's registry row touched first when due
+        (see :meth:`seal_put`), and again after a seal slower than half the activity
+        resolution, so the write lands within the resolution of the recorded last activity
+        (what the audit summaries rely on, summaries.py)."""
         touched = self.services.touch_due(ref)
         started = time.monotonic()
         if touched:
             self.services.touch(ref)
-        with write_scope():  # one redaction budget for the channels and metadata of the put
-            sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
-                                                   metadata, new_versions)
-        self.bind_subject(keys, ref, "put")
+        yield
         if touched and time.monotonic() - started > self.services.activity_resolution / 2:
-            # a slow seal: the write must still land within the activity resolution of the
-            # recorded last activity (what the audit summaries rely on, summaries.py)
             self.services.touch(ref)
-        self.pii.vault.store(keys, ref.thread_id, new_pii)
-        return sealed, md
 
     def seal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                     task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`seal_put`."""
         self.bind_subject(keys, ref, "put_writes")
-        with write_scope():
+        with self._activity(ref), write_scope():
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")
