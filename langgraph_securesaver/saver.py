@@ -270,6 +270,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         sealed, md = self._writes.seal_put(self.codec, keys, ref, config, checkpoint, metadata,
                                            new_versions)
         saved = inner.put(self._io.config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
+        if self._writes.settle_due(ref):
+            self.services.touch(ref)
         return named_cfg(self._io.outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -285,6 +287,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         sealed = self._writes.seal_writes(self.codec, keys, ref, config, writes, task_id,
                                           optional.get("task_path", ""))
         inner.put_writes(self._io.config(ref, config), sealed, task_id, **optional)
+        if self._writes.settle_due(ref):
+            self.services.touch(ref)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread of the caller's tenant everywhere: checkpoints, writes, blobs, its
@@ -421,6 +425,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             new_versions)
         saved = await self._io.call("put", self._io.config(ref, config), sealed, md,
                                    new_versions)
+        if self._writes.settle_due(ref):
+            await to_thread(self.services.touch, ref)
         return named_cfg(self._io.outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -434,6 +440,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             self._writes.seal_writes, self.codec, keys, ref, config, writes, task_id, path)
         await self._io.call("put_writes", self._io.config(ref, config), sealed, task_id,
                            **optional)
+        if self._writes.settle_due(ref):
+            await to_thread(self.services.touch, ref)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Async twin of :meth:`delete_thread`; never blocks the event loop."""

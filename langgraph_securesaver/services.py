@@ -145,6 +145,12 @@ class SaverServices:
         last = self._touched.get((ref.tenant, ref.thread_id))
         return last is None or time.monotonic() - last >= self.activity_resolution
 
+    def touched_before(self, ref: ThreadRef, seconds: float) -> bool:
+        """Whether this process last touched the thread's registry row more than ``seconds``
+        ago (or never)."""
+        last = self._touched.get((ref.tenant, ref.thread_id))
+        return last is None or time.monotonic() - last > seconds
+
     def touch(self, ref: ThreadRef) -> None:
         self.registry.touch_thread(ref.tenant, ref.thread_id, policy=self.policy_for(ref.tenant))
         if len(self._touched) > 100_000:

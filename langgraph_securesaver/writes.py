@@ -12,7 +12,6 @@ the operations.
 from __future__ import annotations
 
 import builtins
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -113,16 +112,18 @@ class WritePath:
     @contextmanager
     def _activity(self, ref: ThreadRef) -> Iterator[None]:
         """Around the sealing of a write: the thread's registry row touched first when due
-        (see :meth:`seal_put`), and again after a seal slower than half the activity
-        resolution, so the write lands within the resolution of the recorded last activity
-        (what the audit summaries rely on, summaries.py)."""
-        touched = self.services.touch_due(ref)
-        started = time.monotonic()
-        if touched:
+        (see :meth:`seal_put`); :meth:`settle_due` after the inner saver's call."""
+        if self.services.touch_due(ref):
             self.services.touch(ref)
         yield
-        if touched and time.monotonic() - started > self.services.activity_resolution / 2:
-            self.services.touch(ref)
+
+    def settle_due(self, ref: ThreadRef) -> bool:
+        """After the inner saver stored a write: True when this process last touched the
+        thread more than half the activity resolution ago, so the caller touches it again.
+        Then every write is stored within the resolution of the recorded last activity, the
+        bound the audit summaries rely on (summaries.py): a slow seal or a database lock wait
+        cannot hide a write from them."""
+        return self.services.touched_before(ref, self.services.activity_resolution / 2)
 
     def seal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,

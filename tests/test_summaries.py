@@ -49,16 +49,23 @@ def _tenants(report) -> dict:
             for t in report.tenants}
 
 
-def _same_audit(url: str, ring: Keyring) -> None:
-    """The audit from summaries (without a refresh first) is the recount's."""
+def _same_audit(url: str, ring: Keyring, busy_tenant: str | None = None) -> None:
+    """The audit from summaries (without a refresh first) is the recount's. ``busy_tenant``:
+    another process is writing its threads right now, so the two audits, read one after the
+    other, may each see a different moment of them: that tenant is left out."""
     with SecureSaver.from_url(url, keyring=ring, redaction=None,
                               activity_resolution=RESOLUTION) as saver:
         now = time.time()
         fast = audit(saver, now=now, source="summaries")
         full = audit(saver, now=now, source="recount")
-        assert _threads(fast) == _threads(full)
-        assert _tenants(fast) == _tenants(full)
-        assert fast.age_bytes == full.age_bytes
+
+        def quiet(rows: dict) -> dict:
+            return {k: v for k, v in rows.items()
+                    if (k[0] if isinstance(k, tuple) else k) != busy_tenant}
+        assert quiet(_threads(fast)) == quiet(_threads(full))
+        assert quiet(_tenants(fast)) == quiet(_tenants(full))
+        if busy_tenant is None:
+            assert fast.age_bytes == full.age_bytes
 
 
 _WRITER = textwrap.dedent("""
@@ -136,7 +143,7 @@ def test_summaries_equal_a_recount_after_random_interleavings(
                 time.sleep(2 * RESOLUTION)
                 summaries.refresh(saver)
             if step % 15 == 14:
-                _same_audit(url, ring)
+                _same_audit(url, ring, busy_tenant="beta" if writer.poll() is None else None)
         saver.shred_tenant("gamma")
         assert writer.wait(timeout=300) == 0
         _same_audit(url, ring)
