@@ -262,23 +262,20 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             new_versions: ChannelVersions) -> RunnableConfig:
         """Store a checkpoint: redact, serialize and seal every channel value and the metadata,
         then hand the ciphertext to the inner saver. Returns the inner saver's config (with
-        ``tenant_id`` only when the caller's config had it).
-        """
+        ``tenant_id`` only when the caller's config had it)."""
         ref = self._gate.resolve_ref(config, "put")
         inner = self._io.sync("put")
         keys = self.services.tenant_keys(ref.tenant)
         sealed, md = self._writes.seal_put(self.codec, keys, ref, config, checkpoint, metadata,
                                            new_versions)
         saved = inner.put(self._io.config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
-        if self._writes.settle_due(ref):
-            self.services.touch(ref)
+        self._writes.settle(ref)
         return named_cfg(self._io.outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
         """Store a task's pending writes, each redacted and sealed, bound to its checkpoint,
-        task, task path and index.
-        """
+        task, task path and index."""
         ref = self._gate.resolve_ref(config, "put_writes")
         inner = self._io.sync("put_writes")
         keys = self.services.tenant_keys(ref.tenant)
@@ -287,13 +284,11 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         sealed = self._writes.seal_writes(self.codec, keys, ref, config, writes, task_id,
                                           optional.get("task_path", ""))
         inner.put_writes(self._io.config(ref, config), sealed, task_id, **optional)
-        if self._writes.settle_due(ref):
-            self.services.touch(ref)
+        self._writes.settle(ref)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread of the caller's tenant everywhere: checkpoints, writes, blobs, its
-        registry row, idempotency records and PII vault entries, with a content-free receipt.
-        """
+        registry row, idempotency records and PII vault entries, with a content-free receipt."""
         thread_id = thread_id_of(thread_id)
         tenant = self._gate.resolve_tenant("delete_thread", thread_id=str(thread_id))
         self._io.sync("delete_thread")
@@ -304,8 +299,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         (a ``runs_deleted`` event is recorded). A thread left without a checkpoint is marked
         ``emptied``; the retention sweep deletes it, key included, once it stayed empty and
         unwritten for its grace (docs/erasure.md): a run writing the same thread meanwhile
-        (LangGraph Server's rollback) keeps its checkpoints and key.
-        """
+        (LangGraph Server's rollback) keeps its checkpoints and key."""
         tenant = self._gate.resolve_tenant("delete_for_runs")
         run_ids = _str_list(run_ids, "run_ids")
         if not run_ids:
@@ -425,8 +419,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             new_versions)
         saved = await self._io.call("put", self._io.config(ref, config), sealed, md,
                                    new_versions)
-        if self._writes.settle_due(ref):
-            await to_thread(self.services.touch, ref)
+        await self._writes.asettle(ref)
         return named_cfg(self._io.outer(ref.tenant)(saved) or saved, config, ref.tenant)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -440,8 +433,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             self._writes.seal_writes, self.codec, keys, ref, config, writes, task_id, path)
         await self._io.call("put_writes", self._io.config(ref, config), sealed, task_id,
                            **optional)
-        if self._writes.settle_due(ref):
-            await to_thread(self.services.touch, ref)
+        await self._writes.asettle(ref)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Async twin of :meth:`delete_thread`; never blocks the event loop."""

@@ -29,6 +29,7 @@ from .crypto import TenantKeys
 from .errors import ConfigurationError
 from .gate import Denial
 from .inner_access import InnerAccess
+from .offthread import to_thread
 from .redaction.budget import write_scope
 from .seal import SealedCodec
 from .services import SaverServices
@@ -112,18 +113,22 @@ class WritePath:
     @contextmanager
     def _activity(self, ref: ThreadRef) -> Iterator[None]:
         """Around the sealing of a write: the thread's registry row touched first when due
-        (see :meth:`seal_put`); :meth:`settle_due` after the inner saver's call."""
+        (see :meth:`seal_put`); :meth:`settle` after the inner saver's call."""
         if self.services.touch_due(ref):
             self.services.touch(ref)
         yield
 
-    def settle_due(self, ref: ThreadRef) -> bool:
-        """After the inner saver stored a write: True when this process last touched the
-        thread more than half the activity resolution ago, so the caller touches it again.
-        Then every write is stored within the resolution of the recorded last activity, the
-        bound the audit summaries rely on (summaries.py): a slow seal or a database lock wait
-        cannot hide a write from them."""
-        return self.services.touched_before(ref, self.services.activity_resolution / 2)
+    def settle(self, ref: ThreadRef) -> None:
+        """After the inner saver stored a write: touch the thread again when this process last
+        touched it more than half the activity resolution ago. Then every write is stored
+        within the resolution of the recorded last activity, the bound the audit summaries
+        rely on (summaries.py): a slow seal or a database lock wait cannot hide a write."""
+        if self.services.touched_before(ref, self.services.activity_resolution / 2):
+            self.services.touch(ref)
+
+    async def asettle(self, ref: ThreadRef) -> None:
+        if self.services.touched_before(ref, self.services.activity_resolution / 2):
+            await to_thread(self.services.touch, ref)
 
     def seal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,

@@ -249,19 +249,21 @@ def test_ids_are_bounded_on_every_backend_and_nothing_is_half_done(url: str, mod
 def test_a_failed_registry_touch_is_retried_and_never_skipped(url: str, mode: str) -> None:
     def body(call: Any, saver: SecureSaver, graph: Any) -> None:
         real = saver.registry.touch_thread
-        calls = {"n": 0}
+        outage = {"on": True, "failed": 0}
 
         def flaky(*args: Any, **kwargs: Any) -> None:
-            calls["n"] += 1
-            if calls["n"] == 1:
+            if outage["on"]:   # the registry is down for the whole first turn
+                outage["failed"] += 1
                 raise RuntimeError("registry unavailable")
             real(*args, **kwargs)
 
         saver.registry.touch_thread = flaky  # type: ignore[method-assign]
         with pytest.raises(RuntimeError):
             call("invoke", {"messages": [HumanMessage("one")]}, _cfg("t", "acme"))
+        assert outage["failed"] >= 1
         assert saver.registry.get_thread("acme", "t") is None
         assert call("get_tuple", _cfg("t", "acme")) is None    # nothing stored unregistered
+        outage["on"] = False
         call("invoke", {"messages": [HumanMessage("two")]}, _cfg("t", "acme"))
         assert saver.registry.get_thread("acme", "t") is not None   # the touch was redone
 
