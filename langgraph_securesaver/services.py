@@ -142,8 +142,7 @@ class SaverServices:
     def touch_due(self, ref: ThreadRef) -> bool:
         """Whether the thread's registry row is due an update (only :meth:`touch`, after the
         update succeeded, marks it done: a failed touch is retried)."""
-        last = self._touched.get((ref.tenant, ref.thread_id))
-        return last is None or time.monotonic() - last >= self.activity_resolution
+        return self.touched_before(ref, self.activity_resolution)
 
     def touched_before(self, ref: ThreadRef, seconds: float) -> bool:
         """Whether this process last touched the thread's registry row more than ``seconds``
