@@ -61,35 +61,30 @@ class RegistryClaims:
     def claim_expired(self, *, now: float, owner: str, lease: float, limit: int,
                       tenant: str | None = None) -> list[ThreadRow]:
         """Atomically claim up to ``limit`` expired threads not claimed by a live pruner."""
-        wall = time.time()
-        token = uuid.uuid4().hex
-        candidates = sa.select(threads.c.tenant, threads.c.thread_id).where(
-            threads.c.expires_at <= now,
-            sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall),
-        ).order_by(threads.c.expires_at).limit(limit)
-        if tenant is not None:
-            candidates = candidates.where(threads.c.tenant == tenant)
-        if self.dialect == "postgresql":
-            candidates = candidates.with_for_update(skip_locked=True)
-        stmt = threads.update().where(
-            sa.tuple_(threads.c.tenant, threads.c.thread_id).in_(candidates)
-        ).values(claim_owner=owner, claim_token=token, claim_expires=wall + lease
-                 ).returning(*threads.c)
-        with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(stmt).mappings()]
+        return self._claim((threads.c.expires_at <= now,), threads.c.expires_at,
+                           owner=owner, lease=lease, limit=limit, tenant=tenant)
 
     def claim_emptied(self, *, cutoff: float, owner: str, lease: float, limit: int,
                       tenant: str | None = None) -> list[ThreadRow]:
         """Atomically claim up to ``limit`` threads ``delete_for_runs`` left empty
         (state ``emptied``), last active at or before ``cutoff``, not held and not claimed
         by a live pruner. The claim decides nothing: see :meth:`delete_emptied_claimed`."""
+        return self._claim((threads.c.state == "emptied", threads.c.last_activity <= cutoff,
+                            threads.c.legal_hold.is_(False)),
+                           threads.c.last_activity, owner=owner, lease=lease, limit=limit,
+                           tenant=tenant)
+
+    def _claim(self, conditions: tuple[Any, ...], order: Any, *, owner: str, lease: float,
+               limit: int, tenant: str | None) -> list[ThreadRow]:
+        """Claim up to ``limit`` threads matching ``conditions`` (ordered by ``order``) that no
+        live pruner holds: one UPDATE ... RETURNING (PostgreSQL: the candidates locked with
+        SKIP LOCKED, so concurrent pruners take disjoint sets)."""
         wall = time.time()
         token = uuid.uuid4().hex
         candidates = sa.select(threads.c.tenant, threads.c.thread_id).where(
-            threads.c.state == "emptied", threads.c.last_activity <= cutoff,
-            threads.c.legal_hold.is_(False),
+            *conditions,
             sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall),
-        ).order_by(threads.c.last_activity).limit(limit)
+        ).order_by(order).limit(limit)
         if tenant is not None:
             candidates = candidates.where(threads.c.tenant == tenant)
         if self.dialect == "postgresql":
