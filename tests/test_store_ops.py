@@ -207,3 +207,31 @@ def test_concurrent_calls_on_a_pooled_async_postgres_store(pg_url: str) -> None:
             store.saver.registry.dispose()
 
     asyncio.run(asyncio.wait_for(run(), timeout=300))
+
+
+def test_concurrent_calls_on_an_async_sqlite_store_beside_its_registry(tmp_path: Path) -> None:
+    """``afrom_url`` on a SQLite file (registry and vault in the same file, default settings):
+    many concurrent reads and writes, half of them with PII for the vault, all complete.
+    AsyncSqliteStore runs each batch as BEGIN, reads, writes; a registry or vault commit on
+    SecureStore's own connection in between used to fail the batch with "database is locked"
+    (the snapshot cannot become a writer) and surface it to every caller in that batch."""
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+
+    async def run() -> None:
+        async with SecureStore.afrom_url(url, keyring=Keyring.generate(),
+                                         default_tenant="acme") as store:
+            for round_ in range(3):
+                calls = []
+                for i in range(60):
+                    ns = ("users", f"u{i % 4}")
+                    value = ({"text": f"mail person{i}.r{round_}@example.org"} if i % 2
+                             else {"n": i})
+                    calls += [store.aput(ns, f"k{i}", value), store.aget(ns, f"k{i}"),
+                              store.asearch(("users",)),
+                              store.alist_namespaces(prefix=("users",)),
+                              store.adelete(ns, f"k{i - 1}")]
+                await asyncio.wait_for(asyncio.gather(*calls), timeout=120)
+            items = await store.asearch(("users",), limit=1000)
+            assert {i.key for i in items} >= {"k59"}
+
+    asyncio.run(run())

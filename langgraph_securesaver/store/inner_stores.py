@@ -3,7 +3,11 @@ async twins) on the database the SecureSaver of the pair uses."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, cast
 
@@ -18,6 +22,8 @@ from ..backends import (
     sqlite_path,
 )
 from ..errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 #: the store's SQLite connection: the saver's pragmas, and deleted or overwritten items
 #: zeroed in the file (not left in free pages for a copy of it to carve)
@@ -84,6 +90,49 @@ def _queued(inner: BaseStore) -> bool:
     return isinstance(inner, AsyncBatchedBaseStore)
 
 
+#: a SQLite store's batch that lost its snapshot to another connection's commit is retried
+#: this many times, after 10, 20, 40 ... ms
+SQLITE_BUSY_RETRIES = 8
+
+
+def _busy(exc: BaseException) -> bool:
+    """SQLite's SQLITE_BUSY / SQLITE_BUSY_SNAPSHOT ("database is locked").
+
+    The SQLite stores run every batch as ``BEGIN`` (deferred), the batch's reads, then its
+    writes. Alone on its file that is safe; beside SecureStore's registry and vault, which
+    commit on their own connection to the same file, a batch that read before the registry's
+    commit cannot upgrade to a writer and fails at once, whatever the busy timeout. SQLite's
+    answer is to run the transaction again: its statements are upserts, deletes and reads,
+    so running the batch again gives the result the caller asked for."""
+    return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
+
+
+def _with_retries(call: Callable[[], list[Result]]) -> list[Result]:
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or attempt == SQLITE_BUSY_RETRIES:
+                raise
+            logger.debug("store batch lost its SQLite snapshot; running it again (%d)", attempt)
+            time.sleep(0.01 * 2 ** attempt)
+            attempt += 1
+
+
+async def _awith_retries(call: Callable[[], Awaitable[list[Result]]]) -> list[Result]:
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or attempt == SQLITE_BUSY_RETRIES:
+                raise
+            logger.debug("store batch lost its SQLite snapshot; running it again (%d)", attempt)
+            await asyncio.sleep(0.01 * 2 ** attempt)
+            attempt += 1
+
+
 def inner_batch(inner: BaseStore, ops: list[Op]) -> list[Result]:
     """Run SecureStore's inner operations shaped as a raw caller's would be.
 
@@ -95,15 +144,18 @@ def inner_batch(inner: BaseStore, ops: list[Op]) -> list[Result]:
     concurrent inner batches, which the raw store never has in flight (on a PostgreSQL pool,
     TTL refreshes and writes in separate transactions then deadlock)."""
     if len(ops) == 1 and _queued(inner):
-        return [_one_op(inner, ops[0], "")]
-    return inner.batch(ops)
+        return _with_retries(lambda: [_one_op(inner, ops[0], "")])
+    return _with_retries(lambda: inner.batch(ops))
 
 
 async def ainner_batch(inner: BaseStore, ops: list[Op]) -> list[Result]:
     """:func:`inner_batch` for the async path."""
-    if len(ops) == 1 and _queued(inner):
+    async def one() -> list[Result]:
         return [await _one_op(inner, ops[0], "a")]
-    return await inner.abatch(ops)
+
+    if len(ops) == 1 and _queued(inner):
+        return await _awith_retries(one)
+    return await _awith_retries(lambda: inner.abatch(ops))
 
 
 def _one_op(inner: BaseStore, op: Op, prefix: str) -> Any:
