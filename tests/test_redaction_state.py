@@ -386,6 +386,37 @@ def test_restored_messages_are_private_copies() -> None:
     assert MOBILE not in fourth[1].content and EMAIL in fourth[1].content
 
 
+def test_owned_rereads_follow_each_reads_originals() -> None:
+    """A conversation read every turn (freshly loaded, restored in place) is restored from
+    the previous read's memo only while the message and its tokens' originals are the same:
+    an erasure between reads, a message edited in storage, or a longer history each give the
+    answer a cold redactor gives."""
+    r = Redactor()
+    history = conversation() + [HumanMessage(f"turn {i}", id=f"t{i}") for i in range(20)]
+    redacted, vault = r.redact_value(history, channel="messages", token_key=KEY)
+
+    def read(entries: list[VaultEntry], stored: list[Any] | None = None,
+             redactor: Redactor = r) -> list[Any]:
+        return redactor.restore_value(copy.deepcopy(stored or redacted),
+                                      vault_lookup(entries), owned=True)
+
+    cold = read(vault, redactor=Redactor())
+    assert MOBILE in cold[1].content and SECRET not in dump(cold)   # secrets stay masked
+    assert read(vault) == cold
+    assert read(vault) == cold and read(vault) == cold   # served from the memo
+    erased = [e for e in vault if e.kind != "CN_MOBILE"]
+    after_erasure = read(erased)
+    assert MOBILE not in dump(after_erasure) and EMAIL in after_erasure[1].content
+    assert after_erasure == read(erased, redactor=Redactor())
+    assert read(vault) == cold   # (an erasure is per read: the vault said what it holds)
+    edited = copy.deepcopy(redacted)
+    edited[1].content = edited[1].content.replace("我的邮箱是", "邮箱: ")
+    assert read(vault, edited)[1].content.startswith(f"邮箱: {EMAIL}")
+    assert read(vault, edited) == read(vault, edited, redactor=Redactor())
+    longer = redacted + [HumanMessage("later", id="later")]
+    assert read(vault, longer) == cold + [HumanMessage("later", id="later")]
+
+
 def test_json_documents_are_analyzed_in_batches_like_one_by_one() -> None:
     rows = [{"email": f"user{i}@example.com", "ip": f"10.0.{i}.1", "note": f"订单 2024{i:08d}",
              "parts": ["13812345", "678"], "split": ["a.b@example", ".com"], "n": i}

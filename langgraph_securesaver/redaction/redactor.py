@@ -333,54 +333,79 @@ class Redactor(BudgetedDetection, NumberRedaction):
             out = TOKEN_RE.sub(lambda m: replace(m, escape), s)
             return s if out == s else out
 
-        def on_message(msg: Any, depth: int) -> Any:
+        def restore_message(msg: Any, depth: int) -> tuple[Any, dict[str, str] | None]:
+            """(the restored message, the text fields it changed when only text changed)."""
             seen = dumps.get(id(msg))
             if seen is not None and seen[0] is msg:
                 dumped, found = seen[1], seen[2]
             else:
                 maybe = dump_message(msg)
                 if maybe is None:
-                    return walker.walk_message_guarded(msg, depth)
+                    return walker.walk_message_guarded(msg, depth), None
                 dumped, found = maybe, tokens_in_dump(maybe)
             if originals.keys().isdisjoint(found):
-                return msg  # nothing to put back in this message
+                return msg, {}  # nothing to put back in this message
             key = (type(msg), dumped, tuple(map(originals.get, found)))
             hit = self._restore_cache.get(key)
             if hit is not None and owned and hit[1] is not None:
                 msg.__dict__.update(hit[1])   # only text changed: in place, nothing to copy
-                return msg
+                return msg, hit[1]
             restored_dump = hit[0] if hit is not None else None
             if restored_dump is not None:  # rebuild a private copy (the graph may mutate it)
                 values, extra = marshal.loads(restored_dump)  # noqa: S302 - our own bytes
                 update = dict(zip(msg.__dict__, values, strict=True))
                 if extra:
                     update.update(extra)
-                    return msg.model_copy(update=update)
+                    return msg.model_copy(update=update), None
                 clone = copy.copy(msg)  # pydantic's __copy__: own __dict__, fields set, extras
                 clone.__dict__.update(update)
-                return clone
+                return clone, hit[1]
             restored = walker.walk_message_guarded(msg, depth)
             restored_dump = dump_message(restored)
+            changes = text_changes(msg, restored)
             if restored_dump is not None:
-                self._restore_cache.put(key, (restored_dump, text_changes(msg, restored)),
+                self._restore_cache.put(key, (restored_dump, changes),
                                         len(dumped) + 2 * len(restored_dump) + 256)
-            return restored
+            return restored, changes
+
+        def on_message(msg: Any, depth: int) -> Any:
+            return restore_message(msg, depth)[0]
 
         def on_message_list(messages: list[Any], depth: int) -> list[Any]:
-            found_per = self._tokens_per_message(messages)
-            if found_per is None:  # a message that marshal cannot copy: one at a time
-                out = [on_message(m, depth + 1) for m in messages]
-            else:
-                keys = originals.keys()
-                out = [m if keys.isdisjoint(found) else on_message(m, depth + 1)
-                       for m, found in zip(messages, found_per, strict=True)]
-            return messages if all(a is b for a, b in zip(out, messages, strict=True)) else out
+            per = self._tokens_per_message(messages)
+            if per is None:  # a message that marshal cannot copy: one at a time
+                each = [on_message(m, depth + 1) for m in messages]
+                return messages if all(a is b for a, b in zip(each, messages, strict=True)) \
+                    else each
+            found_per, memo = per
+            keys = originals.keys()
+            out: list[Any] | None = None  # a new list only once a message is replaced
+            for i, found in enumerate(found_per):
+                if not found or keys.isdisjoint(found):
+                    continue
+                msg = messages[i]
+                wanted = tuple(map(originals.get, found))
+                done = memo[i]
+                if owned and done is not None and done[0] == wanted:
+                    # equal to what was restored at this index last read, with the same
+                    # originals: the same text changes, applied without dumping it again
+                    msg.__dict__.update(done[1])
+                    continue
+                restored, changes = restore_message(msg, depth + 1)
+                if owned and changes is not None:
+                    memo[i] = (wanted, changes)
+                if restored is not msg:
+                    if out is None:
+                        out = list(messages)
+                    out[i] = restored
+            return messages if out is None else out
 
         walker = Walker(on_str, max_depth=self.policy.max_depth, on_message=on_message,
                         on_message_list=on_message_list)
         return walker.walk(value)
 
-    def _tokens_per_message(self, messages: list[Any]) -> list[list[str]] | None:
+    def _tokens_per_message(self, messages: list[Any]
+                            ) -> tuple[list[list[str]], list[Any]] | None:
         return tokens_per_message(self._list_cache, messages)
 
     # -- internals ---------------------------------------------------------------------------

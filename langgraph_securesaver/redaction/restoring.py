@@ -13,11 +13,17 @@ from .caches import Cache
 from .tokens import dump_message, tokens_in_dump
 
 
-def tokens_per_message(cache: Cache, messages: list[Any]) -> list[list[str]] | None:
+def tokens_per_message(cache: Cache, messages: list[Any]
+                       ) -> tuple[list[list[str]], list[Any]] | None:
     """The tokens in each message of a list (the ``messages`` channel read back), reusing
     the previous read's answers for the longest prefix whose fields equal a deep (marshal)
     snapshot taken then: a conversation read every turn is scanned only in its new tail.
-    None when some message cannot be snapshotted (the caller then checks each one)."""
+    None when some message cannot be snapshotted (the caller then checks each one).
+
+    With the tokens comes a memo aligned with the messages, kept with the snapshot: the
+    caller stores at index i what restoring message i changed, and the next read applies it
+    to a message equal to the snapshot's i-th without dumping it again. Entries past the
+    matched prefix start empty."""
     try:
         values = [(tuple(m.__dict__.values()), m.__pydantic_extra__) for m in messages]
     except AttributeError:
@@ -39,7 +45,7 @@ def tokens_per_message(cache: Cache, messages: list[Any]) -> list[list[str]] | N
                     break
                 prefix = i + 1
     if state is not None and prefix == len(values):
-        return list(state[1][:prefix])
+        return list(state[1][:prefix]), state[3]
     try:  # a private deep copy of the new tail: later in-place edits cannot match it
         tail_blob = marshal.dumps(values[prefix:], 0)
     except ValueError:
@@ -53,8 +59,10 @@ def tokens_per_message(cache: Cache, messages: list[Any]) -> list[list[str]] | N
     tail = marshal.loads(tail_blob)  # noqa: S302 - bytes this process just wrote
     snapshot = (list(state[0][:prefix]) if state is not None else []) + tail
     size = (state[2] if state is not None and prefix == len(state[0]) else 0) + len(tail_blob)
-    cache.put(key, (snapshot, found_per, size), size + 64)
-    return found_per
+    memo: list[Any] = (state[3][:prefix] if state is not None else []) + [None] * (
+        len(values) - prefix)
+    cache.put(key, (snapshot, found_per, size, memo), size + 64)
+    return found_per, memo
 
 
 def text_changes(msg: Any, restored: Any) -> dict[str, str] | None:
