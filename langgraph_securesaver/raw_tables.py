@@ -53,6 +53,11 @@ from .raw_sql import (
     WRITES_START,
     keyset_pages,
 )
+from .sealed_columns import (  # noqa: F401 - importable from here as before
+    SEALED_COLUMNS,
+    SealedColumn,
+    register_sealed_column,
+)
 from .strict_serde import StrictSerializer, inspect_msgpack
 from .tenancy import tenant_tag
 
@@ -602,33 +607,6 @@ def registry_rows(engine: Engine, table: RegistryTable, page: int = DEFAULT_PAGE
         if len(rows) < page:
             return
 
-
-@dataclass(frozen=True)
-class SealedColumn:
-    """A registry column holding tenant-key ciphertexts whose associated data is known, so
-    scans can authenticate it and re-encryption can rewrite it."""
-
-    table: str
-    column: str
-    tenant_column: str
-    aad: Callable[[Mapping[str, Any]], bytes]
-
-
-SEALED_COLUMNS: dict[tuple[str, str], SealedColumn] = {}
-
-
-def register_sealed_column(spec: SealedColumn) -> None:
-    """Companion stores call this for each sealed column they add (re-encrypted and verified
-    like the built-in ones)."""
-    SEALED_COLUMNS[(spec.table, spec.column)] = spec
-
-
-def _pii_vault_aad(row: Mapping[str, Any]) -> bytes:
-    from .pii_vault import _aad
-    return _aad(str(row["tenant"]), str(row["token"]))
-
-
-register_sealed_column(SealedColumn("securesaver_pii_vault", "sealed", "tenant", _pii_vault_aad))
 
 # wrapped by the key provider, not by a tenant data key: never a token
 WRAPPED_KEY_COLUMNS = frozenset({("securesaver_tenant_keys", "wrapped"),

@@ -114,7 +114,7 @@ def _register_sealed_columns() -> None:
     from typing import Any
 
     from ..crypto import associated_data
-    from ..raw_tables import SealedColumn, register_sealed_column
+    from ..sealed_columns import SealedColumn, register_sealed_column
 
     def col(table: str, column: str, aad: Any) -> None:
         register_sealed_column(SealedColumn(table, column, "tenant", aad))
