@@ -275,9 +275,18 @@ def test_sql_audit_counts_rows_securesaver_never_writes_like_the_walk_on_postgre
     _check_unsealed(pg_url, _PG_TAMPER, {None: 7, "acme": 5, "globex": 2})
 
 
+#: What the compliance commands (audit, events) never import on a database SecureSaver set up:
+#: the saver (LangGraph, LangChain), the redaction stack, the key providers' SDKs and the
+#: PostgreSQL driver (SQLite). A name covers its submodules. (pydantic is loaded: Typer >= 0.29
+#: converts option values with it.)
 _HEAVY = ("langchain_core", "langgraph.checkpoint.base", "langgraph.checkpoint.sqlite",
-          "langgraph.checkpoint.postgres", "presidio_analyzer", "spacy",
-          "langgraph_securesaver.saver")
+          "langgraph.checkpoint.postgres", "langgraph.graph", "langgraph.pregel",
+          "presidio_analyzer", "spacy", "langgraph_securesaver.saver",
+          "langgraph_securesaver.redaction", "boto3",
+          "botocore", "pkcs11", "psycopg")
+#: ``events`` reads the registry only: no LangGraph at all, no msgpack, no raw-table reader.
+_HEAVY_EVENTS = (*_HEAVY, "langgraph", "ormsgpack", "langgraph_securesaver.raw_tables",
+                 "langgraph_securesaver.strict_serde")
 _LOADED = """
 import json, sys
 from langgraph_securesaver.cli import app
@@ -286,7 +295,9 @@ try:
 except SystemExit:
     pass
 heavy = {heavy!r}
-print(json.dumps(sorted(m for m in sys.modules if m in heavy)), file=sys.stderr)
+print(json.dumps(sorted(m for m in sys.modules
+                        if any(m == h or m.startswith(h + ".") for h in heavy))),
+      file=sys.stderr)
 """
 
 
@@ -304,7 +315,8 @@ def _heavy_modules_loaded(args: list[str], cwd: Path,
 def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio(
         tmp_path: Path, redactor) -> None:
     """The compliance commands read the registry's engine only: importing the CLI and running
-    them loads neither the saver (LangGraph, LangChain) nor the redaction stack."""
+    them loads neither the saver (LangGraph, LangChain) nor the redaction stack, in every
+    output format, for one tenant or all."""
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     loaded, out = _heavy_modules_loaded(["audit", "--url", url, "--format", "json"], tmp_path)
@@ -313,9 +325,20 @@ def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio
         expected = audit(saver).as_dict()
     assert [t["thread_id"] for t in json.loads(out)["threads"]] == [
         t["thread_id"] for t in expected["threads"]]
-    loaded, out = _heavy_modules_loaded(["events", "--url", url, "--format", "json"], tmp_path)
+    loaded, out = _heavy_modules_loaded(["events", "--url", url, "--format", "json"], tmp_path,
+                                        _HEAVY_EVENTS)
     assert loaded == [] and json.loads(out)
-    loaded, _ = _heavy_modules_loaded(["--help"], tmp_path)
+    for args in (["audit", "--url", url, "--tenant", "acme"], ["audit", "--url", url],
+                 ["audit", "--url", url, "--tenant", "globex", "--format", "json"]):
+        loaded, out = _heavy_modules_loaded(args, tmp_path)
+        assert loaded == [], args
+        assert ("g-expired" if "globex" in args else "t-pii") in out, args
+    for args in (["events", "--url", url, "--tenant", "acme"],
+                 ["events", "--url", url, "--tenant", "acme", "--since", "7d", "--limit", "5",
+                  "--kind", "receipt", "--format", "json"]):
+        loaded, out = _heavy_modules_loaded(args, tmp_path, _HEAVY_EVENTS)
+        assert loaded == [] and out, args
+    loaded, _ = _heavy_modules_loaded(["--help"], tmp_path, _HEAVY_EVENTS)
     assert loaded == []
 
 
