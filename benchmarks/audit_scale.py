@@ -126,7 +126,7 @@ FROM generate_series(1, %(receipts)s) AS r
 def mac_rows(saver: SecureSaver, conn: psycopg.Connection) -> None:
     """Give the bulk-inserted thread rows the registry MACs touch_thread would have written
     (the pruner refuses rows without them): computed here, written in one UPDATE."""
-    from langgraph_securesaver import integrity as mac
+    from langgraph_securesaver.registry import integrity as mac
     integ = saver.registry.integrity
     integ.require()
     cols = ("tenant", "thread_id", "created_at", "last_activity", "idle_ttl", "max_age",
@@ -300,7 +300,7 @@ def _neighbours(n: int) -> Iterator[None]:
 def _build_summaries(saver: SecureSaver) -> None:
     """The bulk build bypassed SecureSaver: build the audit summaries as ``setup()`` does on a
     database written by an older version (forget that they were built, then set up)."""
-    from langgraph_securesaver import summaries
+    from langgraph_securesaver.audit import summaries
     with saver.registry.begin() as conn:
         conn.exec_driver_sql("DELETE FROM securesaver_meta WHERE key = 'summaries_built_at'")
     start = time.perf_counter()
@@ -312,7 +312,7 @@ def _build_summaries(saver: SecureSaver) -> None:
 
 
 def _time_recount(saver: SecureSaver, one: str, now: float) -> None:
-    from langgraph_securesaver.audit import audit_stream
+    from langgraph_securesaver.audit.inventory import audit_stream
     with open(os.devnull, "w") as sink:
         start = time.perf_counter()
         audit_stream(saver, sink, tenant=one, now=now, source="recount")
@@ -325,7 +325,7 @@ def _time_recount(saver: SecureSaver, one: str, now: float) -> None:
 
 
 def _reuse(args: argparse.Namespace) -> int:
-    from langgraph_securesaver.keyring import NoKeys
+    from langgraph_securesaver.keys.keyring import NoKeys
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
           f"on {os.cpu_count()} cores")
@@ -338,7 +338,7 @@ def _reuse(args: argparse.Namespace) -> int:
 
 
 def _time_audits(saver: SecureSaver, url: str, one: str, now: float, repeat: int) -> bool:
-    from langgraph_securesaver.audit import audit_stream, events
+    from langgraph_securesaver.audit.inventory import audit_stream, events
     runs: dict[str, list[float]] = {}
     rss: dict[str, list[float]] = {}
     commands = {
@@ -379,8 +379,8 @@ def _time_audits(saver: SecureSaver, url: str, one: str, now: float, repeat: int
 def _time_previous(saver: SecureSaver, names: list[str], one: str, now: float) -> None:
     """The code paths this benchmark replaced, on the same data in the same run: the Python
     walk of every raw row (audit) and one transaction + receipt per thread (prune)."""
-    from langgraph_securesaver.audit import _audit_walk, audit_stream
-    from langgraph_securesaver.pruner import Sweep
+    from langgraph_securesaver.audit.inventory import _audit_walk, audit_stream
+    from langgraph_securesaver.ops.pruner import Sweep
     start = time.perf_counter()
     _audit_walk(saver, saver.registry.tenants(), one, now, None)
     walk = time.perf_counter() - start

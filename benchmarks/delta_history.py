@@ -81,7 +81,7 @@ def raw_and_secure(backend: str, workdir: Path) -> Iterator[tuple[BaseCheckpoint
     if backend == "sqlite":
         from langgraph.checkpoint.sqlite import SqliteSaver
 
-        from langgraph_securesaver.backends import connect_sqlite
+        from langgraph_securesaver.storage.backends import connect_sqlite
         conn = connect_sqlite(str(workdir / f"raw-{uuid.uuid4().hex}.db"))
         raw = SqliteSaver(conn)
         raw.setup()
@@ -96,7 +96,7 @@ def raw_and_secure(backend: str, workdir: Path) -> Iterator[tuple[BaseCheckpoint
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg_pool import ConnectionPool
 
-    from langgraph_securesaver.backends import libpq_url, postgres_connection_kwargs
+    from langgraph_securesaver.storage.backends import libpq_url, postgres_connection_kwargs
     schema = "bench_" + uuid.uuid4().hex[:10]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')

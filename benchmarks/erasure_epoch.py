@@ -19,10 +19,10 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from langgraph_securesaver import Keyring
-from langgraph_securesaver.crypto import THREAD, KeyManager, thread_key_context
-from langgraph_securesaver.registry import Registry
-from langgraph_securesaver.registry_schema import thread_keys
-from langgraph_securesaver.thread_keys import ThreadKeyStore
+from langgraph_securesaver.keys.crypto import THREAD, KeyManager, thread_key_context
+from langgraph_securesaver.registry.core import Registry
+from langgraph_securesaver.registry.schema import thread_keys
+from langgraph_securesaver.registry.thread_keys import ThreadKeyStore
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -34,7 +34,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 
 try:  # absent before the worker pool existed (the script also runs against older builds)
     from langgraph_securesaver.redaction.pool import shared_pool
@@ -270,7 +270,7 @@ async def conversations(make_saver: Callable[[], Any], n: int, turns: int) -> fl
 async def run_concurrent(n: int, turns: int, rounds: int) -> None:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    from langgraph_securesaver.backends import libpq_url
+    from langgraph_securesaver.storage.backends import libpq_url
 
     @asynccontextmanager
     async def raw() -> AsyncIterator[Any]:

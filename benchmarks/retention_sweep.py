@@ -19,7 +19,7 @@ import uuid
 import psycopg
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver import integrity as mac
+from langgraph_securesaver.registry import integrity as mac
 from langgraph_securesaver.tenancy import thread_prefix
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -39,7 +39,7 @@ def mac_rows(saver: SecureSaver) -> None:
     without them), as touch_thread would have."""
     import sqlalchemy as sa
 
-    from langgraph_securesaver.registry import threads
+    from langgraph_securesaver.registry.core import threads
     integ = saver.registry.integrity
     integ.require()
     with saver.registry.engine.begin() as conn:

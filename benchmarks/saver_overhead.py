@@ -33,8 +33,12 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.backends import connect_sqlite, libpq_url, postgres_connection_kwargs
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.storage.backends import (
+    connect_sqlite,
+    libpq_url,
+    postgres_connection_kwargs,
+)
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -99,11 +103,11 @@ def new_provider():
     """The key provider of a SecureSaver variant: a fresh keyring, the KMS alias, or the
     PKCS#11 key."""
     if _PKCS11_URL is not None:
-        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
         return Pkcs11KeyProvider.from_url(_PKCS11_URL)
     if _KMS_ALIAS is None:
         return Keyring.generate()
-    from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+    from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
     return AwsKmsKeyProvider(_KMS_ALIAS)
 
 
@@ -143,7 +147,7 @@ def softhsm_token() -> Iterator[None]:
     global _PKCS11_URL
     import subprocess
 
-    from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+    from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
     module = next(p for p in ("/usr/lib/softhsm/libsofthsm2.so",
                               "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so")
                   if os.path.exists(p))

@@ -96,8 +96,8 @@ async def handler_cost(redaction: bool, calls: int, workdir: Path) -> float:
     from langgraph_sdk import EncryptionContext
 
     from langgraph_securesaver import Keyring
-    from langgraph_securesaver.server import ServerSettings
-    from langgraph_securesaver.server_encryption import ServerEncryption
+    from langgraph_securesaver.server.encryption import ServerEncryption
+    from langgraph_securesaver.server.saver import ServerSettings
     settings = ServerSettings(url=f"sqlite:///{workdir / f'h{redaction}.db'}",
                               keyring=Keyring.generate(), redaction=redaction)
     with warnings.catch_warnings():

@@ -26,7 +26,7 @@ from typing import Any
 from langgraph.store.base import BaseStore
 
 from langgraph_securesaver import Keyring, SecureStore
-from langgraph_securesaver.backends import SQLITE_FILE_PRAGMAS, libpq_url
+from langgraph_securesaver.storage.backends import SQLITE_FILE_PRAGMAS, libpq_url
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 VARIANTS = ("raw", "securestore", "securestore_redaction")

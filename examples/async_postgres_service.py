@@ -22,7 +22,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
 from langgraph_securesaver import Keyring, KeyringMismatch, SecureSaver, tenant_scope
-from langgraph_securesaver.demo import ScriptedChatModel, example_workspace
+from langgraph_securesaver.cli.demo import ScriptedChatModel, example_workspace
 
 model = ScriptedChatModel()
 

@@ -17,7 +17,7 @@ Run:  python examples/key_rotation.py
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import build_chat_graph, example_workspace
+from langgraph_securesaver.cli.demo import build_chat_graph, example_workspace
 
 
 def main() -> None:

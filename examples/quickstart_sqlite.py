@@ -15,7 +15,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import (
+from langgraph_securesaver.cli.demo import (
     ScriptedChatModel,  # a chat model that needs no API key
     example_workspace,
 )

@@ -21,7 +21,7 @@ from langchain_core.tools import tool
 from langgraph.prebuilt import create_react_agent
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.demo import example_workspace
+from langgraph_securesaver.cli.demo import example_workspace
 from langgraph_securesaver.idempotency import current_idempotency_key, idempotent_tool_node
 
 SENT: list[str] = []            # what the outside world saw

@@ -26,7 +26,7 @@ from langgraph.prebuilt import InjectedStore, create_react_agent
 from langgraph.store.base import BaseStore
 
 from langgraph_securesaver import Keyring, tenant_scope
-from langgraph_securesaver.demo import example_workspace
+from langgraph_securesaver.cli.demo import example_workspace
 from langgraph_securesaver.store import secure_pair
 
 FACT = "prefers invoices by e-mail to mo.rahimi@example.net, never on Fridays"

@@ -22,7 +22,7 @@ import time
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import RetentionPolicy, SecureSaver, tenant_scope
-from langgraph_securesaver.demo import build_chat_graph, example_workspace
+from langgraph_securesaver.cli.demo import build_chat_graph, example_workspace
 
 DAY = 86400.0
 

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.demo import ScriptedChatModel, example_workspace
+from langgraph_securesaver.cli.demo import ScriptedChatModel, example_workspace
 
 TOKENS = {"token-acme": "acme", "token-globex": "globex"}   # your identity provider, really
 # where the served app keeps its data (kept between runs, with its keyring beside it);

@@ -3,7 +3,6 @@
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .crypto import TenantKeys
     from .errors import (
         AccessDenied,
         AsyncOnlySaverError,
@@ -29,9 +28,10 @@ if TYPE_CHECKING:
         recover_stalled,
         run_once,
     )
-    from .keyring import KeyProvider, Keyring, WrappedKey
+    from .keys.crypto import TenantKeys
+    from .keys.keyring import KeyProvider, Keyring, WrappedKey
     from .ops.subjects import SubjectErasure
-    from .registry import Registry
+    from .registry.core import Registry
     from .retention import PruneReport, RetentionPolicy
     from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
     from .store import SecureStore
@@ -43,7 +43,7 @@ __version__ = "0.1.0"
 # audit -- does not pay for LangGraph, LangChain and SQLAlchemy unless it uses them (the
 # idempotency API alone pulls in langgraph.prebuilt, which doubles the import time).
 _EXPORTS: dict[str, str] = {
-    "TenantKeys": "crypto",
+    "TenantKeys": "keys.crypto",
     **dict.fromkeys(("AccessDenied", "AsyncOnlySaverError", "ConfigurationError",
                      "DeltaChannelPruneError", "KeyringMismatch", "KeyringRequired",
                      "SecureSaverError", "TamperedDataError", "TenantRequired",
@@ -53,8 +53,8 @@ _EXPORTS: dict[str, str] = {
                      "IdempotentToolCalls", "arecover_stalled", "current_idempotency_key",
                      "idempotent", "is_replaying", "mark_recoverable", "recover_stalled",
                      "run_once"), "idempotency"),
-    **dict.fromkeys(("KeyProvider", "Keyring", "WrappedKey"), "keyring"),
-    "Registry": "registry",
+    **dict.fromkeys(("KeyProvider", "Keyring", "WrappedKey"), "keys.keyring"),
+    "Registry": "registry.core",
     **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
     **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),
     "SecureStore": "store",

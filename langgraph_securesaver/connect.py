@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .errors import KeyringRequired
-from .key_urls import is_provider_url, provider_from_url
-from .keyring import KeyProvider, Keyring
+from .keys.keyring import KeyProvider, Keyring
+from .keys.urls import is_provider_url, provider_from_url
 from .offthread import to_thread
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class UrlConstructors:
         Raises:
             KeyringMismatch: the database was created with another keyring.
         """
-        from .backends import open_sync_inner
+        from .storage.backends import open_sync_inner
         keyring = _keyring_of(keyring)     # refused before the database is opened
         with open_sync_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(
@@ -113,7 +113,7 @@ class UrlConstructors:
         """Async twin of :meth:`from_url`: ``AsyncSqliteSaver`` (``aiosqlite``) or
         ``AsyncPostgresSaver`` inside, set up without blocking the event loop; the same
         parameters."""
-        from .backends import open_async_inner
+        from .storage.backends import open_async_inner
         keyring = await to_thread(_keyring_of, keyring)
         async with open_async_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(

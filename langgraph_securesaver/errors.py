@@ -18,7 +18,7 @@ class ConfigurationError(SecureSaverError, ValueError):
     """The saver was built with missing or contradictory settings."""
 
 
-#: Where a keyring is read from when none is passed. Defined here, not in :mod:`.keyring`, so
+#: Where a keyring is read from when none is passed. Defined here, not in :mod:`.keys.keyring`, so
 #: that the CLI can name it in its help without loading ``cryptography``.
 ENV_VAR = "SECURESAVER_MASTER_KEY"
 

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 
-from .denials import log_for
 from .errors import AccessDenied, ConfigurationError, TenantRequired
 from .offthread import to_thread
-from .registry import Registry
+from .registry.core import Registry
+from .registry.denials import log_for
 from .run_tenants import RunTenants, run_of
 from .tenancy import (
     ThreadRef,
@@ -215,7 +215,8 @@ class TenantGate:
         either way. The first attempt of an (actor, target, operation) is written at once
         (retried; if it cannot be, the error says so and it is kept for the next summary);
         further attempts within the window are counted into one summary event (see
-        :mod:`.denials`), so a flood cannot take the target's chain head on every attempt."""
+        :mod:`.registry.denials`), so a flood cannot take the target's chain head on every
+        attempt."""
         thread_id = denial.thread_id
         if thread_id is not None:
             try:   # an id no column could hold is left out, never the event

@@ -72,7 +72,7 @@ def locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,
     if inner is None:
         return None
     try:
-        from .raw_tables import raw_tables_for
+        from .storage.raw_tables import raw_tables_for
         return raw_tables_for(inner).locate_refused(thread_id, ns, checkpoint_id)
     except Exception:  # naming the row is best effort; the refusal stands
         logger.debug("could not locate the refused row", exc_info=True)

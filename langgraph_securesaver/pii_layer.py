@@ -6,8 +6,8 @@ tokens are restored for the owning tenant only.
 
 The redactor tokenizes with a keyed HMAC of each value (deterministic, so its caches work and
 no key or vault reaches its worker processes); this layer then swaps each HMAC for the random
-public token of the value's vault entry (:meth:`.pii_vault.PiiVault.resolve`) before anything
-is sealed: what storage holds is not a function of the value, so erasing the entry leaves
+public token of the value's vault entry (:meth:`.registry.pii_vault.PiiVault.resolve`) before
+anything is sealed: what storage holds is not a function of the value, so erasing the entry leaves
 nothing that confirms a guess of it. Companion stores (idempotency results,
 recovery records) use :meth:`PiiLayer.redact_for_store` / :meth:`PiiLayer.restore_for_store`.
 
@@ -23,13 +23,13 @@ from typing import Any
 
 from langgraph.checkpoint.base import CheckpointTuple
 
-from .crypto import TenantKeys
-from .keymaterial import SecretBytes
+from .keys.crypto import TenantKeys
+from .keys.material import SecretBytes
 from .offthread import to_thread
-from .pii_vault import PiiVault
 from .redaction.budget import current_spend
 from .redaction.translate import TokenTranslator
-from .storage_ops import DELTA_METADATA_KEYS
+from .registry.pii_vault import PiiVault
+from .storage.ops import DELTA_METADATA_KEYS
 
 # metadata keys LangGraph itself writes (ids, counters, delta-channel bookkeeping): not redacted
 METADATA_KEPT: frozenset[str] = frozenset(

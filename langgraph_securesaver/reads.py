@@ -25,10 +25,10 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, DeltaChannelHistory
 
-from .crypto import TenantKeys
 from .errors import TamperedDataError
 from .gate import Denial, DeniedError
 from .inner_access import InnerAccess
+from .keys.crypto import TenantKeys
 from .listing import (
     ARows,
     aclosing,

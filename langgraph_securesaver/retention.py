@@ -11,8 +11,8 @@ final step (receipt + registry row delete) is one transaction fenced by the clai
 thread is deleted and receipted exactly once. A pruner killed mid-way leaves claimed rows whose
 lease expires; the next sweep takes them over and finishes idempotently.
 
-Tamper evidence (see :mod:`langgraph_securesaver.integrity`): thread rows carry MACs over their
-retention fields and their last activity, and the sweep acts on those fields only. It
+Tamper evidence (see :mod:`langgraph_securesaver.registry.integrity`): thread rows carry MACs over
+their retention fields and their last activity, and the sweep acts on those fields only. It
 recomputes each claimed thread's expiry from them; ``expires_at`` is just the index that finds
 candidates. A row whose MACs do not verify, or whose ``expires_at`` is earlier than its MACed
 fields imply, is reported as an error and never deleted, which is why a sweep needs the

@@ -32,15 +32,15 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from . import summaries
+from .audit import summaries
 from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
-from .crypto import KeyManager
 from .errors import (
     ConfigurationError,
 )
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .inner_access import InnerAccess
-from .keyring import KeyProvider
+from .keys.crypto import KeyManager
+from .keys.keyring import KeyProvider
 from .listing import (
     ARows,
     aiter_rows,
@@ -54,9 +54,10 @@ from .ops import copying, threads
 from .ops.api import SaverOperations
 from .ops.subjects import copy_subject
 from .pii_layer import METADATA_CHANNEL, PiiLayer  # noqa: F401 - METADATA_CHANNEL re-exported
-from .pii_vault import PiiVault
 from .reads import ReadPath
-from .registry import Registry
+from .registry.core import Registry
+from .registry.pii_vault import PiiVault
+from .registry.thread_keys import ThreadKeyStore
 from .retention import RetentionPolicy
 from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
     BLIND_INDEX_PREFIX,
@@ -68,15 +69,14 @@ from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
 )
 from .services import SaverServices
 from .steps import arun_steps, run_steps
-from .storage_ops import DELTA_METADATA_KEYS, ops_for
-from .strict_serde import install_strict_serde
+from .storage.ops import DELTA_METADATA_KEYS, ops_for
+from .storage.strict_serde import install_strict_serde
 from .tenancy import (
     current_tenant_scope,
     thread_prefix,
     validate_tenant,
     validate_thread_id,
 )
-from .thread_keys import ThreadKeyStore
 from .writes import WritePath
 
 logger = logging.getLogger(__name__)

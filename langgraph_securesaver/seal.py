@@ -25,9 +25,9 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from .crypto import TenantKeys, associated_data, from_text, to_text
 from .errors import TamperedDataError, UnsupportedFilterError
-from .storage_ops import DELTA_METADATA_KEYS
+from .keys.crypto import TenantKeys, associated_data, from_text, to_text
+from .storage.ops import DELTA_METADATA_KEYS
 from .tenancy import ThreadRef
 
 SEALED_METADATA_KEY = "__securesaver__"

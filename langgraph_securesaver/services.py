@@ -21,19 +21,19 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .caches import TokenCache
-from .crypto import KeyManager, TenantKeys
 from .errors import ConfigurationError, TamperedDataError
 from .gate import TenantGate
-from .keyring import KeyProvider
+from .keys.crypto import KeyManager, TenantKeys
+from .keys.keyring import KeyProvider
 from .offthread import to_thread
 from .pii_layer import PiiLayer
-from .pii_vault import PiiVault
-from .registry import Registry
+from .registry.core import Registry
+from .registry.pii_vault import PiiVault
+from .registry.subjects import SubjectLabels
+from .registry.thread_keys import ThreadKeyStore
 from .retention import DEFAULT_POLICY_KEY, RetentionPolicy
-from .storage_ops import StorageOps
-from .subjects import SubjectLabels
+from .storage.ops import StorageOps
 from .tenancy import ThreadRef
-from .thread_keys import ThreadKeyStore
 
 if TYPE_CHECKING:
     from .seal import SealedCodec
@@ -103,7 +103,7 @@ class SaverServices:
             self.keys.keys_for, tenant, create=False)
 
     async def arequire_keys(self, tenant: str) -> TenantKeys:
-        """:meth:`.crypto.KeyManager.require` off the event loop: the keys of a tenant whose
+        """:meth:`.keys.crypto.KeyManager.require` off the event loop: the keys of a tenant whose
         stored rows are being read, or the TamperedDataError that says they are gone."""
         cached = self.keys.cached(tenant)
         return cached if cached is not None else await to_thread(

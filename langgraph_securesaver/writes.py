@@ -25,10 +25,10 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .crypto import TenantKeys
 from .errors import ConfigurationError
 from .gate import Denial
 from .inner_access import InnerAccess
+from .keys.crypto import TenantKeys
 from .offthread import to_thread
 from .redaction.budget import write_scope
 from .seal import SealedCodec
@@ -122,7 +122,7 @@ class WritePath:
         """After the inner saver stored a write: touch the thread again when this process last
         touched it more than half the activity resolution ago. Then every write is stored
         within the resolution of the recorded last activity, the bound the audit summaries
-        rely on (summaries.py): a slow seal or a database lock wait cannot hide a write."""
+        rely on (audit/summaries.py): a slow seal or a database lock wait cannot hide a write."""
         if self.services.touched_before(ref, self.services.activity_resolution / 2):
             self.services.touch(ref)
 

@@ -19,9 +19,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.crypto import TenantKeys
 from langgraph_securesaver.idempotency import Claim, IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint
+from langgraph_securesaver.keys.crypto import TenantKeys
 from langgraph_securesaver.tenancy import inner_thread_id
 
 TENANT = "acme"

@@ -177,7 +177,7 @@ def key_provider(request: pytest.FixtureRequest) -> object:
     if request.param == "keyring":
         return Keyring.generate()
     if request.param == "pkcs11":
-        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
         return Pkcs11KeyProvider.from_url(request.getfixturevalue("pkcs11_url"))
-    from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+    from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
     return AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))

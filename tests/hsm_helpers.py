@@ -101,7 +101,7 @@ class SoftHsm:
 
     def new_key_url(self, token: str = TOKEN) -> str:
         """Create a new AES key (a label of its own) in ``token``; its URL."""
-        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
         label = "k-" + uuid.uuid4().hex[:12]
         Pkcs11KeyProvider.create(token, label, module=self.module, pin_env=PIN_VAR)
         return self.url(label, token=token)

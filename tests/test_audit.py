@@ -12,19 +12,14 @@ import pytest
 from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
-from langgraph_securesaver import (
-    AccessDenied,
-    Keyring,
-    SecureSaver,
-    cli_ops,  # noqa: F401  (registers the commands)
-    tenant_scope,
-)
-from langgraph_securesaver import cli as cli_module
-from langgraph_securesaver.audit import AGE_BUCKETS, audit, events
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.cli_ops import parse_when
-from langgraph_securesaver.crypto import THREAD_KEY_VERSION
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
+from langgraph_securesaver.audit.inventory import AGE_BUCKETS, audit, events
+from langgraph_securesaver.cli import main as cli_module
+from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.cli.ops import parse_when
+from langgraph_securesaver.keys.crypto import THREAD_KEY_VERSION
 
 runner = CliRunner()
 EMAIL = "li.na@example.com"

@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 
 from langgraph_securesaver import SecureSaver, tenant_scope
-from langgraph_securesaver.audit import _audit_walk, audit, iter_audit
-from langgraph_securesaver.crypto import THREAD_KEY_VERSION
-from langgraph_securesaver.keyring import NoKeys
+from langgraph_securesaver.audit.inventory import _audit_walk, audit, iter_audit
+from langgraph_securesaver.keys.crypto import THREAD_KEY_VERSION
+from langgraph_securesaver.keys.keyring import NoKeys
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
 
@@ -257,7 +257,7 @@ def test_a_truncated_text_token_names_its_header_version(pg_url: str, redactor) 
 def test_odd_sealed_metadata_on_sqlite(tmp_path: Path, redactor) -> None:
     """SQLite's statement: the text token's prefix is matched case-sensitively (LIKE is not),
     and a string that is no token's head is counted, as in the walk."""
-    from langgraph_securesaver.crypto import from_text, to_text
+    from langgraph_securesaver.keys.crypto import from_text, to_text
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     md = "json_set(CAST(metadata AS TEXT), '$.__securesaver__', json(:v))"
@@ -373,7 +373,7 @@ def _report_after(url: str, redactor, *edits: str, **params: Any) -> tuple[dict[
     database, and its streamed JSON."""
     import io
 
-    from langgraph_securesaver.audit import audit_stream
+    from langgraph_securesaver.audit.inventory import audit_stream
     build(url, redactor)
     with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:
@@ -450,7 +450,7 @@ def test_registry_times_that_are_no_date_on_postgres(pg_url: str, tmp_path: Path
 def _odd_registry_times(url: str, tmp_path: Path, redactor, value: float) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli.main import app
     report, streamed = _report_after(
         url, redactor, "UPDATE securesaver_threads SET created_at = :v, last_activity = :v, "
         "expires_at = :v WHERE thread_id = 't-plain'", v=value)
@@ -535,7 +535,7 @@ def test_awkward_tenants_and_thread_ids_and_a_non_c_collation(pg_url: str, redac
     (code points), whichever tenant is asked for."""
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.demo import build_chat_graph
+    from langgraph_securesaver.cli.demo import build_chat_graph
     ring = build(pg_url, redactor)
     with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:

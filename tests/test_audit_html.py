@@ -19,15 +19,11 @@ import pytest
 from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
-from langgraph_securesaver import (
-    Keyring,
-    SecureSaver,
-    cli_ops,  # noqa: F401  (registers the commands)
-    tenant_scope,
-)
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.report_html import PALETTE
+from langgraph_securesaver import Keyring, SecureSaver, tenant_scope
+from langgraph_securesaver.audit.report_html import PALETTE
+from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.cli.main import app
 
 runner = CliRunner()
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -19,13 +19,13 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver import cli as cli_module
-from langgraph_securesaver.audit import _audit_walk, audit, audit_stream, iter_audit
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.keyring import NoKeys
-from langgraph_securesaver.pruner import shares_database
-from langgraph_securesaver.registry import LATER_INDEXES, normalize_url
-from langgraph_securesaver.report_html import write_html
+from langgraph_securesaver.audit.inventory import _audit_walk, audit, audit_stream, iter_audit
+from langgraph_securesaver.audit.report_html import write_html
+from langgraph_securesaver.cli import main as cli_module
+from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.keys.keyring import NoKeys
+from langgraph_securesaver.ops.pruner import shares_database
+from langgraph_securesaver.registry.core import LATER_INDEXES, normalize_url
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
 
@@ -285,11 +285,11 @@ _HEAVY = ("langchain_core", "langgraph.checkpoint.base", "langgraph.checkpoint.s
           "langgraph_securesaver.redaction", "boto3",
           "botocore", "pkcs11", "psycopg")
 #: ``events`` reads the registry only: no LangGraph at all, no msgpack, no raw-table reader.
-_HEAVY_EVENTS = (*_HEAVY, "langgraph", "ormsgpack", "langgraph_securesaver.raw_tables",
-                 "langgraph_securesaver.strict_serde")
+_HEAVY_EVENTS = (*_HEAVY, "langgraph", "ormsgpack", "langgraph_securesaver.storage.raw_tables",
+                 "langgraph_securesaver.storage.strict_serde")
 _LOADED = """
 import json, sys
-from langgraph_securesaver.cli import app
+from langgraph_securesaver.cli.main import app
 try:
     app(sys.argv[1:], standalone_mode=False)
 except SystemExit:
@@ -342,7 +342,7 @@ def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio
     assert loaded == []
 
 
-_STARTUP = ("pydantic", "cryptography", "langgraph_securesaver.keyring", "rich.table")
+_STARTUP = ("pydantic", "cryptography", "langgraph_securesaver.keys.keyring", "rich.table")
 
 
 def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, redactor) -> None:
@@ -355,7 +355,7 @@ def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, red
     assert loaded == []                     # plain help (rich_markup_mode=None): no rich table
     for command in ("events", "audit", "keygen"):
         loaded, out = _heavy_modules_loaded([command, "--help"], tmp_path, _STARTUP)
-        assert "cryptography" not in loaded and "langgraph_securesaver.keyring" not in loaded
+        assert "cryptography" not in loaded and "langgraph_securesaver.keys.keyring" not in loaded
         assert "--help" in out
     for command in ("audit", "events"):
         loaded, out = _heavy_modules_loaded([command, "--url", url, "--format", "json"],
@@ -384,8 +384,8 @@ def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(
 def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
         tmp_path: Path, redactor) -> None:
     from langgraph_securesaver import AccessDenied, tenant_scope
-    from langgraph_securesaver.audit import AuditDatabase, events
-    from langgraph_securesaver.registry import Registry
+    from langgraph_securesaver.audit.inventory import AuditDatabase, events
+    from langgraph_securesaver.registry.core import Registry
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     registry = Registry(url)
@@ -410,7 +410,7 @@ def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
 def test_thread_json_is_json_dumps_of_as_dict() -> None:
     """The streamed audit writes each thread with ``thread_json``: byte for byte the text of
     ``json.dumps(th.as_dict(), default=str)``, on every field type and awkward value."""
-    from langgraph_securesaver.audit import ThreadAudit, thread_json
+    from langgraph_securesaver.audit.inventory import ThreadAudit, thread_json
     cases = [
         ThreadAudit("acme", "t-1", 1.7e9, 1.7e9 + 0.5, None, False, "default", 86400.0, None,
                     "active", 10, 4096, [1, 2, 70], {"EMAIL": 2, "PHONE": 1}, 1.7e9, 1.7e9 + 9,
@@ -439,7 +439,7 @@ def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
     """``audit``/``events`` open the registry with ``ready_for_reading``: True only when every
     table and index setup() creates exists at this library's schema version; it creates and
     migrates nothing (a fresh file stays empty), and anything missing sends them to setup()."""
-    from langgraph_securesaver.registry import Registry
+    from langgraph_securesaver.registry.core import Registry
     path = tmp_path / "r.db"
     sqlite3.connect(path).close()
     url = f"sqlite:///{path}"
@@ -477,7 +477,7 @@ def test_key_versions_past_the_bit_mask_come_from_text_and_binary_headers(
     """Versions are read from text tokens (checkpoint metadata, base64 in JSONB) and binary
     ones (blobs, writes); a mask holds versions below 63, a list the rest: versions on both
     sides of that line, and one past 2**31, come out as the row walk reads them."""
-    from langgraph_securesaver.crypto import from_text, to_text
+    from langgraph_securesaver.keys.crypto import from_text, to_text
     build(pg_url, redactor)
     with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:
@@ -527,7 +527,8 @@ def _counting_functions(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     aggregate step), and every checkpoint row decoded."""
     import types
 
-    from langgraph_securesaver import audit_sql, raw_tables
+    from langgraph_securesaver.audit import sql as audit_sql
+    from langgraph_securesaver.storage import raw_tables
     calls: dict[str, int] = {}
     registered = audit_sql._sqlite_functions
 
@@ -597,8 +598,8 @@ def test_sqlite_statement_joins_no_computed_table_by_scanning_it(tmp_path: Path,
     """The SQLite plan: every per-thread join or existence test is a key lookup (a scan of a
     computed table per stored thread was quadratic: a minute for 20k threads); only the
     tenants' tag list may be scanned."""
-    from langgraph_securesaver.audit_sql import _sqlite_functions
-    from langgraph_securesaver.audit_statements import inventory_sqlite
+    from langgraph_securesaver.audit.sql import _sqlite_functions
+    from langgraph_securesaver.audit.statements import inventory_sqlite
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     for tenant in (None, "acme"):

@@ -12,12 +12,12 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver, TamperedDataError
-from langgraph_securesaver.aws_kms import AwsKmsKeyProvider, encryption_context
-from langgraph_securesaver.crypto import wrap_context
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavailable
-from langgraph_securesaver.keymaterial import SecretBytes
-from langgraph_securesaver.keyring import WrappedKey
+from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider, encryption_context
+from langgraph_securesaver.keys.crypto import wrap_context
+from langgraph_securesaver.keys.keyring import WrappedKey
+from langgraph_securesaver.keys.material import SecretBytes
 
 from .provider_helpers import cfg as _cfg
 from .provider_helpers import open_saver as _saver
@@ -228,7 +228,7 @@ def test_url_refuses_credentials_and_unknown_options() -> None:
 def test_cli_rotate_keys_with_kms_url(tmp_path: Path, kms_alias: str) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli.main import app
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     provider_url = f"aws-kms://{kms_alias}"
     with _saver(tmp_path, provider_url) as saver:
@@ -243,7 +243,7 @@ def test_cli_rotate_keys_with_kms_url(tmp_path: Path, kms_alias: str) -> None:
 
 def test_server_reads_provider_from_env(
         kms_alias: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from langgraph_securesaver.server import ServerSettings
+    from langgraph_securesaver.server.saver import ServerSettings
     monkeypatch.setenv("SECURESAVER_URL", f"sqlite:///{tmp_path / 'srv.db'}")
     monkeypatch.setenv("SECURESAVER_KEY_PROVIDER", f"aws-kms://{kms_alias}?region=us-east-1")
     monkeypatch.delenv("SECURESAVER_MASTER_KEY", raising=False)

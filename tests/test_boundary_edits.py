@@ -13,13 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from langgraph_securesaver import (
-    Keyring,
-    SecureSaver,
-    TamperedDataError,
-    cli_ops,  # noqa: F401  (registers the commands)
-)
-from langgraph_securesaver.cli import app
+from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
+from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
+from langgraph_securesaver.cli.main import app
 
 from .boundary_helpers import Raw, build_graph, cfg, inner_id
 

@@ -21,7 +21,7 @@ import pytest
 from langgraph.types import Command
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.scan import scan
+from langgraph_securesaver.audit.scan import scan
 
 from .boundary_helpers import build_graph, cfg, inner_id
 

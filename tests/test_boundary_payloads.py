@@ -21,13 +21,9 @@ import pytest
 from langgraph.types import Command
 from typer.testing import CliRunner
 
-from langgraph_securesaver import (
-    Keyring,
-    SecureSaver,
-    TamperedDataError,
-    cli_ops,  # noqa: F401  (registers the commands)
-)
-from langgraph_securesaver.cli import app
+from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
+from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
+from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.retention import RetentionPolicy
 
 from .boundary_helpers import (

@@ -12,7 +12,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring
-from langgraph_securesaver.cli import app
+from langgraph_securesaver.cli.main import app
 
 runner = CliRunner()
 
@@ -91,7 +91,7 @@ def test_recover_with_nothing_stalled_exits_0_and_a_bad_graph_exits_2(tmp_path: 
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring), redaction=None):
         pass
     ok = runner.invoke(app, ["recover", "--url", url, "--keyring", str(ring), "--graph",
-                             "langgraph_securesaver.demo:build_support_graph", "--json"])
+                             "langgraph_securesaver.cli.demo:build_support_graph", "--json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["resumed"] == 0
     bad = runner.invoke(app, ["recover", "--url", url, "--keyring", str(ring), "--graph",

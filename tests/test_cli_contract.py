@@ -17,8 +17,8 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_scope
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

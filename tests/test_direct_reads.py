@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from langgraph_securesaver.pii_vault import PiiVault
-from langgraph_securesaver.registry import Registry
+from langgraph_securesaver.registry.core import Registry
+from langgraph_securesaver.registry.pii_vault import PiiVault
 
 from .conftest import Raw
 

@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.crypto import ENTRY, THREAD, TenantKeys, aad_scope
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.registry import normalize_url
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.keys.crypto import ENTRY, THREAD, TenantKeys, aad_scope
+from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import tenant_scope
 
 EMAIL_T1 = "alice.deleted@example.com"
@@ -223,7 +223,7 @@ def test_a_backup_from_before_the_deletion_stops_opening_after_the_next_epoch(
         assert saver.erasure_epoch()["erasures_pending"] == 2    # the thread, the value
         from typer.testing import CliRunner
 
-        from langgraph_securesaver.cli import app
+        from langgraph_securesaver.cli.main import app
         shown = CliRunner().invoke(app, ["audit", "--url", url, "--keyring", str(ring_path)])
         assert "erasure epoch pending: 2 erasure(s)" in shown.output, shown.output
         report = saver.rotate_keys(retire_old=True)
@@ -274,9 +274,9 @@ def _backup(url: str, db: Path | None, tmp_path: Path, request: pytest.FixtureRe
 def _backup_opens(backup: str, ring_path: Path, sealed: list[tuple[str, bytes, bytes]]) -> bool:
     """Whether any of ``sealed`` opens from the backup with the keyring as it is now (the
     backup's own key rows, and the thread/vault keys in it)."""
-    from langgraph_securesaver.crypto import KeyManager
-    from langgraph_securesaver.registry import Registry
-    from langgraph_securesaver.thread_keys import ThreadKeyStore
+    from langgraph_securesaver.keys.crypto import KeyManager
+    from langgraph_securesaver.registry.core import Registry
+    from langgraph_securesaver.registry.thread_keys import ThreadKeyStore
     registry = Registry(backup)
     try:
         keys = KeyManager(Keyring.from_file(ring_path), registry)

@@ -23,12 +23,12 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver
-from langgraph_securesaver.crypto import ENTRY, THREAD
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.pii_vault import pii_vault
-from langgraph_securesaver.pruner import Sweep
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.keys.crypto import ENTRY, THREAD
+from langgraph_securesaver.ops.pruner import Sweep
 from langgraph_securesaver.redaction import VaultEntry, make_token
-from langgraph_securesaver.registry import normalize_url
+from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.registry.pii_vault import pii_vault
 from langgraph_securesaver.tenancy import tenant_scope
 from tests.test_erasure import Sealed, _opens, _raw_bytes
 
@@ -214,7 +214,7 @@ def test_concurrent_writers_of_one_new_value_converge_on_one_token(
 
 
 def test_older_hmac_tokens_keep_restoring_and_are_erased_by_value(tmp_path: Path) -> None:
-    from langgraph_securesaver.pii_vault import _aad
+    from langgraph_securesaver.registry.pii_vault import _aad
     url = f"sqlite:///{tmp_path / 'old.db'}"
     ring = Keyring.generate().save(tmp_path / "keyring.json")
     with _saver(url, ring) as saver:
@@ -757,7 +757,7 @@ def test_a_tenant_scope_forgets_its_own_subject_only(
 
 
 def test_setup_migrates_a_schema_v4_database(tmp_path: Path) -> None:
-    from langgraph_securesaver.registry_schema import SCHEMA_VERSION
+    from langgraph_securesaver.registry.schema import SCHEMA_VERSION
     assert SCHEMA_VERSION == 5
     url = f"sqlite:///{tmp_path / 'v4.db'}"
     ring = Keyring.generate().save(tmp_path / "keyring.json")
@@ -813,7 +813,7 @@ def test_cli_forget_subject(tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli.main import app
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     ring = Keyring.generate().save(tmp_path / "keyring.json")
     with _saver(url, ring) as saver:

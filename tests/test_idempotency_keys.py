@@ -9,7 +9,6 @@ import pytest
 from pydantic import BaseModel
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver
-from langgraph_securesaver.crypto import KeyManager
 from langgraph_securesaver.idempotency import IdempotencyPolicy, IdempotencyStore
 from langgraph_securesaver.idempotency.keys import (
     canonical_json,
@@ -21,7 +20,8 @@ from langgraph_securesaver.idempotency.keys import (
     task_key,
     tool_call_key,
 )
-from langgraph_securesaver.registry import Registry
+from langgraph_securesaver.keys.crypto import KeyManager
+from langgraph_securesaver.registry.core import Registry
 
 
 def keys_for(tenant: str, ring: Keyring | None = None):  # type: ignore[no-untyped-def]

@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli import app
+from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.idempotency import dead_letters_of, recovery_state
 
 from .idem_scripts.scenario import Downstream

@@ -14,10 +14,10 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.crypto import BOUND
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.registry import normalize_url
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.keys.crypto import BOUND
+from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import inner_thread_id
 
 BACKENDS = ["sqlite", "postgres"]
@@ -129,8 +129,8 @@ def test_an_unbound_row_is_refused_once_the_database_is_bound(
     # A's rows downgraded to the legacy form (as a backup from before the migration holds
     # them), then copied into B
     with SecureSaver.from_url(a, keyring=Keyring.from_file(ring_path), redaction=None) as saver:
-        from langgraph_securesaver.crypto import wrap_context
-        from langgraph_securesaver.keyring import WrappedKey
+        from langgraph_securesaver.keys.crypto import wrap_context
+        from langgraph_securesaver.keys.keyring import WrappedKey
         ring = Keyring.from_file(ring_path)
         for row in saver.registry.load_key_rows("acme"):
             raw = ring.unwrap("acme", WrappedKey(row.master_version, row.wrapped), wrap_context(
@@ -154,8 +154,8 @@ def test_setup_binds_the_key_rows_of_an_older_database(tmp_path: Path) -> None:
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         build_chat_graph(saver).invoke({"messages": [HumanMessage("old data")]}, _cfg("t1"))
         database = saver.database_id()
-        from langgraph_securesaver.crypto import wrap_context
-        from langgraph_securesaver.keyring import WrappedKey
+        from langgraph_securesaver.keys.crypto import wrap_context
+        from langgraph_securesaver.keys.keyring import WrappedKey
         rows = saver.registry.load_key_rows("acme") + saver.registry.load_key_rows(
             " securesaver-registry")
     for row in rows:   # back to what a database from before the binding holds

@@ -18,7 +18,7 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 
 INSECURE_ENV_VAR = "SECURESAVER_ALLOW_INSECURE_KEYRING"
 
@@ -26,8 +26,8 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def _cli() -> object:
-    from langgraph_securesaver import cli_ops  # noqa: F401 - registers the commands
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401 - registers the commands
+    from langgraph_securesaver.cli.main import app
     return app
 
 

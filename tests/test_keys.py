@@ -17,8 +17,8 @@ from langgraph_securesaver import (
     SecureSaver,
     TamperedDataError,
 )
-from langgraph_securesaver.crypto import token_key_version
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.keys.crypto import token_key_version
 from langgraph_securesaver.tenancy import inner_thread_id
 
 
@@ -165,8 +165,8 @@ def test_a_malformed_keyring_file_is_a_clear_configuration_error(tmp_path: Path,
                                                                  document: str) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver import cli_ops  # noqa: F401
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401
+    from langgraph_securesaver.cli.main import app
     path = tmp_path / "keyring.json"
     path.write_text(document)
     path.chmod(0o600)                      # refused for its contents, not its mode
@@ -246,7 +246,7 @@ def test_a_process_with_an_old_keyring_follows_a_master_rotation(tmp_path: Path,
 
 def test_reloads_are_rate_bounded_and_shared(tmp_path: Path) -> None:
     """A forged version cannot turn every read into a reload of the key source."""
-    from langgraph_securesaver.crypto import KeyManager
+    from langgraph_securesaver.keys.crypto import KeyManager
     path = Keyring.generate().save(tmp_path / "keyring.json")
     ring = Keyring.from_file(path)
     calls = {"n": 0}
@@ -300,7 +300,7 @@ def test_persisting_keeps_databases_other_processes_recorded(tmp_path: Path) -> 
 def test_gcm_nonces_are_unique_across_threads_and_never_shared_with_a_forked_child() -> None:
     import threading
 
-    from langgraph_securesaver import crypto
+    from langgraph_securesaver.keys import crypto
 
     seen: list[bytes] = []
     lock = threading.Lock()

@@ -32,18 +32,18 @@ from langgraph.checkpoint.memory import InMemorySaver
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.crypto import (
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.errors import SecureSaverError
+from langgraph_securesaver.keys.crypto import (
     ENTRY,
     KEK,
     THREAD,
     row_context,
     thread_key_context,
 )
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.errors import SecureSaverError
-from langgraph_securesaver.integrity import RESERVED_TENANT
-from langgraph_securesaver.keymaterial import SecretBytes
-from langgraph_securesaver.keyring import WrappedKey
+from langgraph_securesaver.keys.keyring import WrappedKey
+from langgraph_securesaver.keys.material import SecretBytes
+from langgraph_securesaver.registry.integrity import RESERVED_TENANT
 
 from .secrecy_helpers import REPORTERS, Secrets, capture, chain, forms, leaks
 
@@ -187,8 +187,8 @@ def test_a_malformed_environment_keyring_leaks_nothing(shape: str,
 
 
 def _cli_app() -> object:
-    from langgraph_securesaver import cli_ops  # noqa: F401 - registers the operations commands
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401 - registers the operations commands
+    from langgraph_securesaver.cli.main import app
     return app
 
 

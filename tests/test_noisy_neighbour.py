@@ -26,11 +26,11 @@ from langgraph.checkpoint.base import empty_checkpoint
 from typer.testing import CliRunner
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.denials import DenialLog
+from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.redaction import RedactionError, RedactionPolicy, Redactor
 from langgraph_securesaver.redaction import pool as pool_mod
 from langgraph_securesaver.redaction.budget import WriteBudget, write_scope
+from langgraph_securesaver.registry.denials import DenialLog
 
 WITHHELD = "<WITHHELD:masked>"
 KEY = b"k" * 32

@@ -11,7 +11,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.tenancy import ThreadRef, inner_thread_id, tenant_scope
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,8 +175,8 @@ def test_concurrent_stores_of_the_same_new_pii_write_it_once_and_each_returns_co
 
     import sqlalchemy as sa
 
-    from langgraph_securesaver.pii_vault import pii_refs, pii_vault
     from langgraph_securesaver.redaction import VaultEntry
+    from langgraph_securesaver.registry.pii_vault import pii_refs, pii_vault
 
     with SecureSaver.from_url(f"sqlite:///{tmp_path / 'v.db'}",
                               keyring=Keyring.generate(), redaction=None) as saver:

@@ -18,12 +18,12 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver, TamperedDataError
-from langgraph_securesaver.crypto import wrap_context
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavailable
-from langgraph_securesaver.keymaterial import SecretBytes
-from langgraph_securesaver.keyring import WrappedKey
-from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+from langgraph_securesaver.keys.crypto import wrap_context
+from langgraph_securesaver.keys.keyring import WrappedKey
+from langgraph_securesaver.keys.material import SecretBytes
+from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
 
 from .hsm_helpers import PIN_TOKEN, PIN_VAR, TOKEN, spy_counts, spy_path
 from .provider_helpers import cfg as _cfg
@@ -431,7 +431,7 @@ def test_labels_in_the_url_are_percent_decoded(softhsm: Any) -> None:
 def test_cli_keygen_and_rotate_keys_with_pkcs11_url(tmp_path: Path, softhsm: Any) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli.main import app
     provider_url = softhsm.url("cli-key")
     made = CliRunner().invoke(app, ["keygen", "--keyring", provider_url])
     assert made.exit_code == 0, made.output
@@ -451,7 +451,7 @@ def test_cli_keygen_and_rotate_keys_with_pkcs11_url(tmp_path: Path, softhsm: Any
 
 def test_server_reads_provider_from_env(
         pkcs11_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from langgraph_securesaver.server import ServerSettings
+    from langgraph_securesaver.server.saver import ServerSettings
     monkeypatch.setenv("SECURESAVER_URL", f"sqlite:///{tmp_path / 'srv.db'}")
     monkeypatch.setenv("SECURESAVER_KEY_PROVIDER", pkcs11_url)
     monkeypatch.delenv("SECURESAVER_MASTER_KEY", raising=False)

@@ -28,7 +28,7 @@ from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.idempotency import mark_recoverable, run_once
 from langgraph_securesaver.redaction import (
     RedactionError,
@@ -353,8 +353,8 @@ def test_aput_and_aput_writes_do_their_cpu_work_off_the_event_loop_thread(
     without redaction; the value still round-trips and no original is stored in clear."""
     from langgraph.checkpoint.base import empty_checkpoint
 
-    from langgraph_securesaver.crypto import TenantKeys
-    from langgraph_securesaver.pii_vault import PiiVault
+    from langgraph_securesaver.keys.crypto import TenantKeys
+    from langgraph_securesaver.registry.pii_vault import PiiVault
     from langgraph_securesaver.saver import _SealedCodec
 
     seen: dict[str, set[int]] = {}

@@ -413,8 +413,8 @@ def test_owned_rereads_follow_each_reads_originals() -> None:
     edited[1].content = edited[1].content.replace("我的邮箱是", "邮箱: ")
     assert read(vault, edited)[1].content.startswith(f"邮箱: {EMAIL}")
     assert read(vault, edited) == read(vault, edited, redactor=Redactor())
-    longer = redacted + [HumanMessage("later", id="later")]
-    assert read(vault, longer) == cold + [HumanMessage("later", id="later")]
+    longer = [*redacted, HumanMessage("later", id="later")]
+    assert read(vault, longer) == [*cold, HumanMessage("later", id="later")]
 
 
 def test_json_documents_are_analyzed_in_batches_like_one_by_one() -> None:

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli import app
+from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.idempotency import IdempotencyStore
 from langgraph_securesaver.idempotency.keys import fingerprint
-from langgraph_securesaver.integrity import row_tag
+from langgraph_securesaver.registry.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
 from tests.boundary_helpers import execute_fingerprinted_refund

@@ -23,8 +23,8 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint
 from langgraph_securesaver.idempotency.recovery import (
@@ -32,8 +32,8 @@ from langgraph_securesaver.idempotency.recovery import (
     recover_stalled,
     release_recoverable,
 )
-from langgraph_securesaver.integrity import row_tag
-from langgraph_securesaver.registry import SCHEMA_VERSION, normalize_url
+from langgraph_securesaver.registry.core import SCHEMA_VERSION, normalize_url
+from langgraph_securesaver.registry.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
 
@@ -421,7 +421,7 @@ def test_async_sweep_refuses_a_forged_expiry(db: Db) -> None:
 
 def test_the_pruner_refuses_to_run_without_the_keyring(db: Db) -> None:
     from langgraph_securesaver.errors import KeyringRequired
-    from langgraph_securesaver.keyring import NoKeys
+    from langgraph_securesaver.keys.keyring import NoKeys
     _retention_setup(db)
     with SecureSaver.from_url(db.url, keyring=NoKeys(), redaction=None) as saver:
         with pytest.raises(KeyringRequired):
@@ -627,7 +627,7 @@ def test_a_row_forged_between_claim_and_batch_delete_is_not_obeyed(db: Db, how: 
     it deleted: the batch is rolled back, redone thread by thread, t2 reported and kept."""
     from collections import Counter
 
-    from langgraph_securesaver.pruner import Sweep, shares_database
+    from langgraph_securesaver.ops.pruner import Sweep, shares_database
     now = time.time() + 2 * HOUR
     with db.saver(retention=RetentionPolicy(idle_ttl="1h")) as saver:
         rows = _claimed_batch(saver, 6, now)

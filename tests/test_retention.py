@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.retention import RetentionPolicy, parse_duration
 from langgraph_securesaver.tenancy import inner_thread_id, tenant_scope
 
@@ -257,7 +257,7 @@ def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: 
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
-    from langgraph_securesaver.pruner import shares_database
+    from langgraph_securesaver.ops.pruner import shares_database
 
     db = tmp_path / "agent.db"
     if layout == "shared database":
@@ -288,7 +288,7 @@ def test_a_batch_deletes_companion_records_and_counts_them_per_thread(tmp_path: 
         with tenant_scope("acme"):
             saver.set_retention("keep", idle_ttl="30d")
         assert shares_database(saver) is (layout == "shared database")
-        from langgraph_securesaver.pii_vault import pii_epoch
+        from langgraph_securesaver.registry.pii_vault import pii_epoch
 
         def epoch() -> int:
             with saver.registry.begin() as c:

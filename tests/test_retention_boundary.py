@@ -35,10 +35,10 @@ from langgraph_securesaver import (
     RetentionPolicy,
     SecureSaver,
     TamperedDataError,
-    cli_ops,  # noqa: F401  (registers the commands)
     tenant_scope,
 )
-from langgraph_securesaver.cli import app
+from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
+from langgraph_securesaver.cli.main import app
 
 from .boundary_helpers import Raw, inner_id
 
@@ -238,7 +238,7 @@ def test_custom_saver_fallbacks_refuse_an_unparsable_row_by_name() -> None:
     from types import SimpleNamespace
 
     from langgraph_securesaver.ops.threads import inner_thread_ids
-    from langgraph_securesaver.storage_ops import StorageOps
+    from langgraph_securesaver.storage.ops import StorageOps
 
     ops = StorageOps(_Unparsable())  # type: ignore[arg-type]
     with pytest.raises(TamperedDataError, match=r"stored thread 'tx:t1' namespace '' \(listing\)"

@@ -2,7 +2,7 @@
 (``checkpoint_blobs``, PostgreSQL) or pending writes (``checkpoint_writes`` / SQLite
 ``writes``) does not (a wrong ``type``, garbage bytes: a database edit).
 
-The semantics (README, Retention; :mod:`langgraph_securesaver.pruner`): whether an expired
+The semantics (README, Retention; :mod:`langgraph_securesaver.ops.pruner`): whether an expired
 thread is deleted depends on its MACed registry row and its checkpoint rows only -- what the
 batched re-check reads. A corrupt blob or write never changes that decision: the thread is
 deleted with its blobs and writes, with exactly one receipt, whether it is swept in a batch

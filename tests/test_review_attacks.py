@@ -233,7 +233,7 @@ def test_cli_log_lines_escape_ids_read_from_the_database(tmp_path: Any) -> None:
     import sys
     script = (
         "import logging, sys\n"
-        "from langgraph_securesaver.cli_common import main\n"
+        "from langgraph_securesaver.cli.common import main\n"
         "main(verbose=False)\n"
         "logging.getLogger('langgraph_securesaver.idempotency.recovery').error(\n"
         "    'recovery of %s/%s failed outside the run', 'acme', '\\x1b]0;pwned\\x07\\x1b[2J',\n"
@@ -249,7 +249,7 @@ def test_cli_log_lines_escape_ids_read_from_the_database(tmp_path: Any) -> None:
 def _op(url: str, ring_path: Any, op: str) -> object:
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.demo import build_chat_graph
+    from langgraph_securesaver.cli.demo import build_chat_graph
     ring = Keyring.from_file(ring_path)
     with SecureSaver.from_url(url, keyring=ring) as saver:
         cfg: Any = {"configurable": {"thread_id": "t1", "tenant_id": "acme"}}
@@ -276,7 +276,7 @@ def _op(url: str, ring_path: Any, op: str) -> object:
 async def _aop(url: str, ring_path: Any, op: str) -> object:
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.demo import build_chat_graph
+    from langgraph_securesaver.cli.demo import build_chat_graph
     ring = Keyring.from_file(ring_path)
     async with SecureSaver.afrom_url(url, keyring=ring) as saver:
         cfg: Any = {"configurable": {"thread_id": "t1", "tenant_id": "acme"}}
@@ -363,7 +363,7 @@ def test_an_ambiguous_run_files_nothing_under_the_default_tenant() -> None:
 def test_two_tenants_never_print_alike(char: str) -> None:
     """'acme' and 'ac<U+2060>me' would be two tenants an operator's terminal shows alike:
     refused at the API, and escaped if a forged row holds one."""
-    from langgraph_securesaver.cli_common import shown
+    from langgraph_securesaver.cli.common import shown
     from langgraph_securesaver.tenancy import validate_tenant
     with pytest.raises(ConfigurationError, match="invisible"):
         validate_tenant(f"ac{char}me")

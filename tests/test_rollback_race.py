@@ -24,8 +24,8 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.pruner import Sweep
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.ops.pruner import Sweep
 from langgraph_securesaver.tenancy import tenant_scope
 
 OLD_RUN = "11111111-1111-4111-8111-111111111111"
@@ -77,7 +77,7 @@ def _delete_runs(saver: SecureSaver, runs: list[str], mode: str) -> None:
 def _key_rows(saver: SecureSaver, thread: str) -> int:
     import sqlalchemy as sa
 
-    from langgraph_securesaver.registry_schema import thread_keys
+    from langgraph_securesaver.registry.schema import thread_keys
     with saver.registry.begin() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(thread_keys).where(
             thread_keys.c.tenant == "acme", thread_keys.c.thread_id == thread)).scalar() or 0)
@@ -229,7 +229,7 @@ def test_a_forged_emptied_row_is_reported_and_kept(url: str, ring: Path) -> None
     without the registry key is reported, and its thread and key stay."""
     import sqlalchemy as sa
 
-    from langgraph_securesaver.registry_schema import threads
+    from langgraph_securesaver.registry.schema import threads
     with _saver(url, ring) as saver:
         _run(saver, "t", OLD_RUN, "old run")
         _delete_runs(saver, [OLD_RUN], "sync")

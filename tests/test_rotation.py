@@ -21,15 +21,12 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from typer.testing import CliRunner
 
-from langgraph_securesaver import (
-    Keyring,
-    SecureSaver,
-    cli_ops,  # noqa: F401  (registers the commands)
-)
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.raw_tables import raw_tables_for
-from langgraph_securesaver.rotation import reencrypt, rotate_keys, unfinished_job
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.ops.rotation import reencrypt, rotate_keys, unfinished_job
+from langgraph_securesaver.storage.raw_tables import raw_tables_for
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

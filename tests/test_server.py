@@ -29,16 +29,16 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, TenantRequired, tenant_scope
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.denials import flush_for
-from langgraph_securesaver.pruner import Sweep
-from langgraph_securesaver.server import (
+from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.ops.pruner import Sweep
+from langgraph_securesaver.registry.denials import flush_for
+from langgraph_securesaver.server.records import OPS_FILENAME, RecordsSealer, is_sealed
+from langgraph_securesaver.server.saver import (
     AuthTenantSaver,
     ServerSettings,
     make_checkpointer,
     tenant_from_field,
 )
-from langgraph_securesaver.server_records import OPS_FILENAME, RecordsSealer, is_sealed
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "langgraph_server"
@@ -753,7 +753,7 @@ async def _direct_reads(server: Server, alice_thread: str, rolled_thread: str) -
 # tenant resolution without a server
 # --------------------------------------------------------------------------------------------
 def _graph(saver: Any) -> Any:
-    from langgraph_securesaver.demo import build_chat_graph
+    from langgraph_securesaver.cli.demo import build_chat_graph
     return build_chat_graph(saver)
 
 
@@ -976,7 +976,7 @@ async def test_factory_is_what_langgraph_server_loads(monkeypatch: pytest.Monkey
     monkeypatch.setenv("SECURESAVER_MASTER_KEY", ring.to_json())
     monkeypatch.setenv("SECURESAVER_TENANT_FIELD", "org_id")
     monkeypatch.setenv("SECURESAVER_REDACTION", "off")
-    from langgraph_securesaver import server as server_module
+    from langgraph_securesaver.server import saver as server_module
     async with server_module.checkpointer() as saver:
         assert isinstance(saver, AuthTenantSaver)
         assert saver.redactor is None
@@ -1023,7 +1023,7 @@ async def test_factory_on_postgres(pg_url: str) -> None:
 
 
 def test_a_run_seen_under_two_tenants_is_never_cleaned_up_without_a_user() -> None:
-    from langgraph_securesaver.server import _RunTenants
+    from langgraph_securesaver.server.saver import _RunTenants
     runs = _RunTenants(size=2)
     runs.remember("r1", "alice")
     runs.remember("r1", "alice")
@@ -1050,7 +1050,7 @@ def _ctx(model: str = "thread", tenant: str | None = "alice", **extra: Any) -> A
 def handlers(tmp_path: Path) -> Any:
     import warnings
 
-    from langgraph_securesaver.server_encryption import ServerEncryption
+    from langgraph_securesaver.server.encryption import ServerEncryption
     settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}",
                               keyring=Keyring.generate(), redaction=False)
     with warnings.catch_warnings():
@@ -1165,7 +1165,7 @@ async def test_rotated_keys_give_the_server_a_replacement(handlers: Any) -> None
 async def test_store_values_are_left_to_securestore(tmp_path: Path) -> None:
     import warnings
 
-    from langgraph_securesaver.server_encryption import ServerEncryption
+    from langgraph_securesaver.server.encryption import ServerEncryption
     settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}",
                               keyring=Keyring.generate(), redaction=False)
     with warnings.catch_warnings():
@@ -1185,8 +1185,8 @@ async def test_redaction_tokenizes_before_sealing_and_restores(tmp_path: Path) -
     are in the PII vault, and the owner reads the original back."""
     import warnings
 
-    from langgraph_securesaver.crypto import from_text
-    from langgraph_securesaver.server_encryption import ServerEncryption
+    from langgraph_securesaver.keys.crypto import from_text
+    from langgraph_securesaver.server.encryption import ServerEncryption
     settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}", keyring=Keyring.generate())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -1204,7 +1204,7 @@ async def test_redaction_tokenizes_before_sealing_and_restores(tmp_path: Path) -
 async def test_store_factory_is_a_securestore_per_user(tmp_path: Path) -> None:
     """What ``"store": {"path": ...}`` opens: SecureStore whose tenant is the caller's; a
     call with no user is refused; ``url=`` puts the items in another database."""
-    from langgraph_securesaver.server_store import make_store
+    from langgraph_securesaver.server.store import make_store
     from langgraph_securesaver.store import SecureStore
     settings = ServerSettings(url=f"sqlite:///{tmp_path / 'main.db'}",
                               keyring=Keyring.generate(), redaction=False)
@@ -1249,7 +1249,7 @@ def fake_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     from langgraph.checkpoint.memory import PersistentDict
 
-    from langgraph_securesaver import server_records
+    from langgraph_securesaver.server import records as server_records
     ops = str(tmp_path / ".langgraph_ops.pckl")
     database = types.ModuleType("langgraph_runtime_inmem.database")
 
@@ -1295,7 +1295,7 @@ def _fresh_store(fake: Any) -> Any:
 
 
 def test_the_wrapper_seals_what_the_runtime_writes_and_reads_it_back(fake_runtime: Any) -> None:
-    from langgraph_securesaver.server_records import SEALED, seal_server_records
+    from langgraph_securesaver.server.records import SEALED, seal_server_records
     fake = fake_runtime
     assert seal_server_records(fake.settings) == SEALED
     assert fake.lifespan.start_pool is fake.database.start_pool is not fake.start_pool
@@ -1315,7 +1315,7 @@ def test_an_altered_record_file_is_refused_before_the_runtime_sees_it(
     import pickle
 
     from langgraph_securesaver import TamperedDataError
-    from langgraph_securesaver.server_records import seal_server_records
+    from langgraph_securesaver.server.records import seal_server_records
     fake = fake_runtime
     seal_server_records(fake.settings)
     fake.database.GLOBAL_STORE["threads"] = [{"values": ALICE_TEXT}]
@@ -1343,7 +1343,7 @@ def test_an_altered_record_file_is_refused_before_the_runtime_sees_it(
 
 
 def test_no_file_starts_empty(fake_runtime: Any) -> None:
-    from langgraph_securesaver.server_records import seal_server_records
+    from langgraph_securesaver.server.records import seal_server_records
     seal_server_records(fake_runtime.settings)
     assert dict(_fresh_store(fake_runtime)) == {}
     assert not fake_runtime.ops.exists()
@@ -1352,10 +1352,10 @@ def test_no_file_starts_empty(fake_runtime: Any) -> None:
 def test_an_unknown_runtime_is_left_alone_and_a_sealed_file_is_not_given_to_it(
         fake_runtime: Any, caplog: pytest.LogCaptureFixture) -> None:
     from langgraph_securesaver import ConfigurationError
-    from langgraph_securesaver.server_records import UNSUPPORTED, seal_file, seal_server_records
+    from langgraph_securesaver.server.records import UNSUPPORTED, seal_file, seal_server_records
     fake = fake_runtime
     fake.package.__version__ = "0.0.1"
-    with caplog.at_level("WARNING", logger="langgraph_securesaver.server_records"):
+    with caplog.at_level("WARNING", logger="langgraph_securesaver.server.records"):
         assert seal_server_records(fake.settings) == UNSUPPORTED
     assert "0.0.1" in caplog.text and "written in clear" in caplog.text
     assert fake.database.start_pool is fake.start_pool
@@ -1372,7 +1372,7 @@ def test_an_unknown_runtime_is_left_alone_and_a_sealed_file_is_not_given_to_it(
 def test_off_too_late_and_no_runtime(fake_runtime: Any, monkeypatch: pytest.MonkeyPatch,
                                      caplog: pytest.LogCaptureFixture) -> None:
     from langgraph_securesaver import ConfigurationError
-    from langgraph_securesaver.server_records import (
+    from langgraph_securesaver.server.records import (
         ENV_VAR,
         NO_RUNTIME,
         OFF,
@@ -1389,7 +1389,7 @@ def test_off_too_late_and_no_runtime(fake_runtime: Any, monkeypatch: pytest.Monk
         seal_server_records(fake.settings)
     monkeypatch.setenv(ENV_VAR, "on")
     fake.persistence._stores[fake.database.OPS_FILENAME] = None   # start_pool already ran
-    with caplog.at_level("WARNING", logger="langgraph_securesaver.server_records"):
+    with caplog.at_level("WARNING", logger="langgraph_securesaver.server.records"):
         assert seal_server_records(fake.settings) == TOO_LATE
     assert "auth module" in caplog.text
     assert fake.database.start_pool is fake.start_pool
@@ -1406,7 +1406,7 @@ def test_off_too_late_and_no_runtime(fake_runtime: Any, monkeypatch: pytest.Monk
 
 def test_seal_and_unseal_a_file(tmp_path: Path) -> None:
     from langgraph_securesaver import ConfigurationError, TamperedDataError
-    from langgraph_securesaver.server_records import main, seal_file, unseal_file
+    from langgraph_securesaver.server.records import main, seal_file, unseal_file
     settings = ServerSettings(url=f"sqlite:///{tmp_path / 'r.db'}", keyring=Keyring.generate())
     sealer = RecordsSealer(settings)
     path = tmp_path / "records.pckl"

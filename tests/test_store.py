@@ -420,7 +420,7 @@ def test_escaped_tokens_are_restored(tmp_path: Path, keyring: Keyring) -> None:
         escaped = json.dumps(tokenized).replace("<", "\\u003c").encode()
         assert b"<" not in escaped
         blind = {k: v for k, v in raw.value.items() if k.startswith("ssbi_")}
-        from langgraph_securesaver.store_format import sealed_aad
+        from langgraph_securesaver.storage.store_format import sealed_aad
         token = keys.seal(b"\x01" + bytes(4) + escaped, sealed_aad(aad, blind))
         _raw_put(store, tuple(raw.namespace), "k", {
             SEALED_KEY: "ss1." + base64.urlsafe_b64encode(token).decode(), **blind})

@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureStore, tenant_scope
-from langgraph_securesaver.audit import audit
-from langgraph_securesaver.cli import app
-from langgraph_securesaver.crypto import MAGIC, associated_data
-from langgraph_securesaver.scan import scan
+from langgraph_securesaver.audit.inventory import audit
+from langgraph_securesaver.audit.scan import scan
+from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.keys.crypto import MAGIC, associated_data
 from langgraph_securesaver.store import secure_pair
 from langgraph_securesaver.tenancy import tenant_tag
 
@@ -169,7 +169,7 @@ def test_concurrent_calls_on_a_pooled_async_postgres_store(pg_url: str) -> None:
 
     from langgraph.store.postgres.aio import AsyncPostgresStore
 
-    from langgraph_securesaver.backends import libpq_url
+    from langgraph_securesaver.storage.backends import libpq_url
 
     ttl = {"default_ttl": 10.0, "refresh_on_read": True}
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import HumanMessage
 
-from langgraph_securesaver import Keyring, SecureSaver, summaries, tenant_scope
-from langgraph_securesaver.audit import audit
-from langgraph_securesaver.audit_sql import AuditDatabase
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.scan import scan
+from langgraph_securesaver import Keyring, SecureSaver, tenant_scope
+from langgraph_securesaver.audit import summaries
+from langgraph_securesaver.audit.inventory import audit
+from langgraph_securesaver.audit.scan import scan
+from langgraph_securesaver.audit.sql import AuditDatabase
+from langgraph_securesaver.cli.demo import build_chat_graph
 
 from .boundary_helpers import Raw
 
@@ -72,7 +73,7 @@ _WRITER = textwrap.dedent("""
     import sys
     from langchain_core.messages import HumanMessage
     from langgraph_securesaver import Keyring, SecureSaver
-    from langgraph_securesaver.demo import build_chat_graph
+    from langgraph_securesaver.cli.demo import build_chat_graph
     url, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with SecureSaver.from_url(url, keyring=Keyring.from_file(path), redaction=None,
                               activity_resolution=%r) as saver:
@@ -244,7 +245,7 @@ def test_setup_builds_summaries_for_a_database_written_without_them(
     raw.run("DROP TABLE securesaver_tenant_summaries")
     raw.run("DELETE FROM securesaver_meta WHERE key LIKE 'summaries%'")
     raw.run("UPDATE securesaver_meta SET value = '2' WHERE key = 'schema_version'")
-    caplog.set_level("INFO", logger="langgraph_securesaver.summaries")
+    caplog.set_level("INFO", logger="langgraph_securesaver.audit.summaries")
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         assert summaries.built(saver.registry)
         later = time.time() + 3600

@@ -10,8 +10,8 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.crypto import is_token
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.keys.crypto import is_token
 from langgraph_securesaver.tenancy import inner_thread_id
 
 
@@ -235,6 +235,6 @@ def test_flipped_byte_in_clear_metadata_json_is_tampered_data(saver: SecureSaver
                             (cid,)).fetchone()
     conn.close()
     assert after == broken                                # nothing rewritten
-    from langgraph_securesaver.scan import scan
+    from langgraph_securesaver.audit.scan import scan
     report = scan(saver, keyring=saver.keyring, verify=True)
     assert "undecodable_row" in report.by_kind()

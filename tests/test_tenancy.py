@@ -17,7 +17,7 @@ from langgraph_securesaver import (
     TenantRequired,
     tenant_scope,
 )
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 
 
 def _cfg(thread: str, tenant: str | None = None) -> dict:
@@ -34,10 +34,10 @@ def saver(request: pytest.FixtureRequest, tmp_path: Path):
         return
     ring: object = Keyring.generate()
     if request.param == "sqlite-aws-kms":
-        from langgraph_securesaver.aws_kms import AwsKmsKeyProvider
+        from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
         ring = AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))
     if request.param == "sqlite-pkcs11":
-        from langgraph_securesaver.pkcs11_provider import Pkcs11KeyProvider
+        from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
         ring = Pkcs11KeyProvider.from_url(request.getfixturevalue("pkcs11_url"))
     with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
                               redaction=None) as s:

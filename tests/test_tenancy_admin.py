@@ -24,9 +24,9 @@ from langgraph_securesaver import (
     SecureSaver,
     tenant_scope,
 )
-from langgraph_securesaver.crypto import KeyManager, TenantKeys, row_context
-from langgraph_securesaver.demo import build_chat_graph
-from langgraph_securesaver.keyring import NoKeys, WrappedKey
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.keys.crypto import KeyManager, TenantKeys, row_context
+from langgraph_securesaver.keys.keyring import NoKeys, WrappedKey
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import MAX_THREAD_ID_LENGTH, inner_thread_id, thread_prefix
 
@@ -375,7 +375,7 @@ def _count_inner_rows(saver: SecureSaver) -> dict[str, int]:
 
 
 def _plan_uses_an_index_range(url: str, saver: SecureSaver) -> None:
-    from langgraph_securesaver.storage_ops import (
+    from langgraph_securesaver.storage.ops import (
         PG_THREADS_IN_RANGE,
         SQLITE_THREADS_IN_RANGE,
         prefix_range,
@@ -586,7 +586,7 @@ def test_a_keyring_serving_two_databases_cannot_break_the_other(tmp_path: Path,
 def test_cli_shred_refuses_a_keyring_that_serves_another_database(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli.main import app
     path = Keyring.generate().save(tmp_path / "keyring.json")
     urls = [f"sqlite:///{tmp_path / n}" for n in ("one.sqlite", "two.sqlite")]
     for url in urls:
@@ -687,8 +687,8 @@ def test_cli_refuses_malformed_arguments_in_one_line(url: str, tmp_path: Path,
                                                      command: list[str]) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver import cli_ops  # noqa: F401
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401
+    from langgraph_securesaver.cli.main import app
     ring = Keyring.generate()
     path = ring.save(tmp_path / "keyring.json")
     with SecureSaver.from_url(url, keyring=Keyring.from_file(path), redaction=None) as s:
@@ -712,8 +712,8 @@ def test_cli_refuses_malformed_urls_in_one_line(tmp_path: Path, command: list[st
                                                 bad_url: str) -> None:
     from typer.testing import CliRunner
 
-    from langgraph_securesaver import cli_ops  # noqa: F401
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401
+    from langgraph_securesaver.cli.main import app
     path = Keyring.generate().save(tmp_path / "keyring.json")
     before = path.read_bytes()
     args = [*command, "--url", bad_url] + (["--keyring", str(path)]
@@ -734,7 +734,7 @@ def test_the_server_saver_applies_the_rule_to_the_authenticated_user(
 
     from langgraph.checkpoint.memory import InMemorySaver
 
-    from langgraph_securesaver.server import AuthTenantSaver
+    from langgraph_securesaver.server.saver import AuthTenantSaver
     saver = AuthTenantSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
     graph = build_chat_graph(saver)
     for user in ("acme", "globex"):

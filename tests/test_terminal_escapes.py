@@ -27,7 +27,7 @@ from langgraph_securesaver import (
     SecureSaver,
     tenant_scope,
 )
-from langgraph_securesaver.demo import build_chat_graph
+from langgraph_securesaver.cli.demo import build_chat_graph
 
 #: clear the screen, set the window title, print a fake all-clear in green, reverse the rest
 EVIL = ("\x1b[2J\x1b[H\x1b]0;pwned\x07\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\"
@@ -67,8 +67,8 @@ def _raw_controls(text: str) -> set[str]:
 
 
 def _cli() -> object:
-    from langgraph_securesaver import cli_ops  # noqa: F401 - registers the commands
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401 - registers the commands
+    from langgraph_securesaver.cli.main import app
     return app
 
 
@@ -176,7 +176,7 @@ def test_ids_with_an_invisible_character_are_refused_by_the_saver(
 
 
 def test_invisible_characters_are_shown_escaped() -> None:
-    from langgraph_securesaver.cli_common import shown
+    from langgraph_securesaver.cli.common import shown
     from langgraph_securesaver.textsafety import escape_controls, json_safe
     for char in [*IGNORABLE[::7], "\u2060", "\U000e0041"]:
         printed = shown(f"ac{char}me")

@@ -21,7 +21,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command, Interrupt, interrupt
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.scan import scan
+from langgraph_securesaver.audit.scan import scan
 
 from .boundary_helpers import Raw
 from .conftest import drop_pg_schema, new_pg_schema, pg_url_in

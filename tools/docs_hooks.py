@@ -16,7 +16,7 @@ def render_cli_reference() -> str:
     """Markdown for every ``securesaver`` command, in the order the app registers them."""
     import typer.main
 
-    from langgraph_securesaver.cli import app
+    from langgraph_securesaver.cli.main import app
 
     group: Any = typer.main.get_command(app)   # Typer's (vendored) Click group
     ctx = group.context_class(group, info_name="securesaver")

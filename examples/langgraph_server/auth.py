@@ -24,7 +24,7 @@ platform.
 
 from langgraph_sdk import Auth
 
-from langgraph_securesaver.server_records import seal_server_records
+from langgraph_securesaver.server.records import seal_server_records
 
 seal_server_records()
 

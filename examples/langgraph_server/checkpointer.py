@@ -2,7 +2,7 @@
 
 langgraph.json names it: ``"checkpointer": {"backend": "custom", "path":
 "./checkpointer.py:checkpointer"}``. Configured from the environment: SECURESAVER_URL and
-SECURESAVER_MASTER_KEY (or SECURESAVER_KEYRING_FILE); see langgraph_securesaver/server.py for
+SECURESAVER_MASTER_KEY (or SECURESAVER_KEYRING_FILE); see langgraph_securesaver/server/saver.py for
 the redaction, retention and tenant options.
 """
 

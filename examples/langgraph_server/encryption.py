@@ -7,6 +7,6 @@ so they stay in clear (here the owner's identity); every other value is sealed.
 """
 
 from langgraph_securesaver.server import tenant_from_field
-from langgraph_securesaver.server_encryption import make_encryption
+from langgraph_securesaver.server.encryption import make_encryption
 
 encryption = make_encryption(tenant_of=tenant_from_field("identity"), clear_fields=["owner"])

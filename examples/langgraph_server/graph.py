@@ -14,7 +14,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import interrupt
 
-from langgraph_securesaver.demo import ScriptedChatModel, lookup_order
+from langgraph_securesaver.cli.demo import ScriptedChatModel, lookup_order
 
 
 class State(TypedDict, total=False):

@@ -6,6 +6,6 @@ another one); each user sees only their own namespaces.
 """
 
 from langgraph_securesaver.server import tenant_from_field
-from langgraph_securesaver.server_store import make_store
+from langgraph_securesaver.server.store import make_store
 
 store = make_store(tenant_of=tenant_from_field("identity"))

@@ -5,12 +5,17 @@ take effect once: deterministic keys from persisted identity, an atomic claim st
 and fencing tokens, sealed (encrypted, tenant/thread-bound) results replayed on resume, a
 ToolNode wrapper, a durability guard, replay-aware tracing, and stalled-run recovery.
 See docs/idempotency.md.
+
+May import: the foundation modules, :mod:`..keys`, :mod:`..registry`, :mod:`..storage` and
+the per-turn path (``services``); the operations, the saver and the CLI import it. This
+``__init__`` is a facade: it also re-exports ``recover_main`` from :mod:`..cli.recover`
+(loaded on first use).
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..recover import recover_main
+    from ..cli.recover import recover_main
     from .context import (
         current_fencing_token,
         current_idempotency_key,
@@ -94,7 +99,7 @@ _EXPORTS: dict[str, str] = {
     "recoverable_run": "recovery",
     "release_recoverable": "recovery",
     # the entry point of `securesaver recover` opens a SecureSaver: it lives above the saver
-    "recover_main": ".recover",
+    "recover_main": ".cli.recover",
     "recover_stalled": "recovery",
     "recovery_state": "recovery",
     "unmark_recoverable": "recovery",

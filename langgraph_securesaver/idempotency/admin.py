@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..crypto import TenantKeys
+from ..keys.crypto import TenantKeys
 from ..offthread import to_thread
 from . import schema
 from . import statements as stmts

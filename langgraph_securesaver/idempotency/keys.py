@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..crypto import TenantKeys, associated_data
+from ..keys.crypto import TenantKeys, associated_data
 
 KEY_VERSION = "v1"
 KEY_PREFIX = "ssik1_"

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from langchain_core.runnables import RunnableConfig
 
-from ..crypto import associated_data
 from ..errors import ConfigurationError, TamperedDataError
+from ..keys.crypto import associated_data
 from ..offthread import to_thread
 from .context import CONFIG_KEY_CHECKPOINTER
 from .errors import NoIdempotencyContext

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..registry import metadata
+from ..registry.core import metadata
 
 #: Claim states of an idempotency record.
 IN_PROGRESS = "in_progress"
@@ -113,8 +113,8 @@ def _register_sealed_columns() -> None:
     """Tell scan and re-encryption where this package keeps ciphertexts, and their AAD."""
     from typing import Any
 
-    from ..crypto import associated_data
-    from ..sealed_columns import SealedColumn, register_sealed_column
+    from ..keys.crypto import associated_data
+    from ..storage.sealed_columns import SealedColumn, register_sealed_column
 
     def col(table: str, column: str, aad: Any) -> None:
         register_sealed_column(SealedColumn(table, column, "tenant", aad))

@@ -26,10 +26,10 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from sqlalchemy.engine import Connection, Engine
 
-from ..crypto import KeyManager, TenantKeys
 from ..errors import ConfigurationError, TamperedDataError
+from ..keys.crypto import KeyManager, TenantKeys
 from ..offthread import to_thread
-from ..registry import engine_lock
+from ..registry.core import engine_lock
 from . import schema
 from . import statements as stmts
 from .admin import RecordAdmin
@@ -321,9 +321,9 @@ class IdempotencyStore(RecordAdmin):
                     r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock,
                     r.fp_mac)
 
-    # tamper evidence (integrity.py): the fingerprint is MACed with the registry key --------
+    # tamper evidence (registry/integrity.py): the fingerprint is MACed with the registry key ------
     def _fp_mac(self, scope: KeyScope, fp: str | None) -> str:
-        from ..integrity import IDEMPOTENCY, idempotency_parts, integrity_of
+        from ..registry.integrity import IDEMPOTENCY, idempotency_parts, integrity_of
         integ = self.__dict__.get("_integrity")
         if integ is None:
             integ = self.__dict__["_integrity"] = integrity_of(self.keys.store,

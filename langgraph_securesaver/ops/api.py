@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..offthread import to_thread
-from ..registry import Receipt, ThreadRow
+from ..registry.core import Receipt, ThreadRow
 from ..retention import PruneReport, RetentionPolicy
 from ..services import SaverServices
 from . import keys, pii, retention, shredding, subjects
@@ -79,7 +79,7 @@ class SaverOperations:
         Safe to run on several machines at once. ``now`` (epoch seconds or an aware
         datetime) is for tests and backfills. Inside a tenant scope only that tenant's threads
         are swept. ``options``: ``batch``, ``lease``, ``active_grace``, ``owner``,
-        ``progress``, ``should_stop`` (see :class:`~langgraph_securesaver.pruner.Sweep`).
+        ``progress``, ``should_stop`` (see :class:`~langgraph_securesaver.ops.pruner.Sweep`).
         """
         return retention.prune_expired(self.services, now, limit=limit, dry_run=dry_run,
                                        tenant=tenant, **options)
@@ -173,11 +173,11 @@ class SaverOperations:
             subject, tenants=tenants, identifiers=identifiers,
             store_namespace=store_namespace, requested_by=requested_by))
 
-    # audit, events, scan, rotation (audit.py, scan.py, rotation.py) -------------------------
+    # audit, events, scan, rotation (audit/inventory.py, audit/scan.py, ops/rotation.py) -----------
     def audit(self, *, tenant: str | None = None, now: Any = None) -> Any:
         """Inventory: tenants, threads, ages, expiry, sizes, key versions, PII kinds (inside a
         scope: that tenant only). ``now``: epoch seconds or an aware datetime."""
-        from ..audit import audit
+        from ..audit.inventory import audit
         from ..timeargs import to_epoch
         return audit(cast("SaverLike", self), tenant=tenant, now=to_epoch(now, "now"))
 
@@ -188,7 +188,7 @@ class SaverOperations:
     def events(self, **filters: Any) -> Any:
         """Audit events and deletion receipts (tenant, thread_id, kind, since, until, limit;
         times are epoch seconds or aware datetimes). Inside a scope: that tenant's only."""
-        from ..audit import events
+        from ..audit.inventory import events
         from ..gate import thread_id_of
         from ..timeargs import to_epoch
         for name in ("since", "until"):
@@ -205,7 +205,7 @@ class SaverOperations:
     def scan(self, **options: Any) -> Any:
         """Check the at-rest guarantees on the raw tables (see scan.scan for options).
         Operator only: it reads every tenant's rows."""
-        from ..scan import scan
+        from ..audit.scan import scan
         return scan(cast("SaverLike", self), **options)
 
     async def ascan(self, **options: Any) -> Any:
@@ -215,7 +215,7 @@ class SaverOperations:
     def rotate_keys(self, **options: Any) -> Any:
         """New master version + rewrap; ``reencrypt=True`` also re-encrypts stored data.
         Operator only."""
-        from ..rotation import rotate_keys
+        from .rotation import rotate_keys
         return rotate_keys(cast("SaverLike", self), **options)
 
     async def arotate_keys(self, **options: Any) -> Any:
@@ -225,7 +225,7 @@ class SaverOperations:
     def reencrypt(self, **options: Any) -> Any:
         """Rewrite every ciphertext not under its tenant's newest data key (resumable).
         ``tenants=`` narrows it; inside a scope it covers that tenant only."""
-        from ..rotation import reencrypt
+        from .rotation import reencrypt
         return reencrypt(cast("SaverLike", self), **options)
 
     async def areencrypt(self, **options: Any) -> Any:

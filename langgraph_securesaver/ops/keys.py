@@ -3,7 +3,7 @@ new data-key versions, which master versions are still in use, and the rule that
 destructive key operations need a keyring serving only this database.
 
 Knows the services of a saver (keyring, key manager, registry, gate); not the saver.
-(Re-encrypting stored data is :mod:`langgraph_securesaver.rotation`.)
+(Re-encrypting stored data is :mod:`langgraph_securesaver.ops.rotation`.)
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..crypto import KEK
 from ..errors import ConfigurationError
-from ..registry_keys import erasure_epoch_of
+from ..keys.crypto import KEK
+from ..registry.thread_keys import ThreadKeyStore
+from ..registry.wrapped_keys import erasure_epoch_of
 from ..services import SaverServices
 from ..tenancy import validate_tenant
-from ..thread_keys import ThreadKeyStore
 
 logger = logging.getLogger("langgraph_securesaver.saver")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterable, Sequence
 
-from .. import summaries
-from ..crypto import TenantKeys
+from ..audit import summaries
 from ..errors import ConfigurationError
 from ..gate import thread_id_of
+from ..keys.crypto import TenantKeys
 from ..pii_layer import PiiLayer
 from ..services import SaverServices
 from ..tenancy import validate_actor, validate_tenant

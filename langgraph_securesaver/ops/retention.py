@@ -1,5 +1,5 @@
 """Retention as an API: default and per-tenant policies, per-thread overrides, the expiry
-sweep (:class:`~..pruner.Sweep` does the work) and the deletion receipts.
+sweep (:class:`~.pruner.Sweep` does the work) and the deletion receipts.
 
 Knows the services of a saver (registry, gate, policy cache); not the saver, not the CLI.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..gate import thread_id_of
-from ..registry import Receipt, ThreadRow
+from ..registry.core import Receipt, ThreadRow
 from ..retention import PruneReport, RetentionPolicy, parse_duration
 from ..services import SaverServices
 from ..tenancy import validate_tenant
@@ -61,8 +61,8 @@ def set_retention(services: SaverServices, thread_id: str, *, idle_ttl: Any = UN
 def prune_expired(services: SaverServices, now: Any = None, *, limit: int | None = None,
                   dry_run: bool = False, tenant: str | None = None, **options: Any
                   ) -> PruneReport:
-    from ..pruner import Sweep
     from ..timeargs import to_epoch
+    from .pruner import Sweep
     tenant = services.gate.admin_tenant("prune_expired", tenant)
     now = to_epoch(now, "now")
     # the sweep acts only on thread rows whose MACs verify: without the keyring it cannot

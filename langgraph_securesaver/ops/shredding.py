@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import summaries
-from ..crypto import KEK
+from ..audit import summaries
 from ..errors import ConfigurationError
+from ..keys.crypto import KEK
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_tenant
 from .keys import require_sole_database
@@ -68,7 +68,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     services.vault.delete_tenant(tenant)
     # SecureStore items on this database: unreadable now, but their namespaces and keys are
     # clear text (store_audit)
-    from ..store_audit import purge_store_tenant
+    from ..audit.store_items import purge_store_tenant
     store_items = purge_store_tenant(registry.engine, tenant)
     if store_items:
         logger.info("shred_tenant: %d store item(s) of tenant %r deleted", store_items, tenant)
@@ -84,7 +84,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     services.flush_deleted()
     registry.record_event("tenant_shredded", tenant=tenant, actor=requested_by,
                           threads=len(thread_ids), master_version=ring.current_version)
-    from ..registry_schema import scrub_wal
+    from ..registry.schema import scrub_wal
     scrub_wal(registry.engine)   # the deleted rows' old pages (clear ids, labels), on SQLite
     logger.warning("tenant %r crypto-shredded (%d threads)", tenant, len(thread_ids))
     return len(thread_ids)

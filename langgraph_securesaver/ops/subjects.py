@@ -1,6 +1,6 @@
 """Forgetting one person: every thread of a subject (found by its keyed digest, see
-:mod:`..subjects`), with its pending writes, PII-vault values, idempotency and recovery records
-and keys, through the one thread deletion path (crypto-erasure); the subject's store items;
+:mod:`..registry.subjects`), with its pending writes, PII-vault values, idempotency and recovery
+records and keys, through the one thread deletion path (crypto-erasure); the subject's store items;
 optionally the values of their identifiers wherever else the tenant holds them; one receipt.
 
 Knows the services of a saver (gate, keys, subject labels, vault, registry); not the saver.
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import summaries
+from ..audit import summaries
 from ..errors import ConfigurationError
 from ..gate import Denial
 from ..services import SaverServices
@@ -116,7 +116,7 @@ def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...
     (or the subject's deleted threads) used, their vault-entry keys destroyed. Returns (items,
     originals erased). The items themselves are sealed under the tenant data key: deleted,
     not crypto-erased (docs/erasure.md)."""
-    from ..store_audit import purge_store_namespace
+    from ..audit.store_items import purge_store_namespace
     owners = purge_store_namespace(services.registry.engine, tenant, namespace)
     erased = 0
     if owners:

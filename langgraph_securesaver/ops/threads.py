@@ -13,13 +13,13 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from .. import summaries
+from ..audit import summaries
 from ..errors import TamperedDataError
 from ..listing import ARows, decoding, listing
+from ..registry.thread_keys import ThreadKeyStore
 from ..services import SaverServices
-from ..storage_ops import checkpoint_epoch
+from ..storage.ops import checkpoint_epoch
 from ..tenancy import ThreadRef, current_tenant_scope, outer_thread_id, thread_prefix
-from ..thread_keys import ThreadKeyStore
 
 
 def delete_threads(services: SaverServices, tenant: str, thread_ids: Sequence[str],
@@ -123,7 +123,7 @@ def idempotency_store(services: SaverServices) -> Any:
 
 def latest_checkpoint_time(services: SaverServices, ref: ThreadRef) -> float | None:
     """When the thread was last written, from its latest root checkpoint, read exactly as the
-    retention sweep's batches read it (:meth:`.storage_ops.StorageOps.latest_checkpoint_times`
+    retention sweep's batches read it (:meth:`..storage.ops.StorageOps.latest_checkpoint_times`
     for this one thread: the checkpoint rows only, with SQL, on SQLite and PostgreSQL; the
     inner ``get_tuple`` on savers without native SQL), so a thread is decided the same way
     whether it is swept in a batch or on its own. A corrupt channel blob or pending write does

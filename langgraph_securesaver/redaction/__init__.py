@@ -4,6 +4,9 @@ Importing this package makes tldextract offline (``TLDEXTRACT_PUBLIC_SUFFIX_LIST
 unless already set): the email recognizer validates domains against tldextract's bundled
 public-suffix snapshot and never fetches the list. The presidio engine is built lazily, once
 per process, on the first redaction.
+
+May import: the foundation modules and :mod:`..keys` (key material); the per-turn path, the
+operations and the saver import this package, never the reverse.
 """
 
 from __future__ import annotations

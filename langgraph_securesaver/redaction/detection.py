@@ -16,7 +16,7 @@ from typing import Any
 
 from presidio_analyzer import AnalyzerEngine, RecognizerResult
 
-from ..keymaterial import SecretBytes
+from ..keys.material import SecretBytes
 from .decoding import DECODABLE, decoded_view
 from .engine import (
     LANGUAGE,

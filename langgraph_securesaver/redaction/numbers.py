@@ -21,7 +21,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from ..keymaterial import SecretBytes
+from ..keys.material import SecretBytes
 from .caches import Cached
 from .number_recognizers import luhn_ok
 from .policy import Action, RedactionPolicy

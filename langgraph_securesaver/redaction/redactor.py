@@ -19,7 +19,7 @@ from typing import Any
 from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
-from ..keymaterial import SecretBytes
+from ..keys.material import SecretBytes
 from .budget import Spend
 from .caches import Cache, Cached, IdentityCache, vault_size
 from .engine import (

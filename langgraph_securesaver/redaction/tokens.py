@@ -13,7 +13,7 @@ import re
 import unicodedata
 from typing import Any
 
-from ..keymaterial import SecretBytes
+from ..keys.material import SecretBytes
 from .decoding import decode_text, drop_default_ignorables
 
 # --------------------------------------------------------------------------------------------

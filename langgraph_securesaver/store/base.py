@@ -31,10 +31,10 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
-from ..crypto import TenantKeys
 from ..errors import TamperedDataError
+from ..keys.crypto import TenantKeys
 from ..pii_layer import PiiLayer
-from ..store_format import vault_id
+from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
 from . import codec, matching
 

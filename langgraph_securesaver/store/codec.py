@@ -1,7 +1,7 @@
 """The stored form of a SecureStore item: one sealed envelope per value, bound to its place.
 
 An inner store's value column holds ``{"__securesaver": "ss1.<token>", "ssbi_<k>": "<d>", ...}``
-and nothing else. The token is AES-GCM (the saver's :class:`..crypto.TenantKeys`) over the
+and nothing else. The token is AES-GCM (the saver's :class:`..keys.crypto.TenantKeys`) over the
 redacted value and its embedding vectors, with associated data naming (database id, tenant,
 namespace, key) and the item's blind-index entries: a value copied to another item, namespace,
 tenant or database, or with its ``ssbi_`` entries altered, does not open. ``ssbi_`` entries
@@ -19,9 +19,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..crypto import TenantKeys, from_text, to_text
 from ..errors import ConfigurationError, TamperedDataError
-from ..store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
+from ..keys.crypto import TenantKeys, from_text, to_text
+from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
 
 __all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "open_item_scanned",
            "seal_item"]

@@ -14,14 +14,14 @@ from typing import Any, cast
 from langgraph.store.base import BaseStore, GetOp, ListNamespacesOp, Op, PutOp, Result, SearchOp
 from langgraph.store.base.batch import AsyncBatchedBaseStore
 
-from ..backends import (
+from ..errors import ConfigurationError
+from ..storage.backends import (
     POSTGRES_EXTRA_HINT,
     SQLITE_FILE_PRAGMAS,
     is_postgres,
     libpq_url,
     sqlite_path,
 )
-from ..errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 

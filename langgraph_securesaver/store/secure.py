@@ -17,11 +17,11 @@ from typing import Any
 from langgraph.store.base import BaseStore, Op, PutOp, Result, SearchOp, TTLConfig
 from langgraph.store.base.embed import ensure_embeddings
 
-from ..crypto import TenantKeys
 from ..errors import ConfigurationError
-from ..keyring import KeyProvider
+from ..keys.crypto import TenantKeys
+from ..keys.keyring import KeyProvider
 from ..offthread import to_thread
-from ..registry import Registry
+from ..registry.core import Registry
 from ..saver import DEFAULT, SecureSaver
 from ..tenancy import tenant_tag
 from .base import SCAN_LIMIT, BatchPlan, StoreCore

@@ -1,7 +1,7 @@
 """Dropping the PII originals of deleted store items, in as few vault transactions as possible.
 
 Deleting an item drops the vault originals recorded under its owner id that nothing else uses
-(:meth:`..pii_vault.PiiVault.delete_threads_in`). One transaction per deleted item made a
+(:meth:`..registry.pii_vault.PiiVault.delete_threads_in`). One transaction per deleted item made a
 burst of concurrent async deletes wait on the registry one by one; here the async deletes of
 one event loop that arrive while a vault transaction runs are collected and handled by the
 next one together, and a batch's deletes share one transaction. A delete returns only once
@@ -17,8 +17,8 @@ import weakref
 from collections.abc import Sequence
 
 from ..offthread import to_thread
-from ..pii_vault import PiiVault
-from ..registry import Registry
+from ..registry.core import Registry
+from ..registry.pii_vault import PiiVault
 
 logger = logging.getLogger(__name__)
 

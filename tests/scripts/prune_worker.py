@@ -12,7 +12,7 @@ import sys
 import time
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.keyring import Keyring
+from langgraph_securesaver.keys.keyring import Keyring
 
 
 def main() -> int:

@@ -45,7 +45,7 @@ _ID_FIELDS = {"threads": "thread_id", "runs": "run_id", "assistants": "assistant
 
 
 def load(file: str) -> Any:
-    from langgraph_securesaver.server_records import RecordsSealer, is_sealed
+    from langgraph_securesaver.server.records import RecordsSealer, is_sealed
     with open(file, "rb") as fh:
         data = fh.read()
     if not is_sealed(data):

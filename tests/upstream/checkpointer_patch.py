@@ -86,7 +86,7 @@ def _checkpointer_secure_postgres():
 
 @asynccontextmanager  # noqa: F821
 async def _checkpointer_secure_sqlite_aio():
-    from langgraph_securesaver.registry import Registry
+    from langgraph_securesaver.registry.core import Registry
 
     async with _checkpointer_sqlite_aio() as inner:  # noqa: F821
         saver = _ss_secure(inner, registry=Registry.in_memory())

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from langgraph_securesaver import Keyring, SecureStore
-from langgraph_securesaver.registry import Registry
+from langgraph_securesaver.registry.core import Registry
 
 NAMES = ("InMemoryStore", "SqliteStore", "AsyncSqliteStore", "PostgresStore",
          "AsyncPostgresStore")

@@ -1,0 +1,253 @@
+"""What every ``securesaver`` command shares: the Typer app, the consoles, exit codes, option
+types, one-line failures, argument checks and opening a saver on ``--url``.
+
+The command modules (:mod:`.main` for keys, demo, prune, shred-tenant and recover;
+:mod:`.ops` for audit, scan, rotate-keys and events) import this module and register
+their commands on :data:`app`; this module imports neither of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ..errors import ENV_VAR, SecureSaverError
+from ..textsafety import escape_controls, json_safe
+
+app = typer.Typer(
+    name="securesaver",
+    help="Encrypted, tenant-isolated LangGraph checkpoints: keys, demo, and operations.\n\n"
+         "Exit codes of every command: 0 success, 1 the command ran and found a problem, 2 it "
+         "could not run (one line on stderr, nothing changed).",
+    no_args_is_help=True,
+    add_completion=False,
+    # plain Click help: flags show no "<bool>" type, every value option names its metavar
+    rich_markup_mode=None,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
+
+KeyringOption = Annotated[
+    str | None,
+    typer.Option("--keyring", metavar="PATH|URL",
+                 help=f"Keyring file or key provider URL (aws-kms://alias/NAME, "
+                 "pkcs11://TOKEN/KEY?module=...&pin-env=VAR); "
+                 f"defaults to ${ENV_VAR}."),
+]
+
+
+def shown(value: object) -> str:
+    """A value for a table cell or a printed line: control characters escaped (ids and rows
+    come from the database: see :mod:`..textsafety`), rich markup escaped."""
+    from rich.markup import escape
+    return escape(escape_controls(str(value)))
+
+
+def echo_json(data: Any, **options: Any) -> None:
+    """JSON on stdout with every control character escaped (``json.dumps`` leaves DEL, and
+    C1/bidi controls without ``ensure_ascii``)."""
+    typer.echo(json_safe(json.dumps(data, default=str, **options)))
+
+
+def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
+    """Print ONE line on stderr (never wrapped, never markup, control characters escaped)
+    and return the exit to raise."""
+    line = " ".join(str(message).split())
+    err_console.print(f"[bold red]error:[/] {shown(line)}", soft_wrap=True, highlight=False)
+    return typer.Exit(code)
+
+
+def db_error(exc: BaseException) -> typer.Exit:
+    """An unusable database, in one line (the driver's message, without SQLAlchemy's
+    background-link paragraph)."""
+    inner = getattr(exc, "orig", None) or exc
+    first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+    return fail(f"cannot use the database: {type(inner).__name__}: {first}")
+
+
+def tenant_arg(value: str | None, what: str = "--tenant") -> str | None:
+    """A tenant id given on the command line, validated before anything is opened."""
+    if value is None:
+        return None
+    from ..tenancy import validate_tenant
+    try:
+        return validate_tenant(value)
+    except SecureSaverError as exc:
+        raise fail(f"{what}: {exc}") from None
+
+
+def thread_arg(value: str | None, what: str = "--thread") -> str | None:
+    if value is None:
+        return None
+    from ..tenancy import validate_thread_id
+    try:
+        return validate_thread_id(value, what)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+
+
+def check_url(url: str) -> str | None:
+    """Refuse a URL that names no usable database before anything is opened or created.
+    Returns the SQLite file path (None for PostgreSQL)."""
+    from ..storage.backends import sqlite_path
+    if not isinstance(url, str) or not url.strip():
+        raise fail("--url is empty: use sqlite:///path.db or postgresql://user@host/db")
+    try:
+        path = sqlite_path(url)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    if path is None and not url.startswith(("postgresql://", "postgres://",
+                                            "postgresql+psycopg://")):
+        raise fail(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+    if path is not None and path != ":memory:":
+        p = Path(path)
+        if not p.exists():
+            raise fail(f"no database at {path}")
+        if not p.is_file():
+            raise fail(f"{path} is not a database file")
+    return path
+
+
+def load_keyring(path: str | Path | None) -> Any:
+    from ..keys.urls import load_provider  # not at import: --help need not load cryptography
+    try:
+        return load_provider(path)
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+
+
+
+class EscapingFormatter(logging.Formatter):
+    """Log lines with control characters escaped line by line: library log lines name
+    tenants and threads read from the database (see :mod:`..textsafety`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(escape_controls(line) for line in super().format(record).split("\n"))
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log what the library does (INFO) on stderr; without it only "
+        "warnings and errors are logged.")] = False) -> None:
+    """Set up logging for every command (``--verbose``: INFO)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        handlers=[handler])
+    if not verbose:  # the pool logs each failed connection attempt with a traceback
+        logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+
+
+UrlOption = Annotated[str, typer.Option("--url", metavar="URL",
+                                         help="The database: sqlite:///path.db or "
+                                              "postgresql://user@host/db.")]
+
+
+@contextmanager
+def open_saver(url: str, keyring: Any) -> Iterator[Any]:
+    """A SecureSaver on an existing database for an operations command; exit 2 with one line
+    if the URL or the database is unusable (also when that surfaces half-way)."""
+    from ..keys.keyring import NoKeys
+    from ..saver import SecureSaver
+    check_url(url)
+    try:
+        with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as saver:
+            yield saver
+    except typer.Exit:
+        raise
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
+
+
+def database_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean 'the database could not be used' (exit code 2)."""
+    import sqlite3
+
+    import sqlalchemy.exc
+    errors: list[type[BaseException]] = [sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError]
+    try:
+        import psycopg
+        import psycopg_pool
+        errors += [psycopg.Error, psycopg_pool.PoolTimeout]
+    except ImportError:  # the postgres extra is optional
+        pass
+    return tuple(errors)
+
+
+# opening for the operations commands (audit, scan, events, rotate-keys) ---------------------
+@contextmanager
+def opened(url: str, ring: Any) -> Iterator[Any]:
+    """A SecureSaver on ``url`` for an operations command; exit 2 with the reason if the
+    database is missing or unusable (also when that surfaces half-way)."""
+    with open_saver(url, ring) as saver:
+        yield saver
+
+
+@contextmanager
+def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
+    """What ``audit`` and ``events`` read: the registry's engine on ``url`` alone
+    (:class:`~langgraph_securesaver.audit.inventory.AuditDatabase`) when the database already holds
+    the inner saver's tables -- no inner saver, no LangGraph import, a second less to start.
+    Otherwise (a database SecureSaver never set up) a full SecureSaver, as :func:`opened`."""
+    check_url(url)
+    try:
+        from ..audit.db import AuditDatabase
+        from ..registry.core import Registry
+        from ..storage.backends import registry_url_for
+        registry = Registry(registry_url_for(url))
+        try:
+            inner = AuditDatabase.inner_tables(registry.dialect)
+            if registry.ready_for_reading(inner):   # current schema: no DDL, no migration
+                yield AuditDatabase(registry)
+                return
+            registry.setup()
+            light = AuditDatabase(registry)
+            if light.has_inner_tables():
+                yield light
+                return
+        finally:
+            registry.dispose()
+    except typer.Exit:
+        raise
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    except database_errors() as exc:
+        raise db_error(exc) from None
+    with opened(url, ring) as saver:
+        yield saver
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback ``(done, total)`` drawing a transient bar on stderr (only when
+    stderr is a terminal: logs and pipes get no control characters)."""
+    if quiet or not err_console.is_terminal:
+        yield lambda done, total: None
+        return
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    with Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, done))
+
+        yield advance

@@ -1,0 +1,156 @@
+"""A realistic multi-turn support agent with a scripted chat model (no network).
+
+Used by ``securesaver demo``, the benchmarks and the tests: a compiled LangGraph graph with a
+``messages`` channel, a ToolNode, a str channel and an int channel, so every kind of state
+SecureSaver protects is exercised.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypedDict
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode, tools_condition
+
+if TYPE_CHECKING:
+    from ..keys.keyring import Keyring
+
+logger = logging.getLogger(__name__)
+
+_ORDER = re.compile(r"order\s+(?:is\s+|number\s+|#)?([A-Z]{2,}-[A-Z0-9-]+)", re.IGNORECASE)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
+
+
+class SupportState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    customer_email: str
+    turns: int
+
+
+@tool
+def lookup_order(order_id: str, email: str = "") -> str:
+    """Look up an order's shipping status."""
+    return f"Order {order_id} for {email or 'the customer'} shipped yesterday."
+
+
+class ScriptedChatModel(BaseChatModel):
+    """A deterministic chat model: asks for a tool when an order is mentioned, else answers."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None,
+                  **kwargs: Any) -> ChatResult:
+        last = messages[-1]
+        turn = sum(isinstance(m, HumanMessage) for m in messages)
+        if isinstance(last, ToolMessage):
+            reply = AIMessage(content=f"Here is what I found: {last.content}")
+        else:
+            text = str(last.content)
+            order = _ORDER.search(text)
+            email = _EMAIL.search(text)
+            if order:
+                reply = AIMessage(content="", tool_calls=[{
+                    "name": "lookup_order",
+                    "args": {"order_id": order.group(1), "email": email.group(0) if email else ""},
+                    "id": f"call_{turn}_{order.group(1)}",
+                }])
+            else:
+                reply = AIMessage(content=f"Thanks, noted (turn {turn}): {text}")
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def build_support_graph(checkpointer: BaseCheckpointSaver | None, *,
+                        pause_before_tools: bool = False) -> Any:
+    """The compiled demo agent (optionally pausing before tools, to show a resume)."""
+    model = ScriptedChatModel()
+
+    def agent(state: SupportState) -> dict[str, Any]:
+        reply = model.invoke(state["messages"])
+        update: dict[str, Any] = {"messages": [reply], "turns": state.get("turns", 0) + 1}
+        for message in reversed(state["messages"]):
+            if isinstance(message, HumanMessage):
+                found = _EMAIL.search(str(message.content))
+                if found:
+                    update["customer_email"] = found.group(0)
+                break
+        return update
+
+    builder = StateGraph(SupportState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([lookup_order]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: END})
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=checkpointer,
+                           interrupt_before=["tools"] if pause_before_tools else None)
+
+
+def build_chat_graph(checkpointer: BaseCheckpointSaver | None) -> Any:
+    """A one-node chat graph (the benchmark's unit of work)."""
+    model = ScriptedChatModel()
+
+    def chat(state: SupportState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])], "turns": state.get("turns", 0) + 1}
+
+    builder = StateGraph(SupportState)
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+
+#: Where the examples keep their data, relative to the directory they are run from.
+EXAMPLES_DIR = ".securesaver-examples"
+
+
+class ExampleWorkspace(NamedTuple):
+    """An example's own data directory, the keyring file beside its data, and whether data
+    of a former run was removed to make it."""
+
+    path: Path
+    keyring: Keyring
+    removed: bool
+
+    def describe(self) -> str:
+        """One line for the example to print: where its data is and that it starts clean."""
+        return f"data: {self.path} ({'old run removed, ' if self.removed else ''}starting clean)"
+
+
+def example_workspace(name: str, *, root: str | Path | None = None) -> ExampleWorkspace:
+    """A fresh directory for example ``name`` (``./.securesaver-examples/<name>/`` unless
+    ``root`` is given) with a new keyring file in it.
+
+    Examples start clean on every run: data kept from one run to the next would need that
+    run's keyring, and would change what the example prints. Only this example's own
+    directory is removed, never a shared database.
+    """
+    import shutil
+
+    from ..keys.keyring import Keyring
+
+    base = Path(root) if root is not None else Path.cwd() / EXAMPLES_DIR
+    where = base / name
+    removed = where.exists()
+    if removed:
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    Keyring.generate().save(where / "keyring.json")
+    return ExampleWorkspace(where, Keyring.from_file(where / "keyring.json"), removed)

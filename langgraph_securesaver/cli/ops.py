@@ -1,0 +1,680 @@
+"""Operations commands of the ``securesaver`` CLI: audit, scan, rotate-keys, events.
+
+They are registered on :data:`langgraph_securesaver.cli.common.app` (the ``securesaver`` app,
+also ``cli.app``) when this module is imported; :mod:`.main` imports it.
+
+Exit codes (all four commands): 0 ok; 1 the command ran and found something (audit: threads
+past their expiry or outside the registry; scan: violations; rotate-keys: work left or a
+version still in use; events: nothing matched); 2 it could not run (bad arguments, missing
+keyring, unreachable or missing database).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ..errors import SecureSaverError
+from .common import (
+    EXIT_CANNOT_RUN,
+    EXIT_FOUND,
+    EXIT_OK,
+    KeyringOption,
+    UrlOption,
+    app,
+    console,
+    echo_json,
+    err_console,
+    fail,
+    load_keyring,
+    opened,
+    opened_for_audit,
+    progress_bar,
+    shown,
+    tenant_arg,
+    thread_arg,
+)
+from .events import print_events
+
+if TYPE_CHECKING:  # rich.table is imported where a table is printed: JSON output needs none
+    from rich.table import Table
+
+MAX_ROWS_SHOWN = 200
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class AuditFormat(str, Enum):
+    table = "table"
+    json = "json"
+    html = "html"
+
+
+FormatOption = Annotated[OutputFormat, typer.Option(
+    "--format", case_sensitive=False, metavar="FORMAT",
+    help="table (for people) or json (for scripts).")]
+
+
+# --------------------------------------------------------------------------------------------
+# shared plumbing
+# --------------------------------------------------------------------------------------------
+def _keyring_or_none(path: str | None) -> Any:
+    """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None."""
+    if path is not None:
+        return load_keyring(path)
+    from ..keys.keyring import Keyring
+    try:
+        return Keyring.from_env()
+    except SecureSaverError:
+        return None
+
+
+def _echo_json(data: Any) -> None:
+    echo_json(data, indent=2, sort_keys=False)
+
+
+def _dt(value: str | None) -> str:
+    """``2026-11-29T09:54:15+00:00`` -> ``2026-11-29 09:54`` (tables say UTC in the header)."""
+    if value is None:
+        return "—"
+    return value.replace("T", " ").replace("+00:00", "")[:16]
+
+
+def parse_when(value: str | None, *, what: str, now: float | None = None) -> float | None:
+    """``2025-11-01``, ``2025-11-01T10:00:00Z``, an epoch number, or a duration ago (``7d``)."""
+    if value is None:
+        return None
+    from ..retention import parse_duration
+    now = time.time() if now is None else now
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(number):
+            raise fail(f"{what} {value!r} is not a finite epoch")
+        return number
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        parsed = None
+    if parsed is not None:
+        if parsed.tzinfo is None:
+            if len(text) > 10:   # a time of day without a zone names no instant
+                raise fail(f"{what} {value!r} has a time but no timezone: add Z or +hh:mm")
+            parsed = parsed.replace(tzinfo=timezone.utc)   # a bare date: midnight UTC
+        return parsed.timestamp()
+    try:
+        ago = parse_duration(text, what=what)
+    except SecureSaverError:
+        raise fail(f"{what} {value!r} is not a date (2025-11-01, 2025-11-01T10:00:00Z), an "
+                   "epoch, or a duration ago (90m, 12h, 7d)") from None
+    return now - (ago or 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# audit
+# --------------------------------------------------------------------------------------------
+@app.command()
+def audit(
+    url: UrlOption,
+    tenant: Annotated[str | None, typer.Option("--tenant", metavar="TENANT",
+                                               help="Only this tenant.")] = None,
+    keyring: KeyringOption = None,
+    output: Annotated[AuditFormat, typer.Option(
+        "--format", case_sensitive=False, metavar="FORMAT",
+        help="table, json, or html (a self-contained report with charts).")]
+    = AuditFormat.table,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="FILE", help="Write the report to this file (html and json).",
+        dir_okay=False)]
+    = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN", help="html: list the deletion receipts and refused reads "
+        "from this time on (same forms as events --since; default: all).")] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", metavar="WHEN", help="html: ... up to this time.")] = None,
+    recount: Annotated[bool, typer.Option(
+        "--recount", help="Read every stored row instead of the maintained summaries (slower "
+        "on large databases; also lists stored threads without a registry row).")] = False,
+) -> None:
+    """What is held per tenant and thread: since when, until when, how much, under which
+    keys, which personal data; threads past their expiry are flagged.
+
+    Large databases are answered from the maintained summaries (`securesaver summaries`
+    refreshes them; `scan --verify` checks them against the stored rows).
+
+    With --format html the report is one self-contained page for an auditor: the database
+    and library version, the verification results (with --keyring: scan --verify and events
+    --verify), the deletion receipts and refused reads of the period, and a legend.
+
+    Exit codes: 0 ok, 1 threads past their expiry (retention not running) or stored outside
+    the registry (or, with --format html and a keyring, a verification failed), 2 could not
+    run.
+    """
+    from ..audit.inventory import audit as run_audit
+    from ..registry.wrapped_keys import erasure_epoch_of
+    tenant = tenant_arg(tenant)
+    ring = _keyring_or_none(keyring)
+    period = (parse_when(since, what="--since"), parse_when(until, what="--until"))
+    source = "recount" if recount else "auto"
+    if output is not AuditFormat.table:
+        _stream_audit(url, ring, tenant, output, out, period, source)
+    with opened_for_audit(url, ring) as saver:
+        try:
+            with progress_bar("audit") as advance:
+                report = run_audit(saver, tenant=tenant, progress=advance, source=source)
+            epoch = erasure_epoch_of(saver.registry, ring) if ring is not None else None
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    _print_audit(report)
+    if epoch is not None and epoch["erasures_pending"]:
+        console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) still "
+                      "open from remnants and backups until `securesaver rotate-keys "
+                      f"--retire-old` (master versions held: {', '.join(epoch['held_masters'])})")
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
+                  out: Path | None, period: tuple[float | None, float | None],
+                  source: str = "auto") -> None:
+    """json / html: written while the database is read (memory stays flat); always exits."""
+    import sys
+
+    from ..audit.inventory import audit_stream, iter_audit
+    from ..audit.report_html import write_html
+    context = _report_context(url, ring, tenant, period) if output is AuditFormat.html else None
+    with opened_for_audit(url, ring) as saver:
+        try:
+            if tenant is not None and tenant not in saver.registry.tenants():
+                raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
+            with (out.open("w", encoding="utf-8") if out is not None
+                  else _no_close(sys.stdout)) as target:
+                if output is AuditFormat.html:
+                    stream, finish = iter_audit(saver, tenant=tenant, source=source)
+                    summary = write_html(stream, finish, target, context=context)
+                else:
+                    summary = audit_stream(saver, target, tenant=tenant, source=source)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    if out is not None:
+        err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+    verified = context is None or all(
+        part is None or part.get("ok") for part in (context.scan, context.registry))
+    raise typer.Exit(EXIT_OK if summary.ok and verified else EXIT_FOUND)
+
+
+def _report_context(url: str, ring: Any, tenant: str | None,
+                    period: tuple[float | None, float | None]) -> Any:
+    """What the HTML report states beyond the inventory: the database's identity, the library
+    version, ``scan --verify`` and ``events --verify`` (with a keyring), and the receipts and
+    refused reads of the period."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import sqlalchemy as sa
+
+    from ..audit.report_html import ReportContext
+    from ..audit.scan import scan as run_scan
+    from ..audit.trail import events as list_entries
+    from ..registry.schema import meta_table
+    since, until = period
+    try:
+        release = version("langgraph-securesaver")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        release = "(not installed)"
+    context = ReportContext(version=release, period=period)
+    with opened_for_audit(url, ring) as light:
+        registry = light.registry
+        context.database = registry.engine.url.render_as_string(hide_password=True)
+        with registry.begin() as conn:
+            context.database_id = conn.execute(sa.select(meta_table.c.value).where(
+                meta_table.c.key == "database_id")).scalar()
+        trail = list_entries(light, tenant=tenant, since=since, until=until)
+    context.receipts = [e for e in trail if e.kind.startswith("receipt:")]
+    context.denials = [e for e in trail if e.kind == "access_denied"]
+    if ring is None:
+        context.not_verified = ("The report was made without the keyring, so ciphertexts were "
+                                "not authenticated and registry MACs not checked.")
+        return context
+    with opened(url, ring) as saver:
+        try:
+            with progress_bar("verify"):
+                context.scan = run_scan(saver, keyring=ring, verify=True).as_dict()
+            context.registry = saver.registry.verify_integrity().as_dict()
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    return context
+
+
+@contextmanager
+def _no_close(stream: Any) -> Iterator[Any]:
+    yield stream
+    stream.flush()
+
+
+def _no_wrap(table: Table, *columns: int) -> None:
+    for i in columns:
+        table.columns[i].no_wrap = True
+
+
+def _kinds(pii: dict[str, int]) -> str:
+    return "\n".join(f"{shown(k)} {n}" for k, n in sorted(pii.items())) or "—"
+
+
+# (header, priority, kind). Columns are dropped from the highest priority number down until
+# every kept column has its readable width within the terminal. kind: "fixed" never wraps,
+# "fold" (ids, never cut) and "wrap" may take several lines but keep a readable minimum.
+_TENANT_COLUMNS = [("tenant", 0, "fold"), ("threads", 1, "fixed"), ("ckpts", 6, "fixed"),
+                   ("stored", 2, "fixed"), ("first thread\n(UTC)", 8, "fixed"),
+                   ("retention", 4, "wrap"), ("personal data\n(distinct values)", 5, "wrap"),
+                   ("data keys\n(master)", 9, "fixed"), ("past\nexpiry", 3, "fixed"),
+                   ("held", 7, "fixed")]
+_THREAD_COLUMNS = [("tenant", 0, "fold"), ("thread", 1, "fold"), ("created (UTC)", 7, "fixed"),
+                   ("last activity", 5, "fixed"), ("expires", 2, "fixed"), ("ckpts", 6, "fixed"),
+                   ("stored", 3, "fixed"), ("keys", 8, "fixed"), ("personal data", 4, "wrap")]
+_READABLE = {"fold": 18, "wrap": 16}
+
+
+def _widths(header: str, kind: str, cells: list[str]) -> tuple[int, int]:
+    """(readable minimum, natural) width of a column."""
+    from rich.cells import cell_len
+    from rich.text import Text
+    widest = max((cell_len(line) for cell in cells
+                  for line in Text.from_markup(cell).plain.split("\n")), default=1)
+    natural = max(widest, max(cell_len(line) for line in header.split("\n")))
+    if kind == "fixed":
+        return natural, natural
+    head = max(cell_len(word) for word in header.split())
+    return max(min(widest, _READABLE[kind]), head), natural
+
+
+def _fitted(title: str, columns: list[tuple[str, int, str]],
+            rows: list[list[str]]) -> tuple[Table, list[str]]:
+    """The table with the columns that fit ``console.width`` by priority (each at least at a
+    readable width), and the headers of the columns left out."""
+    sizes = [_widths(header, kind, [row[i] for row in rows])
+             for i, (header, _, kind) in enumerate(columns)]
+    keep = list(range(len(columns)))
+
+    def total(which: int) -> int:  # 0: readable minimum, 1: natural; 3 = borders + padding
+        return sum(sizes[i][which] + 3 for i in keep) + 1
+
+    width: dict[int, int] = {}
+    if total(1) > console.width:
+        while len(keep) > 2 and total(0) > console.width:
+            keep.remove(max(keep, key=lambda i: columns[i][1]))
+        spare = max(0, console.width - total(0))
+        for i in sorted(keep, key=lambda i: columns[i][1]):
+            extra = min(spare, sizes[i][1] - sizes[i][0])
+            width[i] = sizes[i][0] + extra
+            spare -= extra
+    from rich.table import Table
+    table = Table(title=title)
+    for i in keep:
+        header, _, kind = columns[i]
+        table.add_column(header, no_wrap=kind == "fixed", width=width.get(i),
+                         overflow="fold" if kind == "fold" else "ellipsis")
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    dropped = [columns[i][0].replace("\n", " ") for i in range(len(columns)) if i not in keep]
+    return table, dropped
+
+
+def _print_audit(report: Any) -> None:
+    from ..audit.report_html import human_bytes, policy_text
+    tenant_rows = []
+    for t in report.tenants:
+        keys = (",".join(f"v{v}" for v in t.data_keys) or "—") + " (" + (
+            ",".join(f"m{v}" for v in t.master_versions) or "—") + ")"
+        tenant_rows.append([
+            shown(t.tenant), str(t.threads), str(t.checkpoints), human_bytes(t.stored_bytes),
+            _dt(t.as_dict()["first_created"]), shown(policy_text(t.policy)), _kinds(t.pii),
+            keys, f"[red]{t.overdue}[/]" if t.overdue else "0", str(t.held)])
+    tenants, tenants_dropped = _fitted("Tenants", _TENANT_COLUMNS, tenant_rows)
+    console.print(tenants)
+    thread_rows = []
+    for th in report.threads[:MAX_ROWS_SHOWN]:
+        d = th.as_dict()
+        if th.legal_hold:
+            expires = "[blue]legal hold[/]"
+        elif th.overdue:
+            expires = f"[red]{_dt(d['expires_at'])}\nPAST EXPIRY[/]"
+        elif not th.registered:
+            expires = "[red]unregistered[/]"
+        else:
+            expires = _dt(d["expires_at"]) if th.expires_at is not None else "never"
+        thread_rows.append([shown(th.tenant), shown(th.thread_id), _dt(d["created_at"]),
+                            _dt(d["last_activity"]), expires, str(th.checkpoints),
+                            human_bytes(th.stored_bytes),
+                            ",".join(f"v{v}" for v in th.key_versions) or "—", _kinds(th.pii)])
+    threads, threads_dropped = _fitted("Threads", _THREAD_COLUMNS, thread_rows)
+    console.print(threads)
+    if len(report.threads) > MAX_ROWS_SHOWN:
+        console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
+                      "(--format json or html for all)")
+    if tenants_dropped or threads_dropped:
+        hidden = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in
+                           (("tenants", tenants_dropped), ("threads", threads_dropped)) if cols)
+        console.print(f"[dim]hidden at {console.width} columns: {hidden}. --format json or "
+                      "--format html has every field.[/]")
+    for orphan in report.orphans:
+        console.print(f"[red]stored thread of no known tenant[/]: {shown(orphan['thread_id'])}"
+                      f" ({orphan['checkpoints']} checkpoints)")
+    if report.store is not None:
+        _print_store_audit(report.store)
+    for problem in report.problems:
+        console.print(f"[bold red]problem:[/] {shown(problem)}")
+    if report.ok:
+        console.print("[green]no problems[/]")
+
+
+def _print_store_audit(store: dict[str, Any]) -> None:
+    """The SecureStore items of the audit (store_audit.StoreAudit.as_dict())."""
+    from rich.table import Table
+
+    from ..audit.report_html import human_bytes
+    table = Table("tenant", "items", "namespaces", "stored", "last updated", "TTL / expired",
+                  "PII kinds (vault)", title="Store items (SecureStore)")
+    for t in store["tenants"]:
+        table.add_row(shown(t["tenant"]), str(t["items"]), str(t["namespaces"]),
+                      human_bytes(t["stored_bytes"]), _dt(t["last_updated"]),
+                      f"{t['with_ttl']} / " + (f"[red]{t['expired']}[/]" if t["expired"]
+                                               else "0"), _kinds(t["pii"]))
+    console.print(table)
+
+
+# --------------------------------------------------------------------------------------------
+# scan
+# --------------------------------------------------------------------------------------------
+@app.command()
+def scan(
+    url: UrlOption,
+    keyring: KeyringOption = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Also authenticate every ciphertext against its place (needs the "
+        "keyring).")] = False,
+    allow_metadata: Annotated[list[str] | None, typer.Option(
+        "--allow-metadata", metavar="KEY",
+        help="A metadata key your saver stores in clear (repeatable).")]
+    = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """Check the raw tables at rest: nothing unencrypted, no personal data or secrets in clear
+    columns, every ciphertext under a known key. Violations name the kind and place, never
+    the value.
+
+    Exit codes: 0 clean, 1 violations found, 2 could not run.
+    """
+    from ..audit.scan import VIOLATIONS
+    from ..audit.scan import scan as run_scan
+    from ..saver import DEFAULT_METADATA_ALLOWLIST
+    ring = _keyring_or_none(keyring)
+    if verify and ring is None:
+        raise fail("--verify decrypts every ciphertext: pass --keyring or set "
+                   "SECURESAVER_MASTER_KEY")
+    allow = set(DEFAULT_METADATA_ALLOWLIST) | set(allow_metadata or ())
+    with opened(url, ring) as saver:
+        try:
+            with progress_bar("scan", quiet=output is OutputFormat.json) as advance:
+                report = run_scan(saver, keyring=ring, verify=verify, allowlist=allow,
+                                  progress=advance)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    if output is OutputFormat.json:
+        _echo_json(report.as_dict())
+    else:
+        _print_scan(report, VIOLATIONS)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _print_scan(report: Any, meanings: dict[str, str]) -> None:
+    from rich.table import Table
+    summary = Table("table", "rows", title=f"Scanned ({report.backend}, "
+                                           f"{report.duration:.1f}s)")
+    for name, n in report.rows.items():
+        summary.add_row(shown(name), str(n))
+    console.print(summary)
+    checked = (f"{report.tokens} ciphertexts checked"
+               + (f", {report.verified} authenticated" if report.verified else ""))
+    console.print(checked)
+    keys = "; ".join(f"{shown(t)} (" + ", ".join(
+        f"v{k}: {n} ciphertexts" for k, n in sorted(v.items())) + ")"
+        for t, v in sorted(report.key_versions.items()))
+    console.print(f"data-key versions in use: {keys or 'none'}")
+    masters = ", ".join(f"v{shown(k)}: {n} key rows"
+                        for k, n in sorted(report.master_versions.items()))
+    console.print(f"master versions wrapping key rows: {masters or 'none'}"
+                  + ("" if report.keyring_checked else " (not checked: no keyring)"))
+    if report.ok:
+        console.print("[bold green]clean[/]: no violations")
+        return
+    table = Table("kind", "table", "where", "detail", title="Violations")
+    table.columns[2].overflow = "fold"       # row keys are never cut short
+    for v in report.violations[:MAX_ROWS_SHOWN]:
+        table.add_row(shown(v.kind), shown(v.table), shown(v.location), shown(v.detail))
+    console.print(table)
+    if len(report.violations) > MAX_ROWS_SHOWN:
+        console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more (--format json)")
+    for kind, n in sorted(report.by_kind().items()):
+        console.print(f"[bold red]{n}[/] x {kind}: {shown(meanings.get(kind, ''))}")
+
+
+# --------------------------------------------------------------------------------------------
+# rotate-keys
+# --------------------------------------------------------------------------------------------
+@app.command("rotate-keys")
+def rotate_keys(
+    url: UrlOption,
+    keyring: Annotated[str, typer.Option(
+        "--keyring", metavar="PATH|URL",
+        help="Keyring file (a master version is added; the file is rewritten) or key "
+        "provider URL (aws-kms://alias/NAME: a new KMS key, the alias moved; "
+        "pkcs11://TOKEN/KEY?...: a new key KEY.vN generated in the token).")],
+    reencrypt: Annotated[bool, typer.Option(
+        "--reencrypt", help="Also rotate every tenant's data key and re-encrypt the stored "
+        "data (online, resumable).")] = False,
+    retire_old: Annotated[bool, typer.Option(
+        "--retire-old", help="Then remove master versions that no key row uses any more.")]
+    = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N",
+                                            help="Rows per transaction.")] = 200,
+    max_rate: Annotated[float | None, typer.Option(
+        "--max-rate", min=0.001, metavar="ROWS_PER_S",
+        help="At most this many rows rewritten per second.")] = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """Add a master key version and rewrap every data key under it (fast, no data rewrite);
+    --reencrypt also moves all stored data to new data keys. Run the same command again to
+    resume an interrupted --reencrypt. Stops cleanly between batches on SIGTERM/SIGINT.
+
+    Exit codes: 0 done, 1 work left (stopped, rows contended or unreadable) or an old master
+    version still in use, 2 could not run.
+    """
+    from ..ops.rotation import rotate_keys as run_rotation
+    ring = load_keyring(keyring)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        err_console.print(f"received signal {signum}: stopping after the current batch")
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with opened(url, ring) as saver:
+            try:
+                with progress_bar("rotate-keys", quiet=output is OutputFormat.json) as advance:
+                    report = run_rotation(
+                        saver, reencrypt=reencrypt, retire_old=retire_old,
+                        batch_size=batch_size, max_rate=max_rate,
+                        progress=lambda _stage, d, t: advance(d, t), should_stop=stop.is_set)
+            except SecureSaverError as exc:
+                raise fail(str(exc)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if output is OutputFormat.json:
+        _echo_json(report.as_dict())
+    else:
+        _print_rotation(report, keyring)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+def _print_rotation(report: Any, keyring: str) -> None:
+    from rich.table import Table
+    verb = "resumed" if report.resumed else "added"
+    console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
+                  f"{shown(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
+    re = report.reencrypt
+    if re is not None:
+        if report.rotated_tenants:
+            console.print(f"data keys rotated for {len(report.rotated_tenants)} tenant(s)")
+        table = Table("table", "rows re-encrypted", title=f"Re-encryption ({re.passes} "
+                                                          f"passes, {re.duration:.1f}s)")
+        for name, n in sorted(re.rewritten.items()):
+            table.add_row(name, str(n))
+        console.print(table)
+        console.print(f"{re.tokens} ciphertexts re-sealed, {re.already_current} rows already "
+                      f"under the newest data key, {re.conflicts} concurrent writes left to "
+                      "their writer and revisited")
+        for name, n in sorted(re.not_covered.items()):
+            console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {shown(name)} (no "
+                          "known place; they stay readable under their data-key version)")
+        for error in re.errors[:20]:
+            console.print(f"[red]error[/]: {shown(error)}")
+    in_use = ", ".join(f"v{shown(k)}: {n} key rows" for k, n in sorted(
+        report.master_versions_in_use.items()))
+    console.print(f"master versions in use: {in_use or 'none'}")
+    if report.retired:
+        console.print(f"retired master version(s): {shown(', '.join(report.retired))}")
+    for problem in report.problems:
+        console.print(f"[bold red]problem:[/] {shown(problem)}")
+    if report.ok:
+        console.print("[bold green]done[/]")
+
+
+# --------------------------------------------------------------------------------------------
+# events
+# --------------------------------------------------------------------------------------------
+@app.command()
+def events(
+    url: UrlOption,
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", metavar="TENANT",
+        help="Only entries about this tenant's data (the tenant that was asked for).")] = None,
+    thread: Annotated[str | None, typer.Option("--thread", metavar="THREAD",
+                                               help="Thread id (as the app knows it).")] = None,
+    kind: Annotated[str | None, typer.Option(
+        "--kind", metavar="KIND",
+        help="An event kind (access_denied, keys_rewrapped, ...), `receipt` for "
+        "every deletion receipt, or `receipt:deleted|pruned|shredded|forgotten`.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN",
+        help="2025-11-01, 2025-11-01T10:00:00Z, an epoch, or a duration ago (7d).")]
+    = None,
+    until: Annotated[str | None, typer.Option("--until", metavar="WHEN",
+                                              help="Same forms as --since.")]
+    = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N",
+                                              help="Only the latest N entries.")] = None,
+    keyring: KeyringOption = None,
+    output: FormatOption = OutputFormat.table,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Check the MACs of every registry row and the hash chains of events "
+        "and receipts (needs the keyring); exit 1 naming each broken row.")] = False,
+    anchor: Annotated[Path | None, typer.Option(
+        "--anchor", metavar="FILE",
+        help="With --verify: a JSON anchor saved by an earlier --verify (kept "
+        "outside the database); detects deleted newest rows.", dir_okay=False)] = None,
+    save_anchor: Annotated[Path | None, typer.Option(
+        "--save-anchor", metavar="FILE",
+        help="With --verify: write the verified chain heads to this file.",
+        dir_okay=False)] = None,
+) -> None:
+    """The audit trail: security events (denied access, key operations, retention changes)
+    and deletion receipts, oldest first.
+
+    Exit codes: 0 done (also when nothing matched), 2 could not run. With --verify: 0 every
+    row verifies, 1 something does not (each broken row named), 2 could not run. In a
+    terminal narrower than 120 columns each entry is printed as a block instead of a table
+    row; --format json has every field.
+    """
+    if verify:
+        _verify_registry(url, keyring, anchor, save_anchor, output)
+    from ..audit.trail import events as list_entries
+    tenant = tenant_arg(tenant)
+    thread = thread_arg(thread)
+    if kind is not None and (not kind or len(kind) > 64):
+        raise fail("--kind must be an event kind of at most 64 characters")
+    start = parse_when(since, what="--since")
+    end = parse_when(until, what="--until")
+    with opened_for_audit(url, _keyring_or_none(keyring)) as saver:
+        entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
+                               until=end, limit=limit)
+    if output is OutputFormat.json:
+        _echo_json([e.as_dict() for e in entries])
+    else:
+        print_events(entries)
+    raise typer.Exit(EXIT_OK)
+
+
+def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
+                     save_anchor: Path | None, output: OutputFormat) -> None:
+    from ..errors import KeyringRequired, TamperedDataError
+    ring = _keyring_or_none(keyring)
+    if ring is None:
+        raise fail("--verify needs the keyring (--keyring or $SECURESAVER_MASTER_KEY): the "
+                   "registry MAC key is wrapped by it")
+    mark = None
+    if anchor is not None:
+        try:
+            mark = json.loads(anchor.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise fail(f"cannot read the anchor {anchor}: {exc}") from None
+        mark = mark.get("anchor", mark) if isinstance(mark, dict) else None
+        if not isinstance(mark, dict) or not isinstance(mark.get("heads"), list):
+            raise fail(f"{anchor} is not a chain anchor written by --save-anchor")
+    with opened(url, ring) as saver:
+        try:
+            report = saver.registry.verify_integrity(anchor=mark)
+        except KeyringRequired as exc:
+            raise fail(str(exc)) from None
+        except TamperedDataError as exc:  # the registry MAC key row itself is gone or forged
+            from ..registry.core import IntegrityReport
+            report = IntegrityReport({}, [("securesaver_tenant_keys", "purpose=registry",
+                                           str(exc))], [])
+    data = report.as_dict()
+    if save_anchor is not None and report.ok:
+        save_anchor.write_text(json.dumps(data["anchor"], indent=2), encoding="utf-8")
+    if output is OutputFormat.json:
+        _echo_json(data)
+    else:
+        from rich.table import Table
+        table = Table("table", "row", "problem",
+                      title=f"{len(report.problems)} problem(s) in "
+                            f"{sum(report.checked.values())} rows")
+        for name, row, problem in report.problems[:MAX_ROWS_SHOWN]:
+            table.add_row(shown(name), shown(row), shown(problem))
+        if report.problems:
+            console.print(table)
+        else:
+            console.print("[bold green]registry verifies[/]: "
+                          + ", ".join(f"{n} {t}" for t, n in sorted(report.checked.items())))
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+__all__ = ["EXIT_CANNOT_RUN", "audit", "events", "parse_when", "rotate_keys", "scan"]

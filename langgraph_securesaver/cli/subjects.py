@@ -1,0 +1,114 @@
+"""``securesaver forget-subject``: forget one person (their threads, store items and,
+optionally, their identifiers' values) with one receipt.
+
+Registered on :data:`langgraph_securesaver.cli.common.app` when imported (:mod:`.main` does).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ..errors import SecureSaverError
+from .common import (
+    EXIT_FOUND,
+    EXIT_OK,
+    KeyringOption,
+    UrlOption,
+    app,
+    check_url,
+    console,
+    echo_json,
+    fail,
+    load_keyring,
+    open_saver,
+    shown,
+    tenant_arg,
+)
+
+
+@app.command("forget-subject")
+def forget_subject(
+    url: UrlOption,
+    subject: Annotated[str | None, typer.Option(
+        "--subject", metavar="ID|-",
+        help="The subject id (the end user threads were written for); '-' reads it from "
+        "the first line of stdin, which keeps it out of the process list and shell "
+        "history.")] = None,
+    tenants: Annotated[list[str] | None, typer.Option(
+        "--tenant", metavar="TENANT",
+        help="A tenant to forget the subject in (repeatable; default: every tenant).")]
+    = None,
+    identifiers: Annotated[list[str] | None, typer.Option(
+        "--identifier", metavar="VALUE",
+        help="Also erase this value (an e-mail, phone, name) wherever the tenant holds it "
+        "(repeatable).")] = None,
+    store_namespace: Annotated[str | None, typer.Option(
+        "--store-namespace", metavar="LABELS",
+        help="Store items to delete: namespaces starting with these dot-separated labels "
+        "(default: the subject id; 'none' deletes no store item).")] = None,
+    keyring: KeyringOption = None,
+    requested_by: Annotated[str | None, typer.Option(
+        "--requested-by", metavar="WHO",
+        help="Who asked for it (recorded in the receipt; no personal data).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")]
+    = False,
+) -> None:
+    """Delete every thread recorded for a subject (keys destroyed: crypto-erasure), their
+    store items and, with --identifier, those values in the tenant's other threads; one
+    receipt with counts, never values. Irreversible.
+
+    Exit codes: 0 done (also when nothing of the subject was stored), 1 aborted at the
+    prompt, 2 could not run (bad arguments, unknown tenant, no keyring, no database).
+    """
+    from ..tenancy import validate_actor, validate_subject
+    if subject == "-":
+        subject = sys.stdin.readline().rstrip("\r\n")
+    named = [tenant_arg(t) or t for t in (tenants or [])]
+    values = list(identifiers or [])
+    try:
+        if subject is not None:
+            subject = validate_subject(subject, "--subject")
+        validate_actor(requested_by, "--requested-by")
+    except SecureSaverError as exc:
+        raise fail(str(exc)) from None
+    if subject is None and not values:
+        raise fail("name a --subject, or at least one --identifier")
+    namespace: object = ... if store_namespace is None else (
+        None if store_namespace == "none" else tuple(store_namespace.split(".")))
+    check_url(url)
+    ring = load_keyring(keyring)
+    with open_saver(url, ring) as saver:
+        known = set(saver.registry.tenants())
+        unknown = [t for t in named if t not in known]
+        if unknown:
+            raise fail(f"unknown tenant {unknown[0]!r}: it has no threads or keys here")
+        where = ", ".join(repr(t) for t in named) if named else "every tenant"
+        if not yes and not typer.confirm(
+                f"Forget this subject in {where}? Their threads are deleted and their keys "
+                "destroyed", default=False):
+            raise fail("aborted", EXIT_FOUND)
+        options: dict[str, object] = {"tenants": named or None, "identifiers": values,
+                                      "requested_by": requested_by}
+        if namespace is not ...:
+            options["store_namespace"] = namespace
+        try:
+            report = saver.forget_subject(subject, **options)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    if as_json:
+        echo_json({"tenants": report.tenants, "counts": report.detail})
+        raise typer.Exit(EXIT_OK)
+    from rich.table import Table
+    table = Table("tenant", "threads", "checkpoints", "PII values", "store items")
+    for tenant in report.tenants:
+        counts = report.detail[tenant]
+        table.add_row(shown(tenant), str(counts["threads"]), str(counts["checkpoints"]),
+                      str(report.pii_values[tenant]), str(counts["store_items"]))
+    console.print(table)
+    console.print("one receipt written (`securesaver events --kind receipt:forgotten`); "
+                  "copies in backups become unreadable at the next `rotate-keys --retire-old`")
+    raise typer.Exit(EXIT_OK)

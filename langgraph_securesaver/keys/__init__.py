@@ -1,0 +1,14 @@
+"""Key handling: key material as a type, master keys and key providers, and
+field-level encryption under per-tenant data keys.
+
+- :mod:`.material` -- ``SecretBytes`` and friends: key material whose repr reveals nothing.
+- :mod:`.keyring` / :mod:`.keyring_file` -- master keys (``Keyring``, ``KeyProvider``) and
+  keyring files on disk.
+- :mod:`.aws_kms`, :mod:`.pkcs11_provider` / :mod:`.pkcs11_pool` -- providers whose master
+  keys never leave AWS KMS or a PKCS#11 token; :mod:`.urls` names them by URL.
+- :mod:`.crypto` -- AES-GCM sealing, the token format, associated data, ``KeyManager`` and
+  ``TenantKeys``.
+
+May import: the foundation modules (``errors``, ``textsafety``, ``tenancy`` ...) only; the
+registry, the storage, the saver and the operations import this package, never the reverse.
+"""

@@ -1,0 +1,14 @@
+"""SecureSaver's own tables (SQLAlchemy Core) and what they hold.
+
+- :mod:`.core` -- ``Registry``: wrapped keys, thread rows, policies, receipts, events.
+- :mod:`.schema` -- the tables, row types and engines; :mod:`.claims` -- the pruner's claims
+  and fenced deletes; :mod:`.verify` -- MAC and hash-chain verification; :mod:`.integrity` --
+  the registry MAC key and row MACs; :mod:`.wrapped_keys` -- the wrapped key rows;
+  :mod:`.direct_reads` -- one hot read without the pool's per-checkout work.
+- :mod:`.denials` -- refused attempts, coalesced before they reach the registry.
+- :mod:`.thread_keys` -- per-thread data keys (what deletion destroys); :mod:`.pii_vault` --
+  the sealed originals of redacted PII; :mod:`.subjects` -- the keyed subject of a thread.
+
+May import: the foundation modules and :mod:`..keys`. Nothing here imports the inner saver's
+storage, the saver, an operation or the CLI.
+"""

@@ -1,0 +1,438 @@
+"""The registry's schema: SecureSaver's own tables (keys, threads, policies, receipts, events,
+chain heads), their later indexes, the row types, the expiry expression, and creating engines
+and tables (tolerating concurrent setup).
+
+Tables and types only; the statements that use them are :mod:`.core`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import StaticPool
+
+from ..errors import ConfigurationError
+from ..retention import DEFAULT_POLICY_KEY
+from . import integrity as mac
+from .integrity import row_tag
+
+logger = logging.getLogger("langgraph_securesaver.registry.core")
+
+
+#: v2: MACs on retention rows, hash-chained receipts and events; v3: key rows bound to the
+#: database (``securesaver_tenant_keys.context``), per-thread data keys; v4: maintained audit
+#: summaries (built by ``SecureSaver.setup()`` on older databases); v5: thread subjects
+#: (``securesaver_thread_subjects``, created by ``setup()``; older libraries would neither
+#: record nor delete them, so they refuse a v5 database)
+SCHEMA_VERSION = 5
+
+metadata = sa.MetaData()
+
+meta_table = sa.Table(
+    "securesaver_meta", metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)
+
+tenant_keys = sa.Table(
+    "securesaver_tenant_keys", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("purpose", sa.String(16), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("master_version", sa.String(64), nullable=False, index=True),
+    sa.Column("wrapped", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    # how the wrap context was built (crypto.LEGACY / BOUND); NULL: a row from before v3
+    sa.Column("context", sa.SmallInteger, nullable=True),
+)
+
+# one random data key per thread, wrapped by the tenant KEK (registry/thread_keys.py); deleting the
+# row crypto-erases the thread
+thread_keys = sa.Table(
+    "securesaver_thread_keys", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("master_version", sa.String(64), nullable=False, index=True),
+    sa.Column("wrapped", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# one random data key per PII-vault entry (token): erasing the value deletes its key
+pii_keys = sa.Table(
+    "securesaver_pii_keys", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("token", sa.String(128), primary_key=True),
+    sa.Column("master_version", sa.String(64), nullable=False, index=True),
+    sa.Column("wrapped", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# the subject (end user) of a thread, as a keyed digest (registry/subjects.py): written by the first
+# write naming a subject, deleted with the thread; what forget_subject finds threads by
+thread_subjects = sa.Table(
+    "securesaver_thread_subjects", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("subject", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Index("ix_securesaver_thread_subjects_subject", "tenant", "subject"),
+)
+
+threads = sa.Table(
+    "securesaver_threads", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("last_activity", sa.Float, nullable=False),
+    # effective retention (copied from the thread override, tenant or default policy)
+    sa.Column("idle_ttl", sa.Float, nullable=True),
+    sa.Column("max_age", sa.Float, nullable=True),
+    sa.Column("strategy", sa.String(16), nullable=False, default="delete"),
+    sa.Column("legal_hold", sa.Boolean, nullable=False, default=False, index=True),
+    sa.Column("policy_source", sa.String(16), nullable=False, default="default"),
+    sa.Column("expires_at", sa.Float, nullable=True, index=True),
+    sa.Column("state", sa.String(16), nullable=False, default="active"),
+    # pruner claims (lease + fencing token)
+    sa.Column("claim_owner", sa.String(128), nullable=True),
+    sa.Column("claim_token", sa.String(64), nullable=True),
+    sa.Column("claim_expires", sa.Float, nullable=True),
+    # registry MACs (registry/integrity.py): over the retention fields, and over last_activity
+    sa.Column("policy_mac", sa.String(64), nullable=True),
+    sa.Column("activity_mac", sa.String(64), nullable=True),
+)
+
+policies = sa.Table(
+    "securesaver_policies", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),  # "*" = the saver default
+    sa.Column("idle_ttl", sa.Float, nullable=True),
+    sa.Column("max_age", sa.Float, nullable=True),
+    sa.Column("strategy", sa.String(16), nullable=False),
+    sa.Column("legal_hold", sa.Boolean, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("mac", sa.String(64), nullable=True),
+)
+
+receipts = sa.Table(
+    "securesaver_receipts", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("receipt_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("tenant", sa.String(255), nullable=False, index=True),
+    sa.Column("thread_id", sa.String(512), nullable=True),
+    sa.Column("deleted_at", sa.Float, nullable=False, index=True),
+    sa.Column("action", sa.String(16), nullable=False),  # deleted | pruned | shredded
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("requested_by", sa.String(255), nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, default="{}"),
+    # hash chain per tenant: position, MAC of the previous row, MAC of this row
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("prev_mac", sa.String(64), nullable=True),
+    sa.Column("mac", sa.String(64), nullable=True),
+)
+
+events = sa.Table(
+    "securesaver_events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False, index=True),
+    sa.Column("kind", sa.String(32), nullable=False, index=True),
+    sa.Column("tenant", sa.String(255), nullable=True, index=True),
+    sa.Column("thread_id", sa.String(512), nullable=True),
+    sa.Column("actor", sa.String(255), nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, default="{}"),
+    # hash chain per tenant ("" for tenant-less events)
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("prev_mac", sa.String(64), nullable=True),
+    sa.Column("mac", sa.String(64), nullable=True),
+)
+
+chain_heads = sa.Table(
+    "securesaver_chain_heads", metadata,
+    sa.Column("tbl", sa.String(64), primary_key=True),      # securesaver_events | _receipts
+    sa.Column("chain", sa.String(255), primary_key=True),   # the tenant, "" for none
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("mac", sa.String(64), nullable=False),        # MAC of the chain's last row
+    sa.Column("head_mac", sa.String(64), nullable=False),
+)
+
+# Maintained audit summaries (audit/summaries.py): what the audit reads instead of every raw row.
+# Per registered thread, its storage totals as of ``refreshed_at`` (NULL: due for a refresh);
+# ``ages`` the stored bytes per age bucket at that time, JSON like ``pii`` and ``unsealed``.
+thread_summaries = sa.Table(
+    "securesaver_thread_summaries", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("checkpoints", sa.BigInteger, nullable=False),
+    sa.Column("stored_bytes", sa.BigInteger, nullable=False),
+    sa.Column("first_ts", sa.Float, nullable=True),
+    sa.Column("last_ts", sa.Float, nullable=True),
+    sa.Column("key_versions", sa.Text, nullable=False),
+    sa.Column("pii", sa.Text, nullable=False),
+    sa.Column("ages", sa.Text, nullable=False),
+    sa.Column("unsealed", sa.Text, nullable=False),
+    sa.Column("refreshed_at", sa.Float, nullable=True),
+    # set by the paths that change stored rows without touching the thread's activity
+    # (keep_latest, delete_for_runs, forget_pii): due again if at or after refreshed_at
+    sa.Column("changed_at", sa.Float, nullable=True),
+)
+# Per tenant, the sums of its thread summaries (written with them).
+tenant_summaries = sa.Table(
+    "securesaver_tenant_summaries", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("threads", sa.BigInteger, nullable=False),
+    sa.Column("checkpoints", sa.BigInteger, nullable=False),
+    sa.Column("stored_bytes", sa.BigInteger, nullable=False),
+    sa.Column("first_ts", sa.Float, nullable=True),
+    sa.Column("last_ts", sa.Float, nullable=True),
+    sa.Column("key_versions", sa.Text, nullable=False),
+    sa.Column("unsealed", sa.Text, nullable=False),
+    sa.Column("refreshed_at", sa.Float, nullable=True),
+)
+
+#: columns added by schema v2 (ALTER TABLE ADD COLUMN on databases set up by v1)
+_V2_COLUMNS: tuple[tuple[str, str, Any], ...] = (
+    ("securesaver_threads", "policy_mac", sa.String(64)),
+    ("securesaver_threads", "activity_mac", sa.String(64)),
+    ("securesaver_policies", "mac", sa.String(64)),
+    ("securesaver_receipts", "seq", sa.BigInteger()),
+    ("securesaver_receipts", "prev_mac", sa.String(64)),
+    ("securesaver_receipts", "mac", sa.String(64)),
+    ("securesaver_events", "seq", sa.BigInteger()),
+    ("securesaver_events", "prev_mac", sa.String(64)),
+    ("securesaver_events", "mac", sa.String(64)),
+    ("securesaver_idempotency", "fp_mac", sa.String(64)),
+    ("securesaver_tenant_keys", "context", sa.SmallInteger()),   # v3
+    ("securesaver_pii_vault", "lookup", sa.String(128)),   # v3: public PII tokens
+)
+_ADOPTED = "integrity_adopted"
+#: securesaver_meta key naming the database (bound into every wrapped key)
+DATABASE_ID = "database_id"
+
+
+# Indexes added after tables existed: ``setup()`` creates them on existing databases too
+# (``_migrate_indexes``). They are additive, so the schema version is unchanged.
+LATER_INDEXES = (
+    # events / receipts of one tenant in a time window (``securesaver events --tenant``)
+    sa.Index("ix_securesaver_events_tenant_at", events.c.tenant, events.c.at),
+    sa.Index("ix_securesaver_receipts_tenant_at", receipts.c.tenant, receipts.c.deleted_at),
+)
+# (no index on claim_token: a batch is found by its primary keys, and claim updates of
+# unindexed columns stay heap-only on PostgreSQL)
+
+
+def expires_expr(created: Any, last: Any, idle: Any, max_age: Any, hold: Any) -> Any:
+    """SQL for the expiry a thread row's TTLs imply (NULL when held or without TTLs)."""
+    by_idle = last + idle
+    by_age = created + max_age
+    return sa.case(
+        (hold.is_(True), sa.null()),
+        (sa.and_(idle.is_(None), max_age.is_(None)), sa.null()),
+        (idle.is_(None), by_age),
+        (max_age.is_(None), by_idle),
+        (by_idle < by_age, by_idle),
+        else_=by_age,
+    )
+
+
+@dataclass(frozen=True)
+class ThreadRow:
+    tenant: str
+    thread_id: str
+    created_at: float
+    last_activity: float
+    idle_ttl: float | None = None
+    max_age: float | None = None
+    strategy: str = "delete"
+    legal_hold: bool = False
+    policy_source: str = "default"
+    expires_at: float | None = None
+    state: str = "active"
+    claim_owner: str | None = None
+    claim_token: str | None = None
+    claim_expires: float | None = None
+    policy_mac: str | None = None
+    activity_mac: str | None = None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    receipt_id: str
+    tenant: str
+    thread_id: str | None
+    deleted_at: float
+    action: str
+    reason: str
+    requested_by: str | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    at: float
+    kind: str
+    tenant: str | None
+    thread_id: str | None
+    actor: str | None
+    detail: dict[str, Any]
+
+
+def pairs_in(dialect: str, first: Any, second: Any, pairs: Sequence[tuple[str, str]]) -> Any:
+    """``(first, second) IN pairs``: on PostgreSQL two array parameters unnested together
+    (a batch of 500 pairs is 2 parameters, not 1,000), elsewhere an expanding IN."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY
+        a = sa.literal([p[0] for p in pairs], ARRAY(sa.Text()))
+        b = sa.literal([p[1] for p in pairs], ARRAY(sa.Text()))
+        return sa.tuple_(first, second).in_(sa.select(sa.func.unnest(a), sa.func.unnest(b)))
+    return sa.tuple_(first, second).in_(list(pairs))
+
+
+def _thread_ref(tenant: str, thread_id: str) -> str:
+    """Names a thread row in errors and reports without its values (digests of the ids)."""
+    return f"tenant#{row_tag(tenant)} thread#{row_tag(tenant, thread_id)}"
+
+
+def _policy_ref(tenant: str) -> str:
+    return "default" if tenant == DEFAULT_POLICY_KEY else f"tenant#{row_tag(tenant)}"
+
+
+def _maced(row: ThreadRow) -> tuple[Any, ...]:
+    """Everything a thread row's two MACs cover, and the MACs."""
+    r = row.__dict__
+    return (*mac.thread_policy_parts(r), *mac.thread_activity_parts(r), row.policy_mac,
+            row.activity_mac)
+
+
+def normalize_url(url: str) -> str:
+    """Accept the URLs users already have (``postgresql://``, ``sqlite:///``) for SQLAlchemy."""
+    if url.startswith(("postgres://", "postgresql://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def create_registry_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        in_memory = url in ("sqlite://", "sqlite:///:memory:")
+        engine = sa.create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            poolclass=StaticPool if in_memory else None,
+        )
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA secure_delete=ON")   # deleted rows are overwritten
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql"):
+        # the async API's hops run on up to 16 threads (offthread), the application's own
+        # on more: beyond pool_size a connection is closed when it is returned (PostgreSQL
+        # forks a backend for each new one), beyond pool_size + max_overflow a thread waits
+        return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=22)
+    raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
+
+
+def scrub_wal(engine: Engine) -> None:
+    """After an erasure on SQLite: checkpoint the write-ahead log and truncate it, so frames
+    holding the erased rows' old pages are gone from the -wal file too (best effort: a reader
+    on an older snapshot keeps it; the next erasure or checkpoint retries)."""
+    if engine.dialect.name != "sqlite" or isinstance(engine.pool, StaticPool):
+        return
+    with engine.connect() as conn:
+        busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+    if busy is not None and busy[0]:
+        logger.info("the SQLite write-ahead log could not be truncated after an erasure "
+                    "(a reader holds an older snapshot)")
+
+
+_engine_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_engine_locks_guard = threading.Lock()
+
+
+def engine_lock(engine: Engine) -> AbstractContextManager[Any]:
+    """Serializes transactions on an engine whose pool is ONE shared connection (the in-memory
+    registry): sqlite3 cannot run two transactions at once on a connection. Engines that pool
+    a connection per thread need no lock."""
+    if not isinstance(engine.pool, StaticPool):
+        return nullcontext()
+    with _engine_locks_guard:
+        lock = _engine_locks.get(engine)
+        if lock is None:
+            lock = _engine_locks[engine] = threading.RLock()
+    return lock
+
+
+def _create_all(engine: Engine) -> None:
+    """create_all, tolerating another process creating the same tables at the same moment."""
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            return
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
+            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
+                raise
+            logger.debug("concurrent schema creation (attempt %d): %s", attempt + 1, exc)
+            time.sleep(0.05 * (attempt + 1))
+    metadata.create_all(engine, checkfirst=True)
+
+
+#: indexes of companion tables (defined in their modules) added after those tables existed
+LATER_COMPANION_INDEXES = frozenset({"ux_securesaver_pii_vault_lookup"})
+
+
+def _migrate_indexes(engine: Engine) -> None:
+    """Create indexes that later versions added, on tables that already existed (idempotent;
+    tolerates another process creating the same index at the same moment)."""
+    companion = [ix for table in metadata.tables.values() for ix in table.indexes
+                 if ix.name in LATER_COMPANION_INDEXES]
+    for index in (*LATER_INDEXES, *companion):
+        try:
+            with engine_lock(engine), engine.begin() as conn:
+                index.create(conn, checkfirst=True)
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
+            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
+                raise
+            logger.debug("index %s created concurrently: %s", index.name, exc)
+
+
+def _register_companion_tables() -> None:
+    """Companion modules define their tables on ``metadata``; import them so setup creates all."""
+    import importlib
+    for module in ("langgraph_securesaver.registry.pii_vault",
+                   "langgraph_securesaver.idempotency.schema"):
+        try:
+            importlib.import_module(module)
+        except ImportError:  # an optional component that is not installed
+            logger.debug("companion tables %s not available", module)
+
+
+def adopt_idempotency_macs(conn: Any, integrity: Any) -> int:
+    """The schema-v2 adoption of idempotency records written without a fingerprint MAC
+    (``Registry`` adopts the other tables' rows the same way, once)."""
+    from . import integrity as mac
+    table = metadata.tables.get("securesaver_idempotency")
+    if table is None or "fp_mac" not in table.c:
+        return 0
+    rows = conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
+                                  table.c.fingerprint).where(table.c.fp_mac.is_(None))).all()
+    if rows:
+        conn.execute(table.update().where(
+            table.c.tenant == sa.bindparam("b_tenant"),
+            table.c.thread_id == sa.bindparam("b_thread"),
+            table.c.key == sa.bindparam("b_key")).values(fp_mac=sa.bindparam("b_mac")),
+            [{"b_tenant": r.tenant, "b_thread": r.thread_id, "b_key": r.key,
+              "b_mac": integrity.mac(mac.IDEMPOTENCY, *mac.idempotency_parts(
+                  r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
+    return len(rows)

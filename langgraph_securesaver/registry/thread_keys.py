@@ -1,0 +1,393 @@
+"""Per-thread data keys: the bottom of the key hierarchy, and what deletion destroys.
+
+Key provider -> tenant KEK (a random key per tenant and master version, a ``kek`` row of
+``securesaver_tenant_keys`` wrapped by the provider) -> **one random data key per thread**,
+wrapped locally by the tenant KEK and stored in ``securesaver_thread_keys`` (its
+``master_version`` names the KEK's), bound to (database, tenant, thread). A new thread costs
+no key-provider call once its tenant's KEK is cached (a KMS or HSM is asked once per tenant
+and master version per cache lifetime, not once per thread).
+
+Everything SecureSaver seals for a thread -- channel values, pending writes,
+sealed metadata, idempotency results and recovery records -- is sealed under it (see
+:meth:`..keys.crypto.TenantKeys.seal`). Deleting a thread deletes its key row in the same operation,
+so whatever of the thread survives in storage (a WAL, free pages, dead tuples, a backup)
+names a key the live registry no longer holds. The wrapped key row itself may survive the
+same way (PostgreSQL keeps dead tuples until VACUUM reuses their space, backups copy it); it
+opens only under the KEK that wrapped it, and that KEK only under its master version: the
+next erasure epoch (``rotate-keys --retire-old``: live keys moved to a new KEK under the new
+master version, the old KEK row deleted, the old master version destroyed) takes both away.
+A KEK is never rewrapped under another master version, only replaced.
+
+PII-vault values get the same treatment one level over: each vault entry (one value of a
+tenant) has its own key in ``securesaver_pii_keys``, deleted with the value (``forget_pii``,
+or the last thread that used it being deleted).
+
+Unwrapped keys are cached per process (bounded LRU, re-read after ``ttl`` seconds), so a
+turn costs no registry read; the first turn of a cold thread reads (or creates) its row.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ..errors import TamperedDataError
+from ..keys.crypto import (
+    ENTRY,
+    KEK,
+    THREAD,
+    KeyManager,
+    KeyRow,
+    kek_unwrap,
+    kek_wrap,
+    row_context,
+    thread_key_context,
+    wrap_context,
+)
+from ..keys.keyring import WrappedKey
+from .core import Registry, pairs_in
+from .schema import pii_keys, thread_keys
+
+logger = logging.getLogger(__name__)
+
+_REWRAP_BATCH = 2000
+#: scope -> (table, the column naming the thread or the token)
+TABLES: dict[str, tuple[sa.Table, sa.Column[Any]]] = {
+    THREAD: (thread_keys, thread_keys.c.thread_id), ENTRY: (pii_keys, pii_keys.c.token)}
+
+
+def _as_bytes(table: sa.Table) -> Any:
+    return sa.cast(table.c.wrapped, sa.LargeBinary).label("wrapped")
+
+
+class ThreadKeyStore:
+    """Creates, unwraps, caches and destroys per-thread data keys (thread-safe)."""
+
+    def __init__(self, keys: KeyManager, registry: Registry, *, cache_size: int = 20_000,
+                 ttl: float = 300.0, seal: bool = True) -> None:
+        self.sealing = seal
+        self.keys = keys
+        self.registry = registry
+        self.cache_size = cache_size
+        self.ttl = ttl
+        self._cache: OrderedDict[tuple[str, str, str], tuple[float, AESGCM]] = OrderedDict()
+        #: (tenant, master version) -> (loaded at, the tenant's KEK under that version)
+        self._keks: dict[tuple[str, str], tuple[float, AESGCM]] = {}
+        self._kek_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+        #: called with (scope, tenant, name) whenever a key is read from the registry (a
+        #: cold or expired cache entry): what others cache per thread is re-read with it
+        self.on_load: list[Callable[[str, str, str], None]] = []
+
+    def __repr__(self) -> str:  # never key material
+        return f"ThreadKeyStore(cached={len(self._cache)})"
+
+    # the key of one thread (or vault entry) ---------------------------------------------------
+    def key(self, tenant: str, scope: str, name: str, create: bool) -> AESGCM | None:
+        """The data key of thread (or vault entry) ``name``; created when missing and
+        ``create`` (a write), else None (deleted, or never written under its own key)."""
+        k = (scope, tenant, name)
+        hit = self._cache.get(k)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl:
+            return hit[1]
+        with self._load_lock:
+            hit = self._cache.get(k)
+            if hit is not None and time.monotonic() - hit[0] < self.ttl:
+                return hit[1]
+            row = self._load(scope, tenant, name)
+            for hook in self.on_load:
+                hook(scope, tenant, name)
+            if row is None:
+                if not create:
+                    self._drop([k])
+                    return None
+                row = self._create(scope, tenant, name)
+                if row is None:   # deleted between the insert and the read
+                    return None
+            kek = self.kek(tenant, row[0], create=False)
+            if kek is None:
+                raise TamperedDataError(
+                    f"a {scope} key of tenant {tenant!r} names a key-encryption key the "
+                    "registry does not hold (retired, shredded, or copied from elsewhere)")
+            aes = kek_unwrap(kek, row[1], thread_key_context(
+                self.registry.database_id(), tenant, name, scope))
+            with self._lock:
+                self._cache[k] = (time.monotonic(), aes)
+                self._cache.move_to_end(k)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            return aes
+
+    def cached(self, tenant: str, thread_id: str) -> bool:
+        """Whether the thread's key is in this process's cache (and fresh)."""
+        hit = self._cache.get((THREAD, tenant, thread_id))
+        return hit is not None and time.monotonic() - hit[0] < self.ttl
+
+    def _load(self, scope: str, tenant: str, name: str) -> tuple[str, bytes] | None:
+        table, col = TABLES[scope]
+        with self.registry.read() as conn:
+            # CAST: text a database writer put there reads as bytes that fail to unwrap
+            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
+                table.c.tenant == tenant, col == name)).first()
+        return None if row is None else (str(row[0]), bytes(row[1]))
+
+    def _create(self, scope: str, tenant: str, name: str) -> tuple[str, bytes] | None:
+        """Insert a new key row unless one exists, and read back the row that stands (another
+        process may have won the race), in one transaction."""
+        table, col = TABLES[scope]
+        version = self.keys.provider.current_version
+        kek = self.kek(tenant, version, create=True)
+        if kek is None:  # pragma: no cover - create=True returns a KEK or raises
+            raise TamperedDataError(f"tenant {tenant!r} has no key-encryption key")
+        blob = kek_wrap(kek, secrets.token_bytes(32), thread_key_context(
+            self.registry.database_id(), tenant, name, scope))
+        with self.registry.begin() as conn:
+            self.registry._insert_ignore(conn, table, [{
+                "tenant": tenant, col.name: name, "master_version": version,
+                "wrapped": blob, "created_at": time.time()}])
+            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
+                table.c.tenant == tenant, col == name)).first()
+        return None if row is None else (str(row[0]), bytes(row[1]))
+
+    def new_keys(self, tenant: str, scope: str, names: Sequence[str]
+                 ) -> tuple[list[dict[str, Any]], dict[str, AESGCM]]:
+        """Fresh data keys for ``names`` that have no key row (new random names, e.g. the
+        public tokens of new vault entries), wrapped under the tenant's current KEK: the rows
+        for the caller to insert in the transaction that stores what they seal (one commit
+        for keys and data, none of them visible without the other), and the keys. The caller
+        passes the keys of the committed rows to :meth:`remember`."""
+        col = TABLES[scope][1]
+        version = self.keys.provider.current_version
+        kek = self.kek(tenant, version, create=True)
+        if kek is None:  # pragma: no cover - create=True returns a KEK or raises
+            raise TamperedDataError(f"tenant {tenant!r} has no key-encryption key")
+        database, now = self.registry.database_id(), time.time()
+        rows: list[dict[str, Any]] = []
+        out: dict[str, AESGCM] = {}
+        for name in names:
+            ctx = thread_key_context(database, tenant, name, scope)
+            # the raw key never becomes a local: wrapped at once, then unwrapped as AESGCM
+            blob = kek_wrap(kek, secrets.token_bytes(32), ctx)
+            out[name] = kek_unwrap(kek, blob, ctx)
+            rows.append({"tenant": tenant, col.name: name, "master_version": version,
+                         "wrapped": blob, "created_at": now})
+        return rows, out
+
+    def remember(self, tenant: str, scope: str, created: dict[str, AESGCM]) -> None:
+        """Cache keys whose rows (from :meth:`new_keys`) were committed."""
+        stamp = time.monotonic()
+        with self._lock:
+            for name, aes in created.items():
+                k = (scope, tenant, name)
+                self._cache[k] = (stamp, aes)
+                self._cache.move_to_end(k)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    # the tenant's key-encryption keys -----------------------------------------------------------
+    def kek(self, tenant: str, master_version: str, *, create: bool) -> AESGCM | None:
+        """The tenant's KEK under ``master_version`` (cached for ``ttl``); created when missing
+        and ``create``, else None. One provider unwrap per tenant and version per lifetime."""
+        k = (tenant, master_version)
+        hit = self._keks.get(k)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl:
+            return hit[1]
+        with self._kek_lock:
+            hit = self._keks.get(k)
+            if hit is not None and time.monotonic() - hit[0] < self.ttl:
+                return hit[1]
+            row = self.registry.kek_row(tenant, master_version)
+            if row is None:
+                if not create:
+                    self._keks.pop(k, None)
+                    return None
+                rows = [r for r in self.registry.load_key_rows(tenant) if r.purpose == KEK]
+                number = max((r.version for r in rows), default=0) + 1
+                wrapped = self.keys.provider.wrap(tenant, secrets.token_bytes(32), wrap_context(
+                    tenant, KEK, number, self.registry.database_id()))
+                self.registry.insert_key_rows([KeyRow(
+                    tenant, KEK, number, wrapped.master_version, wrapped.blob, time.time())])
+                row = self.registry.kek_row(tenant, master_version)  # another process may have won
+                if row is None:
+                    raise TamperedDataError(
+                        f"tenant {tenant!r}: the key provider wrapped a new key-encryption key "
+                        f"under master version {wrapped.master_version!r}, not "
+                        f"{master_version!r} (rotated while it was being created); retry")
+            # the raw key never becomes a local: reporters print the locals of raising frames
+            aes = AESGCM(self.keys.unwrap_fresh(
+                tenant, WrappedKey(row.master_version, row.wrapped),
+                row_context(self.registry, tenant, KEK, row.version, row.context)))
+            self._keks[k] = (time.monotonic(), aes)
+            return aes
+
+    def drop_stale_keks(self, current: str, except_tenant: str | None = None) -> int:
+        """Delete KEK rows not under ``current`` that wrap no live key any more (after
+        :meth:`rewrap`): what an erasure epoch leaves of them opens only under a retired
+        master version. Returns the rows deleted."""
+        from .schema import tenant_keys
+        n = 0
+        with self.registry.begin() as conn:
+            used = set()
+            for table, _col in TABLES.values():
+                used |= {(str(t), str(v)) for t, v in conn.execute(
+                    sa.select(table.c.tenant, table.c.master_version).distinct())}
+            stale = conn.execute(sa.select(tenant_keys.c.tenant, tenant_keys.c.master_version,
+                                           tenant_keys.c.version).where(
+                tenant_keys.c.purpose == KEK, tenant_keys.c.master_version != current)).all()
+            for tenant, version, number in stale:
+                if (str(tenant), str(version)) in used or tenant == except_tenant:
+                    continue
+                n += int(conn.execute(tenant_keys.delete().where(
+                    tenant_keys.c.tenant == tenant, tenant_keys.c.purpose == KEK,
+                    tenant_keys.c.version == number)).rowcount or 0)
+        with self._kek_lock:
+            self._keks.clear()
+        return n
+
+    def _drop(self, ks: Sequence[tuple[str, str, str]]) -> None:
+        with self._lock:
+            for k in ks:
+                self._cache.pop(k, None)
+
+    # destroying keys ----------------------------------------------------------------------------
+    def forget(self, tenant: str | None = None) -> None:
+        """Drop cached keys (all, or a tenant's)."""
+        with self._lock:
+            for k in [k for k in self._cache if tenant is None or k[1] == tenant]:
+                del self._cache[k]
+        with self._kek_lock:
+            for kk in [kk for kk in self._keks if tenant is None or kk[0] == tenant]:
+                del self._keks[kk]
+
+    def forget_entries(self, tenant: str, tokens: Sequence[str]) -> None:
+        """Drop cached keys of vault entries (erased, or about to be written afresh)."""
+        self._drop([(ENTRY, tenant, t) for t in tokens])
+
+    def delete_thread(self, tenant: str, thread_id: str) -> int:
+        """Destroy the thread's key (its data becomes unreadable wherever it survives)."""
+        with self.registry.begin() as conn:
+            n = conn.execute(thread_keys.delete().where(
+                thread_keys.c.tenant == tenant, thread_keys.c.thread_id == thread_id)).rowcount
+        self._drop([(THREAD, tenant, thread_id)])
+        return int(n or 0)
+
+    def delete_in(self, conn: Any, pairs: Sequence[tuple[str, str]], scope: str = THREAD
+                  ) -> dict[tuple[str, str], int]:
+        """Destroy the keys of (tenant, thread or token) ``pairs`` in the caller's
+        transaction; returns 1 per pair whose key was deleted here."""
+        if not pairs:
+            return {}
+        table, col = TABLES[scope]
+        gone = conn.execute(table.delete().where(pairs_in(
+            conn.dialect.name, table.c.tenant, col, list(pairs))).returning(
+            table.c.tenant, col)).all()
+        out = {p: 0 for p in pairs}
+        for tenant, name in gone:
+            out[(tenant, name)] = 1
+        self._drop([(scope, t, n) for t, n in pairs])
+        return out
+
+    def delete_tenant(self, tenant: str) -> int:
+        n = 0
+        with self.registry.begin() as conn:
+            for table, _col in TABLES.values():
+                n += int(conn.execute(table.delete().where(table.c.tenant == tenant)).rowcount
+                         or 0)
+        self.forget(tenant)
+        return n
+
+    # the erasure epoch --------------------------------------------------------------------------
+    def versions_in_use(self) -> dict[str, int]:
+        """Master version -> live thread and vault-entry keys wrapped under it."""
+        counts: dict[str, int] = {}
+        with self.registry.begin() as conn:
+            for table, _col in TABLES.values():
+                for v, n in conn.execute(sa.select(table.c.master_version, sa.func.count())
+                                         .group_by(table.c.master_version)):
+                    counts[str(v)] = counts.get(str(v), 0) + int(n)
+        return counts
+
+    def rewrap(self, current: str, *, batch: int = _REWRAP_BATCH,
+               progress: Callable[[int, int], None] | None = None,
+               except_tenant: str | None = None) -> int:
+        """:meth:`rewrap_scope` for thread keys, then vault-entry keys."""
+        return sum(self.rewrap_scope(scope, current, batch=batch, progress=progress,
+                                     except_tenant=except_tenant)
+                   for scope in TABLES)
+
+    @staticmethod
+    def _moved(old_kek: AESGCM, new_kek: AESGCM, blob: bytes, ctx: bytes) -> bytes:
+        """A key rewrapped from one KEK to another (the raw key stays inside this call)."""
+        try:
+            return kek_wrap(new_kek, old_kek.decrypt(blob[:12], blob[12:], ctx), ctx)
+        except (InvalidTag, ValueError):
+            raise TamperedDataError(
+                "a thread or vault-entry key does not unwrap under its tenant's key-encryption "
+                "key (altered, or copied from elsewhere); not rewrapped") from None
+
+    def rewrap_scope(self, scope: str, current: str, *, batch: int = _REWRAP_BATCH,
+                     progress: Callable[[int, int], None] | None = None,
+                     except_tenant: str | None = None) -> int:
+        """Rewrap every live thread key not under master version ``current`` (the key itself,
+        and the data, are unchanged). Keys deleted before stay wrapped under the old version
+        only, in whatever copy holds them: retiring it destroys them. Batched by primary key;
+        a row changed concurrently (deleted) is skipped. Returns the rows rewrapped."""
+        table, col = TABLES[scope]
+        database = self.registry.database_id()
+        stale = table.c.master_version != current
+        if except_tenant is not None:          # a tenant being shredded: its keys stay behind
+            stale = sa.and_(stale, table.c.tenant != except_tenant)
+        with self.registry.begin() as conn:
+            total = int(conn.execute(sa.select(sa.func.count()).select_from(table)
+                                     .where(stale)).scalar() or 0)
+        done, after = 0, ("", "")
+        while True:
+            with self.registry.begin() as conn:
+                rows = conn.execute(sa.select(
+                    table.c.tenant, col, table.c.master_version, _as_bytes(table)).where(
+                    stale, sa.tuple_(table.c.tenant, col)
+                    > sa.tuple_(sa.literal(after[0]), sa.literal(after[1]))).order_by(
+                    table.c.tenant, col).limit(batch)).all()
+            if not rows:
+                break
+            # KEKs are read (and the new one created) outside the batch's transaction: the
+            # registry's SQLite engine serializes its connections
+            updates = []
+            for tenant, name, version, blob in rows:
+                old_kek = self.kek(tenant, str(version), create=False)
+                if old_kek is None:     # never dropped while a key uses it: altered or copied
+                    raise TamperedDataError(
+                        f"a {scope} key of tenant {tenant!r} names a key-encryption key the "
+                        "registry does not hold (altered, or copied from elsewhere); nothing "
+                        "was retired")
+                new_kek = self.kek(tenant, current, create=True)
+                if new_kek is None:  # pragma: no cover - create=True returns or raises
+                    continue
+                moved = self._moved(old_kek, new_kek, bytes(blob),
+                                    thread_key_context(database, tenant, name, scope))
+                updates.append({"b_t": tenant, "b_th": name, "b_old": str(version),
+                                "b_mv": current, "b_w": moved})
+            if updates:
+                with self.registry.begin() as conn:   # a row changed meanwhile is skipped
+                    conn.execute(table.update().where(
+                        table.c.tenant == sa.bindparam("b_t"), col == sa.bindparam("b_th"),
+                        table.c.master_version == sa.bindparam("b_old")).values(
+                        master_version=sa.bindparam("b_mv"), wrapped=sa.bindparam("b_w")),
+                        updates)
+            done += len(updates)
+            after = (str(rows[-1][0]), str(rows[-1][1]))
+            if progress:
+                progress(done, max(total, done))
+        if done:
+            logger.info("rewrapped %d %s keys under master version %s", done, scope, current)
+        return done

@@ -1,0 +1,241 @@
+"""The registry's wrapped key rows: loading and storing them, the database id they are bound
+to, and binding the rows of a database set up before keys were bound (schema v3).
+
+A base class of :class:`~.core.Registry` (implements :class:`~..keys.crypto.KeyStore`).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import TamperedDataError
+from ..keys.crypto import BOUND, LEGACY, KeyRow, wrap_context
+from ..keys.keyring import KeyProvider, WrappedKey
+from ..keys.material import SecretBytes
+from .schema import DATABASE_ID, engine_lock, meta_table, tenant_keys, thread_keys
+
+logger = logging.getLogger("langgraph_securesaver.registry.core")
+
+
+class RegistryKeys:
+    """Key rows (the KeyStore protocol) and their binding to this database."""
+
+    engine: Engine
+    dialect: str
+
+    if TYPE_CHECKING:  # provided by Registry (declared for the type checker only)
+        def begin(self) -> AbstractContextManager[Connection]: ...
+
+        def _insert_ignore(self, conn: Connection, table: sa.Table,
+                           rows: Sequence[dict[str, Any]]) -> None: ...
+
+    _database_id: str | None = None
+    _rows_bound: bool = False
+
+    # the database id ----------------------------------------------------------------------------
+    def database_id(self) -> str:
+        """A random id for this database, created on first use and kept in
+        ``securesaver_meta``: bound into every wrapped key (a row copied from another database
+        does not unwrap here), and recorded by keyrings in the databases they serve."""
+        if self._database_id is None:
+            with self.begin() as conn:
+                self._insert_ignore(conn, meta_table, [
+                    {"key": DATABASE_ID, "value": secrets.token_hex(16)}])
+                self._database_id = str(conn.execute(sa.select(meta_table.c.value).where(
+                    meta_table.c.key == DATABASE_ID)).scalar_one())
+        return self._database_id
+
+    def legacy_key_rows_allowed(self) -> bool:
+        """True only while no key row of this database is bound yet: from the first bound row
+        on, an unbound row is a copy from elsewhere (refused)."""
+        if self._rows_bound:
+            return False
+        with self.begin() as conn:
+            bound = conn.execute(sa.select(sa.literal(1)).select_from(tenant_keys).where(
+                tenant_keys.c.context == BOUND).limit(1)).first() is not None
+        if bound:
+            self._rows_bound = True   # monotone: rows never go back to legacy
+        return not bound
+
+    # rows ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _key_row(r: Any) -> KeyRow:
+        return KeyRow(r["tenant"], r["purpose"], r["version"], r["master_version"],
+                      bytes(r["wrapped"]), r["created_at"],
+                      LEGACY if r["context"] is None else int(r["context"]))
+
+    def load_key_rows(self, tenant: str) -> list[KeyRow]:
+        # CAST: a row a database writer filled with text (SQLite keeps any type in any
+        # column) reads as bytes that fail to unwrap (TamperedDataError), not as a driver error
+        wrapped = sa.cast(tenant_keys.c.wrapped, sa.LargeBinary).label("wrapped")
+        with self.begin() as conn:
+            rows = conn.execute(
+                sa.select(*[c for c in tenant_keys.c if c.name != "wrapped"], wrapped)
+                .where(tenant_keys.c.tenant == tenant)
+            ).mappings().all()
+        return [self._key_row(r) for r in rows]
+
+    def insert_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        with self.begin() as conn:
+            self._insert_ignore(conn, tenant_keys, [r.__dict__ for r in rows])
+
+    def replace_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        with self.begin() as conn:
+            for r in rows:
+                conn.execute(
+                    tenant_keys.update()
+                    .where(tenant_keys.c.tenant == r.tenant, tenant_keys.c.purpose == r.purpose,
+                           tenant_keys.c.version == r.version)
+                    .values(master_version=r.master_version, wrapped=r.wrapped,
+                            context=r.context)
+                )
+
+    def tenants_with_keys(self) -> list[str]:
+        with self.begin() as conn:
+            return list(conn.execute(sa.select(tenant_keys.c.tenant).distinct()).scalars())
+
+    def delete_tenant_keys(self, tenant: str) -> int:
+        with self.begin() as conn:
+            return conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant)).rowcount
+
+    # migration ----------------------------------------------------------------------------------
+    def bind_key_rows(self, provider: KeyProvider) -> int:
+        """Rewrap every legacy key row under a context bound to this database (schema v3; run
+        by ``setup()`` when a keyring is attached), once: a database that holds a bound row
+        is migrated already, and an unbound row in it is a copy from elsewhere that binding
+        would launder (left refused). Rows this keyring cannot unwrap are left as they are
+        and logged: they were unreadable here already, and stay refused. Returns the rows
+        bound."""
+        database = self.database_id()
+        if not self.legacy_key_rows_allowed():
+            return 0
+        with self.begin() as conn:
+            legacy = [self._key_row(r) for r in conn.execute(sa.select(tenant_keys).where(
+                sa.or_(tenant_keys.c.context.is_(None), tenant_keys.c.context == LEGACY))
+            ).mappings()]
+        if not legacy:
+            return 0
+        updates = []
+        for row in legacy:
+            try:
+                # held opaque: a later row or the update may raise through this frame
+                raw = SecretBytes(provider.unwrap(
+                    row.tenant, WrappedKey(row.master_version, row.wrapped),
+                    wrap_context(row.tenant, row.purpose, row.version)))
+            except TamperedDataError as exc:
+                logger.warning("key row of tenant %r (%s v%d) does not unwrap with this "
+                               "keyring and was not bound: %s", row.tenant, row.purpose,
+                               row.version, exc)
+                continue
+            wrapped = provider.wrap(row.tenant, raw.reveal(), wrap_context(
+                row.tenant, row.purpose, row.version, database))
+            updates.append({"b_tenant": row.tenant, "b_purpose": row.purpose,
+                            "b_version": row.version, "b_master": wrapped.master_version,
+                            "b_wrapped": wrapped.blob, "b_old": row.wrapped})
+        if updates:
+            with engine_lock(self.engine), self.engine.begin() as conn:
+                # only rows still as read (a concurrent setup may have bound them already)
+                conn.execute(tenant_keys.update().where(
+                    tenant_keys.c.tenant == sa.bindparam("b_tenant"),
+                    tenant_keys.c.purpose == sa.bindparam("b_purpose"),
+                    tenant_keys.c.version == sa.bindparam("b_version"),
+                    tenant_keys.c.wrapped == sa.bindparam("b_old"),
+                ).values(master_version=sa.bindparam("b_master"),
+                         wrapped=sa.bindparam("b_wrapped"), context=BOUND), updates)
+            logger.info("registry migration: %d key rows bound to database %s", len(updates),
+                        database)
+        return len(updates)
+
+    # verification -------------------------------------------------------------------------------
+    def key_row_problems(self, provider: KeyProvider) -> tuple[int, list[tuple[str, str, str]]]:
+        """(rows checked, problems): every key row must unwrap under its context bound to this
+        database (``events --verify``). A row copied from another database, altered, or wrapped
+        by a master version the keyring lacks is named by digests, never by values."""
+        from ..keys.crypto import row_context
+        from .integrity import row_tag
+        with self.begin() as conn:
+            rows = [self._key_row(r) for r in conn.execute(sa.select(tenant_keys)).mappings()]
+        problems = []
+        for row in rows:
+            try:
+                provider.unwrap(row.tenant, WrappedKey(row.master_version, row.wrapped),
+                                row_context(self, row.tenant, row.purpose, row.version,
+                                            row.context))
+            except TamperedDataError as exc:
+                problems.append((tenant_keys.name, f"tenant#{row_tag(row.tenant)} "
+                                 f"{row.purpose} v{row.version}",
+                                 "does not unwrap here (copied from another database, altered, "
+                                 f"or its master version is gone): {type(exc).__name__}"))
+        return len(rows), problems
+
+    def kek_row(self, tenant: str, master_version: str) -> KeyRow | None:
+        """The tenant's KEK row under ``master_version`` (the lowest number if a race between
+        processes made two): thread and vault-entry key rows name their KEK this way."""
+        from ..keys.crypto import KEK
+        rows = [r for r in self.load_key_rows(tenant)
+                if r.purpose == KEK and r.master_version == master_version]
+        return min(rows, key=lambda r: r.version) if rows else None
+
+    def thread_key_problems(self, provider: KeyProvider
+                            ) -> tuple[int, list[tuple[str, str, str]]]:
+        """(rows checked, problems): every thread key must unwrap here under its tenant's KEK,
+        bound to this database, tenant and thread (one provider unwrap per KEK)."""
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        from ..keys.crypto import KEK, kek_unwrap, row_context, thread_key_context
+        from .integrity import row_tag
+        database = self.database_id()
+        with self.begin() as conn:
+            rows = conn.execute(sa.select(thread_keys.c.tenant, thread_keys.c.thread_id,
+                                          thread_keys.c.master_version,
+                                          thread_keys.c.wrapped)).all()
+        keks: dict[tuple[str, str], AESGCM | None] = {}
+
+        def kek_of(tenant: str, version: str) -> AESGCM:
+            if (tenant, version) not in keks:
+                row = self.kek_row(tenant, version)
+                keks[(tenant, version)] = None if row is None else AESGCM(provider.unwrap(
+                    tenant, WrappedKey(row.master_version, row.wrapped),
+                    row_context(self, tenant, KEK, row.version, row.context)))
+            kek = keks[(tenant, version)]
+            if kek is None:
+                raise TamperedDataError("no key-encryption key for this thread key")
+            return kek
+
+        problems = []
+        for tenant, thread_id, version, blob in rows:
+            try:
+                kek_unwrap(kek_of(str(tenant), str(version)), bytes(blob),
+                           thread_key_context(database, tenant, thread_id))
+            except TamperedDataError as exc:
+                problems.append((thread_keys.name, f"tenant#{row_tag(tenant)} "
+                                 f"thread#{row_tag(tenant, thread_id)}",
+                                 "does not unwrap here (copied from another database, altered, "
+                                 f"or its master version is gone): {type(exc).__name__}"))
+        return len(rows), problems
+
+
+def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
+    """The pending erasure epoch: the master versions the keyring still holds, and how many
+    erasures (deletion receipts, ``pii_forgotten`` events) were made under one of them -- the
+    copies of their keys in remnants and backups open until ``rotate-keys --retire-old``."""
+    from .schema import events, receipts
+    held = [v for v in ring.versions()
+            if not getattr(ring, "shredded_from", lambda _v: False)(v)]
+    pending = 0
+    with registry.begin() as conn:
+        for version in held:
+            mark = f'%"erased_under": "{version}"%'
+            pending += int(conn.execute(sa.select(sa.func.count()).select_from(receipts).where(
+                receipts.c.detail.like(mark))).scalar() or 0)
+            pending += int(conn.execute(sa.select(sa.func.count()).select_from(events).where(
+                events.c.kind == "pii_forgotten", events.c.detail.like(mark))).scalar() or 0)
+    return {"current_master": ring.current_version, "held_masters": held,
+            "erasures_pending": pending}

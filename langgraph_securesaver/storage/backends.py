@@ -1,0 +1,121 @@
+"""Open the inner saver for a database URL: SQLite (embedded default) or PostgreSQL."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+
+if TYPE_CHECKING:  # (the URL helpers here are used by the CLI before LangGraph is needed)
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+POSTGRES_EXTRA_HINT = (
+    "PostgreSQL support needs the postgres extra: pip install 'langgraph-securesaver[postgres]'"
+)
+
+
+def sqlite_path(url: str) -> str | None:
+    """``sqlite:///rel.db``, ``sqlite:////abs.db``, ``sqlite:///:memory:`` -> a path, else None."""
+    if not url.startswith("sqlite:"):
+        return None
+    rest = url[len("sqlite:"):]
+    if rest in ("", "//", "///:memory:", "//:memory:"):
+        return ":memory:"
+    if not rest.startswith("///"):
+        raise ConfigurationError(f"SQLite URLs look like sqlite:///path.db, got {url!r}")
+    return rest[3:]
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://"))
+
+
+def libpq_url(url: str) -> str:
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+def registry_url_for(url: str) -> str:
+    path = sqlite_path(url)
+    if path == ":memory:":
+        return "sqlite://"
+    if path is not None:
+        return f"sqlite:///{path}"
+    return url
+
+
+# file databases run in WAL mode: readers do not block the writer, commits are cheaper; deleted
+# content is overwritten (SQLite's default for secure_delete varies by build)
+SQLITE_FILE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL",
+                       "PRAGMA secure_delete=ON")
+
+
+def connect_sqlite(path: str) -> sqlite3.Connection:
+    """The connection from_url gives SqliteSaver (also used by the benchmarks' raw saver)."""
+    conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
+    if path != ":memory:":
+        for pragma in SQLITE_FILE_PRAGMAS:
+            conn.execute(pragma)
+    return conn
+
+
+def postgres_connection_kwargs() -> dict[str, Any]:
+    """What the Postgres savers expect of their pooled connections."""
+    from psycopg.rows import dict_row
+    return {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
+@contextmanager
+def open_sync_inner(url: str) -> Iterator[tuple[BaseCheckpointSaver, str]]:
+    path = sqlite_path(url)
+    if path is not None:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        conn = connect_sqlite(path)
+        try:
+            yield SqliteSaver(conn), registry_url_for(url)
+        finally:
+            conn.close()
+        return
+    if is_postgres(url):
+        try:
+            from langgraph.checkpoint.postgres import PostgresSaver
+            from psycopg_pool import ConnectionPool
+            kwargs = postgres_connection_kwargs()
+        except ImportError:
+            raise ConfigurationError(POSTGRES_EXTRA_HINT) from None
+        with ConnectionPool(libpq_url(url), kwargs=kwargs, min_size=1, max_size=8,
+                            open=True) as pool:
+            yield PostgresSaver(pool), url  # type: ignore[arg-type]
+        return
+    raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+
+
+@asynccontextmanager
+async def open_async_inner(url: str) -> AsyncIterator[tuple[BaseCheckpointSaver, str]]:
+    path = sqlite_path(url)
+    if path is not None:
+        import aiosqlite
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        conn = await aiosqlite.connect(path)
+        try:
+            if path != ":memory:":
+                for pragma in SQLITE_FILE_PRAGMAS:
+                    await conn.execute(pragma)
+            yield AsyncSqliteSaver(conn), registry_url_for(url)
+        finally:
+            await conn.close()
+        return
+    if is_postgres(url):
+        try:
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+            from psycopg_pool import AsyncConnectionPool
+            kwargs = postgres_connection_kwargs()
+        except ImportError:
+            raise ConfigurationError(POSTGRES_EXTRA_HINT) from None
+        async with AsyncConnectionPool(libpq_url(url), kwargs=kwargs, min_size=1, max_size=8,
+                                       open=False) as pool:
+            yield AsyncPostgresSaver(pool), url  # type: ignore[arg-type]
+        return
+    raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")

@@ -1,0 +1,65 @@
+"""The stored form of a SecureStore item, as far as code that never opens it needs to know:
+the envelope's field names, what a sealed value is bound to, and the PII vault's owner ids
+for store items. Shared by the store (which seals and opens) and the audit and scan (which
+read raw rows without the store)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from ..keys.crypto import aad_parts, associated_data
+
+#: the inner store's value holds ``{SEALED_KEY: "ss1.<token>", "ssbi_<k>": "<d>", ...}``
+SEALED_KEY = "__securesaver"
+BLIND_PREFIX = "ssbi_"
+#: the PII vault keeps a store item's originals under a pseudo thread id of this prefix
+VAULT_PREFIX = "securestore:"
+
+
+@lru_cache(maxsize=1024)
+def _item_prefix(database_id: str, tenant: str) -> bytes:
+    return associated_data("store-item", database_id, tenant)
+
+
+_BLIND_HEAD = associated_data("store-blind")
+#: encoded (blind name, digest) pairs: the digests of frequent field values repeat (they are
+#: stored in clear next to the ciphertext; nothing secret is cached here)
+_BLIND_PAIRS: dict[tuple[str, str], bytes] = {}
+_BLIND_PAIRS_MAX = 8192
+
+
+def item_aad(database_id: str, tenant: str, namespace: Sequence[str], key: str) -> bytes:
+    """What a store item is bound to (length-prefixed, so labels never run together):
+    ``associated_data("store-item", database_id, tenant, str(len(namespace)), *namespace,
+    key)``, its (database, tenant) prefix encoded once."""
+    return _item_prefix(database_id, tenant) + aad_parts((str(len(namespace)), *namespace, key))
+
+
+def sealed_aad(aad: bytes, blind: Mapping[str, Any]) -> bytes:
+    """The item's associated data plus its blind-index entries (so they cannot be altered,
+    added, removed or copied without the value failing to open):
+    ``aad + associated_data("store-blind", k1, v1, k2, v2, ...)``, keys sorted."""
+    if not blind:
+        return aad
+    out = [aad, _BLIND_HEAD]
+    for k in sorted(blind):
+        v = blind[k]
+        pair = (k, v) if type(k) is str and type(v) is str else None
+        encoded = _BLIND_PAIRS.get(pair) if pair is not None else None
+        if encoded is None:
+            encoded = aad_parts((str(k), str(v)))
+            if pair is not None and len(_BLIND_PAIRS) < _BLIND_PAIRS_MAX:
+                _BLIND_PAIRS[pair] = encoded
+        out.append(encoded)
+    return b"".join(out)
+
+
+def vault_id(namespace: Sequence[str], key: str) -> str:
+    """The pseudo thread id an item's PII originals are recorded under (``namespace``: the
+    caller's, without the tenant label)."""
+    raw = json.dumps([list(namespace), key], ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return VAULT_PREFIX + hashlib.sha256(raw).hexdigest()[:40]
