@@ -21,6 +21,8 @@ no worker is ready the analysis runs in-process as before.
 from __future__ import annotations
 
 import atexit
+import functools
+import io
 import logging
 import os
 import queue
@@ -81,11 +83,18 @@ class Worker:
             raise RedactionError("redaction worker has no output pipe")
         return self.proc.stdout
 
+    @functools.cached_property
+    def replies(self) -> IO[bytes]:
+        """The output pipe, unbuffered: :meth:`receive` asks ``select`` whether the pipe holds
+        a frame, and a buffered reader may already hold the next one (the answer, read in with
+        the acknowledgement before it), where ``select`` cannot see it."""
+        return io.FileIO(self.stdout.fileno(), "rb", closefd=False)
+
     def receive(self, timeout: float) -> Any:
-        ready, _, _ = select.select([self.stdout], [], [], max(0.0, timeout))
+        ready, _, _ = select.select([self.replies], [], [], max(0.0, timeout))
         if not ready:
             raise TimeoutError("the redaction worker did not answer in time")
-        doc = read_frame(self.stdout)
+        doc = read_frame(self.replies)
         if doc is None:
             raise EOFError("the redaction worker exited")
         return doc
