@@ -3,7 +3,9 @@ committed value, a connection the server dropped is replaced, close() closes the
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -80,3 +82,55 @@ def test_an_in_memory_registry_keeps_its_one_connection() -> None:
                                 ).scalar() == 1
     finally:
         registry.dispose()
+
+
+GRACE = 1.0  # how long the writer keeps its transaction open for the reader (a bound only)
+
+
+def test_a_direct_read_waits_for_a_transaction_open_on_the_one_shared_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-memory registry is ONE connection for every thread. A direct read (the vault's
+    erasure epoch, read on every redacting read and write) made while another thread's
+    transaction is open on it must neither see nor end that transaction. It did both: the
+    read's rollback rolled the other transaction back, so a thread key inserted and read back
+    in one transaction read back as missing ("the thread's data key was deleted while it was
+    being written"), and the insert was lost. The writer is paused right after its insert
+    until the reader has read (or for GRACE, when the read rightly waits for the commit)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langgraph_securesaver import Keyring, SecureSaver
+    from langgraph_securesaver.crypto import THREAD
+    from langgraph_securesaver.registry_schema import thread_keys
+
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate())  # registry in memory
+    registry, store = saver.registry, saver.keys.threads
+    assert store is not None
+    inserted, read = threading.Event(), threading.Event()
+    insert = registry._insert_ignore
+
+    def paused_insert(conn: Any, table: sa.Table, rows: Any) -> None:
+        insert(conn, table, rows)
+        if table is thread_keys:
+            inserted.set()
+            read.wait(GRACE)
+
+    monkeypatch.setattr(registry, "_insert_ignore", paused_insert)
+    epochs: list[int] = []
+
+    def reader() -> None:
+        if inserted.wait(120):
+            epochs.append(saver.vault._read_epoch("acme"))
+        read.set()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        key = store.key("acme", THREAD, "t1", True)
+    finally:
+        inserted.set()
+        thread.join(120)
+    assert key is not None            # created, and read back in its own transaction
+    assert epochs == [0]
+    monkeypatch.undo()
+    store.forget()
+    assert store.key("acme", THREAD, "t1", False) is not None   # and committed

@@ -8,9 +8,11 @@ the worker runs presidio. Small writes never pay the round trip.
 Workers are separate interpreters started with ``subprocess`` (no ``fork`` of a process that
 has threads, no re-import of the caller's ``__main__``). Only the text and the detection
 settings go to a worker; only spans, kinds and scores come back; tokens are made in the
-parent with the tenant's key. A worker that dies or stops answering fails the write it was
-serving with :class:`RedactionError` (nothing is stored in clear) and is replaced; while no
-worker is ready the analysis runs in-process as before.
+parent with the tenant's key. A worker acknowledges each request as it takes it: one that dies
+or stops answering after that fails the write it was serving with :class:`RedactionError`
+(nothing is stored in clear) and is replaced; one that is gone before it took the request
+(killed while idle) is replaced and costs no write, the string is analyzed in-process. While
+no worker is ready the analysis runs in-process as before.
 
 ``SECURESAVER_REDACTION_WORKERS`` (or :func:`configure_pool`) sets the number of workers;
 0 turns offloading off.
@@ -19,6 +21,8 @@ worker is ready the analysis runs in-process as before.
 from __future__ import annotations
 
 import atexit
+import functools
+import io
 import logging
 import os
 import queue
@@ -28,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from .errors import RedactionError
 from .frames import read_frame, write_frame
@@ -79,11 +83,18 @@ class Worker:
             raise RedactionError("redaction worker has no output pipe")
         return self.proc.stdout
 
+    @functools.cached_property
+    def replies(self) -> IO[bytes]:
+        """The output pipe, unbuffered: :meth:`receive` asks ``select`` whether the pipe holds
+        a frame, and a buffered reader may already hold the next one (the answer, read in with
+        the acknowledgement before it), where ``select`` cannot see it."""
+        return io.FileIO(self.stdout.fileno(), "rb", closefd=False)
+
     def receive(self, timeout: float) -> Any:
-        ready, _, _ = select.select([self.stdout], [], [], max(0.0, timeout))
+        ready, _, _ = select.select([self.replies], [], [], max(0.0, timeout))
         if not ready:
             raise TimeoutError("the redaction worker did not answer in time")
-        doc = read_frame(self.stdout)
+        doc = read_frame(self.replies)
         if doc is None:
             raise EOFError("the redaction worker exited")
         return doc
@@ -117,7 +128,7 @@ class RedactionPool:
         self._starting = 0
         self._closed = False
         self._failed_at = -RETRY_START  # when a worker last failed to start
-        self.busy: set[int] = set()  # pids serving a request now
+        self.busy: set[int] = set()  # pids serving a request now (accepted, not answered)
 
     @property
     def enabled(self) -> bool:
@@ -198,25 +209,48 @@ class RedactionPool:
         if worker is None:
             return None
         if worker.proc.poll() is not None:  # died while idle: nothing was sent to it
-            logger.error("redaction worker %d had exited; replacing it", worker.pid)
-            self._retire(worker)
+            self._lost_idle(worker)
             return None
-        self.busy.add(worker.pid)
+        deadline = time.monotonic() + seconds + GRACE
         try:
             write_frame(worker.stdin, {"text": text, "params": params, "seconds": seconds})
-            reply = worker.receive(seconds + GRACE)
+            accepted = worker.receive(deadline - time.monotonic())
+        except (BrokenPipeError, EOFError):
+            # gone before it took the request: killed while idle, even if poll() could not
+            # tell yet (a killed process stays unreaped, its pipes open, until its last
+            # thread has exited). Nothing of this write ran there: it costs no write.
+            self._lost_idle(worker)
+            return None
+        except Exception as exc:  # noqa: BLE001 - stuck or broken: fails the write
+            self._fail(worker, exc)
+        if not isinstance(accepted, dict) or accepted.get("accepted") is not True:
+            self._fail(worker, RedactionError("malformed worker answer"))
+        self.busy.add(worker.pid)
+        try:
+            reply = worker.receive(deadline - time.monotonic())
             raw, reason, took = _parse(reply)
         except Exception as exc:  # noqa: BLE001 - any failure of the worker fails the write
             self.busy.discard(worker.pid)
-            self._retire(worker)
-            logger.error("a redaction worker failed (%s); the write is refused",
-                         type(exc).__name__)
-            raise RedactionError(
-                f"the redaction worker failed ({type(exc).__name__}); nothing was stored"
-            ) from None
+            self._fail(worker, exc)
         self.busy.discard(worker.pid)
         self._idle.put(worker)
         return raw, reason, took
+
+    def _lost_idle(self, worker: Worker) -> None:
+        """A worker found dead before it took a request: replaced (the caller analyzes the
+        string in-process)."""
+        logger.error("redaction worker %d had exited; replacing it", worker.pid)
+        self._retire(worker)
+
+    def _fail(self, worker: Worker, exc: BaseException) -> NoReturn:
+        """A worker that died, stalled or answered nonsense while serving a request: the
+        write is refused (the text may be what broke it, so it is not analyzed again)."""
+        self._retire(worker)
+        logger.error("a redaction worker failed (%s); the write is refused",
+                     type(exc).__name__)
+        raise RedactionError(
+            f"the redaction worker failed ({type(exc).__name__}); nothing was stored"
+        ) from None
 
     def _retire(self, worker: Worker) -> None:
         worker.stop()

@@ -1,10 +1,11 @@
 """A redaction worker process: ``python -m langgraph_securesaver.redaction.worker``.
 
 It builds the default presidio engine once and answers detection requests on stdin/stdout,
-one length-prefixed JSON frame each way. A request carries only the text to analyze and the
-detection settings; the answer carries only spans, entity kinds and scores (or why the
-analysis stopped). Keys, tokens and vault entries never leave the parent process, and
-nothing the worker sends is evaluated: it is parsed as JSON and checked field by field.
+one length-prefixed JSON frame each way (plus ``{"accepted": true}`` as it takes a request).
+A request carries only the text to analyze and the detection settings; the answer carries
+only spans, entity kinds and scores (or why the analysis stopped). Keys, tokens and vault
+entries never leave the parent process, and nothing the worker sends is evaluated: it is
+parsed as JSON and checked field by field.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         request = read_frame(inp)
         if request is None:
             return
+        # taken: from here on a death of this process fails the parent's write (before it,
+        # the parent analyzes the string itself)
+        write_frame(out, {"accepted": True})
         started = time.process_time()  # the budget counts CPU seconds
         try:
             redactor, policy = _redactor_for(request["params"], cache)

@@ -70,8 +70,9 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False
-        #: pooled-connection-free reads of the hottest statement (the erasure epoch)
-        self.direct = DirectReads(self.engine)
+        #: pooled-connection-free reads of the hottest statement (the erasure epoch); on the
+        #: in-memory registry's one connection they hold the lock its transactions hold
+        self.direct = DirectReads(self.engine, serial=engine_lock(self.engine))
         # MACs on retention rows, receipts, events (registry/integrity.py); keyed once a keyring is
         # attached with attach_keys()
         self.integrity = RegistryIntegrity(self, None, has_macs=self._has_macs)

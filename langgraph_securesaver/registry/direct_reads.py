@@ -8,7 +8,11 @@ each used by one thread at a time, outside any transaction (PostgreSQL: autocomm
 no transaction is left open), so every read sees the latest committed value. A connection
 that fails is closed and the read retried once on a new one. After ``fork`` the child
 never touches (or closes) its parent's connections. A pool of one shared connection (an
-in-memory SQLite database) is used as it is, one checkout per read.
+in-memory SQLite database) is used as it is, one checkout per read, under the lock that
+serializes the engine's transactions (``serial``): a read on it while another thread's
+transaction is open would see that transaction's uncommitted rows, and returning the checkout
+(or the read's own rollback) would roll that transaction back, silently (a thread key created
+and then read back as missing, an audit event lost).
 
 Knows an engine and DBAPI cursors; nothing of the tables it reads.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -39,15 +44,19 @@ def _close_quietly(conn: Any) -> None:
 class DirectReads:
     """Thread-safe; at most ``size`` idle connections are kept."""
 
-    def __init__(self, engine: Engine, size: int = 2) -> None:
+    def __init__(self, engine: Engine, size: int = 2,
+                 serial: AbstractContextManager[Any] | None = None) -> None:
         self.engine = engine
         self.size = size
         self._free: list[Any] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
         # a pool of one shared connection (an in-memory SQLite database lives in it): never
-        # detached, checked out per read instead
+        # detached, checked out per read instead, holding ``serial`` (what the engine's
+        # transactions hold; never entered inside one of them on the same thread)
         self._shared = isinstance(engine.pool, (StaticPool, SingletonThreadPool))
+        self._serial: AbstractContextManager[Any] = (
+            serial if self._shared and serial is not None else nullcontext())
 
     def __repr__(self) -> str:
         return f"DirectReads(idle={len(self._free)})"
@@ -65,30 +74,39 @@ class DirectReads:
     def rows(self, sql: str, params: tuple[Any, ...], *, one: bool = False
              ) -> list[tuple[Any, ...]]:
         """The rows of ``sql`` (driver parameter style; ``one``: the first row only)."""
-        error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
         for attempt in (0, 1):
-            conn = self._take()
+            with self._serial:   # a shared connection: no other thread's transaction is open
+                got = self._attempt(sql, params, one, last=bool(attempt))
+            if got is not None:
+                return got
+        return []  # pragma: no cover - the last attempt returns or raises
+
+    def _attempt(self, sql: str, params: tuple[Any, ...], one: bool, last: bool
+                 ) -> list[tuple[Any, ...]] | None:
+        """The rows, or None after a driver error on a connection that was idle (not
+        ``last``: the caller retries on a new one)."""
+        error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
+        conn = self._take()
+        try:
+            cursor = conn.cursor()
             try:
-                cursor = conn.cursor()
-                try:
-                    cursor.execute(sql, params)
-                    got = cursor.fetchmany(1) if one else cursor.fetchall()
-                finally:
-                    cursor.close()
-                if getattr(conn, "in_transaction", False):   # never keep a snapshot open
-                    conn.rollback()
-            except error:
-                _close_quietly(conn)
-                if attempt:
-                    raise
-                logger.debug("direct read failed on an idle connection; retrying on a new one")
-                continue
-            except BaseException:
-                _close_quietly(conn)
+                cursor.execute(sql, params)
+                got = cursor.fetchmany(1) if one else cursor.fetchall()
+            finally:
+                cursor.close()
+            if getattr(conn, "in_transaction", False):   # never keep a snapshot open
+                conn.rollback()
+        except error:
+            _close_quietly(conn)
+            if last:
                 raise
-            self._give(conn)
-            return [tuple(r) for r in got]
-        return []  # pragma: no cover - the loop returns or raises
+            logger.debug("direct read failed on an idle connection; retrying on a new one")
+            return None
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        self._give(conn)
+        return [tuple(r) for r in got]
 
     def close(self) -> None:
         """Close the idle connections (the engine's pool is not affected)."""
