@@ -514,7 +514,7 @@ def test_saver_class_size_counts_the_class_only(tmp_path: Path) -> None:
 
 def test_the_paths_server_configurations_name_still_resolve() -> None:
     """langgraph.json paths, the console entry point and ``python -m`` names from before the
-    subpackages resolve to the same objects (the facades and shims of tools/relayout.py)."""
+    subpackages resolve to the same objects (the package's facades and the old server module paths)."""
     import importlib
 
     pytest.importorskip("langgraph_sdk")

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 TENANTS = ("acme", "globex")
 EMAIL = "li.na@example.com"
-CLI = [sys.executable, "-c", "from langgraph_securesaver import cli_ops; cli_ops.app()"]
+CLI = [sys.executable, "-c", "from langgraph_securesaver.cli import ops; ops.app()"]
 
 
 def _cfg(thread: str, tenant: str) -> dict:
