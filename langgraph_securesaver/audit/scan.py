@@ -49,15 +49,17 @@ from ..keys.crypto import (
 from ..seal import SEALED_METADATA_KEY, _DetachedParent
 from ..storage.raw_tables import (
     SEALED_COLUMNS,
-    WRAPPED_KEY_COLUMNS,
     BlobRow,
     CheckpointRow,
     RawTables,
-    RegistryTable,
     TenantIndex,
     WriteRow,
-    count_rows,
     raw_tables_for,
+)
+from ..storage.registry_tables import (
+    WRAPPED_KEY_COLUMNS,
+    RegistryTable,
+    count_rows,
     registry_rows,
     registry_tables,
 )

@@ -46,17 +46,19 @@ from ..keys.crypto import (
 from ..seal import SEALED_METADATA_KEY
 from ..storage.raw_tables import (
     SEALED_COLUMNS,
-    WRAPPED_KEY_COLUMNS,
     BlobRow,
     CheckpointRow,
     RawTables,
-    RegistryChange,
-    RegistryTable,
     TenantIndex,
     WriteRow,
+    raw_tables_for,
+)
+from ..storage.registry_tables import (
+    WRAPPED_KEY_COLUMNS,
+    RegistryChange,
+    RegistryTable,
     cas_update_registry,
     count_rows,
-    raw_tables_for,
     registry_rows,
     registry_tables,
 )

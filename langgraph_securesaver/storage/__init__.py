@@ -4,8 +4,9 @@
 - :mod:`.strict_serde` -- the inner savers' serializer: nothing stored is evaluated.
 - :mod:`.ops` / :mod:`.sql` / :mod:`.flush` -- native keep-latest, whole-thread and per-run
   deletes on each backend, their SQL, and SQLite's deletion hygiene.
-- :mod:`.raw_tables` / :mod:`.raw_sql` -- raw rows of the inner tables and the registry (for
-  audit, scan, rotation), their SQL and pager.
+- :mod:`.raw_tables` / :mod:`.raw_sql` -- raw rows of the inner tables (for audit, scan,
+  rotation), their SQL and pager; :mod:`.registry_tables` -- raw rows of every
+  ``securesaver_*`` table, reflected (for scan and rotation).
 - :mod:`.store_format` -- a SecureStore item's stored form, for code that never opens it.
 
 May import: the foundation modules, :mod:`..keys` and :mod:`..registry`. The per-turn path,

@@ -12,6 +12,9 @@ from typing import Any, TypeVar
 
 R = TypeVar("R")
 
+#: rows per page of a raw-table listing (the inner tables and the registry's)
+DEFAULT_PAGE = 500
+
 # --- SQLite (langgraph-checkpoint-sqlite schema) ---------------------------------------------
 SQLITE_CHECKPOINTS_PAGE = """
 SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata

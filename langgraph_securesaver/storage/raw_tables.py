@@ -1,4 +1,4 @@
-"""Raw rows of the inner saver's tables (SQLite and PostgreSQL) and of SecureSaver's own tables.
+"""Raw rows of the inner saver's tables (SQLite and PostgreSQL).
 
 Audits, at-rest scans and re-encryption all need what the ``BaseCheckpointSaver`` API hides:
 every stored row exactly as it sits on disk, and a way to rewrite one ciphertext in place.
@@ -9,8 +9,10 @@ This module is that layer, shared by :mod:`..audit.inventory`, :mod:`..audit.sca
   order (keyset pagination: each page is one short query, safe on live databases);
 * compare-and-swap updates: a row is rewritten only ``WHERE`` it still holds what was read, so a
   concurrent write by a running graph is never clobbered (the caller sees ``False`` and retries
-  on a later pass);
-* reflect and page through every ``securesaver_*`` table of the registry, known or not.
+  on a later pass).
+
+Every ``securesaver_*`` table of the registry, known or not, is read and rewritten by
+:mod:`.registry_tables`.
 
 Every SQL statement is a named constant in :mod:`.raw_sql` so it can be reviewed in one place.
 """
@@ -24,13 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine
-
 from ..errors import ConfigurationError, TamperedDataError
 from ..tenancy import tenant_tag
 from .raw_sql import (
     BLOBS_START,
+    DEFAULT_PAGE,
     PG_BLOBS_PAGE,
     PG_CAS_BLOB,
     PG_CAS_SEALED_METADATA,
@@ -66,10 +66,6 @@ if TYPE_CHECKING:  # (companions import this module to register sealed columns: 
     from langgraph.checkpoint.base import BaseCheckpointSaver
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_PAGE = 500
-REGISTRY_TABLE_PREFIX = "securesaver_"
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -533,108 +529,3 @@ def raw_tables_for(inner: BaseCheckpointSaver) -> RawTables:
         f"audits, scans and re-encryption read the SQLite or PostgreSQL tables of a sync "
         f"SqliteSaver or PostgresSaver; {type(inner).__name__} is not one. Open the same "
         "database with SecureSaver.from_url(url) (the CLI does) and run it from there")
-
-
-# --------------------------------------------------------------------------------------------
-# SecureSaver's own tables (and companions'), reflected from the database
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RegistryTable:
-    """A reflected ``securesaver_*`` table with its columns sorted by what they hold."""
-
-    table: sa.Table
-    key_columns: tuple[str, ...]
-    text_columns: tuple[str, ...]
-    binary_columns: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return str(self.table.name)
-
-
-def _python_type(column: sa.Column[Any]) -> type | None:
-    try:
-        return column.type.python_type
-    except NotImplementedError:
-        return None
-
-
-def registry_tables(engine: Engine) -> list[RegistryTable]:
-    """Every ``securesaver_*`` table in the registry database (known to this version or not)."""
-    reflected = sa.MetaData()
-    reflected.reflect(engine, only=lambda name, _meta: name.startswith(REGISTRY_TABLE_PREFIX))
-    out = []
-    for table in sorted(reflected.tables.values(), key=lambda t: t.name):
-        text, binary = [], []
-        for column in table.columns:
-            kind = _python_type(column)
-            if kind is bytes:
-                binary.append(column.name)
-            elif kind in (str, dict, list):
-                text.append(column.name)
-        keys = tuple(c.name for c in table.primary_key.columns) or tuple(
-            c.name for c in table.columns)
-        out.append(RegistryTable(table, keys, tuple(text), tuple(binary)))
-    return out
-
-
-def count_rows(engine: Engine, table: RegistryTable) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(table.table)).scalar()
-                   or 0)
-
-
-def registry_rows(engine: Engine, table: RegistryTable, page: int = DEFAULT_PAGE
-                  ) -> Iterator[list[dict[str, Any]]]:
-    """Pages of a registry table's rows (dicts), in primary-key order (keyset pagination;
-    a table without a primary key is paged by offset)."""
-    cols = [table.table.c[name] for name in table.key_columns]
-    keyed = bool(table.table.primary_key.columns)
-    after: tuple[Any, ...] | None = None
-    offset = 0
-    while True:
-        q = sa.select(table.table).order_by(*cols).limit(page)
-        if not keyed:
-            q = q.offset(offset)
-        elif after is not None:
-            q = q.where(sa.tuple_(*cols) > sa.tuple_(*after))
-        with engine.connect() as conn:
-            rows = [dict(r) for r in conn.execute(q).mappings()]
-        if not rows:
-            return
-        after = tuple(rows[-1][name] for name in table.key_columns)
-        offset += len(rows)
-        yield rows
-        if len(rows) < page:
-            return
-
-
-# wrapped by the key provider, not by a tenant data key: never a token
-WRAPPED_KEY_COLUMNS = frozenset({("securesaver_tenant_keys", "wrapped"),
-                                 ("securesaver_thread_keys", "wrapped"),
-                                 ("securesaver_pii_keys", "wrapped")})
-
-
-@dataclass(frozen=True)
-class RegistryChange:
-    """Set ``column`` of the row with primary key ``key`` to ``new`` if it still holds ``old``."""
-
-    key: Mapping[str, Any]
-    column: str
-    old: Any
-    new: Any
-
-
-def cas_update_registry(engine: Engine, table: sa.Table, changes: list[RegistryChange]
-                        ) -> list[bool]:
-    """``UPDATE table SET column = new WHERE <key> AND column = old`` for each change, in one
-    transaction (compare-and-swap: a row changed meanwhile is left alone). Returns, per
-    change, whether it was applied."""
-    applied = []
-    with engine.begin() as conn:
-        for change in changes:
-            where = [table.c[name] == value for name, value in change.key.items()]
-            where.append(table.c[change.column] == change.old)
-            stmt = table.update().where(*where).values({change.column: change.new})
-            applied.append(conn.execute(stmt).rowcount == 1)
-    return applied
