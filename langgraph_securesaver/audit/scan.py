@@ -26,13 +26,10 @@ masked where it holds personal data (``support-<EMAIL_ADDRESS>``).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +61,8 @@ from ..storage.registry_tables import (
     registry_tables,
 )
 from ..tenancy import ThreadRef
+from .clear_text import ClearTextInspector
+from .scan_report import ScanReport, Violation
 
 if TYPE_CHECKING:
     from ..services import SaverLike
@@ -73,163 +72,6 @@ logger = logging.getLogger(__name__)
 
 BLIND_KEY_RE = re.compile(r"^ssbi_[0-9a-f]{16}$")
 BLIND_VALUE_RE = re.compile(r"^[0-9a-f]{32}$")
-
-VIOLATIONS: dict[str, str] = {
-    "plaintext_channel_value": "a channel value is stored without encryption",
-    "inline_channel_value": "a channel value is inlined in the clear checkpoint JSONB",
-    "plaintext_write": "a pending write is stored without encryption",
-    "missing_sealed_metadata": "a checkpoint has no sealed metadata",
-    "plaintext_metadata": "the sealed-metadata field holds no ciphertext",
-    "clear_metadata_key": "a metadata key outside the allowlist is stored in clear",
-    "malformed_blind_index": "a blind-index entry is not a keyed digest",
-    "pii_in_clear_column": "personal data or a secret in a clear column",
-    "unknown_tenant": "a row's thread id carries no known tenant's tag",
-    "unknown_data_key": "a ciphertext names a data-key version its tenant does not have",
-    "unknown_master_key": "a key row is wrapped by a master version the keyring lacks",
-    "key_does_not_unwrap": "a tenant's data keys do not unwrap with this keyring",
-    "token_fails_authentication": "a ciphertext does not authenticate for its place",
-    "plaintext_binary": "a binary column of a securesaver_* table holds no ciphertext",
-    "undecodable_row": "a row cannot be decoded",
-    "checkpoint_fails_verification": "a checkpoint is refused by reads (manifest, parent, "
-                                     "channels, clear metadata, blind index or pending writes)",
-    "unevaluated_payload": "a row holds a serialized object SecureSaver never writes (msgpack "
-                           "extension / constructor); it was not evaluated",
-    "write_moved": "a pending write sits at another idx or task path than it was sealed for",
-    "plaintext_store_value": "a store item holds no SecureStore ciphertext (plain, forged or "
-                             "extra fields)",
-    "summary_drift": "an audit summary differs from a recount of the raw rows (the audit "
-                     "answers from it until it is refreshed: `securesaver summaries`)",
-    "unregistered_thread": "a stored thread has no registry row (no retention applies; the "
-                           "audit that reads summaries does not list it)",
-}
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One finding: the kind, the table, where in it, and a detail that never holds a value."""
-
-    kind: str
-    table: str
-    location: str
-    detail: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "table": self.table, "location": self.location,
-                "detail": self.detail}
-
-
-@dataclass
-class ScanReport:
-    backend: str
-    started_at: float
-    duration: float = 0.0
-    rows: dict[str, int] = field(default_factory=dict)
-    tokens: int = 0
-    verified: int = 0
-    violations: list[Violation] = field(default_factory=list)
-    # tenant -> data-key version -> ciphertexts naming it (what a key rotation still needs)
-    key_versions: dict[str, dict[int, int]] = field(default_factory=dict)
-    master_versions: dict[str, int] = field(default_factory=dict)
-    keyring_checked: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def by_kind(self) -> dict[str, int]:
-        return dict(Counter(v.kind for v in self.violations))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok, "backend": self.backend, "started_at": self.started_at,
-            "duration_s": round(self.duration, 3), "rows": self.rows, "tokens": self.tokens,
-            "verified": self.verified, "keyring_checked": self.keyring_checked,
-            "master_versions_in_use": self.master_versions,
-            "data_key_versions": {t: {str(k): n for k, n in sorted(v.items())}
-                                  for t, v in sorted(self.key_versions.items())},
-            "violations_by_kind": self.by_kind(),
-            "violations": [v.as_dict() for v in self.violations],
-        }
-
-
-class ClearTextInspector:
-    """Finds personal data and secrets in clear strings (cached per distinct string) and
-    masks them for display."""
-
-    MAX_CHARS = 20_000
-    MAX_CACHE = 200_000
-
-    def __init__(self, redactor: Any = None) -> None:
-        if redactor is None:
-            try:
-                from ..redaction import Redactor
-            except ImportError as exc:
-                raise ConfigurationError(
-                    "the scan uses langgraph_securesaver.redaction to find personal data, and "
-                    f"it could not be imported: {exc}") from None
-            redactor = Redactor()
-        self.redactor = redactor
-        self._cache: dict[str, tuple[tuple[str, int, int], ...]] = {}
-
-    def entities(self, text: str) -> tuple[tuple[str, int, int], ...]:
-        hit = self._cache.get(text)
-        if hit is not None:
-            return hit
-        if len(text) < 3 or (text.isdigit() and len(text) < 7):
-            found: tuple[tuple[str, int, int], ...] = ()
-        else:
-            result = self.redactor.redact(text[:self.MAX_CHARS])
-            found = tuple((e.kind, e.start, e.end) for e in result.entities)
-        if len(self._cache) > self.MAX_CACHE:
-            self._cache.clear()
-        self._cache[text] = found
-        return found
-
-    def kinds(self, text: str) -> list[str]:
-        return sorted({k for k, _s, _e in self.entities(text)})
-
-    def kinds_in(self, value: Any) -> list[str]:
-        """Kinds found in any string (or number) inside a JSON-like value, keys included."""
-        found: set[str] = set()
-        for leaf in _leaves(value):
-            found.update(self.kinds(leaf))
-        return sorted(found)
-
-    def mask(self, text: str, limit: int = 80) -> str:
-        """``text`` with detected values replaced by ``<KIND>`` (for locations)."""
-        out, last = [], 0
-        for kind, start, end in sorted(self.entities(text), key=lambda e: e[1]):
-            if start < last:
-                continue
-            out.append(text[last:start])
-            out.append(f"<{kind}>")
-            last = end
-        out.append(text[last:])
-        masked = "".join(out)
-        return masked if len(masked) <= limit else masked[:limit - 1] + "…"
-
-
-def _leaves(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        parsed = None
-        if value[:1] in "{[":
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = None
-        if isinstance(parsed, (dict, list)):
-            yield from _leaves(parsed)
-        else:
-            yield value
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            yield str(k)
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _leaves(v)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        yield str(value)
 
 
 class Scanner:

@@ -420,8 +420,8 @@ def scan(
 
     Exit codes: 0 clean, 1 violations found, 2 could not run.
     """
-    from ..audit.scan import VIOLATIONS
     from ..audit.scan import scan as run_scan
+    from ..audit.scan_report import VIOLATIONS
     from ..saver import DEFAULT_METADATA_ALLOWLIST
     ring = _keyring_or_none(keyring)
     if verify and ring is None:
