@@ -35,6 +35,8 @@ console = Console()
 err_console = Console(stderr=True)
 
 EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
+#: rows a table prints at most (``--format json`` has every row)
+MAX_ROWS_SHOWN = 200
 
 KeyringOption = Annotated[
     str | None,

@@ -21,15 +21,17 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from ..errors import SecureSaverError
+from .audit_tables import print_audit
 from .common import (
     EXIT_CANNOT_RUN,
     EXIT_FOUND,
     EXIT_OK,
+    MAX_ROWS_SHOWN,
     KeyringOption,
     UrlOption,
     app,
@@ -46,11 +48,6 @@ from .common import (
     thread_arg,
 )
 from .events import print_events
-
-if TYPE_CHECKING:  # rich.table is imported where a table is printed: JSON output needs none
-    from rich.table import Table
-
-MAX_ROWS_SHOWN = 200
 
 
 class OutputFormat(str, Enum):
@@ -85,13 +82,6 @@ def _keyring_or_none(path: str | None) -> Any:
 
 def _echo_json(data: Any) -> None:
     echo_json(data, indent=2, sort_keys=False)
-
-
-def _dt(value: str | None) -> str:
-    """``2026-11-29T09:54:15+00:00`` -> ``2026-11-29 09:54`` (tables say UTC in the header)."""
-    if value is None:
-        return "—"
-    return value.replace("T", " ").replace("+00:00", "")[:16]
 
 
 def parse_when(value: str | None, *, what: str, now: float | None = None) -> float | None:
@@ -182,7 +172,7 @@ def audit(
             epoch = erasure_epoch_of(saver.registry, ring) if ring is not None else None
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
-    _print_audit(report)
+    print_audit(report)
     if epoch is not None and epoch["erasures_pending"]:
         console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) still "
                       "open from remnants and backups until `securesaver rotate-keys "
@@ -265,137 +255,6 @@ def _report_context(url: str, ring: Any, tenant: str | None,
 def _no_close(stream: Any) -> Iterator[Any]:
     yield stream
     stream.flush()
-
-
-def _no_wrap(table: Table, *columns: int) -> None:
-    for i in columns:
-        table.columns[i].no_wrap = True
-
-
-def _kinds(pii: dict[str, int]) -> str:
-    return "\n".join(f"{shown(k)} {n}" for k, n in sorted(pii.items())) or "—"
-
-
-# (header, priority, kind). Columns are dropped from the highest priority number down until
-# every kept column has its readable width within the terminal. kind: "fixed" never wraps,
-# "fold" (ids, never cut) and "wrap" may take several lines but keep a readable minimum.
-_TENANT_COLUMNS = [("tenant", 0, "fold"), ("threads", 1, "fixed"), ("ckpts", 6, "fixed"),
-                   ("stored", 2, "fixed"), ("first thread\n(UTC)", 8, "fixed"),
-                   ("retention", 4, "wrap"), ("personal data\n(distinct values)", 5, "wrap"),
-                   ("data keys\n(master)", 9, "fixed"), ("past\nexpiry", 3, "fixed"),
-                   ("held", 7, "fixed")]
-_THREAD_COLUMNS = [("tenant", 0, "fold"), ("thread", 1, "fold"), ("created (UTC)", 7, "fixed"),
-                   ("last activity", 5, "fixed"), ("expires", 2, "fixed"), ("ckpts", 6, "fixed"),
-                   ("stored", 3, "fixed"), ("keys", 8, "fixed"), ("personal data", 4, "wrap")]
-_READABLE = {"fold": 18, "wrap": 16}
-
-
-def _widths(header: str, kind: str, cells: list[str]) -> tuple[int, int]:
-    """(readable minimum, natural) width of a column."""
-    from rich.cells import cell_len
-    from rich.text import Text
-    widest = max((cell_len(line) for cell in cells
-                  for line in Text.from_markup(cell).plain.split("\n")), default=1)
-    natural = max(widest, max(cell_len(line) for line in header.split("\n")))
-    if kind == "fixed":
-        return natural, natural
-    head = max(cell_len(word) for word in header.split())
-    return max(min(widest, _READABLE[kind]), head), natural
-
-
-def _fitted(title: str, columns: list[tuple[str, int, str]],
-            rows: list[list[str]]) -> tuple[Table, list[str]]:
-    """The table with the columns that fit ``console.width`` by priority (each at least at a
-    readable width), and the headers of the columns left out."""
-    sizes = [_widths(header, kind, [row[i] for row in rows])
-             for i, (header, _, kind) in enumerate(columns)]
-    keep = list(range(len(columns)))
-
-    def total(which: int) -> int:  # 0: readable minimum, 1: natural; 3 = borders + padding
-        return sum(sizes[i][which] + 3 for i in keep) + 1
-
-    width: dict[int, int] = {}
-    if total(1) > console.width:
-        while len(keep) > 2 and total(0) > console.width:
-            keep.remove(max(keep, key=lambda i: columns[i][1]))
-        spare = max(0, console.width - total(0))
-        for i in sorted(keep, key=lambda i: columns[i][1]):
-            extra = min(spare, sizes[i][1] - sizes[i][0])
-            width[i] = sizes[i][0] + extra
-            spare -= extra
-    from rich.table import Table
-    table = Table(title=title)
-    for i in keep:
-        header, _, kind = columns[i]
-        table.add_column(header, no_wrap=kind == "fixed", width=width.get(i),
-                         overflow="fold" if kind == "fold" else "ellipsis")
-    for row in rows:
-        table.add_row(*(row[i] for i in keep))
-    dropped = [columns[i][0].replace("\n", " ") for i in range(len(columns)) if i not in keep]
-    return table, dropped
-
-
-def _print_audit(report: Any) -> None:
-    from ..audit.report_html import human_bytes, policy_text
-    tenant_rows = []
-    for t in report.tenants:
-        keys = (",".join(f"v{v}" for v in t.data_keys) or "—") + " (" + (
-            ",".join(f"m{v}" for v in t.master_versions) or "—") + ")"
-        tenant_rows.append([
-            shown(t.tenant), str(t.threads), str(t.checkpoints), human_bytes(t.stored_bytes),
-            _dt(t.as_dict()["first_created"]), shown(policy_text(t.policy)), _kinds(t.pii),
-            keys, f"[red]{t.overdue}[/]" if t.overdue else "0", str(t.held)])
-    tenants, tenants_dropped = _fitted("Tenants", _TENANT_COLUMNS, tenant_rows)
-    console.print(tenants)
-    thread_rows = []
-    for th in report.threads[:MAX_ROWS_SHOWN]:
-        d = th.as_dict()
-        if th.legal_hold:
-            expires = "[blue]legal hold[/]"
-        elif th.overdue:
-            expires = f"[red]{_dt(d['expires_at'])}\nPAST EXPIRY[/]"
-        elif not th.registered:
-            expires = "[red]unregistered[/]"
-        else:
-            expires = _dt(d["expires_at"]) if th.expires_at is not None else "never"
-        thread_rows.append([shown(th.tenant), shown(th.thread_id), _dt(d["created_at"]),
-                            _dt(d["last_activity"]), expires, str(th.checkpoints),
-                            human_bytes(th.stored_bytes),
-                            ",".join(f"v{v}" for v in th.key_versions) or "—", _kinds(th.pii)])
-    threads, threads_dropped = _fitted("Threads", _THREAD_COLUMNS, thread_rows)
-    console.print(threads)
-    if len(report.threads) > MAX_ROWS_SHOWN:
-        console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
-                      "(--format json or html for all)")
-    if tenants_dropped or threads_dropped:
-        hidden = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in
-                           (("tenants", tenants_dropped), ("threads", threads_dropped)) if cols)
-        console.print(f"[dim]hidden at {console.width} columns: {hidden}. --format json or "
-                      "--format html has every field.[/]")
-    for orphan in report.orphans:
-        console.print(f"[red]stored thread of no known tenant[/]: {shown(orphan['thread_id'])}"
-                      f" ({orphan['checkpoints']} checkpoints)")
-    if report.store is not None:
-        _print_store_audit(report.store)
-    for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {shown(problem)}")
-    if report.ok:
-        console.print("[green]no problems[/]")
-
-
-def _print_store_audit(store: dict[str, Any]) -> None:
-    """The SecureStore items of the audit (store_audit.StoreAudit.as_dict())."""
-    from rich.table import Table
-
-    from ..audit.report_html import human_bytes
-    table = Table("tenant", "items", "namespaces", "stored", "last updated", "TTL / expired",
-                  "PII kinds (vault)", title="Store items (SecureStore)")
-    for t in store["tenants"]:
-        table.add_row(shown(t["tenant"]), str(t["items"]), str(t["namespaces"]),
-                      human_bytes(t["stored_bytes"]), _dt(t["last_updated"]),
-                      f"{t['with_ttl']} / " + (f"[red]{t['expired']}[/]" if t["expired"]
-                                               else "0"), _kinds(t["pii"]))
-    console.print(table)
 
 
 # --------------------------------------------------------------------------------------------
