@@ -4,8 +4,10 @@ field-level encryption under per-tenant data keys.
 - :mod:`.material` -- ``SecretBytes`` and friends: key material whose repr reveals nothing.
 - :mod:`.keyring` / :mod:`.keyring_file` -- master keys (``Keyring``, ``KeyProvider``) and
   keyring files on disk.
-- :mod:`.aws_kms`, :mod:`.pkcs11_provider` / :mod:`.pkcs11_pool` -- providers whose master
-  keys never leave AWS KMS or a PKCS#11 token; :mod:`.urls` names them by URL.
+- :mod:`.aws_kms`, :mod:`.pkcs11_provider` -- providers whose master keys never leave AWS KMS
+  or a PKCS#11 token; :mod:`.urls` names them by URL. The PKCS#11 provider's parts:
+  :mod:`.pkcs11_pool` (PIN and session pool), :mod:`.pkcs11_url` (``pkcs11://`` URLs),
+  :mod:`.pkcs11_errors` (how a failed call is classified).
 - :mod:`.crypto` -- AES-GCM sealing, the token format, associated data, ``KeyManager`` and
   ``TenantKeys``.
 

@@ -35,16 +35,16 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import ConfigurationError, KeyProviderUnavailable, TamperedDataError
 from .keyring import WrappedKey
 from .material import SecretBytes
+from .pkcs11_errors import MissingKeyObject, error_kind, fresh_error
 from .pkcs11_pool import PinSource, SessionEntry, error_name, load_pkcs11, module_pool
+from .pkcs11_url import DEFAULT_SESSIONS, parse_pkcs11_url
 
 logger = logging.getLogger(__name__)
 
-SCHEME = "pkcs11"
 #: a wrapped key: this format byte, a 12-byte IV, then AES-GCM ciphertext and 16-byte tag
 _FORMAT = b"\x01"
 _IV_BYTES = 12
@@ -53,7 +53,6 @@ _GENERATION = re.compile(r"\.v([1-9][0-9]{0,8})")
 #: data objects recording the databases a label family serves
 _APPLICATION = "langgraph-securesaver"
 _DB_PREFIX = "securesaver-db:"
-DEFAULT_SESSIONS = 4
 
 
 # --- the provider -----------------------------------------------------------------------------
@@ -106,49 +105,14 @@ class Pkcs11KeyProvider:
         """``pkcs11://<token label>/<key label>?module=/path/lib.so&pin-env=VAR`` (or
         ``pin-file=PATH``; optional ``max-sessions=N``). Labels are percent-decoded; a PIN
         in the URL is refused."""
-        token, key, options = cls._parse_url(url)
+        token, key, options = parse_pkcs11_url(url)
         return cls(token, key, **options)
 
     @classmethod
     def create_from_url(cls, url: str) -> Pkcs11KeyProvider:
         """:meth:`create` for the key a URL names (``securesaver keygen --keyring URL``)."""
-        token, key, options = cls._parse_url(url)
+        token, key, options = parse_pkcs11_url(url)
         return cls.create(token, key, **options)
-
-    @staticmethod
-    def _parse_url(url: str) -> tuple[str, str, dict[str, Any]]:
-        parts = urlsplit(url)
-        if parts.scheme != SCHEME:
-            raise ConfigurationError(f"not a {SCHEME}:// URL")
-        if "@" in parts.netloc:
-            raise ConfigurationError(
-                f"{SCHEME}:// URLs carry no PIN or user: use pin-env=VAR or pin-file=PATH")
-        token = unquote(parts.netloc)
-        key = unquote(parts.path.lstrip("/"))
-        query = parse_qs(parts.query, keep_blank_values=True)
-        if "pin-value" in query or "pin" in query:
-            raise ConfigurationError(
-                f"{SCHEME}:// URLs never carry the PIN itself: use pin-env=VAR or pin-file=PATH")
-        unknown = set(query) - {"module", "module-path", "pin-env", "pin-file", "max-sessions"}
-        if unknown:
-            raise ConfigurationError(
-                f"{SCHEME}:// URL: unknown option(s) {', '.join(sorted(unknown))} (known: "
-                "module, pin-env, pin-file, max-sessions)")
-        module = (query.get("module") or query.get("module-path") or [""])[-1]
-        if not token or not key or "/" in key:
-            raise ConfigurationError(
-                f"{SCHEME}:// URL must name the token and the key: "
-                f"{SCHEME}://TOKEN-LABEL/KEY-LABEL?module=...&pin-env=...")
-        if not module:
-            raise ConfigurationError(f"{SCHEME}:// URL needs module=/path/to/pkcs11-module.so")
-        try:
-            sessions = int(query.get("max-sessions", [str(DEFAULT_SESSIONS)])[-1])
-        except ValueError:
-            raise ConfigurationError("max-sessions must be a whole number") from None
-        return token, key, {"module": module,
-                            "pin_env": query["pin-env"][-1] if "pin-env" in query else None,
-                            "pin_file": query["pin-file"][-1] if "pin-file" in query else None,
-                            "max_sessions": sessions}
 
     # sessions and calls ---------------------------------------------------------------------
     @contextmanager
@@ -185,11 +149,11 @@ class Pkcs11KeyProvider:
                     generation = entry.generation
                     return work(entry)
             except (KeyProviderUnavailable, ConfigurationError, TamperedDataError) as exc:
-                error = _again(exc)
-            except _Missing as missing:
+                error = fresh_error(exc)
+            except MissingKeyObject as missing:
                 error = self._missing(missing.label, tenant)
             except pkcs11.exceptions.PKCS11Error as exc:
-                kind = _kind(exc, pkcs11)
+                kind = error_kind(exc, pkcs11)
                 if kind == "maybe-data" and attempt == 1:
                     continue                  # a wrong tag fails again; a glitch need not
                 if kind == "data" or (kind == "maybe-data" and self._token_healthy()):
@@ -262,7 +226,7 @@ class Pkcs11KeyProvider:
             pkcs11.Attribute.CLASS: pkcs11.ObjectClass.SECRET_KEY,
             pkcs11.Attribute.LABEL: label}))
         if not keys:
-            raise _Missing(label)
+            raise MissingKeyObject(label)
         if len(keys) > 1:
             raise ConfigurationError(
                 f"token {self.token_label!r} holds {len(keys)} secret keys labelled {label!r}; "
@@ -560,43 +524,9 @@ class Pkcs11KeyProvider:
     __str__ = __repr__
 
 
-class _Missing(Exception):
-    """A key object of this family is not in the token (classified by the caller)."""
-
-    def __init__(self, label: str) -> None:
-        super().__init__(label)
-        self.label = label
-
-
-def _again(exc: Exception) -> Exception:
-    """A fresh error of the same type and message (no traceback into the library)."""
-    fresh = type(exc).__new__(type(exc))
-    fresh.args = exc.args
-    return fresh
-
-
 def _gcm(iv: bytes, aad: bytes) -> Any:
     from pkcs11.mechanisms import GCMParams
     return GCMParams(iv, aad, 128)
-
-
-#: errors that say the data (ciphertext, tag, length) is refused
-_DATA = ("EncryptedDataInvalid", "EncryptedDataLenRange", "DataInvalid", "DataLenRange")
-#: errors some modules (SoftHSM2) also give for a wrong tag: data only if the token is fine
-_MAYBE_DATA = ("GeneralError", "FunctionFailed")
-_CONFIG = ("MechanismInvalid", "MechanismParamInvalid", "KeyFunctionNotPermitted",
-           "KeyTypeInconsistent", "FunctionNotSupported")
-
-
-def _kind(exc: BaseException, pkcs11: Any) -> str:
-    name = error_name(exc)
-    if name in _DATA:
-        return "data"
-    if name in _MAYBE_DATA:
-        return "maybe-data"
-    if name in _CONFIG:
-        return "config"
-    return "device"
 
 
 def _now() -> float:
