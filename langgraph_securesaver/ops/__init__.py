@@ -6,9 +6,10 @@
 - :mod:`.shredding` -- crypto-shredding a tenant.
 - :mod:`.pii` -- PII inventory and erasure.
 - :mod:`.keys` -- rewrapping, data-key rotation, master versions, the one-database rule.
-- :mod:`.pruner` / :mod:`.pruner_emptied` -- the retention sweep (``Sweep``): claims expired
-  threads, re-checks them, deletes or prunes them in fenced batches, leaves receipts; its part
-  for threads ``delete_for_runs`` left empty.
+- :mod:`.pruner` / :mod:`.pruner_deletes` / :mod:`.pruner_emptied` -- the retention sweep
+  (``Sweep``): claims expired threads, re-checks them, deletes or prunes them in fenced
+  batches, leaves receipts; how it deletes a batch; its part for threads ``delete_for_runs``
+  left empty.
 - :mod:`.rotation` -- master-key rotation and resumable re-encryption.
 - :mod:`.api` -- the public methods of SecureSaver that delegate to the above (and to
   audit, scan and rotation).

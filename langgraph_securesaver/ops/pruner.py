@@ -63,18 +63,16 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING
 
 from ..audit import summaries
 from ..errors import TamperedDataError
-from ..registry.core import ThreadRow, _thread_ref, pairs_in
+from ..registry.core import ThreadRow, _thread_ref
 from ..retention import PruneReport
 from ..services import SaverServices
-from ..storage.ops import delete_threads_in
 from ..tenancy import ThreadRef, inner_thread_id
 from . import threads
+from .pruner_deletes import TRANSIENT_RETRIES, BatchDeletion, deletion_reason, is_transient
 from .pruner_emptied import EmptiedSweep
 
 if TYPE_CHECKING:
@@ -87,15 +85,6 @@ DEFAULT_LEASE = 300.0
 DEFAULT_ACTIVE_GRACE = 120.0
 # how far ahead a writer's clock may run for its checkpoint time to count as a write (now)
 CLOCK_SKEW = 300.0
-TRANSIENT_RETRIES = 3
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Deadlocks, serialization failures and busy databases: worth retrying, never surfaced."""
-    names = {type(e).__name__ for e in (exc, exc.__cause__, getattr(exc, "orig", None)) if e}
-    text = str(exc).lower()
-    return bool(names & {"DeadlockDetected", "SerializationFailure", "LockNotAvailable"}) or (
-        "database is locked" in text or "deadlock detected" in text)
 
 
 def default_owner() -> str:
@@ -113,17 +102,11 @@ def _ref(row: ThreadRow) -> str:
     return _thread_ref(row.tenant, row.thread_id)
 
 
-def _reason(row: ThreadRow, now: float) -> str:
-    if row.idle_ttl is not None and row.last_activity + row.idle_ttl <= now:
-        return "retention:idle_ttl"
-    return "retention:max_age"
-
-
 #: audit summaries refreshed per sweep at most (audit/summaries.py)
 SUMMARY_REFRESH_LIMIT = 50_000
 
 
-class Sweep(EmptiedSweep):
+class Sweep(BatchDeletion, EmptiedSweep):
     """One run of the pruner over the registry."""
 
     def __init__(self, saver: SaverLike | SaverServices, *, now: float | None, limit: int | None,
@@ -350,7 +333,7 @@ class Sweep(EmptiedSweep):
                 action()
                 return
             except Exception as exc:  # noqa: BLE001 - one bad thread must not stop the sweep
-                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                if attempt < TRANSIENT_RETRIES and is_transient(exc):
                     time.sleep(0.05 * attempt)
                     continue
                 self._record_error(row, exc)
@@ -407,118 +390,11 @@ class Sweep(EmptiedSweep):
             try:
                 return dict(self.services.storage.latest_checkpoint_times(ids))
             except Exception as exc:
-                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                if attempt < TRANSIENT_RETRIES and is_transient(exc):
                     time.sleep(0.05 * attempt)
                     continue
                 raise
         return {}  # pragma: no cover - the loop returns or raises
-
-    def _delete_safely(self, rows: list[ThreadRow]) -> None:
-        for attempt in range(1, TRANSIENT_RETRIES + 1):
-            try:
-                gone = self._delete_batch(rows)
-                break
-            except Exception as exc:  # noqa: BLE001 - isolate the bad thread below
-                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
-                    logger.info("retrying a batch of %d threads after %s", len(rows),
-                                type(exc).__name__)
-                    time.sleep(0.05 * attempt)
-                    continue
-                logger.warning("a batch of %d threads failed (%s: %s); deleting them one by "
-                               "one", len(rows), type(exc).__name__, exc)
-                for row in rows:
-                    self._process_safely(row)
-                return
-        for tenant, thread_id in gone:
-            self.services.forget_thread(tenant, thread_id)
-            self.report.deleted.append((tenant, thread_id))
-
-    def _receipt(self, row: ThreadRow, counts: dict[str, int]) -> dict[str, Any]:
-        return {"tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",
-                "reason": _reason(row, self.now), "requested_by": f"pruner:{self.owner}",
-                "detail": {**counts, "policy_source": row.policy_source,
-                           "expired_at": row.expires_at,
-                           "erased_under": threads.erased_under(self.services)}}
-
-    def _delete_batch(self, rows: list[ThreadRow]) -> list[tuple[str, str]]:
-        """Delete a batch completely; returns the threads deleted (and receipted) here."""
-        by_key = {(r.tenant, r.thread_id): r for r in rows}
-        gone: list[tuple[str, str]] = []
-        if self._shared:
-            with self.registry.begin() as conn:
-                for token, group in _group_by_token(rows).items():
-                    gone += self.registry.delete_claimed(
-                        conn, token, [(r.tenant, r.thread_id) for r in group], self.now,
-                        known=by_key)  # verified by _batch: unchanged rows are not re-MACed
-                inner = {inner_thread_id(t, th): (t, th) for t, th in gone}
-                if inner:
-                    checkpoints = delete_threads_in(conn, self.registry.dialect, list(inner))
-                    companions = self._purge_companions(conn, gone)
-                    self.registry.insert_receipts(conn, [self._receipt(by_key[key], {
-                        "checkpoints": checkpoints.get(inner_id, 0),
-                        **{name: per[key] for name, per in companions.items()}})
-                        for inner_id, key in inner.items()])
-            self._release_rest(rows, gone)  # after the commit (SQLite: one writer at a time)
-            return gone
-        # the registry is elsewhere: mark, delete storage, then finish in one registry
-        # transaction (a kill in between leaves `deleting` rows the next sweep finishes)
-        ours = self.registry.mark_batch_state(rows, "deleting", now=self.now)
-        mine = [r for r in rows if (r.tenant, r.thread_id) in ours]
-        if not mine:
-            return []
-        inner = {inner_thread_id(r.tenant, r.thread_id): (r.tenant, r.thread_id) for r in mine}
-        checkpoints = self.services.storage.count_checkpoints_many(list(inner))
-        self.services.storage.delete_threads(list(inner))
-        with self.registry.begin() as conn:
-            for token, group in _group_by_token(mine).items():
-                gone += self.registry.delete_claimed(
-                    conn, token, [(r.tenant, r.thread_id) for r in group])  # storage is gone
-            companions = self._purge_companions(conn, gone)
-            self.registry.insert_receipts(conn, [self._receipt(by_key[key], {
-                "checkpoints": checkpoints.get(inner_thread_id(*key), 0),
-                **{name: per[key] for name, per in companions.items()}}) for key in gone])
-        return gone
-
-    def _release_rest(self, rows: list[ThreadRow], gone: list[tuple[str, str]]) -> None:
-        """Threads of the batch the final re-check kept (written, held or re-timed since the
-        claim): release their claims (fenced by the token, so a takeover is not undone)."""
-        done = set(gone)
-        rest = [r for r in rows if (r.tenant, r.thread_id) not in done]
-        if rest:
-            self.registry.release_claims(rest)
-            self.report.survived.extend((r.tenant, r.thread_id) for r in rest)
-
-    def _purge_companions(self, conn: Any, pairs: list[tuple[str, str]]
-                          ) -> dict[str, dict[tuple[str, str], int]]:
-        """Companion records of a batch (PII vault, idempotency), in the caller's transaction;
-        the same counts per thread that ``_purge_thread_storage`` puts in a receipt."""
-        out = {"pii_values": self.services.vault.delete_threads_in(conn, pairs)}
-        summaries.drop_pairs(conn, self.registry.dialect, pairs)
-        self.services.subjects.delete_in(conn, pairs)
-        keys = threads.thread_key_store(self.services)
-        if keys is not None:   # the keys go with the data (crypto-erasure)
-            out["thread_keys"] = keys.delete_in(conn, pairs)
-        try:
-            from ..idempotency import schema
-        except ImportError:  # the idempotency component is not installed: no such records
-            schema = None  # type: ignore[assignment]
-        if schema is not None:
-            counts = {p: 0 for p in pairs}
-            dialect = self.registry.dialect
-            deletes = [table.delete().where(pairs_in(
-                dialect, table.c.tenant, table.c.thread_id, pairs)).returning(
-                table.c.tenant, table.c.thread_id) for table in schema.TABLES]
-            if dialect == "postgresql":  # one round trip: the deletes as CTEs
-                ctes = [d.cte(f"gone_{i}") for i, d in enumerate(deletes)]
-                results = [conn.execute(sa.union_all(*[sa.select(c.c.tenant, c.c.thread_id)
-                                                       for c in ctes]))]
-            else:
-                results = [conn.execute(d) for d in deletes]
-            for result in results:
-                for tenant, thread_id in result:
-                    counts[(tenant, thread_id)] += 1
-            out["idempotency_records"] = counts
-        return out
 
     def _process_safely(self, row: ThreadRow) -> None:
         for attempt in range(1, TRANSIENT_RETRIES + 1):
@@ -526,7 +402,7 @@ class Sweep(EmptiedSweep):
                 self._process(row)
                 return
             except Exception as exc:  # noqa: BLE001 - one bad thread must not stop the sweep
-                if attempt < TRANSIENT_RETRIES and _is_transient(exc):
+                if attempt < TRANSIENT_RETRIES and is_transient(exc):
                     logger.info("retrying tenant %r thread %r after %s", row.tenant,
                                 row.thread_id, type(exc).__name__)
                     time.sleep(0.05 * attempt)
@@ -577,7 +453,7 @@ class Sweep(EmptiedSweep):
                 self.registry.extend_claim(row, min(self.lease, self.active_grace))
                 self.report.skipped_active.append(key)
                 return
-        reason = _reason(row, self.now)
+        reason = deletion_reason(row, self.now)
         if row.strategy == "keep_latest" and row.state != "deleting":
             checkpoints_before = self.services.storage.count_checkpoints(ref.inner_id)
             self.services.storage.keep_latest([ref.inner_id])
@@ -614,12 +490,3 @@ def _forged_expiry(row: ThreadRow) -> TamperedDataError:
     return TamperedDataError(
         f"securesaver_threads row {_ref(row)}: expires_at is earlier than its verified TTLs "
         "imply (forged expiry); the thread was kept")
-
-
-def _group_by_token(rows: list[ThreadRow]) -> dict[str, list[ThreadRow]]:
-    """Claimed rows by claim token (a row without one is not ours to touch)."""
-    out: dict[str, list[ThreadRow]] = {}
-    for r in rows:
-        if r.claim_token is not None:
-            out.setdefault(r.claim_token, []).append(r)
-    return out
