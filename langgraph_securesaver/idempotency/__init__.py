@@ -16,21 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..cli.recover import recover_main
+    from .call_plan import REPLAYED_FLAG, mark_replayed
     from .context import (
         current_fencing_token,
         current_idempotency_key,
         is_replaying,
     )
-    from .decorators import (
-        REPLAYED_FLAG,
-        IdempotentToolCalls,
-        arun_once,
-        idempotent,
-        idempotent_tool_node,
-        mark_replayed,
-        run_once,
-        step_key,
-    )
+    from .decorators import arun_once, idempotent, run_once, step_key
     from .errors import (
         DurabilityError,
         IdempotencyAttemptsExhausted,
@@ -60,6 +52,7 @@ if TYPE_CHECKING:
         unmark_recoverable,
     )
     from .store import Claim, Hit, IdempotencyRecord, IdempotencyStore, Outcome
+    from .tool_calls import IdempotentToolCalls, idempotent_tool_node
 
 # loaded on first use (PEP 562): the registry imports .schema to create the tables, which must
 # not pull in LangGraph and LangChain for commands that never run a graph
@@ -67,12 +60,12 @@ _EXPORTS: dict[str, str] = {
     "current_fencing_token": "context",
     "current_idempotency_key": "context",
     "is_replaying": "context",
-    "IdempotentToolCalls": "decorators",
-    "REPLAYED_FLAG": "decorators",
+    "IdempotentToolCalls": "tool_calls",
+    "REPLAYED_FLAG": "call_plan",
     "arun_once": "decorators",
     "idempotent": "decorators",
-    "idempotent_tool_node": "decorators",
-    "mark_replayed": "decorators",
+    "idempotent_tool_node": "tool_calls",
+    "mark_replayed": "call_plan",
     "run_once": "decorators",
     "step_key": "decorators",
     "DurabilityError": "errors",
