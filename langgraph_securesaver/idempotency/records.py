@@ -1,6 +1,7 @@
 """The records of the idempotency store: a claim, a hit, the outcome of one call, what
 operators see, and the row a claim decision is made from. Data only: the SQL lives in
-:mod:`.statements`, the decisions (and the lease heartbeat) in :mod:`.store`.
+:mod:`.statements`, the decisions in :mod:`.claiming` and :mod:`.store`, the lease heartbeat
+in :mod:`.heartbeat`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class IdempotencyRecord:
 
 
 @dataclass(frozen=True)
-class _Row:
+class ClaimRow:
+    """A record as a claim decision reads it (with the database's clock, ``now``)."""
+
     state: str
     fingerprint: str | None
     fencing_token: int
@@ -89,10 +92,10 @@ class _Row:
 
 
 @dataclass(frozen=True)
-class _Wait:
+class Wait:
+    """No claim and no result yet: wait and try again (``reason`` says why)."""
+
     reason: str
-
-
 
 
 def default_owner() -> str:

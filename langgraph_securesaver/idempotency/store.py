@@ -33,37 +33,20 @@ from ..registry.core import engine_lock
 from . import schema
 from . import statements as stmts
 from .admin import RecordAdmin
-from .errors import (
-    IdempotencyAttemptsExhausted,
-    IdempotencyConflict,
-    IdempotencyError,
-    IdempotencyKeyReused,
-    IdempotencyLeaseLost,
-    IdempotencyOutcomeUnknown,
-    IdempotencyStoreUnavailable,
-)
+from .claiming import KeyClaims, end_claim
+from .errors import IdempotencyError, IdempotencyLeaseLost, IdempotencyStoreUnavailable
 from .heartbeat import _Heartbeat
 from .keys import KeyScope
-from .liveness import (
-    Holder,
-    Liveness,
-    PgSessionLock,
-    current_holder,
-    local_liveness,
-    register_running,
-    unregister_running,
-)
+from .liveness import PgSessionLock
 from .policy import DEFAULT_POLICY, IdempotencyPolicy
 from .records import (  # noqa: F401 - IdempotencyRecord re-exported (defined here before)
     Claim,
     Hit,
     IdempotencyRecord,
     Outcome,
-    _Row,
-    _Wait,
     default_owner,
 )
-from .schema import COMPLETED, FAILED, IN_PROGRESS, UNKNOWN, db_now, idempotency_records
+from .schema import db_now, idempotency_records
 
 if TYPE_CHECKING:
     from ..services import SaverLike, SaverServices
@@ -73,14 +56,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _T = idempotency_records
 _for_saver_lock = threading.Lock()
-_MAX_POLL = 0.5
 _COMPLETE_RETRIES = (0.05, 0.2, 0.5)
 
 
 RESULT_CHANNEL = "__idempotency__"  # the channel name results are redacted under (policies)
 
 
-class IdempotencyStore(RecordAdmin):
+class IdempotencyStore(KeyClaims, RecordAdmin):
     """Claims, leases and sealed results of idempotent effects, per tenant and thread.
 
     Args:
@@ -276,224 +258,6 @@ class IdempotencyStore(RecordAdmin):
             stmt = self._statements[name] = build()
         return stmt
 
-    # holder identity ------------------------------------------------------------------------
-    def holder(self) -> Holder:
-        """The identity this store writes on its claims (see ``liveness.py``)."""
-        me = current_holder()
-        if self._host_id is not None:
-            return Holder(self._host_id, me.pid, me.start, me.nonce)
-        return me
-
-    def _holder_params(self) -> dict[str, Any]:
-        me = self.holder()
-        lock = self._session.key() if self._session is not None else None
-        return {"v_holder_host": me.host_id, "v_holder_pid": me.pid,
-                "v_holder_start": me.start, "v_holder_nonce": me.nonce, "v_holder_lock": lock}
-
-    def _liveness(self, scope: KeyScope, row: _Row) -> Liveness:
-        """Is the holder of the in-progress claim ``row`` alive, dead, or unknown?"""
-        ident = (scope.tenant, scope.thread_id, scope.key, row.fencing_token)
-        verdict = local_liveness(self.holder(), ident, row.holder_host, row.holder_pid,
-                                 row.holder_start, row.holder_nonce)
-        if verdict != "unknown":
-            return verdict
-        lock = row.holder_lock
-        if (self._session is not None and isinstance(lock, int)
-                and not isinstance(lock, bool) and 0 < lock < (1 << 63)):
-            with self._begin("checking the holder's session") as conn:
-                if self._session.holder_gone(conn, lock):
-                    return "dead"
-            return "alive"
-        return "unknown"
-
-    def _select_row(self, scope: KeyScope) -> _Row | None:
-        q = self._stmt("select", lambda: sa.select(
-            _T.c.state, _T.c.fingerprint, _T.c.fencing_token, _T.c.attempts,
-            _T.c.lease_expires_at, self._now.label("now"), _T.c.result,
-            *(_T.c[name] for name in schema.HOLDER_COLUMNS), _T.c.fp_mac).where(stmts.pk()))
-        with self._begin("reading a key") as conn:
-            r = conn.execute(q, stmts.pk_params(scope)).first()
-        if r is None:
-            return None
-        return _Row(r.state, r.fingerprint, int(r.fencing_token), int(r.attempts),
-                    r.lease_expires_at, float(r.now),
-                    bytes(r.result) if r.result is not None else None,
-                    r.holder_host, r.holder_pid, r.holder_start, r.holder_nonce, r.holder_lock,
-                    r.fp_mac)
-
-    # tamper evidence (registry/integrity.py): the fingerprint is MACed with the registry key ------
-    def _fp_mac(self, scope: KeyScope, fp: str | None) -> str:
-        from ..registry.integrity import IDEMPOTENCY, idempotency_parts, integrity_of
-        integ = self.__dict__.get("_integrity")
-        if integ is None:
-            integ = self.__dict__["_integrity"] = integrity_of(self.keys.store,
-                                                               self.keys.provider)
-        return str(integ.mac(IDEMPOTENCY, *idempotency_parts(scope.tenant, scope.thread_id,
-                                                             scope.key, fp)))
-
-    def _check_row(self, scope: KeyScope, row: _Row) -> None:
-        """Refuse a record whose fingerprint was altered (or that was inserted), and a stored
-        result on a record not completed (a completed record never leaves that state)."""
-        import hmac
-        if row.fp_mac is None or not hmac.compare_digest(
-                row.fp_mac, self._fp_mac(scope, row.fingerprint)):
-            raise TamperedDataError(
-                f"securesaver_idempotency record {scope.key} ({scope.name}): its argument "
-                "fingerprint does not verify (altered, or the record was inserted); refusing "
-                "to replay or execute")
-        if row.result is not None and row.state != COMPLETED:
-            raise TamperedDataError(
-                f"securesaver_idempotency record {scope.key} ({scope.name}) holds a result "
-                f"but is in state {row.state!r}: its state was altered; refusing to execute")
-
-    def _try_insert(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
-                    ) -> Claim | None:
-        stmt = self._stmt("insert", lambda: stmts.build_insert(self.dialect, self._now))
-        params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
-                  "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
-                  "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
-                  "v_fp_mac": self._fp_mac(scope, fp), **self._holder_params()}
-        claim = Claim(scope, 1, 1, self.owner, policy.lease, registered=True)
-        register_running(_ident(claim))
-        try:
-            with self._begin("claiming a key") as conn:
-                inserted = conn.execute(stmt, params).first() is not None
-        except BaseException:
-            _end(claim)
-            raise
-        if not inserted:
-            _end(claim)
-            return None
-        return claim
-
-    def _try_takeover(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy,
-                      seen_token: int, dead: bool = False) -> Claim | None:
-        retry, check = policy.on_expired == "retry", fp is not None
-        stmt = self._stmt(f"takeover-{retry}-{check}-{dead}",
-                          lambda: stmts.build_takeover(self._now, retry, check, dead))
-        params = {**stmts.pk_params(scope), "p_max_attempts": policy.max_attempts,
-                  "p_owner": self.owner, "p_lease": policy.lease, "p_token": seen_token,
-                  **self._holder_params()}
-        if check:
-            params["p_fp"] = fp
-        pending = Claim(scope, seen_token + 1, 0, self.owner, policy.lease, registered=True)
-        register_running(_ident(pending))
-        try:
-            with self._begin("taking over a key") as conn:
-                r = conn.execute(stmt, params).first()
-        except BaseException:
-            _end(pending)
-            raise
-        if r is None:
-            _end(pending)
-            return None
-        logger.info("idempotency key %s (%s) taken over%s: fencing token %s, attempt %s",
-                    scope.key, scope.name, " from a dead holder" if dead else "",
-                    r.fencing_token, r.attempts)
-        pending.attempts = int(r.attempts)
-        return pending
-
-    def _expire_to_unknown(self, scope: KeyScope, token: int, dead: bool = False) -> None:
-        now = self._now
-        stmt = self._stmt(f"expire-unknown-{dead}", lambda: _T.update().where(
-            stmts.pk(), _T.c.state == IN_PROGRESS, _T.c.fencing_token == sa.bindparam("p_token"),
-            *(() if dead else (_T.c.lease_expires_at < now,))).values(
-                state=UNKNOWN, updated_at=now, lease_expires_at=None))
-        with self._begin("marking a key unknown") as conn:
-            conn.execute(stmt, {**stmts.pk_params(scope), "p_token": token})
-
-    # claiming -------------------------------------------------------------------------------
-    def _acquire_step(self, scope: KeyScope, fp: str | None, policy: IdempotencyPolicy
-                      ) -> Claim | Hit | _Wait:
-        row = self._select_row(scope)
-        if row is None:
-            claim = self._try_insert(scope, fp, policy)
-            if claim is not None:
-                return claim
-            row = self._select_row(scope)
-            if row is None:  # deleted in between (delete_thread); try again
-                return _Wait("the record vanished while claiming")
-        self._check_row(scope, row)
-        if row.fingerprint is not None and fp is not None and row.fingerprint != fp:
-            raise IdempotencyKeyReused(
-                f"idempotency key {scope.key} ({scope.name}) was first used with different "
-                "arguments; refusing to replay or execute. Use a distinct key per operation.")
-        if row.state == COMPLETED:
-            if row.result is None:
-                raise TamperedDataError(f"completed idempotency key {scope.key} has no result")
-            return Hit(scope, self._open_value(scope, row.result), row.fencing_token,
-                       row.attempts)
-        if row.state == UNKNOWN:
-            raise IdempotencyOutcomeUnknown(
-                f"idempotency key {scope.key} ({scope.name}) is in state 'unknown': an attempt "
-                "may have taken effect. Check the downstream system with this key, then call "
-                "IdempotencyStore.resolve(...).")
-        expired = (row.state == IN_PROGRESS and row.lease_expires_at is not None
-                   and row.lease_expires_at < row.now)
-        # a live lease: is its holder still there? (a dead one's claim is taken over at once)
-        dead = (row.state == IN_PROGRESS and not expired
-                and self._liveness(scope, row) == "dead")
-        claimable = row.state == FAILED or ((expired or dead) and policy.on_expired == "retry")
-        if claimable and row.attempts >= policy.max_attempts:
-            raise IdempotencyAttemptsExhausted(
-                f"idempotency key {scope.key} ({scope.name}) failed {row.attempts} time(s) "
-                f"(max_attempts={policy.max_attempts}); it is not executed again")
-        if claimable:
-            claim = self._try_takeover(scope, fp, policy, row.fencing_token, dead=dead)
-            if claim is not None:
-                return claim
-            return _Wait("lost a takeover race")
-        if (expired or dead) and policy.on_expired == "unknown":
-            self._expire_to_unknown(scope, row.fencing_token, dead=dead)
-            raise IdempotencyOutcomeUnknown(
-                f"idempotency key {scope.key} ({scope.name}) was in progress when its holder "
-                f"{'died' if dead else 'let its lease expire'}; recorded as 'unknown' "
-                "(on_expired='unknown')")
-        return _Wait("in progress elsewhere")
-
-    def _conflict(self, scope: KeyScope, waited: float | None) -> IdempotencyConflict:
-        if waited is None:
-            return IdempotencyConflict(
-                f"idempotency key {scope.key} ({scope.name}) is in progress in another worker")
-        return IdempotencyConflict(
-            f"idempotency key {scope.key} ({scope.name}) stayed in progress in another worker "
-            f"for {waited:.1f}s (wait_timeout)")
-
-    def acquire(self, scope: KeyScope, *, fingerprint: str | None = None,
-                policy: IdempotencyPolicy | None = None) -> Claim | Hit:
-        """Claim ``scope`` or return its stored result; waits or raises on conflict per policy."""
-        policy = policy or self.policy
-        start = time.monotonic()
-        delay = policy.poll_interval
-        while True:
-            step = self._acquire_step(scope, fingerprint, policy)
-            if not isinstance(step, _Wait):
-                return step
-            if policy.on_conflict == "raise" and step.reason == "in progress elsewhere":
-                raise self._conflict(scope, None)
-            waited = time.monotonic() - start
-            if waited >= policy.wait_timeout:
-                raise self._conflict(scope, waited)
-            time.sleep(min(delay, max(0.0, policy.wait_timeout - waited)))
-            delay = min(delay * 1.5, _MAX_POLL)
-
-    async def aacquire(self, scope: KeyScope, *, fingerprint: str | None = None,
-                       policy: IdempotencyPolicy | None = None) -> Claim | Hit:
-        policy = policy or self.policy
-        start = time.monotonic()
-        delay = policy.poll_interval
-        while True:
-            step = await to_thread(self._acquire_step, scope, fingerprint, policy)
-            if not isinstance(step, _Wait):
-                return step
-            if policy.on_conflict == "raise" and step.reason == "in progress elsewhere":
-                raise self._conflict(scope, None)
-            waited = time.monotonic() - start
-            if waited >= policy.wait_timeout:
-                raise self._conflict(scope, waited)
-            await asyncio.sleep(min(delay, max(0.0, policy.wait_timeout - waited)))
-            delay = min(delay * 1.5, _MAX_POLL)
-
     # transitions of a claim -------------------------------------------------------------------
     def _cas(self, claim: Claim, kind: str, what: str, *, ends: bool = True,
              **params: Any) -> bool:
@@ -504,7 +268,7 @@ class IdempotencyStore(RecordAdmin):
                                         **params}).rowcount
         finally:
             if ends and kind != "renew":  # the claim ends here (or is lost)
-                _end(claim)
+                end_claim(claim)
         return bool(n == 1)
 
     def renew(self, claim: Claim) -> bool:
@@ -527,7 +291,7 @@ class IdempotencyStore(RecordAdmin):
         try:
             self._complete_sealed(claim, sealed)
         finally:
-            _end(claim)
+            end_claim(claim)
 
     def _complete_sealed(self, claim: Claim, sealed: bytes) -> None:
         last: IdempotencyStoreUnavailable | None = None
@@ -565,7 +329,7 @@ class IdempotencyStore(RecordAdmin):
                              claim.scope.key)
             return False
         finally:
-            _end(claim)
+            end_claim(claim)
 
     def release(self, claim: Claim) -> bool:
         """Give the claim back without counting the attempt (e.g. the call was interrupted)."""
@@ -583,7 +347,7 @@ class IdempotencyStore(RecordAdmin):
             logger.exception("could not mark idempotency key %s unknown", claim.scope.key)
             return False
         finally:
-            _end(claim)
+            end_claim(claim)
 
     # one call -------------------------------------------------------------------------------
     def execute(self, scope: KeyScope, fn: Callable[[Claim], T], *,
@@ -644,17 +408,6 @@ class IdempotencyStore(RecordAdmin):
         if len(self._fenced) > 10_000:
             self._fenced.clear()
         self._fenced[(tenant, thread_id, ns, checkpoint_id)] = None
-
-
-def _ident(claim: Claim) -> tuple[str, str, str, int]:
-    return (claim.scope.tenant, claim.scope.thread_id, claim.scope.key, claim.token)
-
-
-def _end(claim: Claim) -> None:
-    """This process no longer works on ``claim`` (once per claim)."""
-    if claim.registered:
-        claim.registered = False
-        unregister_running(_ident(claim))
 
 
 def _failure_text(value: Any) -> str:
