@@ -6,8 +6,8 @@ are deleted and its receipts written in ONE transaction, each registry-row delet
 the claim token and re-checking expiry and hold. Otherwise the batch is marked ``deleting``,
 its storage deleted, then its companions, registry rows and receipts finished in one registry
 transaction. A batch that fails for a reason other than a transient conflict is redone thread
-by thread (:meth:`.pruner.Sweep._process_safely`). The sweep's log name stays
-``langgraph_securesaver.ops.pruner`` for every part of it.
+by thread (the sweep's per-thread path, with its own re-checks). Every part of the sweep logs
+as ``langgraph_securesaver.ops.pruner``.
 """
 
 from __future__ import annotations
