@@ -37,6 +37,7 @@ from .offload import BudgetedDetection
 from .policy import RedactionPolicy
 from .readback import ReadBack
 from .restoring import text_changes, tokens_per_message
+from .snapshots import equal_prefix, fields_of, snapshot
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
     TOKEN_HEX_CHARS,
     TOKEN_RE,
@@ -455,55 +456,45 @@ class Redactor(BudgetedDetection, NumberRedaction):
     def _redact_message_list(self, messages: list[Any], call: _Call, walker: Walker,
                              depth: int) -> list[Any]:
         """A list of messages (the ``messages`` channel): reuse the previous call's results
-        for the longest prefix of messages whose fields equal a deep snapshot taken then.
-
-        The comparison is C-level equality of every message's field values with a marshal
-        copy of them, so a message replaced, edited in place (even deep inside a dict) or
-        given an id since the last call is redone; only what changed, and the new suffix, go
-        through the per-message path.
+        for the longest prefix of messages whose fields equal a snapshot taken then
+        (:mod:`.snapshots`: a message replaced, edited in place, even deep inside a dict, or
+        given an id since the last call is redone); only what changed, and the new suffix,
+        go through the per-message path.
         """
-        try:
-            values = [(tuple(m.__dict__.values()), m.__pydantic_extra__) for m in messages]
-        except AttributeError:  # a message class without __dict__: no list-level reuse
+        live = fields_of(messages)
+        if live is None:  # a message class without __dict__: no list-level reuse
             return [self._redact_message(m, call, walker, depth + 1)[0] for m in messages]
+        fields, extras = live
         first = messages[0]
-        head = values[0][0]
+        head = next(iter(fields[0].values()), None)
         thread_key = (call.ctx, type(first), getattr(first, "id", None),
-                      head[0] if head and type(head[0]) is str else None)
+                      head if type(head) is str else None)
         state = self._list_cache.get(thread_key)
-        prefix = 0
-        if state is not None:
-            old_snapshots = state[0]
-            n = len(old_snapshots)
-            if n <= len(values) and values[:n] == old_snapshots:
-                prefix = n
-            else:  # longest equal prefix (e.g. a message was removed or edited)
-                for n, (new, old) in enumerate(zip(values, old_snapshots, strict=False)):
-                    if new != old:
-                        prefix = n
-                        break
-                else:
-                    prefix = min(len(values), len(old_snapshots))
-        results: list[Any] = list(state[1][:prefix]) if state is not None else []
-        snapshots: list[Any] = list(state[0][:prefix]) if state is not None else []
+        prefix = 0 if state is None else equal_prefix(fields, extras, state[0], state[1])
+        snaps: list[Any] = list(state[0][:prefix]) if state is not None else []
+        snap_extras: list[Any] = list(state[1][:prefix]) if state is not None else []
+        results: list[Any] = list(state[2][:prefix]) if state is not None else []
         cacheable = True
         call.push()
         try:
             if state is not None and prefix:
-                call.add(state[2] if prefix == len(state[0]) else
-                         tuple(e for v in state[3][:prefix] for e in v))
+                call.add(state[3] if prefix == len(state[0]) else
+                         tuple(e for v in state[4][:prefix] for e in v))
                 call.hits += prefix
-            vaults: list[tuple[VaultEntry, ...]] = list(state[3][:prefix]) if state else []
-            for m in messages[prefix:]:
-                result, snapshot, vault = self._redact_message(m, call, walker, depth + 1)
+            vaults: list[tuple[VaultEntry, ...]] = list(state[4][:prefix]) if state else []
+            for m, f in zip(messages[prefix:], fields[prefix:], strict=True):
+                result, copied, vault = self._redact_message(m, call, walker, depth + 1)
                 results.append(result)
-                snapshots.append(snapshot)
                 vaults.append(vault)
-                cacheable = cacheable and snapshot is not None
+                if copied is None:
+                    cacheable = False
+                elif cacheable:
+                    snaps.append(snapshot(f, copied[0]))
+                    snap_extras.append(copied[1])
         finally:
             union = call.pop()
-        if cacheable:  # the snapshots and results are shared with the per-message caches
-            self._list_cache.put(thread_key, (snapshots, results, union, vaults),
+        if cacheable:  # the results are shared with the per-message caches
+            self._list_cache.put(thread_key, (snaps, snap_extras, results, union, vaults),
                                  64 * len(messages))
         if all(map(operator.is_, results, messages)):
             return messages
