@@ -22,7 +22,7 @@ neighbour process (started by the benchmark: a busy loop per ``--neighbour`` pro
 
     python benchmarks/audit_scale.py [--threads 100000] [--tenants 50] [--checkpoints 10]
                                      [--repeat 3] [--skip-audit] [--skip-prune]
-    python benchmarks/audit_scale.py --url URL   # time the audits again on a --keep build
+    python benchmarks/audit_scale.py --url URL [--neighbour 1]   # time a --keep build again
     python benchmarks/audit_scale.py --neighbour 1 --skip-prune   # idle and with a neighbour
 """
 
@@ -331,7 +331,13 @@ def _reuse(args: argparse.Namespace) -> int:
           f"on {os.cpu_count()} cores")
     with SecureSaver.from_url(args.url, keyring=NoKeys(), redaction=None) as saver:
         names = saver.registry.tenants()
-        ok = _time_audits(saver, args.url, names[len(names) // 2], time.time(), args.repeat)
+        one = names[len(names) // 2]
+        ok = _time_audits(saver, args.url, one, time.time(), args.repeat)
+        if args.neighbour:
+            with _neighbours(args.neighbour):
+                print(f"--- with {args.neighbour} CPU-bound neighbour process(es)")
+                _load("load average with the neighbour")
+                ok &= _time_audits(saver, args.url, one, time.time(), args.repeat)
     load = os.getloadavg()
     print(f"load average at end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     return 0 if ok else 1
@@ -369,9 +375,12 @@ def _time_audits(saver: SecureSaver, url: str, one: str, now: float, repeat: int
         extra = f", peak RSS {max(rss[label]):.0f} MB" if label in rss else ""
         print(f"{label}: {_spread(values)}{extra}")
     print(f"(events --tenant {one} --since 30d returned {len(found)} entries)")
-    # the targets at 100k threads (1M: audit --tenant < 2 s, audit all < 10 s)
-    return (statistics.median(runs["audit --tenant (CLI)"]) < 1
-            and statistics.median(runs["audit all (CLI)"]) < 2
+    # the targets: at 100k threads audit --tenant < 1 s and audit all < 2 s; at 1M (and
+    # anything past 100k) < 2 s and < 10 s
+    from langgraph_securesaver.audit import summaries
+    large = summaries.scope_size(saver.registry, None) > 100_000
+    return (statistics.median(runs["audit --tenant (CLI)"]) < (2 if large else 1)
+            and statistics.median(runs["audit all (CLI)"]) < (10 if large else 2)
             and statistics.median(runs["events --tenant (CLI)"]) < 0.5
             and max(max(v) for v in rss.values()) < 300)
 

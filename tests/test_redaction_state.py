@@ -359,6 +359,30 @@ def test_in_place_edits_are_noticed() -> None:
     assert out[0].id == "assigned-later" and out[0].content.startswith("hi <EMAIL_ADDRESS:")
 
 
+def test_long_history_edited_in_place_deep_inside_is_redone() -> None:
+    """The list-level reuse keeps immutable field values by reference and copies the rest:
+    an edit made in place inside a dict or a list of a message in the middle of a long
+    history is redone, whatever else stayed the same object."""
+    r = Redactor()
+    history: list[Any] = []
+    for i in range(40):
+        history.append(HumanMessage(f"question {i}", id=f"h{i}"))
+        history.append(AIMessage(f"answer {i}", id=f"a{i}", response_metadata={"n": i},
+                                 tool_calls=[{"name": "f", "args": {"q": f"x{i}"},
+                                              "id": f"c{i}"}]))
+    r.redact_value(history, channel="messages", token_key=KEY)
+    history[21].tool_calls[0]["args"]["q"] = EMAIL          # a list inside a dict, in place
+    history[31].response_metadata["note"] = f"call {MOBILE}"  # a dict, in place
+    history[40].content = "question " + "20"                 # an equal string, new object
+    history.append(HumanMessage("and one more", id="h40"))
+    out, vault = r.redact_value(history, channel="messages", token_key=KEY)
+    assert TOKEN_RE.fullmatch(out[21].tool_calls[0]["args"]["q"])
+    assert out[31].response_metadata["note"].startswith("call <CN_MOBILE:")
+    assert out[40].content == "question 20" and out[-1].content == "and one more"
+    assert sorted(v.value for v in vault) == sorted([EMAIL, MOBILE])
+    assert EMAIL not in dump(out) and MOBILE not in dump(out)
+
+
 def test_edited_middle_of_history_is_redone() -> None:
     r = Redactor()
     history = [HumanMessage(f"m{i} 1{i}", id=f"h{i}") for i in range(10)]

@@ -49,6 +49,8 @@ def test_the_next_turn_reuses_the_prefix_and_redoes_what_changed() -> None:
         "hello", "hi", f"mail {PA2}", f"noted {PA2}", f"call {PB}", f"ok {PB}"]
     # a token no longer mapped stays as the redactor wrote it
     assert t.translate(longer, {B: PB}, DEPTH)[2].content == f"mail {A}"
+    # and once mapped again, it is translated again (not reused unmapped)
+    assert t.translate(longer, {A: PA, B: PB}, DEPTH)[2].content == f"mail {PA}"
     # a message replaced by another object (an edit) is translated again
     edited = list(longer)
     edited[1] = AIMessage(f"hi {A}", id="a0")

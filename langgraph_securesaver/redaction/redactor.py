@@ -1,19 +1,18 @@
-"""The redactor: detection, replacement, tokens, caching and restore."""
+"""The redactor: detection, replacement, tokens and caching (its read half, restore, is
+:mod:`.restoring`)."""
 
 from __future__ import annotations
 
 import bisect
-import copy
 import hashlib
 import json
 import logging
 import marshal
 import operator
-import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from presidio_analyzer import AnalyzerEngine
@@ -36,7 +35,8 @@ from .numbers import NumberRedaction
 from .offload import BudgetedDetection
 from .policy import RedactionPolicy
 from .readback import ReadBack
-from .restoring import text_changes, tokens_per_message
+from .restoring import Restoration
+from .snapshots import equal_prefix, fields_of, snapshot
 from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
     TOKEN_HEX_CHARS,
     TOKEN_RE,
@@ -108,7 +108,7 @@ class _Call:
 # --------------------------------------------------------------------------------------------
 # Redactor
 # --------------------------------------------------------------------------------------------
-class Redactor(BudgetedDetection, NumberRedaction):
+class Redactor(BudgetedDetection, NumberRedaction, Restoration):
     """Finds personal data and secrets in LangGraph state and replaces them per a policy.
 
     One instance can be shared by threads; the presidio engine is built lazily on first use
@@ -265,149 +265,6 @@ class Redactor(BudgetedDetection, NumberRedaction):
             key = self._check_key(token_key, required=True)
             self._readback.remember(self._new_call(policy, key).ctx, value)
 
-    def find_tokens(self, value: Any) -> list[str]:
-        """The distinct tokens in ``value``, in order of first appearance."""
-        return list(self._find_tokens(value, None))
-
-    def _find_tokens(self, value: Any,
-                     dumps: dict[int, tuple[Any, bytes, list[str]]] | None) -> dict[str, None]:
-        found: dict[str, None] = {}
-
-        def on_str(s: str, depth: int, is_key: bool) -> str:
-            if "<" in s:
-                for m in TOKEN_RE.finditer(s):
-                    found.setdefault(m.group(0), None)
-            return s
-
-        def on_message(msg: Any, depth: int) -> Any:
-            dumped = dump_message(msg)
-            if dumped is None:
-                return walker.walk_message_guarded(msg, depth)
-            tokens = tokens_in_dump(dumped)
-            for token in tokens:
-                found.setdefault(token, None)
-            if dumps is not None:
-                dumps[id(msg)] = (msg, dumped, tokens)
-            return msg
-
-        walker = Walker(on_str, max_depth=self.policy.max_depth, on_message=on_message)
-        walker.walk(value)
-        return found
-
-    def restore_value(self, value: Any,
-                      lookup: Callable[[Sequence[str]], Mapping[str, str]], *,
-                      originals: Mapping[str, str] | None = None, owned: bool = False) -> Any:
-        """A copy of ``value`` with tokens replaced by the originals ``lookup`` returns.
-
-        ``lookup`` gets every distinct token once and returns the originals it still has;
-        tokens it does not return (erased values) stay as they are. A caller that already
-        knows the tokens' originals passes them as ``originals`` (one walk instead of two).
-        Inside JSON strings the
-        originals are inserted JSON-escaped. Masked values (``<KIND:masked>``) stay masked.
-        Unchanged sub-objects (e.g. messages without tokens) are shared with ``value``;
-        messages that change are new objects owned by the caller. ``owned``: ``value`` is the
-        caller's own (e.g. just deserialized), so its messages may be restored in place.
-        """
-        dumps: dict[int, tuple[Any, bytes, list[str]]] = {}
-        if originals is None:
-            tokens = self._find_tokens(value, dumps)
-            if not tokens:
-                return value
-            originals = dict(lookup(list(tokens)))
-        # ``originals`` given: the caller already knows the tokens (e.g. from a scan of the
-        # serialized bytes) and their values, so the separate token-finding pass is skipped
-        originals = {t: v for t, v in originals.items() if isinstance(v, str)}
-        if not originals:
-            return value
-
-        def replace(m: re.Match[str], escape: bool) -> str:
-            original = originals.get(m.group(0))
-            if original is None:
-                return m.group(0)
-            return json.dumps(original, ensure_ascii=False)[1:-1] if escape else original
-
-        def on_str(s: str, depth: int, is_key: bool) -> str:
-            if "<" not in s or not TOKEN_RE.search(s):
-                return s
-            escape = not is_key and looks_like_json(s) and _is_json(s)
-            out = TOKEN_RE.sub(lambda m: replace(m, escape), s)
-            return s if out == s else out
-
-        def restore_message(msg: Any, depth: int) -> tuple[Any, dict[str, str] | None]:
-            """(the restored message, the text fields it changed when only text changed)."""
-            seen = dumps.get(id(msg))
-            if seen is not None and seen[0] is msg:
-                dumped, found = seen[1], seen[2]
-            else:
-                maybe = dump_message(msg)
-                if maybe is None:
-                    return walker.walk_message_guarded(msg, depth), None
-                dumped, found = maybe, tokens_in_dump(maybe)
-            if originals.keys().isdisjoint(found):
-                return msg, {}  # nothing to put back in this message
-            key = (type(msg), dumped, tuple(map(originals.get, found)))
-            hit = self._restore_cache.get(key)
-            if hit is not None and owned and hit[1] is not None:
-                msg.__dict__.update(hit[1])   # only text changed: in place, nothing to copy
-                return msg, hit[1]
-            restored_dump = hit[0] if hit is not None else None
-            if restored_dump is not None:  # rebuild a private copy (the graph may mutate it)
-                values, extra = marshal.loads(restored_dump)  # noqa: S302 - our own bytes
-                update = dict(zip(msg.__dict__, values, strict=True))
-                if extra:
-                    update.update(extra)
-                    return msg.model_copy(update=update), None
-                clone = copy.copy(msg)  # pydantic's __copy__: own __dict__, fields set, extras
-                clone.__dict__.update(update)
-                return clone, hit[1]
-            restored = walker.walk_message_guarded(msg, depth)
-            restored_dump = dump_message(restored)
-            changes = text_changes(msg, restored)
-            if restored_dump is not None:
-                self._restore_cache.put(key, (restored_dump, changes),
-                                        len(dumped) + 2 * len(restored_dump) + 256)
-            return restored, changes
-
-        def on_message(msg: Any, depth: int) -> Any:
-            return restore_message(msg, depth)[0]
-
-        def on_message_list(messages: list[Any], depth: int) -> list[Any]:
-            per = self._tokens_per_message(messages)
-            if per is None:  # a message that marshal cannot copy: one at a time
-                each = [on_message(m, depth + 1) for m in messages]
-                return messages if all(a is b for a, b in zip(each, messages, strict=True)) \
-                    else each
-            found_per, memo = per
-            keys = originals.keys()
-            out: list[Any] | None = None  # a new list only once a message is replaced
-            for i, found in enumerate(found_per):
-                if not found or keys.isdisjoint(found):
-                    continue
-                msg = messages[i]
-                wanted = tuple(map(originals.get, found))
-                done = memo[i]
-                if owned and done is not None and done[0] == wanted:
-                    # equal to what was restored at this index last read, with the same
-                    # originals: the same text changes, applied without dumping it again
-                    msg.__dict__.update(done[1])
-                    continue
-                restored, changes = restore_message(msg, depth + 1)
-                if owned and changes is not None:
-                    memo[i] = (wanted, changes)
-                if restored is not msg:
-                    if out is None:
-                        out = list(messages)
-                    out[i] = restored
-            return messages if out is None else out
-
-        walker = Walker(on_str, max_depth=self.policy.max_depth, on_message=on_message,
-                        on_message_list=on_message_list)
-        return walker.walk(value)
-
-    def _tokens_per_message(self, messages: list[Any]
-                            ) -> tuple[list[list[str]], list[Any]] | None:
-        return tokens_per_message(self._list_cache, messages)
-
     # -- internals ---------------------------------------------------------------------------
     def _check_key(self, token_key: bytes | SecretBytes | None,
                    required: bool = False) -> SecretBytes:
@@ -455,55 +312,45 @@ class Redactor(BudgetedDetection, NumberRedaction):
     def _redact_message_list(self, messages: list[Any], call: _Call, walker: Walker,
                              depth: int) -> list[Any]:
         """A list of messages (the ``messages`` channel): reuse the previous call's results
-        for the longest prefix of messages whose fields equal a deep snapshot taken then.
-
-        The comparison is C-level equality of every message's field values with a marshal
-        copy of them, so a message replaced, edited in place (even deep inside a dict) or
-        given an id since the last call is redone; only what changed, and the new suffix, go
-        through the per-message path.
+        for the longest prefix of messages whose fields equal a snapshot taken then
+        (:mod:`.snapshots`: a message replaced, edited in place, even deep inside a dict, or
+        given an id since the last call is redone); only what changed, and the new suffix,
+        go through the per-message path.
         """
-        try:
-            values = [(tuple(m.__dict__.values()), m.__pydantic_extra__) for m in messages]
-        except AttributeError:  # a message class without __dict__: no list-level reuse
+        live = fields_of(messages)
+        if live is None:  # a message class without __dict__: no list-level reuse
             return [self._redact_message(m, call, walker, depth + 1)[0] for m in messages]
+        fields, extras = live
         first = messages[0]
-        head = values[0][0]
+        head = next(iter(fields[0].values()), None)
         thread_key = (call.ctx, type(first), getattr(first, "id", None),
-                      head[0] if head and type(head[0]) is str else None)
+                      head if type(head) is str else None)
         state = self._list_cache.get(thread_key)
-        prefix = 0
-        if state is not None:
-            old_snapshots = state[0]
-            n = len(old_snapshots)
-            if n <= len(values) and values[:n] == old_snapshots:
-                prefix = n
-            else:  # longest equal prefix (e.g. a message was removed or edited)
-                for n, (new, old) in enumerate(zip(values, old_snapshots, strict=False)):
-                    if new != old:
-                        prefix = n
-                        break
-                else:
-                    prefix = min(len(values), len(old_snapshots))
-        results: list[Any] = list(state[1][:prefix]) if state is not None else []
-        snapshots: list[Any] = list(state[0][:prefix]) if state is not None else []
+        prefix = 0 if state is None else equal_prefix(fields, extras, state[0], state[1])
+        snaps: list[Any] = list(state[0][:prefix]) if state is not None else []
+        snap_extras: list[Any] = list(state[1][:prefix]) if state is not None else []
+        results: list[Any] = list(state[2][:prefix]) if state is not None else []
         cacheable = True
         call.push()
         try:
             if state is not None and prefix:
-                call.add(state[2] if prefix == len(state[0]) else
-                         tuple(e for v in state[3][:prefix] for e in v))
+                call.add(state[3] if prefix == len(state[0]) else
+                         tuple(e for v in state[4][:prefix] for e in v))
                 call.hits += prefix
-            vaults: list[tuple[VaultEntry, ...]] = list(state[3][:prefix]) if state else []
-            for m in messages[prefix:]:
-                result, snapshot, vault = self._redact_message(m, call, walker, depth + 1)
+            vaults: list[tuple[VaultEntry, ...]] = list(state[4][:prefix]) if state else []
+            for m, f in zip(messages[prefix:], fields[prefix:], strict=True):
+                result, copied, vault = self._redact_message(m, call, walker, depth + 1)
                 results.append(result)
-                snapshots.append(snapshot)
                 vaults.append(vault)
-                cacheable = cacheable and snapshot is not None
+                if copied is None:
+                    cacheable = False
+                elif cacheable:
+                    snaps.append(snapshot(f, copied[0]))
+                    snap_extras.append(copied[1])
         finally:
             union = call.pop()
-        if cacheable:  # the snapshots and results are shared with the per-message caches
-            self._list_cache.put(thread_key, (snapshots, results, union, vaults),
+        if cacheable:  # the results are shared with the per-message caches
+            self._list_cache.put(thread_key, (snaps, snap_extras, results, union, vaults),
                                  64 * len(messages))
         if all(map(operator.is_, results, messages)):
             return messages
@@ -680,10 +527,3 @@ class Redactor(BudgetedDetection, NumberRedaction):
             self._text_cache.put((call.ctx, out), Cached(out, (), ()), len(out) + 64)
         return entry
 
-
-def _is_json(s: str) -> bool:
-    try:
-        json.loads(s)
-    except (ValueError, RecursionError):
-        return False
-    return True

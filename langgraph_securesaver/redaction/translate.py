@@ -70,24 +70,29 @@ class TokenTranslator:
                    content if type(content) is str else None)
             state = self._lists.get(key)
             prefix = 0
-            marked: list[tuple[int, dict[str, str | None]]] = []
+            # (index, tokens it holds -> their public token, tokens it holds unmapped)
+            marked: list[tuple[int, dict[str, str], list[str]]] = []
             if state is not None:   # the same objects as last time, mapped the same way
                 old_in, old_out, old_marked = state
                 same = list(map(operator.is_, messages, old_in))
                 prefix = same.index(False) if False in same else len(same)
-                for i, used in old_marked:
+                for i, present, absent in old_marked:
                     if i >= prefix:
                         break
-                    if any(mapping.get(t) != p for t, p in used.items()):
+                    # every token maps as before: to the same public token, or (None) still
+                    # to nothing (dict views: C-level)
+                    if not (present.items() <= mapping.items()
+                            and mapping.keys().isdisjoint(absent)):
                         prefix = i
                         break
-                    marked.append((i, used))
+                    marked.append((i, present, absent))
             out = list(old_out[:prefix]) if prefix else []
             for i in range(prefix, len(messages)):
                 result, used = one(messages[i], depth + 1)
                 out.append(result)
                 if used:
-                    marked.append((i, used))
+                    marked.append((i, {t: p for t, p in used.items() if p is not None},
+                                   [t for t, p in used.items() if p is None]))
             self._lists.put(key, (list(messages), out, marked), 64 * len(messages))
             return messages if all(map(operator.is_, out, messages)) else out
 
