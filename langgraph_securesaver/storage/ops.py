@@ -22,7 +22,7 @@ from ..errors import DeltaChannelPruneError, TamperedDataError, parse_failure, r
 from ..offthread import to_thread
 from .flush import asqlite_flush, bridged_flush, sqlite_flush
 from .sql import (
-    _BYTEWISE,
+    BYTEWISE_COLLATIONS,
     PG_BATCH_COUNT,
     PG_BATCH_DELETE,
     PG_BATCH_LATEST_TS,
@@ -47,9 +47,9 @@ from .sql import (
     SQLITE_RUN_CHECKPOINTS,
     SQLITE_SECURE_DELETE,
     SQLITE_THREADS_IN_RANGE,
-    _pg_threads_sql,
-    _placeholders,
     pg_identity,
+    pg_threads_sql,
+    placeholders,
     prefix_range,
     sqlite_identity,
 )
@@ -76,7 +76,7 @@ def delete_threads_in(conn: Any, dialect: str, inner_ids: Sequence[str]) -> dict
     if dialect == "postgresql":
         rows = conn.execute(sa.text(PG_BATCH_DELETE), {"ids": ids}).all()
         return {str(t): int(n) for t, n in rows}
-    marks = _placeholders(len(ids))
+    marks = placeholders(len(ids))
     counts = {str(t): int(n) for t, n in conn.exec_driver_sql(
         SQLITE_BATCH_COUNT.format(ids=marks), tuple(ids)).all()}
     conn.exec_driver_sql(SQLITE_BATCH_DELETE_WRITES.format(ids=marks), tuple(ids))
@@ -396,14 +396,14 @@ class SqliteOps(StorageOps):
         inner.setup()
         with inner.lock:
             rows = inner.conn.execute(SQLITE_BATCH_COUNT.format(
-                ids=_placeholders(len(ids))), ids).fetchall()
+                ids=placeholders(len(ids))), ids).fetchall()
         return {tid: 0 for tid in ids} | {str(t): int(n) for t, n in rows}
 
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
         ids = list(inner_ids)
         if not ids:
             return
-        marks = _placeholders(len(ids))
+        marks = placeholders(len(ids))
 
         def body(cur: Any) -> None:
             cur.execute(SQLITE_BATCH_DELETE_WRITES.format(ids=marks), ids)
@@ -419,7 +419,7 @@ class SqliteOps(StorageOps):
         inner.setup()
         with inner.lock:
             rows = inner.conn.execute(SQLITE_BATCH_LATEST.format(
-                ids=_placeholders(len(ids))), ids).fetchall()
+                ids=placeholders(len(ids))), ids).fetchall()
         return _sqlite_latest_times(inner.serde, ids, rows)
 
     def storage_identity(self) -> tuple[Any, ...] | None:
@@ -526,7 +526,7 @@ class AsyncSqliteOps(_AsyncOnlyOps):
         inner: Any = self.inner
         await inner.setup()
         async with inner.lock, inner.conn.execute(SQLITE_BATCH_LATEST.format(
-                ids=_placeholders(len(ids))), ids) as cur:
+                ids=placeholders(len(ids))), ids) as cur:
             rows = await cur.fetchall()
         return _sqlite_latest_times(inner.serde, ids, rows)
 
@@ -610,7 +610,7 @@ class PostgresOps(StorageOps):
         inner: Any = self.inner
         lo, hi = prefix_range(prefix)
         with inner._cursor() as cur:
-            sql = self.__dict__.get("_range_sql") or _pg_threads_sql(cur)
+            sql = self.__dict__.get("_range_sql") or pg_threads_sql(cur)
             self.__dict__["_range_sql"] = sql
             cur.execute(sql, {"lo": lo, "hi": hi})
             return [r["thread_id"] for r in cur.fetchall()]
@@ -663,7 +663,7 @@ class AsyncPostgresOps(_AsyncOnlyOps):
             if sql is None:
                 await cur.execute(PG_BYTEWISE_COLLATION)
                 row = await cur.fetchone()
-                sql = (PG_THREADS_IN_RANGE if row is not None and row["coll"] in _BYTEWISE
+                sql = (PG_THREADS_IN_RANGE if row is not None and row["coll"] in BYTEWISE_COLLATIONS
                        else PG_THREADS_IN_RANGE_C)
                 self.__dict__["_range_sql"] = sql
             await cur.execute(sql, {"lo": lo, "hi": hi})
