@@ -13,30 +13,22 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import ConfigurationError
 from . import integrity as mac
+from .base import RegistryBase
 from .integrity import GENESIS, RegistryIntegrity, row_tag
 from .schema import Event, Receipt, chain_heads, events, receipts
 
 logger = logging.getLogger("langgraph_securesaver.registry.core")
 
 
-class RegistryChains:
+class RegistryChains(RegistryBase):
     """Receipts and events, written to per-tenant hash chains and listed back."""
-
-    dialect: str
-    integrity: RegistryIntegrity
-
-    if TYPE_CHECKING:  # provided by Registry (declared for the type checker only)
-        def begin(self) -> AbstractContextManager[Connection]: ...
-
-        def _upsert(self, table: sa.Table) -> Any: ...
 
     # receipts ---------------------------------------------------------------------------------
     def _insert_receipt(self, conn: Connection, receipt: dict[str, Any]) -> None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -21,7 +20,8 @@ from sqlalchemy.engine import Connection
 from ..errors import TamperedDataError
 from ..retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 from . import integrity as mac
-from .integrity import RESERVED_TENANT, RegistryIntegrity
+from .base import RegistryBase
+from .integrity import RESERVED_TENANT
 from .schema import (
     ThreadRow,
     _policy_ref,
@@ -35,18 +35,8 @@ from .schema import (
 logger = logging.getLogger("langgraph_securesaver.registry.core")
 
 
-class RegistryThreads:
+class RegistryThreads(RegistryBase):
     """Thread rows (registration, last activity) and the retention policies they follow."""
-
-    dialect: str
-    integrity: RegistryIntegrity
-
-    if TYPE_CHECKING:  # provided by Registry (declared for the type checker only)
-        def begin(self) -> AbstractContextManager[Connection]: ...
-
-        def _keyed(self) -> RegistryIntegrity: ...
-
-        def _upsert(self, table: sa.Table) -> Any: ...
 
     # threads ----------------------------------------------------------------------------------
     def _greatest(self, a: Any, b: Any) -> Any:
