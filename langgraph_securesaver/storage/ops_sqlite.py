@@ -119,15 +119,18 @@ class SqliteOps(StorageOps):
         with inner.lock:
             return int(inner.conn.execute(SQLITE_COUNT, (inner_id,)).fetchone()[0])
 
+    def _rows_for(self, sql: str, ids: list[str]) -> Any:
+        """The rows of ``sql`` (a statement with an ``IN ({ids})`` list) for ``ids``."""
+        inner: Any = self.inner
+        inner.setup()
+        with inner.lock:
+            return inner.conn.execute(sql.format(ids=placeholders(len(ids))), ids).fetchall()
+
     def count_checkpoints_many(self, inner_ids: Sequence[str]) -> dict[str, int]:
         ids = list(inner_ids)
         if not ids:
             return {}
-        inner: Any = self.inner
-        inner.setup()
-        with inner.lock:
-            rows = inner.conn.execute(SQLITE_BATCH_COUNT.format(
-                ids=placeholders(len(ids))), ids).fetchall()
+        rows = self._rows_for(SQLITE_BATCH_COUNT, ids)
         return {tid: 0 for tid in ids} | {str(t): int(n) for t, n in rows}
 
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
@@ -146,12 +149,8 @@ class SqliteOps(StorageOps):
         ids = list(inner_ids)
         if not ids:
             return {}
-        inner: Any = self.inner
-        inner.setup()
-        with inner.lock:
-            rows = inner.conn.execute(SQLITE_BATCH_LATEST.format(
-                ids=placeholders(len(ids))), ids).fetchall()
-        return _sqlite_latest_times(inner.serde, ids, rows)
+        rows = self._rows_for(SQLITE_BATCH_LATEST, ids)
+        return _sqlite_latest_times(self.inner.serde, ids, rows)
 
     def storage_identity(self) -> tuple[Any, ...] | None:
         inner: Any = self.inner
