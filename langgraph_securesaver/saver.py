@@ -69,7 +69,8 @@ from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
 )
 from .services import SaverServices
 from .steps import arun_steps, run_steps
-from .storage.ops import DELTA_METADATA_KEYS, ops_for
+from .storage.ops import DELTA_METADATA_KEYS
+from .storage.ops_select import ops_for
 from .storage.strict_serde import install_strict_serde
 from .tenancy import (
     current_tenant_scope,

@@ -375,7 +375,7 @@ def _count_inner_rows(saver: SecureSaver) -> dict[str, int]:
 
 
 def _plan_uses_an_index_range(url: str, saver: SecureSaver) -> None:
-    from langgraph_securesaver.storage.ops import (
+    from langgraph_securesaver.storage.sql import (
         PG_THREADS_IN_RANGE,
         SQLITE_THREADS_IN_RANGE,
         prefix_range,

@@ -1,6 +1,9 @@
 """SecureSaver's own tables (SQLAlchemy Core) and what they hold.
 
-- :mod:`.core` -- ``Registry``: wrapped keys, thread rows, policies, receipts, events.
+- :mod:`.core` -- ``Registry``: its engine, transactions and ``setup()``; its base classes
+  hold the statements: :mod:`.thread_rows` -- thread rows and retention policies;
+  :mod:`.chains` -- receipts and events on per-tenant hash chains; :mod:`.base` -- what the
+  base classes use of ``Registry``, declared once.
 - :mod:`.schema` -- the tables, row types and engines; :mod:`.claims` -- the pruner's claims
   and fenced deletes; :mod:`.verify` -- MAC and hash-chain verification; :mod:`.integrity` --
   the registry MAC key and row MACs; :mod:`.wrapped_keys` -- the wrapped key rows;

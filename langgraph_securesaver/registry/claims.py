@@ -11,15 +11,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from ..errors import TamperedDataError
 from . import integrity as mac
-from .integrity import RegistryIntegrity
+from .base import RegistryBase
 from .schema import (
     ThreadRow,
     _maced,
@@ -41,18 +40,10 @@ def _by_token(rows: Sequence[ThreadRow]) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-class RegistryClaims:
+class RegistryClaims(RegistryBase):
     """Claims, batches and fenced deletes of expired thread rows."""
 
-    engine: Engine
-    dialect: str
-    integrity: RegistryIntegrity
-
     if TYPE_CHECKING:  # provided by Registry (declared for the type checker only)
-        def begin(self) -> AbstractContextManager[Connection]: ...
-
-        def _keyed(self) -> RegistryIntegrity: ...
-
         def _insert_receipt(self, conn: Connection, receipt: dict[str, Any]) -> None: ...
 
         def verified_expiry(self, row: ThreadRow) -> float | None: ...

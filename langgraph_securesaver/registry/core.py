@@ -1,7 +1,11 @@
 """SecureSaver's own tables (SQLAlchemy Core): threads, wrapped tenant keys, audit events.
 
-By default they live in the same database as the inner saver. ``setup()`` creates and migrates
-them; every statement is a named constant-like builder below so the SQL is easy to review.
+By default they live in the same database as the inner saver. ``Registry`` here opens them:
+its engine and transactions, ``setup()`` (creating and migrating the tables, MACing rows older
+than schema v2 once) and the dialect helpers its base classes share. The statements of each
+concern are in those base classes -- :mod:`.thread_rows` (threads and retention policies),
+:mod:`.chains` (receipts and events), :mod:`.wrapped_keys`, :mod:`.claims`, :mod:`.verify` --
+each a named builder so the SQL is easy to review.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,12 +22,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import ConfigurationError, KeyringRequired, TamperedDataError
-from ..retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 from . import integrity as mac
+from .chains import RegistryChains
 from .claims import RegistryClaims
 from .denials import flush_for
 from .direct_reads import DirectReads
-from .integrity import GENESIS, RESERVED_TENANT, RegistryIntegrity, row_tag
+from .integrity import RegistryIntegrity
 from .schema import (  # noqa: F401 - the schema names are importable from here
     _ADOPTED,
     _V2_COLUMNS,
@@ -53,6 +56,7 @@ from .schema import (  # noqa: F401 - the schema names are importable from here
     tenant_keys,
     threads,
 )
+from .thread_rows import RegistryThreads
 from .verify import (  # noqa: F401 - IntegrityReport was defined here
     IntegrityReport,
     RegistryVerification,
@@ -62,7 +66,8 @@ from .wrapped_keys import RegistryKeys
 logger = logging.getLogger(__name__)
 
 
-class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
+class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
+               RegistryVerification):
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
 
     def __init__(self, engine: Engine | str) -> None:
@@ -298,7 +303,6 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
             stmt = sqlite_insert(table).on_conflict_do_nothing()
         conn.execute(stmt, list(rows))
 
-    # threads ----------------------------------------------------------------------------------
     def _upsert(self, table: sa.Table) -> Any:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -306,376 +310,7 @@ class Registry(RegistryKeys, RegistryClaims, RegistryVerification):
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
         return sqlite_insert(table)
 
-    def _greatest(self, a: Any, b: Any) -> Any:
-        return sa.func.greatest(a, b) if self.dialect == "postgresql" else sa.func.max(a, b)
-
-    def touch_thread(self, tenant: str, thread_id: str, now: float | None = None,
-                     policy: RetentionPolicy | None = None, state: str = "active") -> None:
-        """Register a thread (first write, with the given effective policy) or move its last
-        activity forward and recompute its expiry from its stored TTLs. ``state``: "active"
-        for a write (it also clears an ``emptied`` mark); "emptied" for ``delete_for_runs``
-        leaving the thread without a checkpoint (:meth:`mark_emptied`)."""
-        now = float(time.time() if now is None else now)
-        policy = policy or NO_RETENTION
-        integ = self._keyed()
-        row = {"tenant": tenant, "thread_id": thread_id, "created_at": now, "last_activity": now,
-               **policy.as_row(), "policy_source": "default",
-               "expires_at": policy.expires_at(now, now), "state": state}
-        row["policy_mac"] = integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(row))
-        row["activity_mac"] = integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(row))
-        stmt = self._upsert(threads).values(**row)
-        last = self._greatest(threads.c.last_activity, stmt.excluded.last_activity)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[threads.c.tenant, threads.c.thread_id],
-            set_={
-                "last_activity": last,
-                # the MAC moves with the value it covers (SET sees the old row on both backends)
-                "activity_mac": sa.case(
-                    (stmt.excluded.last_activity > threads.c.last_activity,
-                     stmt.excluded.activity_mac), else_=threads.c.activity_mac),
-                "expires_at": expires_expr(threads.c.created_at, last, threads.c.idle_ttl,
-                                           threads.c.max_age, threads.c.legal_hold),
-                "state": sa.case((threads.c.state == "deleting", "deleting"), else_=state),
-            },
-        )
-        with self.begin() as conn:
-            conn.execute(stmt)
-
-    def mark_emptied(self, tenant: str, thread_ids: Sequence[str], now: float | None = None,
-                     policy: RetentionPolicy | None = None) -> None:
-        """``delete_for_runs`` left these threads without a checkpoint: mark them
-        ``emptied`` (their last activity moves to ``now``). The retention sweep deletes such
-        a thread -- key included -- once it has stayed empty and unwritten for its grace
-        (:meth:`..ops.pruner.Sweep.emptied_grace`); a write first clears the mark."""
-        for thread_id in thread_ids:
-            self.touch_thread(tenant, thread_id, now=now, policy=policy, state="emptied")
-
-    def get_thread(self, tenant: str, thread_id: str) -> ThreadRow | None:
-        with self.begin() as conn:
-            r = conn.execute(sa.select(threads).where(
-                threads.c.tenant == tenant, threads.c.thread_id == thread_id)).mappings().first()
-        return ThreadRow(**r) if r else None
-
-    def list_threads(self, tenant: str | None = None) -> list[ThreadRow]:
-        q = sa.select(threads).order_by(threads.c.tenant, threads.c.thread_id)
-        if tenant is not None:
-            q = q.where(threads.c.tenant == tenant)
-        with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(q).mappings()]
-
-    def tenants(self) -> list[str]:
-        with self.begin() as conn:
-            found = set(conn.execute(sa.select(threads.c.tenant).distinct()).scalars())
-            found |= set(conn.execute(sa.select(tenant_keys.c.tenant).distinct()).scalars())
-        found.discard(RESERVED_TENANT)  # the registry MAC key, not a tenant
-        return sorted(found)
-
-    def forget_thread(self, tenant: str, thread_id: str) -> None:
-        """Drop a deleted thread's registry and subject rows (no receipt)."""
-        from .schema import thread_subjects
-        with self.begin() as conn:
-            conn.execute(threads.delete().where(
-                threads.c.tenant == tenant, threads.c.thread_id == thread_id))
-            conn.execute(thread_subjects.delete().where(
-                thread_subjects.c.tenant == tenant, thread_subjects.c.thread_id == thread_id))
-
-    # retention policies ---------------------------------------------------------------------
-    def set_policy(self, tenant: str, policy: RetentionPolicy | None) -> None:
-        """Store the default (tenant ``"*"``) or a tenant's policy and re-derive the expiry of
-        every thread that follows it (threads with their own override keep it)."""
-        integ = self._keyed()
-        with self.begin() as conn:
-            conn.execute(policies.delete().where(policies.c.tenant == tenant))
-            if policy is not None:
-                row = {"tenant": tenant, **policy.as_row()}
-                conn.execute(policies.insert().values(
-                    updated_at=time.time(), mac=integ.mac(mac.POLICY, *mac.policy_parts(row)),
-                    **row))
-            self._reapply(conn, tenant)
-
-    def get_policy(self, tenant: str) -> RetentionPolicy | None:
-        """A stored policy; with the keyring attached, one whose MAC does not verify is
-        refused with TamperedDataError (key-less readers such as audit get it unverified)."""
-        with self.begin() as conn:
-            r = conn.execute(sa.select(policies).where(policies.c.tenant == tenant)
-                             ).mappings().first()
-        if r is None:
-            return None
-        self._check_policy(r)
-        return RetentionPolicy(r["idle_ttl"], r["max_age"], r["strategy"], r["legal_hold"])
-
-    def _check_policy(self, r: Any) -> None:
-        if self.integrity.available and not self.integrity.check(
-                r["mac"], mac.POLICY, *mac.policy_parts(r)):
-            raise TamperedDataError(
-                f"securesaver_policies row {_policy_ref(r['tenant'])} does not verify (altered "
-                "or inserted without the registry key); refusing to apply it")
-
-    def effective_policy(self, tenant: str) -> tuple[RetentionPolicy, str]:
-        own = self.get_policy(tenant)
-        if own is not None:
-            return own, "tenant"
-        return self.get_policy(DEFAULT_POLICY_KEY) or NO_RETENTION, "default"
-
-    def _reapply(self, conn: Connection, tenant: str) -> None:
-        if tenant == DEFAULT_POLICY_KEY:
-            overridden = sa.select(policies.c.tenant).where(policies.c.tenant != DEFAULT_POLICY_KEY)
-            where = sa.and_(threads.c.policy_source == "default",
-                            threads.c.tenant.not_in(overridden))
-            source = "default"
-        else:
-            where = sa.and_(threads.c.tenant == tenant, threads.c.policy_source != "thread")
-            source = "tenant"
-        row = conn.execute(sa.select(policies).where(policies.c.tenant == tenant)
-                           ).mappings().first()
-        if row is None and tenant != DEFAULT_POLICY_KEY:
-            row = conn.execute(sa.select(policies).where(
-                policies.c.tenant == DEFAULT_POLICY_KEY)).mappings().first()
-            source = "default"
-        if row is not None:
-            self._check_policy(row)
-        values = ({"idle_ttl": row["idle_ttl"], "max_age": row["max_age"],
-                   "strategy": row["strategy"], "legal_hold": bool(row["legal_hold"])}
-                  if row is not None else NO_RETENTION.as_row())
-        # only rows that change are rewritten (and re-MACed); a row whose MAC does not verify
-        # is left as it is (reported by `events --verify`, refused by the pruner): re-MACing
-        # it would launder a forged created_at
-        changed = sa.or_(threads.c.policy_source != source, threads.c.policy_mac.is_(None),
-                         *(threads.c[k].is_distinct_from(v) for k, v in values.items()))
-        integ = self.integrity
-        updates = []
-        for r in conn.execute(sa.select(threads).where(where, changed)).mappings():
-            if not integ.check(r["policy_mac"], mac.THREAD_POLICY, *mac.thread_policy_parts(r)):
-                logger.error("securesaver_threads row %s does not verify; its retention was "
-                             "not re-applied", _thread_ref(r["tenant"], r["thread_id"]))
-                continue
-            new = {**r, **values, "policy_source": source}
-            updates.append({"b_tenant": r["tenant"], "b_thread": r["thread_id"],
-                            "b_mac": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(new))})
-        if updates:
-            pk = (threads.c.tenant == sa.bindparam("b_tenant"),
-                  threads.c.thread_id == sa.bindparam("b_thread"))
-            conn.execute(threads.update().where(*pk).values(
-                policy_source=source, policy_mac=sa.bindparam("b_mac"), **values), updates)
-            conn.execute(threads.update().where(*pk).values(expires_at=expires_expr(
-                threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
-                threads.c.max_age, threads.c.legal_hold)),
-                [{"b_tenant": u["b_tenant"], "b_thread": u["b_thread"]} for u in updates])
-
-    def set_thread_retention(self, tenant: str, thread_id: str, **changes: Any) -> ThreadRow:
-        """Per-thread override of idle_ttl / max_age / strategy / legal_hold. A row whose MAC
-        does not verify is refused (re-MACing it would launder the forged fields)."""
-        integ = self._keyed()
-        pk = (threads.c.tenant == tenant, threads.c.thread_id == thread_id)
-        with self.begin() as conn:
-            q = sa.select(threads).where(*pk)
-            if self.dialect == "postgresql":
-                q = q.with_for_update()
-            current = conn.execute(q).mappings().first()
-            if current is None:
-                raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
-            if not integ.check(current["policy_mac"], mac.THREAD_POLICY,
-                               *mac.thread_policy_parts(current)):
-                raise TamperedDataError(
-                    f"securesaver_threads row {_thread_ref(tenant, thread_id)} does not verify "
-                    "(altered or inserted without the registry key); refusing to change it")
-            new = {**current, **changes, "policy_source": "thread"}
-            conn.execute(threads.update().where(*pk).values(
-                policy_source="thread", **changes,
-                policy_mac=integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(new))))
-            conn.execute(threads.update().where(*pk).values(expires_at=expires_expr(
-                threads.c.created_at, threads.c.last_activity, threads.c.idle_ttl,
-                threads.c.max_age, threads.c.legal_hold)))
-        row = self.get_thread(tenant, thread_id)
-        if row is None:  # deleted concurrently
-            raise LookupError(f"tenant {tenant!r} has no thread {thread_id!r}")
-        return row
-
-    # receipts ---------------------------------------------------------------------------------
-    def _insert_receipt(self, conn: Connection, receipt: dict[str, Any]) -> None:
-        self.insert_receipts(conn, [receipt])
-
-    def insert_receipts(self, conn: Connection, batch: Sequence[dict[str, Any]]) -> None:
-        """Every receipt is written here, inside the caller's transaction: one chain step per
-        tenant and one statement for a whole batch (the pruner writes hundreds at once).
-
-        The per-tenant chain heads are locked (and advanced) here, so call this as the LAST
-        statement before the commit: concurrent pruners then hold a head only for the insert
-        and the commit. Call ``_keyed()`` before opening the transaction."""
-        if not batch:
-            return
-        now = time.time()
-        rows = []
-        for receipt in batch:
-            fields = dict(receipt)
-            detail = fields.pop("detail", {})
-            rows.append({"receipt_id": uuid.uuid4().hex, "deleted_at": now,
-                         "thread_id": None, "requested_by": None, **fields,
-                         "detail": json.dumps(detail, default=str, sort_keys=True)})
-        names = [c.name for c in receipts.columns if c.name != "id"]
-        extra = {k for r in rows for k in r} - set(names)
-        if extra:
-            raise ConfigurationError(f"unknown receipt fields {sorted(extra)}")
-        self._chain(conn, receipts, rows)  # gives each row seq, prev_mac and mac
-        if self.dialect == "postgresql" and len(rows) > 1:
-            # one statement, one array parameter per column (not 12 parameters per receipt);
-            # unnest keeps the order, so ids follow the chain order within a batch
-            from sqlalchemy.dialects.postgresql import ARRAY
-            arrays = [sa.literal([r.get(n) for r in rows], ARRAY(receipts.c[n].type))
-                      for n in names]
-            conn.execute(receipts.insert().from_select(
-                names, sa.select(*[sa.func.unnest(a) for a in arrays])))
-            return
-        conn.execute(receipts.insert(), rows)
-
-    def add_receipt(self, **receipt: Any) -> None:
-        self.add_receipts([receipt])
-
-    def add_receipts(self, batch: Sequence[dict[str, Any]]) -> None:
-        """Write several receipts in one transaction (each a dict like add_receipt's kwargs)."""
-        if not batch:
-            return
-        self._keyed()
-        with self.begin() as conn:
-            self.insert_receipts(conn, batch)
-
-    # hash chains ------------------------------------------------------------------------------
-    def _keyed(self) -> RegistryIntegrity:
-        """The integrity helper with its key loaded (before a transaction is opened: loading
-        may create the key row, which must not wait on our own write lock)."""
-        self.integrity.require()
-        return self.integrity
-
-    def _append_chained(self, conn: Connection, table: sa.Table,
-                        rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        self._chain(conn, table, rows)
-        conn.execute(table.insert(), rows)
-
-    def _chain(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        """Give ``rows`` (in order) their chain position, previous MAC and MAC, per tenant.
-
-        The chain head rows are the lock: an upsert (a no-op update when the head exists)
-        returns them, taking the database write lock on SQLite before anything is read and the
-        heads' row locks on PostgreSQL until commit. Heads are locked in sorted chain order, so
-        concurrent batches cannot deadlock on each other; appends to one chain are serialized,
-        so each chain's order is total (``seq``) whatever the number of writers. On
-        PostgreSQL a batch's heads are locked and advanced with one statement each (not two
-        per tenant)."""
-        integ = self.integrity
-        domain, parts = ((mac.EVENT, mac.event_parts) if table is events
-                         else (mac.RECEIPT, mac.receipt_parts))
-        by_chain: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            by_chain.setdefault(row.get("tenant") or "", []).append(row)
-        chains = sorted(by_chain)
-        heads = self._lock_heads(conn, table.name, chains)
-        advanced: list[tuple[str, int, str, str]] = []
-        for chain in chains:
-            seq, prev, head_mac = heads[chain]
-            if not integ.check(head_mac, mac.HEAD,
-                               *mac.head_parts(table.name, chain, seq, prev)):
-                # never build on a forged head (it could hide deleted rows): the next row
-                # carries a marked prev_mac, so `events --verify` reports the break there
-                logger.error("the chain head of %s chain %s does not verify", table.name,
-                             row_tag(chain))
-                prev = "!" + prev[:63]
-            for row in by_chain[chain]:
-                seq += 1
-                row["seq"], row["prev_mac"] = seq, prev
-                row["mac"] = prev = integ.mac(domain, *parts(row))
-            advanced.append((chain, seq, prev, integ.mac(
-                mac.HEAD, *mac.head_parts(table.name, chain, seq, prev))))
-        self._store_heads(conn, table.name, advanced)
-
-    def _lock_heads(self, conn: Connection, tbl: str, chains: list[str]
-                    ) -> dict[str, tuple[int, str, str]]:
-        """Lock (creating at position 0 when missing) the heads of ``chains`` (sorted);
-        returns chain -> (seq, mac, head_mac) as committed by the previous appender."""
-        integ = self.integrity
-        genesis = [integ.mac(mac.HEAD, *mac.head_parts(tbl, c, 0, GENESIS)) for c in chains]
-        found: dict[str, tuple[int, str, str]] = {}
-        if self.dialect == "postgresql" and len(chains) > 1:
-            result = conn.execute(sa.text(
-                "INSERT INTO securesaver_chain_heads (tbl, chain, seq, mac, head_mac) "
-                "SELECT :tbl, u.c, 0, '', u.h FROM unnest(CAST(:chains AS text[]), "
-                "CAST(:genesis AS text[])) AS u(c, h) ORDER BY u.c "
-                "ON CONFLICT (tbl, chain) DO UPDATE SET seq = securesaver_chain_heads.seq "
-                "RETURNING chain, seq, mac, head_mac"),
-                {"tbl": tbl, "chains": chains, "genesis": genesis})
-            for chain, seq, prev, head_mac in result:
-                found[chain] = (int(seq), str(prev), str(head_mac))
-            return found
-        for chain, first in zip(chains, genesis, strict=True):
-            head = conn.execute(self._upsert(chain_heads).values(
-                tbl=tbl, chain=chain, seq=0, mac=GENESIS, head_mac=first,
-            ).on_conflict_do_update(
-                index_elements=[chain_heads.c.tbl, chain_heads.c.chain],
-                set_={"seq": chain_heads.c.seq},
-            ).returning(chain_heads.c.seq, chain_heads.c.mac, chain_heads.c.head_mac)).one()
-            found[chain] = (int(head.seq), str(head.mac), str(head.head_mac))
-        return found
-
-    def _store_heads(self, conn: Connection, tbl: str,
-                     heads: list[tuple[str, int, str, str]]) -> None:
-        if self.dialect == "postgresql" and len(heads) > 1:
-            conn.execute(sa.text(
-                "UPDATE securesaver_chain_heads h SET seq = u.s, mac = u.m, head_mac = u.hm "
-                "FROM unnest(CAST(:chains AS text[]), CAST(:seqs AS bigint[]), "
-                "CAST(:macs AS text[]), CAST(:hmacs AS text[])) AS u(c, s, m, hm) "
-                "WHERE h.tbl = :tbl AND h.chain = u.c"),
-                {"tbl": tbl, "chains": [h[0] for h in heads], "seqs": [h[1] for h in heads],
-                 "macs": [h[2] for h in heads], "hmacs": [h[3] for h in heads]})
-            return
-        for chain, seq, last, head_mac in heads:
-            conn.execute(chain_heads.update().where(
-                chain_heads.c.tbl == tbl, chain_heads.c.chain == chain).values(
-                seq=seq, mac=last, head_mac=head_mac))
-
-    def list_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
-                      since: float | None = None, until: float | None = None) -> list[Receipt]:
-        q = sa.select(receipts).order_by(receipts.c.id)
-        if tenant is not None:
-            q = q.where(receipts.c.tenant == tenant)
-        if thread_id is not None:
-            q = q.where(receipts.c.thread_id == thread_id)
-        if since is not None:
-            q = q.where(receipts.c.deleted_at >= since)
-        if until is not None:
-            q = q.where(receipts.c.deleted_at < until)
-        with self.begin() as conn:
-            return [Receipt(r["receipt_id"], r["tenant"], r["thread_id"], r["deleted_at"],
-                            r["action"], r["reason"], r["requested_by"],
-                            json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
-
-    # events -----------------------------------------------------------------------------------
-    def record_event(self, kind: str, *, tenant: str | None = None, thread_id: str | None = None,
-                     actor: str | None = None, **detail: Any) -> None:
-        self._keyed()
-        with self.begin() as conn:
-            self._append_chained(conn, events, [{
-                "at": time.time(), "kind": kind, "tenant": tenant, "thread_id": thread_id,
-                "actor": actor, "detail": json.dumps(detail, default=str, sort_keys=True)}])
-
-    def list_events(self, *, kind: str | None = None, tenant: str | None = None,
-                    thread_id: str | None = None, since: float | None = None,
-                    until: float | None = None, limit: int | None = None) -> list[Event]:
-        q = sa.select(events).order_by(events.c.id)
-        for col, val in ((events.c.kind, kind), (events.c.tenant, tenant),
-                         (events.c.thread_id, thread_id)):
-            if val is not None:
-                q = q.where(col == val)
-        if since is not None:
-            q = q.where(events.c.at >= since)
-        if until is not None:
-            q = q.where(events.c.at < until)
-        if limit is not None:
-            q = q.limit(limit)
-        with self.begin() as conn:
-            return [Event(r["id"], r["at"], r["kind"], r["tenant"], r["thread_id"], r["actor"],
-                          json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
-
+    # deletion hygiene and shutdown ----------------------------------------------------------
     def flush_deleted(self) -> None:
         """After a deletion batch on SQLite: empty the registry's WAL (the deleted key rows,
         vault values and records in it are gone from the file). Best effort, never raises."""

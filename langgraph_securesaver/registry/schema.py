@@ -2,7 +2,7 @@
 chain heads), their later indexes, the row types, the expiry expression, and creating engines
 and tables (tolerating concurrent setup).
 
-Tables and types only; the statements that use them are :mod:`.core`.
+Tables and types only; the statements that use them are :mod:`.core` and its base classes.
 """
 
 from __future__ import annotations

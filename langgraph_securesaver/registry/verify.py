@@ -8,16 +8,16 @@ positions, digests), never stored values.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from ..errors import TamperedDataError
 from . import integrity as mac
-from .integrity import GENESIS, RegistryIntegrity, row_tag
+from .base import RegistryBase
+from .integrity import GENESIS, row_tag
 from .schema import (
     ThreadRow,
     _policy_ref,
@@ -50,18 +50,10 @@ class IntegrityReport:
                 "anchor": {"format": "securesaver-chain-anchor/1", "heads": self.heads}}
 
 
-class RegistryVerification:
+class RegistryVerification(RegistryBase):
     """Verification of MACed rows and hash chains."""
 
-    engine: Engine
-    dialect: str
-    integrity: RegistryIntegrity
-
     if TYPE_CHECKING:  # provided by Registry (declared for the type checker only)
-        def begin(self) -> AbstractContextManager[Connection]: ...
-
-        def _keyed(self) -> RegistryIntegrity: ...
-
         def key_row_problems(self, provider: Any) -> tuple[int, list[tuple[str, str, str]]]: ...
 
         def thread_key_problems(self, provider: Any

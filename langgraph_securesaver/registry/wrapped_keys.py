@@ -9,32 +9,22 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
 
 from ..errors import TamperedDataError
 from ..keys.crypto import BOUND, LEGACY, KeyRow, wrap_context
 from ..keys.keyring import KeyProvider, WrappedKey
 from ..keys.material import SecretBytes
+from .base import RegistryBase
 from .schema import DATABASE_ID, engine_lock, meta_table, tenant_keys, thread_keys
 
 logger = logging.getLogger("langgraph_securesaver.registry.core")
 
 
-class RegistryKeys:
+class RegistryKeys(RegistryBase):
     """Key rows (the KeyStore protocol) and their binding to this database."""
-
-    engine: Engine
-    dialect: str
-
-    if TYPE_CHECKING:  # provided by Registry (declared for the type checker only)
-        def begin(self) -> AbstractContextManager[Connection]: ...
-
-        def _insert_ignore(self, conn: Connection, table: sa.Table,
-                           rows: Sequence[dict[str, Any]]) -> None: ...
 
     _database_id: str | None = None
     _rows_bound: bool = False

@@ -3,7 +3,9 @@
 - :mod:`.backends` -- opening an inner saver and its registry from a URL.
 - :mod:`.strict_serde` -- the inner savers' serializer: nothing stored is evaluated.
 - :mod:`.ops` / :mod:`.sql` / :mod:`.flush` -- native keep-latest, whole-thread and per-run
-  deletes on each backend, their SQL, and SQLite's deletion hygiene.
+  deletes (the interface and its fallback), their SQL, and SQLite's deletion hygiene; each
+  backend's implementation: :mod:`.ops_memory`, :mod:`.ops_sqlite`, :mod:`.ops_postgres`;
+  :mod:`.ops_select` picks the one for an inner saver.
 - :mod:`.raw_tables` / :mod:`.raw_sql` -- raw rows of the inner tables (for audit, scan,
   rotation), their SQL and pager; :mod:`.registry_tables` -- raw rows of every
   ``securesaver_*`` table, reflected (for scan and rotation).

@@ -67,7 +67,7 @@ LEFT JOIN pg_collation c ON c.oid = a.attcollation AND c.collname <> 'default'
 CROSS JOIN (SELECT datcollate FROM pg_database WHERE datname = current_database()) d
 WHERE t.oid = to_regclass('checkpoints') AND a.attname = 'thread_id'
 """
-_BYTEWISE = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic"}
+BYTEWISE_COLLATIONS = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic"}
 
 
 def prefix_range(prefix: str) -> tuple[str, str]:
@@ -76,11 +76,13 @@ def prefix_range(prefix: str) -> tuple[str, str]:
     return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-def _pg_threads_sql(cur: Any) -> str:
+def pg_threads_sql(cur: Any) -> str:
+    """The query listing the thread ids in a ``[lo, hi)`` range: plain comparisons when the
+    ``thread_id`` column's collation is bytewise, ``COLLATE "C"`` otherwise."""
     cur.execute(PG_BYTEWISE_COLLATION)
     row = cur.fetchone()
     coll = None if row is None else (row["coll"] if isinstance(row, dict) else row[0])
-    return PG_THREADS_IN_RANGE if coll in _BYTEWISE else PG_THREADS_IN_RANGE_C
+    return PG_THREADS_IN_RANGE if coll in BYTEWISE_COLLATIONS else PG_THREADS_IN_RANGE_C
 PG_DELETE_RUNS = """
 WITH gone AS (
     DELETE FROM checkpoints
@@ -137,7 +139,8 @@ ON c.thread_id = h.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = h.he
 """
 
 
-def _placeholders(n: int, mark: str = "?") -> str:
+def placeholders(n: int, mark: str = "?") -> str:
+    """``n`` bind markers separated by commas, for an ``IN ({ids})`` list."""
     return ",".join([mark] * n)
 
 
