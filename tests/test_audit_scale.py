@@ -346,9 +346,10 @@ _STARTUP = ("pydantic", "cryptography", "langgraph_securesaver.keys.keyring", "r
 
 
 def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, redactor) -> None:
-    """``--help`` needs neither the keyring (cryptography) nor pydantic, and a JSON report no
-    rich table. (Typer >= 0.29 converts every other parameter value with pydantic, so a
-    command that runs, and ``<command> --help``, do load it.)"""
+    """``--help`` needs neither the keyring (cryptography) nor pydantic, a JSON report no
+    rich table, and ``audit``/``events`` without a keyring no cryptography at all. (Typer >=
+    0.29 converts every other parameter value with pydantic, so a command that runs, and
+    ``<command> --help``, do load it.)"""
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     loaded, _ = _heavy_modules_loaded(["--help"], tmp_path, _STARTUP)
@@ -361,7 +362,9 @@ def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, red
         loaded, out = _heavy_modules_loaded([command, "--url", url, "--format", "json"],
                                             tmp_path, _STARTUP)
         assert "rich.table" not in loaded and json.loads(out)
-        assert "cryptography" in loaded     # the watch sees what a command does load
+        # no keyring given or set: the registry and the audit name keys without the cipher
+        assert "cryptography" not in loaded and "langgraph_securesaver.keys.keyring" not in loaded
+        assert "pydantic" in loaded         # the watch sees what a command does load
     loaded, out = _heavy_modules_loaded(["audit", "--url", url], tmp_path, _STARTUP)
     assert "rich.table" in loaded and "t-pii" in out   # a table report still imports it
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ..errors import TamperedDataError
-from ..keys.crypto import from_text, is_token, token_key_version
+from ..keys.tokens import from_text, is_token, token_key_version
 from .db import AuditDatabase
 from .report import (
     AGE_BUCKETS,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import SecureSaverError
+from ..errors import ENV_VAR, SecureSaverError
 from .common import (
     EXIT_CANNOT_RUN,
     EXIT_FOUND,
@@ -73,9 +74,12 @@ FormatOption = Annotated[OutputFormat, typer.Option(
 # shared plumbing
 # --------------------------------------------------------------------------------------------
 def _keyring_or_none(path: str | None) -> Any:
-    """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None."""
+    """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None. Without either,
+    nothing of the keyring (nor cryptography) is imported: ``audit`` and ``events`` need none."""
     if path is not None:
         return load_keyring(path)
+    if not os.environ.get(ENV_VAR, "").strip():
+        return None
     from ..keys.keyring import Keyring
     try:
         return Keyring.from_env()
