@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import ENV_VAR, SecureSaverError
+from . import common
 from .common import (
     EXIT_CANNOT_RUN,
     EXIT_FOUND,
@@ -34,9 +35,7 @@ from .common import (
     KeyringOption,
     UrlOption,
     app,
-    console,
     echo_json,
-    err_console,
     fail,
     load_keyring,
     opened,
@@ -188,9 +187,10 @@ def audit(
             raise fail(str(exc)) from None
     _print_audit(report)
     if epoch is not None and epoch["erasures_pending"]:
-        console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) still "
-                      "open from remnants and backups until `securesaver rotate-keys "
-                      f"--retire-old` (master versions held: {', '.join(epoch['held_masters'])})")
+        held = ", ".join(epoch["held_masters"])
+        common.console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) "
+                             "still open from remnants and backups until `securesaver "
+                             f"rotate-keys --retire-old` (master versions held: {held})")
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
@@ -201,7 +201,6 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
     import sys
 
     from ..audit.inventory import audit_stream, iter_audit
-    from ..audit.report_html import write_html
     context = _report_context(url, ring, tenant, period) if output is AuditFormat.html else None
     with opened_for_audit(url, ring) as saver:
         try:
@@ -210,6 +209,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
             with (out.open("w", encoding="utf-8") if out is not None
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
+                    from ..audit.report_html import write_html
                     stream, finish = iter_audit(saver, tenant=tenant, source=source)
                     summary = write_html(stream, finish, target, context=context)
                 else:
@@ -217,7 +217,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
     if out is not None:
-        err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        common.err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
     verified = context is None or all(
         part is None or part.get("ok") for part in (context.scan, context.registry))
     raise typer.Exit(EXIT_OK if summary.ok and verified else EXIT_FOUND)
@@ -319,10 +319,10 @@ def _fitted(title: str, columns: list[tuple[str, int, str]],
         return sum(sizes[i][which] + 3 for i in keep) + 1
 
     width: dict[int, int] = {}
-    if total(1) > console.width:
-        while len(keep) > 2 and total(0) > console.width:
+    if total(1) > common.console.width:
+        while len(keep) > 2 and total(0) > common.console.width:
             keep.remove(max(keep, key=lambda i: columns[i][1]))
-        spare = max(0, console.width - total(0))
+        spare = max(0, common.console.width - total(0))
         for i in sorted(keep, key=lambda i: columns[i][1]):
             extra = min(spare, sizes[i][1] - sizes[i][0])
             width[i] = sizes[i][0] + extra
@@ -350,7 +350,7 @@ def _print_audit(report: Any) -> None:
             _dt(t.as_dict()["first_created"]), shown(policy_text(t.policy)), _kinds(t.pii),
             keys, f"[red]{t.overdue}[/]" if t.overdue else "0", str(t.held)])
     tenants, tenants_dropped = _fitted("Tenants", _TENANT_COLUMNS, tenant_rows)
-    console.print(tenants)
+    common.console.print(tenants)
     thread_rows = []
     for th in report.threads[:MAX_ROWS_SHOWN]:
         d = th.as_dict()
@@ -367,24 +367,25 @@ def _print_audit(report: Any) -> None:
                             human_bytes(th.stored_bytes),
                             ",".join(f"v{v}" for v in th.key_versions) or "—", _kinds(th.pii)])
     threads, threads_dropped = _fitted("Threads", _THREAD_COLUMNS, thread_rows)
-    console.print(threads)
+    common.console.print(threads)
     if len(report.threads) > MAX_ROWS_SHOWN:
-        console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
-                      "(--format json or html for all)")
+        common.console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
+                             "(--format json or html for all)")
     if tenants_dropped or threads_dropped:
         hidden = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in
                            (("tenants", tenants_dropped), ("threads", threads_dropped)) if cols)
-        console.print(f"[dim]hidden at {console.width} columns: {hidden}. --format json or "
-                      "--format html has every field.[/]")
+        common.console.print(f"[dim]hidden at {common.console.width} columns: {hidden}. "
+                             "--format json or --format html has every field.[/]")
     for orphan in report.orphans:
-        console.print(f"[red]stored thread of no known tenant[/]: {shown(orphan['thread_id'])}"
-                      f" ({orphan['checkpoints']} checkpoints)")
+        common.console.print("[red]stored thread of no known tenant[/]: "
+                             f"{shown(orphan['thread_id'])} ({orphan['checkpoints']} "
+                             "checkpoints)")
     if report.store is not None:
         _print_store_audit(report.store)
     for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {shown(problem)}")
+        common.console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
-        console.print("[green]no problems[/]")
+        common.console.print("[green]no problems[/]")
 
 
 def _print_store_audit(store: dict[str, Any]) -> None:
@@ -399,7 +400,7 @@ def _print_store_audit(store: dict[str, Any]) -> None:
                       human_bytes(t["stored_bytes"]), _dt(t["last_updated"]),
                       f"{t['with_ttl']} / " + (f"[red]{t['expired']}[/]" if t["expired"]
                                                else "0"), _kinds(t["pii"]))
-    console.print(table)
+    common.console.print(table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,30 +453,31 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
                                            f"{report.duration:.1f}s)")
     for name, n in report.rows.items():
         summary.add_row(shown(name), str(n))
-    console.print(summary)
+    common.console.print(summary)
     checked = (f"{report.tokens} ciphertexts checked"
                + (f", {report.verified} authenticated" if report.verified else ""))
-    console.print(checked)
+    common.console.print(checked)
     keys = "; ".join(f"{shown(t)} (" + ", ".join(
         f"v{k}: {n} ciphertexts" for k, n in sorted(v.items())) + ")"
         for t, v in sorted(report.key_versions.items()))
-    console.print(f"data-key versions in use: {keys or 'none'}")
+    common.console.print(f"data-key versions in use: {keys or 'none'}")
     masters = ", ".join(f"v{shown(k)}: {n} key rows"
                         for k, n in sorted(report.master_versions.items()))
-    console.print(f"master versions wrapping key rows: {masters or 'none'}"
-                  + ("" if report.keyring_checked else " (not checked: no keyring)"))
+    common.console.print(f"master versions wrapping key rows: {masters or 'none'}"
+                         + ("" if report.keyring_checked else " (not checked: no keyring)"))
     if report.ok:
-        console.print("[bold green]clean[/]: no violations")
+        common.console.print("[bold green]clean[/]: no violations")
         return
     table = Table("kind", "table", "where", "detail", title="Violations")
     table.columns[2].overflow = "fold"       # row keys are never cut short
     for v in report.violations[:MAX_ROWS_SHOWN]:
         table.add_row(shown(v.kind), shown(v.table), shown(v.location), shown(v.detail))
-    console.print(table)
+    common.console.print(table)
     if len(report.violations) > MAX_ROWS_SHOWN:
-        console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more (--format json)")
+        common.console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more "
+                             "(--format json)")
     for kind, n in sorted(report.by_kind().items()):
-        console.print(f"[bold red]{n}[/] x {kind}: {shown(meanings.get(kind, ''))}")
+        common.console.print(f"[bold red]{n}[/] x {kind}: {shown(meanings.get(kind, ''))}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,7 +516,7 @@ def rotate_keys(
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
-        err_console.print(f"received signal {signum}: stopping after the current batch")
+        common.err_console.print(f"received signal {signum}: stopping after the current batch")
         stop.set()
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -541,34 +543,34 @@ def rotate_keys(
 def _print_rotation(report: Any, keyring: str) -> None:
     from rich.table import Table
     verb = "resumed" if report.resumed else "added"
-    console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
-                  f"{shown(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
+    common.console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
+                         f"{shown(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
     re = report.reencrypt
     if re is not None:
         if report.rotated_tenants:
-            console.print(f"data keys rotated for {len(report.rotated_tenants)} tenant(s)")
+            common.console.print(f"data keys rotated for {len(report.rotated_tenants)} tenant(s)")
         table = Table("table", "rows re-encrypted", title=f"Re-encryption ({re.passes} "
                                                           f"passes, {re.duration:.1f}s)")
         for name, n in sorted(re.rewritten.items()):
             table.add_row(name, str(n))
-        console.print(table)
-        console.print(f"{re.tokens} ciphertexts re-sealed, {re.already_current} rows already "
-                      f"under the newest data key, {re.conflicts} concurrent writes left to "
-                      "their writer and revisited")
+        common.console.print(table)
+        common.console.print(f"{re.tokens} ciphertexts re-sealed, {re.already_current} rows "
+                             f"already under the newest data key, {re.conflicts} concurrent "
+                             "writes left to their writer and revisited")
         for name, n in sorted(re.not_covered.items()):
-            console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {shown(name)} (no "
-                          "known place; they stay readable under their data-key version)")
+            common.console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {shown(name)} (no "
+                                 "known place; they stay readable under their data-key version)")
         for error in re.errors[:20]:
-            console.print(f"[red]error[/]: {shown(error)}")
+            common.console.print(f"[red]error[/]: {shown(error)}")
     in_use = ", ".join(f"v{shown(k)}: {n} key rows" for k, n in sorted(
         report.master_versions_in_use.items()))
-    console.print(f"master versions in use: {in_use or 'none'}")
+    common.console.print(f"master versions in use: {in_use or 'none'}")
     if report.retired:
-        console.print(f"retired master version(s): {shown(', '.join(report.retired))}")
+        common.console.print(f"retired master version(s): {shown(', '.join(report.retired))}")
     for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {shown(problem)}")
+        common.console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
-        console.print("[bold green]done[/]")
+        common.console.print("[bold green]done[/]")
 
 
 # --------------------------------------------------------------------------------------------
@@ -674,10 +676,10 @@ def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
         for name, row, problem in report.problems[:MAX_ROWS_SHOWN]:
             table.add_row(shown(name), shown(row), shown(problem))
         if report.problems:
-            console.print(table)
+            common.console.print(table)
         else:
-            console.print("[bold green]registry verifies[/]: "
-                          + ", ".join(f"{n} {t}" for t, n in sorted(report.checked.items())))
+            common.console.print("[bold green]registry verifies[/]: "
+                                 + ", ".join(f"{n} {t}" for t, n in sorted(report.checked.items())))
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
