@@ -438,6 +438,15 @@ def test_thread_json_is_json_dumps_of_as_dict() -> None:
     for versions in ([7], [True], ["x"], [2**70], [], {3}, (4,)):
         cases.append(ThreadAudit("t", "u", None, None, None, False, None, None, None, None,
                                  True, 2.5, versions, {"K": True}))  # type: ignore[arg-type]
+    # flags of every combination; labels (tenant, policy source, state) that repeat, that are
+    # no str, and that need escaping, each written twice (encoded once, then reused)
+    for r, o, h in ((r, o, h) for r in (False, True) for o in (False, True)
+                    for h in (False, True)):
+        cases.append(ThreadAudit("acme", "t", None, None, None, h, "default", None, None,
+                                 "active", registered=r, overdue=o, held_past_ttl=h))
+    for label in ("acme", 'qu"ote', "del", "ünï", "", None, 3, b"raw"):
+        cases += [ThreadAudit(label, "t", None, None, None, False, label, None, None,  # type: ignore[arg-type]
+                              label)] * 2  # type: ignore[arg-type]
     for th in cases:
         assert thread_json(th) == json.dumps(th.as_dict(), default=str), th
 
