@@ -342,6 +342,27 @@ def test_audit_and_events_commands_start_without_langgraph_langchain_or_presidio
     assert loaded == []
 
 
+#: On PostgreSQL the audit needs no decoder of raw rows at all: no LangGraph module, no msgpack.
+_HEAVY_PG = ("langgraph", "langchain_core", "ormsgpack", "presidio_analyzer", "spacy",
+             "cryptography", "rich", "regex", "langgraph_securesaver.saver",
+             "langgraph_securesaver.redaction", "langgraph_securesaver.storage.raw_tables",
+             "langgraph_securesaver.storage.strict_serde", "langgraph_securesaver.keys.crypto")
+
+
+@pytest.mark.postgres
+def test_audit_json_on_postgres_loads_no_langgraph_no_keys_no_rich(pg_url: str, tmp_path: Path,
+                                                                    redactor) -> None:
+    """A JSON audit and the trail on PostgreSQL, as the compliance benchmark runs them: the
+    registry's engine and the driver, nothing that decodes, decrypts or draws."""
+    build(pg_url, redactor)
+    for args in (["audit", "--url", pg_url, "--format", "json"],
+                 ["audit", "--url", pg_url, "--tenant", "acme", "--format", "json"],
+                 ["events", "--url", pg_url, "--tenant", "acme", "--format", "json"]):
+        loaded, out = _heavy_modules_loaded(args, tmp_path, _HEAVY_PG)
+        assert loaded == [], (args, loaded)
+        assert json.loads(out), args
+
+
 _STARTUP = ("pydantic", "cryptography", "langgraph_securesaver.keys.keyring", "rich.table",
             "rich", "regex")
 

@@ -466,7 +466,7 @@ def _stream_tuples(conn: sa.Connection, dialect: str, sql: str, params: dict[str
     with raw.cursor() as cur:   # type: ignore[union-attr]
         from psycopg.types.json import set_json_loads
 
-        from ..storage.raw_tables import lenient_json_loads
+        from ..storage.stored_json import lenient_json_loads
         set_json_loads(lenient_json_loads, cur)   # an odd ts of 5,000 digits must not raise
         # chunks of rows need libpq >= 17; older ones stream row by row (slower, as flat)
         size = 2000 if psycopg_pq_version() >= 170000 else 1

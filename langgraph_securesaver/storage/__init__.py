@@ -7,6 +7,8 @@
 - :mod:`.raw_tables` / :mod:`.raw_sql` -- raw rows of the inner tables and the registry (for
   audit, scan, rotation), their SQL and pager.
 - :mod:`.store_format` -- a SecureStore item's stored form, for code that never opens it.
+- :mod:`.stored_json` -- JSON read from rows a database writer can craft, never raising on
+  one (no other import: the audit on PostgreSQL reads through it alone).
 
 May import: the foundation modules, :mod:`..keys` and :mod:`..registry`. The per-turn path,
 the operations and the CLI import this package, never the reverse.
