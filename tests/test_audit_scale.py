@@ -284,9 +284,11 @@ _HEAVY = ("langchain_core", "langgraph.checkpoint.base", "langgraph.checkpoint.s
           "presidio_analyzer", "spacy", "langgraph_securesaver.saver",
           "langgraph_securesaver.redaction", "boto3",
           "botocore", "pkcs11", "psycopg")
-#: ``events`` reads the registry only: no LangGraph at all, no msgpack, no raw-table reader.
+#: ``events`` reads the registry only: no LangGraph at all, no msgpack, no raw-table reader, none
+#: of the inventory's statements and report types.
 _HEAVY_EVENTS = (*_HEAVY, "langgraph", "ormsgpack", "langgraph_securesaver.storage.raw_tables",
-                 "langgraph_securesaver.storage.strict_serde")
+                 "langgraph_securesaver.storage.strict_serde", "langgraph_securesaver.audit.sql",
+                 "langgraph_securesaver.audit.report", "langgraph_securesaver.audit.inventory")
 _LOADED = """
 import json, sys
 from langgraph_securesaver.cli.main import app
