@@ -461,8 +461,8 @@ def test_thread_json_is_json_dumps_of_as_dict() -> None:
     for versions in ([7], [True], ["x"], [2**70], [], {3}, (4,)):
         cases.append(ThreadAudit("t", "u", None, None, None, False, None, None, None, None,
                                  True, 2.5, versions, {"K": True}))  # type: ignore[arg-type]
-    # flags of every combination; labels (tenant, policy source, state) that repeat, that are
-    # no str, and that need escaping, each written twice (encoded once, then reused)
+    # flags of every combination; tenants, policy sources and states that are no str or
+    # need escaping
     for r, o, h in ((r, o, h) for r in (False, True) for o in (False, True)
                     for h in (False, True)):
         cases.append(ThreadAudit("acme", "t", None, None, None, h, "default", None, None,

@@ -116,7 +116,6 @@ def _json_value(value: Any) -> str:
 
 _DATES: dict[int, str] = {}    # day number -> '"YYYY-MM-DDT' (a report spans few days)
 _CLOCK: dict[int, str] = {}    # second of the day -> 'HH:MM:SS+00:00"'
-_floor = math.floor
 
 
 def _json_iso(ts: float | None) -> str:
@@ -126,7 +125,8 @@ def _json_iso(ts: float | None) -> str:
     if ts is None:
         return "null"
     try:
-        day, second = divmod(_floor(ts), 86400)      # gmtime's floor, as iso()
+        second = math.floor(ts)                  # gmtime's floor, as iso()
+        day, second = divmod(second, 86400)
         date, clock = _DATES.get(day), _CLOCK.get(second)
         if date is None:
             date = time.strftime('"%Y-%m-%dT', time.gmtime(day * 86400))
@@ -140,11 +140,6 @@ def _json_iso(ts: float | None) -> str:
 
 
 _BOOLS = ("false", "true")
-#: the text after ``"registered": `` for the flags a streamed audit fills with bools, by
-#: (registered, overdue, held_past_ttl)
-_FLAGS = {(r, o, h): f'{_BOOLS[r]}, "overdue": {_BOOLS[o]}, "held_past_ttl": {_BOOLS[h]}}}'
-          for r in (False, True) for o in (False, True) for h in (False, True)}
-_LABELS: dict[str, str] = {}   # tenant, policy source, state -> its JSON text (they repeat)
 
 
 def _json_text(value: Any) -> str:
@@ -152,19 +147,6 @@ def _json_text(value: Any) -> str:
     if type(value) is str:
         return _json_str(value)
     return _json_value(value)
-
-
-def _json_label(value: Any) -> str:
-    """``_json_text`` for a field whose values repeat from thread to thread (the tenant, the
-    policy source, the state): each distinct str is encoded once."""
-    if type(value) is not str:
-        return _json_value(value)
-    text = _LABELS.get(value)
-    if text is None:
-        text = _json_str(value)
-        if len(_LABELS) < 10_000:
-            _LABELS[value] = text
-    return text
 
 
 def thread_json(th: ThreadAudit) -> str:
@@ -185,13 +167,14 @@ def thread_json(th: ThreadAudit) -> str:
         pii_text = "{" + ", ".join(f"{_json_str(k)}: {n!r}" for k, n in pii.items()) + "}"
     else:
         pii_text = json.dumps(dict(pii), default=str)
-    v, q, label = _json_value, _json_iso, _json_label
+    v, q, t = _json_value, _json_iso, _json_text
     hold, registered, overdue = th.legal_hold, th.registered, th.overdue
     held_past = th.held_past_ttl
     # the flags a streamed audit always fills with bools, written without dispatch
     if (type(hold) is bool and type(registered) is bool and type(overdue) is bool
             and type(held_past) is bool):
-        flags = _FLAGS[registered, overdue, held_past]
+        flags = (f"{_BOOLS[registered]}, \"overdue\": {_BOOLS[overdue]}, "
+                 f"\"held_past_ttl\": {_BOOLS[held_past]}}}")
         hold_text = _BOOLS[hold]
     else:
         flags = (f"{v(registered)}, \"overdue\": {v(overdue)}, "
@@ -201,11 +184,11 @@ def thread_json(th: ThreadAudit) -> str:
     counts = (f"{checkpoints!r}, \"stored_bytes\": {stored!r}"
               if type(checkpoints) is int and type(stored) is int
               else f"{v(checkpoints)}, \"stored_bytes\": {v(stored)}")
-    return (f'{{"tenant": {label(th.tenant)}, "thread_id": {_json_text(th.thread_id)}, '
+    return (f'{{"tenant": {t(th.tenant)}, "thread_id": {t(th.thread_id)}, '
             f'"created_at": {q(th.created_at)}, "last_activity": {q(th.last_activity)}, '
             f'"expires_at": {q(th.expires_at)}, "legal_hold": {hold_text}, '
-            f'"policy_source": {label(th.policy_source)}, "idle_ttl": {v(th.idle_ttl)}, '
-            f'"max_age": {v(th.max_age)}, "state": {label(th.state)}, '
+            f'"policy_source": {t(th.policy_source)}, "idle_ttl": {v(th.idle_ttl)}, '
+            f'"max_age": {v(th.max_age)}, "state": {t(th.state)}, '
             f'"checkpoints": {counts}, '
             f'"key_versions": {versions_text}, "pii": {pii_text}, '
             f'"first_checkpoint": {q(th.first_checkpoint)}, '
