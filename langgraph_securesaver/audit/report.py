@@ -1,5 +1,6 @@
 """What an audit answers: per-thread and per-tenant inventories, the report and the summary
-of a streamed audit, age buckets, and the entries of the audit trail.
+of a streamed audit, age buckets (the audit trail's entries are :mod:`.trail`'s
+``TrailEntry``, re-exported here).
 
 Data types and formatting only; how they are computed is :mod:`.inventory` (the row walk) and
 :mod:`.sql` (the grouped statement).
