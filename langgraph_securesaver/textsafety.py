@@ -45,9 +45,9 @@ written before the check, or by someone who writes the database directly), and
 from __future__ import annotations
 
 import re
+from functools import cache
 from json.encoder import encode_basestring_ascii
-
-import regex
+from typing import TYPE_CHECKING
 
 from .errors import ConfigurationError
 
@@ -70,8 +70,18 @@ _SHOWN_IGNORABLE = (
     r"(?=\p{Extended_Pictographic})"
     r"|(?<=\p{Extended_Pictographic})[\ufe0e\ufe0f]"
     r"|(?<=[0-9#*])\ufe0f(?=\u20e3)")
-_INVISIBLE = regex.compile(
-    rf"(?!{_SHOWN_IGNORABLE})\p{{Default_Ignorable_Code_Point}}", regex.VERSION1)
+
+if TYPE_CHECKING:
+    import regex
+
+
+@cache
+def _invisible() -> regex.Pattern[str]:
+    """The refused invisible characters (compiled on the first text that is not ASCII: ASCII
+    holds none, and a command that prints only ASCII ids does not import ``regex``)."""
+    import regex
+    return regex.compile(rf"(?!{_SHOWN_IGNORABLE})\p{{Default_Ignorable_Code_Point}}",
+                         regex.VERSION1)
 
 
 def has_controls(text: str) -> bool:
@@ -83,7 +93,7 @@ def invisible_at(text: str) -> int | None:
     doc), or None. ASCII holds none."""
     if text.isascii():
         return None
-    found = _INVISIBLE.search(text)
+    found = _invisible().search(text)
     return None if found is None else found.start()
 
 
@@ -118,14 +128,14 @@ def escape_controls(text: str) -> str:
     if _CONTROL.search(text):
         text = _CONTROL.sub(_escaped, text)
     if invisible_at(text) is not None:
-        text = _INVISIBLE.sub(_escaped, text)
+        text = _invisible().sub(_escaped, text)
     return text
 
 
 def escape_invisibles(text: str) -> str:
     """``text`` with every refused invisible character shown as ``\\uNNNN`` (for output that
     has its own escaping of controls, e.g. HTML)."""
-    return _INVISIBLE.sub(_escaped, text) if invisible_at(text) is not None else text
+    return _invisible().sub(_escaped, text) if invisible_at(text) is not None else text
 
 
 def _json_escaped(match: re.Match[str]) -> str:
@@ -146,7 +156,7 @@ def json_safe(text: str) -> str:
     if _CONTROL_IN_JSON.search(text):
         text = _CONTROL_IN_JSON.sub(_json_escaped, text)
     if invisible_at(text) is not None:
-        text = _INVISIBLE.sub(_json_escaped, text)
+        text = _invisible().sub(_json_escaped, text)
     return text
 
 

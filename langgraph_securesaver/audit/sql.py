@@ -12,13 +12,13 @@ import base64
 import json
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from ..errors import TamperedDataError
-from ..keys.crypto import from_text, is_token, token_key_version
+from ..keys.tokens import from_text, is_token, token_key_version
 from .db import AuditDatabase
 from .report import (
     AGE_BUCKETS,
@@ -438,14 +438,24 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
     """The statement's rows as dicts (a tenth of the cost of a Row mapping's per-key lookups),
     read as they arrive. On PostgreSQL through libpq's chunked mode, not a server-side cursor:
     PostgreSQL never runs a cursor's plan in parallel (the parallel plan is twice as fast)."""
+    names: list[str] = []
+    for row in _stream_tuples(conn, dialect, sql, params, names):
+        yield dict(zip(names, row, strict=True))
+
+
+def _stream_tuples(conn: sa.Connection, dialect: str, sql: str, params: dict[str, Any],
+                   names: list[str] | None = None) -> Iterator[Sequence[Any]]:
+    """:func:`_stream_rows` as the driver's rows (tuples; SQLAlchemy rows on SQLite) in the
+    statement's column order, for a caller that unpacks every column (no dict per row).
+    ``names`` is given the column names before the first row."""
     if dialect != "postgresql":
         if dialect == "sqlite":
             _sqlite_functions(conn)
         result = conn.execution_options(stream_results=True, yield_per=2000).execute(
             sa.text(sql), params)
-        keys = list(result.keys())
-        for row in result:
-            yield dict(zip(keys, row, strict=True))
+        if names is not None:
+            names[:] = result.keys()
+        yield from result
         return
     # one big aggregate: JIT compilation costs more than it saves, and a little more memory
     # keeps the hash tables and the ordering off disk
@@ -456,15 +466,14 @@ def _stream_rows(conn: sa.Connection, dialect: str, sql: str, params: dict[str, 
     with raw.cursor() as cur:   # type: ignore[union-attr]
         from psycopg.types.json import set_json_loads
 
-        from ..storage.raw_tables import lenient_json_loads
+        from ..storage.stored_json import lenient_json_loads
         set_json_loads(lenient_json_loads, cur)   # an odd ts of 5,000 digits must not raise
-        names: list[str] | None = None
         # chunks of rows need libpq >= 17; older ones stream row by row (slower, as flat)
         size = 2000 if psycopg_pq_version() >= 170000 else 1
         for row in cur.stream(compiled.string, compiled.construct_params(params), size=size):
-            if names is None:
-                names = [d.name for d in cur.description or ()]
-            yield dict(zip(names, row, strict=True))
+            if names is not None and not names:
+                names[:] = [d.name for d in cur.description or ()]
+            yield row
 
 _AGE_COLUMNS = list(enumerate(f"a{k}" for k in range(len(AGE_BUCKETS))))
 _UPPERS = [upper for _label, upper in AGE_BUCKETS]

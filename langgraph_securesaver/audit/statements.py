@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..keys.crypto import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
+from ..keys.tokens import MAGIC, MIN_TOKEN_BYTES, TEXT_PREFIX
 from ..tenancy import thread_prefix
 from .report import AGE_BUCKETS, _checkpoint_epoch
 

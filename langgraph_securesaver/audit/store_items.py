@@ -28,10 +28,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import TamperedDataError
-from ..keys.crypto import TEXT_PREFIX, from_text, is_token
+from ..keys.tokens import TEXT_PREFIX, from_text, is_token
 from ..registry.pii_vault import pii_refs, pii_vault
-from ..storage.raw_tables import lenient_json_loads
 from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, VAULT_PREFIX, vault_id
+from ..storage.stored_json import lenient_json_loads
 from ..tenancy import tenant_tag
 from .report import age_bucket, iso
 

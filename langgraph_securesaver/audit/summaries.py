@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from ..registry.schema import meta_table, tenant_summaries, thread_summaries, threads
 from .report import AGE_BUCKETS, ThreadAudit, registry_number
-from .sql import AuditDatabase, _iter_sql, _kinds_of, _stream_rows, _Totals
+from .sql import AuditDatabase, _iter_sql, _kinds_of, _stream_tuples, _Totals
 
 if TYPE_CHECKING:
     from ..registry.core import Registry
@@ -335,10 +335,18 @@ def _versions(text: Any) -> set[int]:
 # --------------------------------------------------------------------------------------------
 def plan(registry: Registry, tenants: list[str], tenant: str | None, now: float
          ) -> tuple[int, dict[str, list[str]]]:
-    """The scope's thread count and its due threads per tenant."""
+    """The scope's thread count and its due threads per tenant (of ``tenants``, or
+    ``tenant``): one statement for the scope, not one per tenant."""
     names = [tenant] if tenant is not None else tenants
-    due = {name: due_threads(registry, name, now) for name in names}
-    return scope_size(registry, tenant), {k: v for k, v in due.items() if v}
+    q = (sa.select(threads.c.tenant, threads.c.thread_id).select_from(_joined())
+         .where(_due_clause(now, resolution(registry))))
+    if tenant is not None:
+        q = q.where(threads.c.tenant == tenant)
+    found: dict[str, list[str]] = {}
+    with registry.begin() as conn:
+        for name, thread in conn.execute(q):
+            found.setdefault(name, []).append(str(thread))
+    return scope_size(registry, tenant), {n: found[n] for n in names if n in found}
 
 
 def iter_summaries(source: _Source, tenants: list[str], tenant: str | None, now: float,
@@ -365,23 +373,29 @@ def iter_summaries(source: _Source, tenants: list[str], tenant: str | None, now:
     sql = _READ.format(where=where, c=' COLLATE "C"' if pg else "")
     version_cache: dict[str, list[int]] = {}
     kinds_cache: dict[str, dict[Any, int]] = {}
+    per_tenant: str | None = None
+    per: list[int] = []
     with registry.begin() as conn:
-        # the driver's rows as they arrive (chunked on PostgreSQL), as the grouped statement
-        for row in _stream_rows(conn, registry.dialect, sql, params):
-            name, thread = row["tenant"], row["thread_id"]
-            hit = live.get(name, {}).pop(thread, None)
-            if hit is None and row["checkpoints"] is None:   # registered since the plan
+        # the driver's rows as they arrive (chunked on PostgreSQL), as the grouped statement;
+        # tuples in _READ's column order (a dict per row cost more than its reading)
+        for row in _stream_tuples(conn, registry.dialect, sql, params):
+            name, thread = row[0], row[1]
+            pending = live.get(name)
+            hit = pending.pop(thread, None) if pending else None
+            if hit is None and row[_CHECKPOINTS] is None:   # registered since the plan
                 hit = _live(source, tenants, name, now, [thread]).get(thread)
             if hit is not None:
                 th, slots, unsealed = hit
             else:
                 th, slots, unsealed = _from_summary(row, now, version_cache, kinds_cache)
-            per = totals.age_slots(name)
+            if name != per_tenant:
+                per, per_tenant = totals.age_slots(name), name
             for k, size in enumerate(slots):
                 if size:
                     per[k] += size
-            for table, n in unsealed.items():
-                totals.unsealed[table] = totals.unsealed.get(table, 0) + n
+            if unsealed:
+                for table, n in unsealed.items():
+                    totals.unsealed[table] = totals.unsealed.get(table, 0) + n
             totals.thread(th)
             yield th
     totals.complete = True
@@ -395,13 +409,27 @@ FROM securesaver_threads r LEFT JOIN securesaver_thread_summaries s
     ON s.tenant = r.tenant AND s.thread_id = r.thread_id
 WHERE {where}
 ORDER BY r.tenant{c}, r.thread_id{c}"""
+#: the position of ``s.checkpoints`` in a row of ``_READ`` (NULL: the thread has no summary)
+_CHECKPOINTS = 10
+_RAW_DECODE = json.JSONDecoder().raw_decode
 
 
-def _from_summary(row: dict[str, Any], now: float, version_cache: dict[str, list[int]],
+def _json_column(text: Any) -> Any:
+    """``json.loads(text)`` for the summaries' JSON columns, without its per-call checks when
+    ``text`` is one JSON document with nothing around it (what a refresh writes); any other
+    value goes through ``json.loads``, its errors included."""
+    try:
+        value, end = _RAW_DECODE(text)
+    except (TypeError, ValueError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
+def _from_summary(row: Sequence[Any], now: float, version_cache: dict[str, list[int]],
                   kinds_cache: dict[str, dict[Any, int]]
                   ) -> tuple[ThreadAudit, list[int], dict[str, int]]:
     (name, thread, created, activity, expires, hold, source, idle, max_age, state,
-     checkpoints, stored, first, last, versions_text, pii, ages, unsealed) = row.values()
+     checkpoints, stored, first, last, versions_text, pii, ages, unsealed) = row
     hold = bool(hold)
     expires, created = registry_number(expires), registry_number(created)
     activity = registry_number(activity)
@@ -419,14 +447,13 @@ def _from_summary(row: dict[str, Any], now: float, version_cache: dict[str, list
         kinds = _kinds_of(pii) if pii and pii != "[]" else {}
         if len(kinds_cache) < 10_000:
             kinds_cache[pii] = kinds
-    slots = json.loads(ages) if ages else [0] * _SLOTS
-    th = ThreadAudit(
+    slots = _json_column(ages) if ages else [0] * _SLOTS
+    th = ThreadAudit(   # (positional: registered, overdue, held_past_ttl)
         name, thread, created, activity, expires, hold, source, idle, max_age, state,
         int(checkpoints or 0), int(stored or 0), list(versions), dict(kinds),
-        registry_number(first), registry_number(last), registered=True,
-        overdue=expires is not None and expires <= now and not hold,
-        held_past_ttl=bool(held_past))
-    return th, slots, json.loads(unsealed) if unsealed and unsealed != "{}" else {}
+        registry_number(first), registry_number(last), True,
+        expires is not None and expires <= now and not hold, bool(held_past))
+    return th, slots, _json_column(unsealed) if unsealed and unsealed != "{}" else {}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,20 +1,41 @@
 """The audit trail: security events and deletion receipts, filtered (``securesaver events``).
 
-Reads the registry only; imports neither the inventory statements nor the cipher.
+Reads the registry only; imports neither the inventory statements, the report types nor the
+cipher.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..timeargs import iso
 from .db import AuditDatabase
-from .report import TrailEntry
 
 if TYPE_CHECKING:
-    from .sql import _Source
+    from ..services import SaverLike
 
 
-def _admin_tenant(saver: _Source, operation: str, tenant: Any) -> str | None:
+@dataclass(frozen=True)
+class TrailEntry:
+    """An event (``kind`` as recorded) or a deletion receipt (``kind`` = ``receipt:<action>``)."""
+
+    at: float
+    kind: str
+    tenant: str | None
+    thread_id: str | None
+    actor: str | None
+    detail: dict[str, Any]
+    source: str            # "event" | "receipt"
+    ref: str               # event id or receipt id
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "kind": self.kind, "tenant": self.tenant,
+                "thread_id": self.thread_id, "actor": self.actor, "detail": self.detail,
+                "source": self.source, "id": self.ref}
+
+
+def _admin_tenant(saver: SaverLike | AuditDatabase, operation: str, tenant: Any) -> str | None:
     """The scope rule of whatever the trail reads (a saver's tenant gate, or the operator-only
     rule of an AuditDatabase)."""
     if isinstance(saver, AuditDatabase):
@@ -26,9 +47,9 @@ def _kind_matches(kind: str, wanted: str | None) -> bool:
     return wanted is None or kind == wanted or kind.split(":", 1)[0] == wanted
 
 
-def events(saver: _Source, *, tenant: str | None = None, thread_id: str | None = None,
-           kind: str | None = None, since: float | None = None, until: float | None = None,
-           limit: int | None = None) -> list[TrailEntry]:
+def events(saver: SaverLike | AuditDatabase, *, tenant: str | None = None,
+           thread_id: str | None = None, kind: str | None = None, since: float | None = None,
+           until: float | None = None, limit: int | None = None) -> list[TrailEntry]:
     """Audit events and deletion receipts, oldest first. ``kind`` matches an event kind
     (``access_denied``), ``receipt`` (every receipt) or ``receipt:deleted`` (one action).
     Inside a tenant scope: that tenant's entries only."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .common import MAX_ROWS_SHOWN, console, shown
+from . import common
+from .common import MAX_ROWS_SHOWN, shown
 
 if TYPE_CHECKING:  # rich.table is imported where a table is printed
     from rich.table import Table
@@ -66,10 +67,10 @@ def _fitted(title: str, columns: list[tuple[str, int, str]],
         return sum(sizes[i][which] + 3 for i in keep) + 1
 
     width: dict[int, int] = {}
-    if total(1) > console.width:
-        while len(keep) > 2 and total(0) > console.width:
+    if total(1) > common.console.width:
+        while len(keep) > 2 and total(0) > common.console.width:
             keep.remove(max(keep, key=lambda i: columns[i][1]))
-        spare = max(0, console.width - total(0))
+        spare = max(0, common.console.width - total(0))
         for i in sorted(keep, key=lambda i: columns[i][1]):
             extra = min(spare, sizes[i][1] - sizes[i][0])
             width[i] = sizes[i][0] + extra
@@ -97,7 +98,7 @@ def print_audit(report: Any) -> None:
             _dt(t.as_dict()["first_created"]), shown(policy_text(t.policy)), _kinds(t.pii),
             keys, f"[red]{t.overdue}[/]" if t.overdue else "0", str(t.held)])
     tenants, tenants_dropped = _fitted("Tenants", _TENANT_COLUMNS, tenant_rows)
-    console.print(tenants)
+    common.console.print(tenants)
     thread_rows = []
     for th in report.threads[:MAX_ROWS_SHOWN]:
         d = th.as_dict()
@@ -114,24 +115,25 @@ def print_audit(report: Any) -> None:
                             human_bytes(th.stored_bytes),
                             ",".join(f"v{v}" for v in th.key_versions) or "—", _kinds(th.pii)])
     threads, threads_dropped = _fitted("Threads", _THREAD_COLUMNS, thread_rows)
-    console.print(threads)
+    common.console.print(threads)
     if len(report.threads) > MAX_ROWS_SHOWN:
-        console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
-                      "(--format json or html for all)")
+        common.console.print(f"… and {len(report.threads) - MAX_ROWS_SHOWN} more threads "
+                             "(--format json or html for all)")
     if tenants_dropped or threads_dropped:
         hidden = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in
                            (("tenants", tenants_dropped), ("threads", threads_dropped)) if cols)
-        console.print(f"[dim]hidden at {console.width} columns: {hidden}. --format json or "
-                      "--format html has every field.[/]")
+        common.console.print(f"[dim]hidden at {common.console.width} columns: {hidden}. "
+                             "--format json or --format html has every field.[/]")
     for orphan in report.orphans:
-        console.print(f"[red]stored thread of no known tenant[/]: {shown(orphan['thread_id'])}"
-                      f" ({orphan['checkpoints']} checkpoints)")
+        common.console.print("[red]stored thread of no known tenant[/]: "
+                             f"{shown(orphan['thread_id'])} ({orphan['checkpoints']} "
+                             "checkpoints)")
     if report.store is not None:
         _print_store_audit(report.store)
     for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {shown(problem)}")
+        common.console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
-        console.print("[green]no problems[/]")
+        common.console.print("[green]no problems[/]")
 
 
 def _print_store_audit(store: dict[str, Any]) -> None:
@@ -146,4 +148,4 @@ def _print_store_audit(store: dict[str, Any]) -> None:
                       human_bytes(t["stored_bytes"]), _dt(t["last_updated"]),
                       f"{t['with_ttl']} / " + (f"[red]{t['expired']}[/]" if t["expired"]
                                                else "0"), _kinds(t["pii"]))
-    console.print(table)
+    common.console.print(table)

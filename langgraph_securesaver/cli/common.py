@@ -13,13 +13,19 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from ..errors import ENV_VAR, SecureSaverError
 from ..textsafety import escape_controls, json_safe
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    #: the consoles on stdout and stderr, made on first use (see :func:`get_console`)
+    console: Console
+    err_console: Console
 
 app = typer.Typer(
     name="securesaver",
@@ -31,8 +37,24 @@ app = typer.Typer(
     # plain Click help: flags show no "<bool>" type, every value option names its metavar
     rich_markup_mode=None,
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+def get_console(stderr: bool = False) -> Console:
+    """The rich console on stdout (``stderr``: on stderr), made on first use; also the module
+    attributes ``console`` and ``err_console``. A command that writes JSON (``typer.echo``)
+    and fails on nothing does not import rich."""
+    name = "err_console" if stderr else "console"
+    made: Console | None = globals().get(name)
+    if made is None:
+        from rich.console import Console
+        made = globals()[name] = Console(stderr=stderr)
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("console", "err_console"):
+        return get_console(stderr=name == "err_console")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 EXIT_OK, EXIT_FOUND, EXIT_CANNOT_RUN = 0, 1, 2
 #: rows a table prints at most (``--format json`` has every row)
@@ -64,7 +86,8 @@ def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
     """Print ONE line on stderr (never wrapped, never markup, control characters escaped)
     and return the exit to raise."""
     line = " ".join(str(message).split())
-    err_console.print(f"[bold red]error:[/] {shown(line)}", soft_wrap=True, highlight=False)
+    get_console(stderr=True).print(f"[bold red]error:[/] {shown(line)}", soft_wrap=True,
+                                   highlight=False)
     return typer.Exit(code)
 
 
@@ -234,7 +257,8 @@ def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
 def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
     """A progress callback ``(done, total)`` drawing a transient bar on stderr (only when
     stderr is a terminal: logs and pipes get no control characters)."""
-    if quiet or not err_console.is_terminal:
+    err = get_console(stderr=True)
+    if quiet or not err.is_terminal:
         yield lambda done, total: None
         return
     from rich.markup import escape
@@ -246,7 +270,7 @@ def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[[int, int
         TimeRemainingColumn,
     )
     with Progress(TextColumn(f"[bold]{escape(label)}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
         task = bar.add_task(label, total=None)
 
         def advance(done: int, total: int) -> None:

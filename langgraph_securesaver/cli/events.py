@@ -9,7 +9,8 @@ import json
 from typing import Any
 
 from ..textsafety import escape_controls
-from .common import console, shown
+from . import common
+from .common import shown
 
 #: Below this terminal width ``events`` prints one block per entry instead of a table.
 EVENTS_TABLE_MIN_WIDTH = 120
@@ -41,9 +42,9 @@ def detail_text(detail: Any, prefix: str = "") -> str:
 
 def print_events(entries: list[Any]) -> None:
     if not entries:
-        console.print("no entries match")
+        common.console.print("no entries match")
         return
-    if console.width >= EVENTS_TABLE_MIN_WIDTH:
+    if common.console.width >= EVENTS_TABLE_MIN_WIDTH:
         from rich.table import Table
         table = Table("at (UTC)", "kind", "tenant", "thread", "actor / by", "detail",
                       title=f"{len(entries)} entries")
@@ -55,23 +56,23 @@ def print_events(entries: list[Any]) -> None:
             table.add_row(when_text(e.as_dict()["at"]), shown(e.kind), shown(e.tenant or "—"),
                           shown(e.thread_id or "—"), shown(e.actor or "—"),
                           shown(detail_text(e.detail)))
-        console.print(table)
+        common.console.print(table)
         return
     from rich.padding import Padding
     from rich.text import Text
-    console.print(f"{len(entries)} entries (one block each; --format json has every field)")
+    common.console.print(f"{len(entries)} entries (one block each; --format json has every field)")
     for e in entries:
         head = Text(f"{when_text(e.as_dict()['at'])}  ")
         head.append(escape_controls(e.kind), style="bold")
-        console.print(head, overflow="fold")
+        common.console.print(head, overflow="fold")
         where = [f"tenant={e.tenant}" if e.tenant else "", f"thread={e.thread_id}"
                  if e.thread_id else "", f"by={e.actor}" if e.actor else ""]
         where = [escape_controls(w) for w in where]
-        console.print(Padding(Text("  ".join(w for w in where if w), overflow="fold"),
-                              (0, 0, 0, 2), expand=False))
+        common.console.print(Padding(Text("  ".join(w for w in where if w), overflow="fold"),
+                                     (0, 0, 0, 2), expand=False))
         text = escape_controls(detail_text(e.detail))
         if text:
-            console.print(Padding(Text(text, overflow="fold"), (0, 0, 0, 2), expand=False))
+            common.console.print(Padding(Text(text, overflow="fold"), (0, 0, 0, 2), expand=False))
 
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import ENV_VAR, ConfigurationError, SecureSaverError
+from . import common
 from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as before
     EXIT_CANNOT_RUN,
     EXIT_FOUND,
@@ -22,11 +23,9 @@ from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as 
     UrlOption,
     app,
     check_url,
-    console,
     database_errors,
     db_error,
     echo_json,
-    err_console,
     fail,
     load_keyring,
     main,
@@ -61,9 +60,9 @@ def keygen(
     from ..keys.keyring import Keyring
     ring = Keyring.generate()
     if out is None:
-        console.print(f"export {ENV_VAR}={ring.env_value().reveal()}", soft_wrap=True,
-                      highlight=False)
-        err_console.print("Keep this value in your secret store; losing it loses the data.")
+        common.console.print(f"export {ENV_VAR}={ring.env_value().reveal()}", soft_wrap=True,
+                             highlight=False)
+        common.err_console.print("Keep this value in your secret store; losing it loses the data.")
         return
     if (out.exists() or out.is_symlink()) and not force:
         raise fail(f"{out} exists; pass --force to overwrite (the old keys would be lost)")
@@ -71,8 +70,8 @@ def keygen(
         ring.save(out, overwrite=force)
     except ConfigurationError as exc:   # a symlink, or a file of other keys serving databases
         raise fail(str(exc)) from None
-    console.print(f"wrote keyring [bold]{shown(out)}[/] (mode 0600, master version "
-                  f"{ring.current_version})")
+    common.console.print(f"wrote keyring [bold]{shown(out)}[/] (mode 0600, master version "
+                         f"{ring.current_version})")
 
 
 def _keygen_in_provider(url: str) -> None:
@@ -85,9 +84,9 @@ def _keygen_in_provider(url: str) -> None:
         made = Pkcs11KeyProvider.create_from_url(url)
     except SecureSaverError as exc:
         raise fail(str(exc)) from None
-    console.print(f"generated AES-256 key [bold]{shown(made.current_version)}[/] in token "
-                  f"[bold]{shown(made.token_label)}[/] (non-extractable; it never leaves the "
-                  "token)")
+    common.console.print(f"generated AES-256 key [bold]{shown(made.current_version)}[/] in "
+                         f"token [bold]{shown(made.token_label)}[/] (non-extractable; it never "
+                         "leaves the token)")
 
 
 @app.command()
@@ -104,7 +103,7 @@ def demo(
         raise fail(f"--db {db} is not a file")
     try:
         ok = run_demo(db, keyring_path=Path(keyring) if keyring else None, keep=keep,
-                      console=console,
+                      console=common.console,
                       quiet_logs=not logging.getLogger().isEnabledFor(logging.INFO))
     except (SecureSaverError, ConfigurationError) as exc:
         raise fail(str(exc)) from None
@@ -167,12 +166,12 @@ def prune(
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
-        err_console.print(f"received signal {signum}: finishing the current thread")
+        common.err_console.print(f"received signal {signum}: finishing the current thread")
         stop.set()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    out = err_console if as_json else console
+    out = common.err_console if as_json else common.console
     failed = False
     try:
         with open_saver(url, ring) as saver:
@@ -228,7 +227,7 @@ def _print_report(report: Any) -> None:
         table.add_row(f"[red]error[/] {shown(tenant)}/{shown(thread)}", shown(error))
     if not table.rows:
         table.add_row("nothing expired", "0")
-    console.print(table)
+    common.console.print(table)
 
 
 @app.command("shred-tenant")
@@ -260,9 +259,9 @@ def shred_tenant(
                 "including backups", default=False):
             raise fail("aborted", EXIT_FOUND)
         threads = saver.shred_tenant(tenant, requested_by=requested_by)
-    console.print(f"tenant [bold]{shown(tenant)}[/] shredded: {threads} threads deleted, "
-                  f"keyring {shown(keyring)} rewritten. Replace every copy of the old keyring "
-                  "file.")
+    common.console.print(f"tenant [bold]{shown(tenant)}[/] shredded: {threads} threads "
+                         f"deleted, keyring {shown(keyring)} rewritten. Replace every copy of the "
+                         "old keyring file.")
 
 
 @app.command()
@@ -341,7 +340,7 @@ def recover(
         table = Table("outcome", "threads")
         for key, value in summary.items():
             table.add_row(key, str(value))
-        console.print(table)
+        common.console.print(table)
     raise typer.Exit(EXIT_FOUND if report.failed or report.dead_lettered else EXIT_OK)
 
 
@@ -360,23 +359,31 @@ def _dead_letters(url: str, keyring: str | None, tenant: str | None, rearm: str 
     rows = [{"tenant": d.tenant, "thread_id": d.thread_id, "attempts": d.attempts,
              "at": d.at, "worker": d.worker, "error_type": d.error_type} for d in letters]
     if as_json:
-        console.print_json(json.dumps({"dead_letters": rows, "rearmed": rearmed}))
+        common.console.print_json(json.dumps({"dead_letters": rows, "rearmed": rearmed}))
     else:
         from rich.table import Table
         table = Table("tenant", "thread", "attempts", "worker", "error")
         for row in rows:
             table.add_row(str(row["tenant"]), str(row["thread_id"]), str(row["attempts"]),
                           str(row["worker"] or ""), str(row["error_type"] or ""))
-        console.print(table)
+        common.console.print(table)
         if rearm is not None:
-            console.print(f"thread {rearm!r} " + ("re-armed" if rearmed else
-                                                  "is not dead-lettered: nothing re-armed"))
+            common.console.print(f"thread {rearm!r} " + ("re-armed" if rearmed else
+                                                         "is not dead-lettered: nothing re-armed"))
     if rearm is not None and not rearmed:
         raise typer.Exit(EXIT_FOUND)
 
 
 def run() -> Any:  # pragma: no cover - console entry point
     return app()
+
+
+def __getattr__(name: str) -> Any:
+    """``console`` and ``err_console`` as before (:func:`.common.get_console`: made on first
+    use, so a JSON report imports no rich)."""
+    if name in ("console", "err_console"):
+        return getattr(common, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # operations commands live in their own module and register themselves on `app`

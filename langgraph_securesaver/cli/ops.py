@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -25,7 +26,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import SecureSaverError
+from ..errors import ENV_VAR, SecureSaverError
+from . import common
 from .audit_tables import print_audit
 from .common import (
     EXIT_CANNOT_RUN,
@@ -35,9 +37,7 @@ from .common import (
     KeyringOption,
     UrlOption,
     app,
-    console,
     echo_json,
-    err_console,
     fail,
     load_keyring,
     opened,
@@ -70,9 +70,12 @@ FormatOption = Annotated[OutputFormat, typer.Option(
 # shared plumbing
 # --------------------------------------------------------------------------------------------
 def _keyring_or_none(path: str | None) -> Any:
-    """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None."""
+    """The keyring from --keyring, else $SECURESAVER_MASTER_KEY, else None. Without either,
+    nothing of the keyring (nor cryptography) is imported: ``audit`` and ``events`` need none."""
     if path is not None:
         return load_keyring(path)
+    if not os.environ.get(ENV_VAR, "").strip():
+        return None
     from ..keys.keyring import Keyring
     try:
         return Keyring.from_env()
@@ -174,9 +177,10 @@ def audit(
             raise fail(str(exc)) from None
     print_audit(report)
     if epoch is not None and epoch["erasures_pending"]:
-        console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) still "
-                      "open from remnants and backups until `securesaver rotate-keys "
-                      f"--retire-old` (master versions held: {', '.join(epoch['held_masters'])})")
+        held = ", ".join(epoch["held_masters"])
+        common.console.print(f"erasure epoch pending: {epoch['erasures_pending']} erasure(s) "
+                             "still open from remnants and backups until `securesaver "
+                             f"rotate-keys --retire-old` (master versions held: {held})")
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
@@ -187,7 +191,6 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
     import sys
 
     from ..audit.inventory import audit_stream, iter_audit
-    from ..audit.report_html import write_html
     context = _report_context(url, ring, tenant, period) if output is AuditFormat.html else None
     with opened_for_audit(url, ring) as saver:
         try:
@@ -196,6 +199,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
             with (out.open("w", encoding="utf-8") if out is not None
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
+                    from ..audit.report_html import write_html
                     stream, finish = iter_audit(saver, tenant=tenant, source=source)
                     summary = write_html(stream, finish, target, context=context)
                 else:
@@ -203,7 +207,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
     if out is not None:
-        err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        common.err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
     verified = context is None or all(
         part is None or part.get("ok") for part in (context.scan, context.registry))
     raise typer.Exit(EXIT_OK if summary.ok and verified else EXIT_FOUND)
@@ -307,30 +311,31 @@ def _print_scan(report: Any, meanings: dict[str, str]) -> None:
                                            f"{report.duration:.1f}s)")
     for name, n in report.rows.items():
         summary.add_row(shown(name), str(n))
-    console.print(summary)
+    common.console.print(summary)
     checked = (f"{report.tokens} ciphertexts checked"
                + (f", {report.verified} authenticated" if report.verified else ""))
-    console.print(checked)
+    common.console.print(checked)
     keys = "; ".join(f"{shown(t)} (" + ", ".join(
         f"v{k}: {n} ciphertexts" for k, n in sorted(v.items())) + ")"
         for t, v in sorted(report.key_versions.items()))
-    console.print(f"data-key versions in use: {keys or 'none'}")
+    common.console.print(f"data-key versions in use: {keys or 'none'}")
     masters = ", ".join(f"v{shown(k)}: {n} key rows"
                         for k, n in sorted(report.master_versions.items()))
-    console.print(f"master versions wrapping key rows: {masters or 'none'}"
-                  + ("" if report.keyring_checked else " (not checked: no keyring)"))
+    common.console.print(f"master versions wrapping key rows: {masters or 'none'}"
+                         + ("" if report.keyring_checked else " (not checked: no keyring)"))
     if report.ok:
-        console.print("[bold green]clean[/]: no violations")
+        common.console.print("[bold green]clean[/]: no violations")
         return
     table = Table("kind", "table", "where", "detail", title="Violations")
     table.columns[2].overflow = "fold"       # row keys are never cut short
     for v in report.violations[:MAX_ROWS_SHOWN]:
         table.add_row(shown(v.kind), shown(v.table), shown(v.location), shown(v.detail))
-    console.print(table)
+    common.console.print(table)
     if len(report.violations) > MAX_ROWS_SHOWN:
-        console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more (--format json)")
+        common.console.print(f"… and {len(report.violations) - MAX_ROWS_SHOWN} more "
+                             "(--format json)")
     for kind, n in sorted(report.by_kind().items()):
-        console.print(f"[bold red]{n}[/] x {kind}: {shown(meanings.get(kind, ''))}")
+        common.console.print(f"[bold red]{n}[/] x {kind}: {shown(meanings.get(kind, ''))}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,7 +374,7 @@ def rotate_keys(
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
-        err_console.print(f"received signal {signum}: stopping after the current batch")
+        common.err_console.print(f"received signal {signum}: stopping after the current batch")
         stop.set()
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -396,34 +401,34 @@ def rotate_keys(
 def _print_rotation(report: Any, keyring: str) -> None:
     from rich.table import Table
     verb = "resumed" if report.resumed else "added"
-    console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
-                  f"{shown(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
+    common.console.print(f"master version [bold]{shown(report.master_version)}[/] {verb} (keyring "
+                         f"{shown(str(keyring))} rewritten); {report.rewrapped} key rows rewrapped")
     re = report.reencrypt
     if re is not None:
         if report.rotated_tenants:
-            console.print(f"data keys rotated for {len(report.rotated_tenants)} tenant(s)")
+            common.console.print(f"data keys rotated for {len(report.rotated_tenants)} tenant(s)")
         table = Table("table", "rows re-encrypted", title=f"Re-encryption ({re.passes} "
                                                           f"passes, {re.duration:.1f}s)")
         for name, n in sorted(re.rewritten.items()):
             table.add_row(name, str(n))
-        console.print(table)
-        console.print(f"{re.tokens} ciphertexts re-sealed, {re.already_current} rows already "
-                      f"under the newest data key, {re.conflicts} concurrent writes left to "
-                      "their writer and revisited")
+        common.console.print(table)
+        common.console.print(f"{re.tokens} ciphertexts re-sealed, {re.already_current} rows "
+                             f"already under the newest data key, {re.conflicts} concurrent "
+                             "writes left to their writer and revisited")
         for name, n in sorted(re.not_covered.items()):
-            console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {shown(name)} (no "
-                          "known place; they stay readable under their data-key version)")
+            common.console.print(f"[yellow]not re-encrypted[/]: {n} value(s) in {shown(name)} (no "
+                                 "known place; they stay readable under their data-key version)")
         for error in re.errors[:20]:
-            console.print(f"[red]error[/]: {shown(error)}")
+            common.console.print(f"[red]error[/]: {shown(error)}")
     in_use = ", ".join(f"v{shown(k)}: {n} key rows" for k, n in sorted(
         report.master_versions_in_use.items()))
-    console.print(f"master versions in use: {in_use or 'none'}")
+    common.console.print(f"master versions in use: {in_use or 'none'}")
     if report.retired:
-        console.print(f"retired master version(s): {shown(', '.join(report.retired))}")
+        common.console.print(f"retired master version(s): {shown(', '.join(report.retired))}")
     for problem in report.problems:
-        console.print(f"[bold red]problem:[/] {shown(problem)}")
+        common.console.print(f"[bold red]problem:[/] {shown(problem)}")
     if report.ok:
-        console.print("[bold green]done[/]")
+        common.console.print("[bold green]done[/]")
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,10 +534,10 @@ def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
         for name, row, problem in report.problems[:MAX_ROWS_SHOWN]:
             table.add_row(shown(name), shown(row), shown(problem))
         if report.problems:
-            console.print(table)
+            common.console.print(table)
         else:
-            console.print("[bold green]registry verifies[/]: "
-                          + ", ".join(f"{n} {t}" for t, n in sorted(report.checked.items())))
+            common.console.print("[bold green]registry verifies[/]: "
+                                 + ", ".join(f"{n} {t}" for t, n in sorted(report.checked.items())))
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ..errors import SecureSaverError
+from . import common
 from .common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -19,7 +20,6 @@ from .common import (
     UrlOption,
     app,
     check_url,
-    console,
     echo_json,
     fail,
     load_keyring,
@@ -108,7 +108,8 @@ def forget_subject(
         counts = report.detail[tenant]
         table.add_row(shown(tenant), str(counts["threads"]), str(counts["checkpoints"]),
                       str(report.pii_values[tenant]), str(counts["store_items"]))
-    console.print(table)
-    console.print("one receipt written (`securesaver events --kind receipt:forgotten`); "
-                  "copies in backups become unreadable at the next `rotate-keys --retire-old`")
+    common.console.print(table)
+    common.console.print("one receipt written (`securesaver events --kind receipt:forgotten`); "
+                         "copies in backups become unreadable at the next `rotate-keys "
+                         "--retire-old`")
     raise typer.Exit(EXIT_OK)

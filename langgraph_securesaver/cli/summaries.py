@@ -10,11 +10,11 @@ from typing import Annotated
 import typer
 
 from ..errors import SecureSaverError
+from . import common
 from .common import (
     EXIT_OK,
     UrlOption,
     app,
-    err_console,
     fail,
     opened_for_audit,
     progress_bar,
@@ -44,5 +44,5 @@ def refresh_summaries(
                 n = summaries.refresh(source, tenant=tenant, progress=advance)
         except SecureSaverError as exc:
             raise fail(str(exc)) from None
-    err_console.print(f"{n} thread summaries refreshed")
+    common.err_console.print(f"{n} thread summaries refreshed")
     raise typer.Exit(EXIT_OK)

@@ -113,7 +113,7 @@ def _register_sealed_columns() -> None:
     """Tell scan and re-encryption where this package keeps ciphertexts, and their AAD."""
     from typing import Any
 
-    from ..keys.crypto import associated_data
+    from ..keys.tokens import associated_data
     from ..storage.sealed_columns import SealedColumn, register_sealed_column
 
     def col(table: str, column: str, aad: Any) -> None:

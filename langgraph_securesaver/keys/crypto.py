@@ -1,23 +1,18 @@
-"""Field-level encryption: the token format, associated data, and per-tenant data keys.
+"""Field-level encryption: sealing and opening tokens under per-tenant data keys
+(``TenantKeys``), and unwrapping and caching those keys (``KeyManager``).
 
-Token format (bytes)::
-
-    b"SS" | format version (1 byte, 0x01) | data-key version (4 bytes, big endian)
-          | nonce (12 bytes) | AES-256-GCM ciphertext with 16-byte tag
-
-The tenant is not written in the token: it is part of the associated data, together with the
-thread, the checkpoint namespace and the record the value belongs to. A token moved to any other
-place fails authentication. Text columns (JSON metadata) carry ``"ss1." + urlsafe base64``.
+The token format, associated data and key rows are :mod:`.tokens` (no ``cryptography``
+import); every name of it is importable from here as before. The tenant is not written in the
+token: it is part of the associated data, together with the thread, the checkpoint namespace
+and the record the value belongs to. A token moved to any other place fails authentication.
 """
 
 from __future__ import annotations
 
-import binascii
 import hmac
 import logging
 import os
 import secrets
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,83 +25,38 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..errors import TamperedDataError
 from .keyring import KeyProvider, WrappedKey
 from .material import SecretBytes
+from .tokens import (  # noqa: F401 - the token format is importable from here as before
+    BOUND,
+    DATA,
+    ENTRY,
+    ENTRY_SCOPED,
+    INDEX,
+    KEK,
+    LEGACY,
+    MAGIC,
+    MIN_TOKEN_BYTES,
+    NONCE_BYTES,
+    TAG_BYTES,
+    TEXT_PREFIX,
+    THREAD,
+    THREAD_KEY_VERSION,
+    THREAD_SCOPED,
+    TOKEN_HEADER,
+    KeyRow,
+    KeyStore,
+    aad_parts,
+    aad_scope,
+    associated_data,
+    from_text,
+    is_token,
+    row_context,
+    thread_key_context,
+    to_text,
+    token_key_version,
+    wrap_context,
+)
 
 logger = logging.getLogger(__name__)
-
-MAGIC = b"SS\x01"
-TEXT_PREFIX = "ss1."
-_HEADER = struct.Struct(">3sI")
-_NONCE = 12
-_TAG = 16
-MIN_TOKEN_BYTES = _HEADER.size + _NONCE + _TAG
-
-DATA = "data"
-INDEX = "index"
-#: a tenant's key-encryption key for thread and vault-entry keys, one per master version; it
-#: is never rewrapped: an erasure epoch replaces it (see :mod:`..registry.thread_keys`)
-KEK = "kek"
-
-#: the key-version field of a token sealed under its thread's own data key (tenant data-key
-#: versions start at 1); see :mod:`..registry.thread_keys`
-THREAD_KEY_VERSION = 0
-#: associated-data kinds ``(kind, tenant, thread, ...)`` of what belongs to one thread:
-#: checkpoint values, pending writes, sealed metadata, idempotency and recovery records.
-#: With a scoped-key source, these are sealed under the thread's key.
-THREAD_SCOPED = frozenset({b"cv", b"w", b"md", b"idem", b"idem-error", b"recover-conf",
-                           b"recover-error"})
-#: ``("pii", tenant, token)``: a PII-vault value, sealed under its entry's own key
-ENTRY_SCOPED = frozenset({b"pii"})
-THREAD, ENTRY = "thread", "entry"
-_SCOPED_KINDS = THREAD_SCOPED | ENTRY_SCOPED
-_AAD_PREFIX = b"securesaver/aad/v1"
-_LEN = struct.Struct(">I")
-
-
-_AAD_HEAD = b"securesaver/aad/v1"
-_LENGTH = struct.Struct(">I").pack
-
-
-def associated_data(*parts: str) -> bytes:
-    """Length-prefixed encoding, so ("a:b", "c") and ("a", "b:c") never collide."""
-    return _AAD_HEAD + aad_parts(parts)
-
-
-def aad_parts(parts: Iterable[str]) -> bytes:
-    """The length-prefixed encoding of ``parts`` without the header (what follows a cached
-    prefix of :func:`associated_data`: ``associated_data(*a, *b) ==
-    associated_data(*a) + aad_parts(b)``)."""
-    out = bytearray()
-    for part in parts:
-        raw = part.encode("utf-8", "surrogatepass")
-        out += _LENGTH(len(raw))
-        out += raw
-    return bytes(out)
-
-
-def aad_scope(aad: bytes) -> tuple[str, str, str] | None:
-    """(THREAD or ENTRY, tenant, thread or token) of associated data that belongs to one
-    thread or one vault entry, else None."""
-    if not aad.startswith(_AAD_PREFIX):
-        return None
-    pos = len(_AAD_PREFIX)
-    if pos + 4 > len(aad):
-        return None
-    (n,) = _LEN.unpack_from(aad, pos)
-    if aad[pos + 4:pos + 4 + n] not in _SCOPED_KINDS:  # the usual case, decided on the kind
-        return None
-    parts: list[bytes] = []
-    while len(parts) < 3 and pos + 4 <= len(aad):
-        (n,) = _LEN.unpack_from(aad, pos)
-        parts.append(aad[pos + 4:pos + 4 + n])
-        pos += 4 + n
-    if len(parts) < 3:
-        return None
-    group = THREAD if parts[0] in THREAD_SCOPED else ENTRY if parts[0] in ENTRY_SCOPED else None
-    if group is None:
-        return None
-    return (group, parts[1].decode("utf-8", "surrogatepass"),
-            parts[2].decode("utf-8", "surrogatepass"))
-
 
 class ScopedKeySource(Protocol):
     """Where per-thread and per-vault-entry data keys come from
@@ -119,38 +69,6 @@ class ScopedKeySource(Protocol):
     def key(self, tenant: str, scope: str, name: str, create: bool) -> AESGCM | None: ...
 
 
-def is_token(value: object) -> bool:
-    return isinstance(value, bytes) and len(value) >= MIN_TOKEN_BYTES and value[:3] == MAGIC
-
-
-def token_key_version(token: bytes) -> int:
-    """The data-key version a token names (for audits); raises TamperedDataError if malformed."""
-    if not is_token(token):
-        raise TamperedDataError("not a SecureSaver ciphertext (plain value where one was expected)")
-    return int(_HEADER.unpack_from(token)[1])
-
-
-# base64.urlsafe_b64encode/-decode, without their per-call argument handling
-_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
-_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
-
-
-def to_text(token: bytes) -> str:
-    return TEXT_PREFIX + binascii.b2a_base64(token, newline=False).translate(
-        _TO_URLSAFE).decode("ascii")
-
-
-def from_text(text: object) -> bytes:
-    if not isinstance(text, str) or not text.startswith(TEXT_PREFIX):
-        raise TamperedDataError(
-            "expected a SecureSaver ciphertext in a text column, found a plain value")
-    try:
-        return binascii.a2b_base64(text[len(TEXT_PREFIX):].encode("ascii").translate(
-            _FROM_URLSAFE))
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        raise TamperedDataError("a text ciphertext is not valid base64") from None
-
-
 class _NoncePool:
     """Random 96-bit GCM nonces from the OS CSPRNG, drawn 4 KiB at a time.
 
@@ -161,7 +79,7 @@ class _NoncePool:
     byte is handed out once (under a lock); the buffer is discarded in a forked child, so
     parent and child never share a nonce."""
 
-    _CHUNK = 341 * _NONCE  # 4092 bytes
+    _CHUNK = 341 * NONCE_BYTES  # 4092 bytes
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -173,10 +91,10 @@ class _NoncePool:
         with self._lock:
             if self._pid != os.getpid():  # forked without the at-fork hook having run
                 self._buf, self._pos, self._pid = b"", 0, os.getpid()
-            if self._pos + _NONCE > len(self._buf):
+            if self._pos + NONCE_BYTES > len(self._buf):
                 self._buf, self._pos = os.urandom(self._CHUNK), 0
-            nonce = self._buf[self._pos:self._pos + _NONCE]
-            self._pos += _NONCE
+            nonce = self._buf[self._pos:self._pos + NONCE_BYTES]
+            self._pos += NONCE_BYTES
             return nonce
 
     def discard(self) -> None:
@@ -196,7 +114,7 @@ def _nonce() -> bytes:
 def _seal_under(aes: AESGCM, plaintext: bytes, aad: bytes) -> bytes:
     """A ciphertext under a thread or vault-entry key (the header names no data-key version)."""
     nonce = _nonce()
-    return _HEADER.pack(MAGIC, THREAD_KEY_VERSION) + nonce + aes.encrypt(nonce, plaintext, aad)
+    return TOKEN_HEADER.pack(MAGIC, THREAD_KEY_VERSION) + nonce + aes.encrypt(nonce, plaintext, aad)
 
 
 @dataclass
@@ -245,7 +163,7 @@ class TenantKeys:
                         f"the {scoped[0]}'s data key was deleted while it was being written")
                 return _seal_under(aes, plaintext, aad)
         nonce = _nonce()
-        header = _HEADER.pack(MAGIC, self.current_version) + nonce
+        header = TOKEN_HEADER.pack(MAGIC, self.current_version) + nonce
         return header + self.data[self.current_version].encrypt(nonce, plaintext, aad)
 
     def _thread_key(self, aad: bytes) -> AESGCM:
@@ -266,7 +184,7 @@ class TenantKeys:
                 "a plain value was found where a SecureSaver ciphertext was expected; refusing "
                 "to load it (it was written without encryption, or injected)"
             )
-        version = int(_HEADER.unpack_from(token)[1])
+        version = int(TOKEN_HEADER.unpack_from(token)[1])
         aes = self._thread_key(aad) if version == THREAD_KEY_VERSION else self.data.get(version)
         if aes is None and self.reload is not None:
             with self._reload_lock:        # one reload for every thread that meets it
@@ -283,10 +201,10 @@ class TenantKeys:
                 f"ciphertext names data key v{version} of tenant {self.tenant!r}, which is unknown "
                 "(shredded tenant, wrong database, or forged token)"
             )
-        start = _HEADER.size
-        nonce = token[start:start + _NONCE]
+        start = TOKEN_HEADER.size
+        nonce = token[start:start + NONCE_BYTES]
         try:
-            return aes.decrypt(nonce, token[start + _NONCE:], aad)
+            return aes.decrypt(nonce, token[start + NONCE_BYTES:], aad)
         except InvalidTag:
             raise TamperedDataError(
                 "ciphertext failed authentication: it was altered, or moved from another tenant, "
@@ -305,61 +223,10 @@ class TenantKeys:
         return hit
 
 
-#: ``KeyRow.context``: how the row's wrap context was built. LEGACY rows (written before keys
-#: were bound to their database) name only tenant, purpose and version; BOUND rows also the
-#: database id (``securesaver_meta``), so a row copied from another database never unwraps.
-LEGACY = 1
-BOUND = 2
-
-
-@dataclass(frozen=True)
-class KeyRow:
-    """One wrapped key as stored in the registry."""
-
-    tenant: str
-    purpose: str
-    version: int
-    master_version: str
-    wrapped: bytes = field(repr=False)
-    created_at: float
-    context: int = BOUND
-
-
-class KeyStore(Protocol):
-    """Where wrapped tenant keys are persisted (the registry implements it).
-
-    ``database_id()`` names the database the rows belong to (bound into every wrap);
-    ``legacy_key_rows_allowed()`` is True only while no row is bound yet (a database not yet
-    migrated): once one is, an unbound row is a copy and is refused."""
-
-    def load_key_rows(self, tenant: str) -> list[KeyRow]: ...
-
-    def insert_key_rows(self, rows: Sequence[KeyRow]) -> None: ...
-
-    def database_id(self) -> str: ...
-
-    def legacy_key_rows_allowed(self) -> bool: ...
-
-
-def wrap_context(tenant: str, purpose: str, version: int, database: str | None = None
-                 ) -> bytes:
-    """The associated data of a wrapped key: bound to its database when ``database`` is
-    given (every row written now), the legacy form otherwise."""
-    if database is None:
-        return associated_data("key", tenant, purpose, str(version))
-    return associated_data("key@db", database, tenant, purpose, str(version))
-
-
-def thread_key_context(database: str, tenant: str, name: str, scope: str = THREAD) -> bytes:
-    """The wrap context of a thread's (or vault entry's) data key: bound to its database,
-    tenant and thread (or token)."""
-    return associated_data(f"{scope}-key", database, tenant, name)
-
-
 def kek_wrap(kek: AESGCM, key: bytes, context: bytes) -> bytes:
     """A thread or vault-entry key sealed under its tenant's KEK (nonce + AES-GCM), locally:
     no key-provider call on the per-turn path."""
-    nonce = os.urandom(_NONCE)
+    nonce = os.urandom(NONCE_BYTES)
     return nonce + kek.encrypt(nonce, key, context)
 
 
@@ -368,27 +235,12 @@ def kek_unwrap(kek: AESGCM, blob: bytes, context: bytes) -> AESGCM:
     was altered, moved to another thread/tenant/database, or sealed under another KEK. The
     raw key never becomes a local (reporters print the locals of raising frames)."""
     try:
-        return AESGCM(kek.decrypt(blob[:_NONCE], blob[_NONCE:], context))
+        return AESGCM(kek.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], context))
     except (InvalidTag, ValueError):
         raise TamperedDataError(
             "a thread or vault-entry key does not unwrap under its tenant's key-encryption "
             "key: altered, copied from another thread, tenant or database, or its KEK is gone"
         ) from None
-
-
-def row_context(store: KeyStore, tenant: str, purpose: str, version: int, context: int
-                ) -> bytes:
-    """The wrap context a stored row must unwrap under; a legacy row in a database whose
-    rows are bound is refused (it was copied from another database, or from a backup taken
-    before the migration)."""
-    if context == BOUND:
-        return wrap_context(tenant, purpose, version, store.database_id())
-    if context == LEGACY and store.legacy_key_rows_allowed():
-        return wrap_context(tenant, purpose, version)
-    raise TamperedDataError(
-        f"a key row of tenant {tenant!r} ({purpose} v{version}) is not bound to this "
-        "database: it was copied from another database (or from a backup taken before the "
-        "migration); refusing it")
 
 
 class KeyManager:

@@ -25,9 +25,7 @@ import re
 import secrets
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -44,6 +42,7 @@ from .keyring_file import (
     write_keyring_text,
 )
 from .material import Refusal, SecretBytes, SecretText, refusing_outside
+from .provider import KeyProvider, NoKeys, WrappedKey  # noqa: F401 - importable from here
 
 logger = logging.getLogger(__name__)
 
@@ -54,41 +53,6 @@ _KEK_INFO = b"securesaver/tenant-kek/v1\x00"
 #: a master version: short, printable, and never mistaken for a key (base64 keys are longer
 #: and padded with "=")
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
-
-
-@dataclass(frozen=True)
-class WrappedKey:
-    """A data key sealed by the provider: which master version sealed it, and the bytes."""
-
-    master_version: str
-    blob: bytes = field(repr=False)
-
-
-@runtime_checkable
-class KeyProvider(Protocol):
-    """What SecureSaver needs from wherever master keys live (file, env, KMS, Vault).
-
-    ``context`` is associated data the provider must bind into the wrap (tenant, key purpose and
-    version), so a wrapped key copied to another tenant fails to unwrap. ``unwrap`` raises
-    :class:`TamperedDataError` for every failure, including an unknown master version. The
-    raw key ``unwrap`` returns is held by SecureSaver as
-    :class:`~langgraph_securesaver.keys.material.SecretBytes` at once; an adapter should not
-    keep it in a local of a frame that can raise (see docs/keys.md).
-
-    Optional: ``reload() -> bool`` re-reads the provider's source; SecureSaver calls it (at
-    most every ``KeyManager.reload_interval`` seconds) when a key row names a master version
-    the provider does not hold, so processes follow a rotation done elsewhere. Optional too:
-    ``record_database(id, label)`` / ``other_databases(id)`` (see :class:`Keyring`).
-    """
-
-    @property
-    def current_version(self) -> str: ...
-
-    def versions(self) -> list[str]: ...
-
-    def wrap(self, tenant: str, key: bytes, context: bytes) -> WrappedKey: ...
-
-    def unwrap(self, tenant: str, wrapped: WrappedKey, context: bytes) -> bytes: ...
 
 
 def _b64(key: SecretBytes) -> str:
@@ -560,28 +524,6 @@ class Keyring:
         return f"Keyring(versions={versions}, current={getattr(self, '_current', '')!r})"
 
     __str__ = __repr__
-
-
-class NoKeys:
-    """A provider with no keys, for read-only jobs that never decrypt (audit, scan listings).
-
-    It cannot unwrap the registry MAC key either, so such a job cannot verify or write
-    registry rows: the retention pruner refuses to run with it.
-
-    Any attempt to wrap or unwrap fails closed with :class:`KeyringRequired`.
-    """
-
-    current_version = "none"
-
-    def versions(self) -> list[str]:
-        return []
-
-    def wrap(self, tenant: str, key: bytes, context: bytes) -> WrappedKey:
-        del key                           # not in the frame of the error
-        raise KeyringRequired("this job runs without keys and cannot create tenant keys")
-
-    def unwrap(self, tenant: str, wrapped: WrappedKey, context: bytes) -> bytes:
-        raise KeyringRequired("this job runs without keys and cannot decrypt")
 
 
 def _digest(text: SecretText) -> str:

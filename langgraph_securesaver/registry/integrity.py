@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import KeyringMismatch, KeyringRequired, TamperedDataError
-from ..keys.crypto import BOUND, KeyRow, KeyStore, row_context, wrap_context
-from ..keys.keyring import KeyProvider, NoKeys, WrappedKey
 from ..keys.material import SecretBytes
+from ..keys.provider import KeyProvider, NoKeys, WrappedKey
+from ..keys.tokens import BOUND, KeyRow, KeyStore, row_context, wrap_context
 
 #: tenant_keys.tenant of the registry MAC key; validate_tenant() refuses it (leading space)
 RESERVED_TENANT = " securesaver-registry"

@@ -34,13 +34,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..keys.crypto import ENTRY, TenantKeys, associated_data
+from ..keys.tokens import ENTRY, associated_data
 from .core import Registry, metadata
 from .schema import pii_keys
+
+if TYPE_CHECKING:
+    from ..keys.crypto import TenantKeys
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import TamperedDataError
-from ..keys.crypto import BOUND, LEGACY, KeyRow, wrap_context
-from ..keys.keyring import KeyProvider, WrappedKey
 from ..keys.material import SecretBytes
+from ..keys.provider import KeyProvider, WrappedKey
+from ..keys.tokens import BOUND, LEGACY, KeyRow, wrap_context
 from .base import RegistryBase
 from .schema import DATABASE_ID, engine_lock, meta_table, tenant_keys, thread_keys
 
@@ -148,7 +148,7 @@ class RegistryKeys(RegistryBase):
         """(rows checked, problems): every key row must unwrap under its context bound to this
         database (``events --verify``). A row copied from another database, altered, or wrapped
         by a master version the keyring lacks is named by digests, never by values."""
-        from ..keys.crypto import row_context
+        from ..keys.tokens import row_context
         from .integrity import row_tag
         with self.begin() as conn:
             rows = [self._key_row(r) for r in conn.execute(sa.select(tenant_keys)).mappings()]

@@ -10,6 +10,8 @@
   rotation), their SQL and pager; :mod:`.registry_tables` -- raw rows of every
   ``securesaver_*`` table, reflected (for scan and rotation).
 - :mod:`.store_format` -- a SecureStore item's stored form, for code that never opens it.
+- :mod:`.stored_json` -- JSON read from rows a database writer can craft, never raising on
+  one (no other import: the audit on PostgreSQL reads through it alone).
 
 May import: the foundation modules, :mod:`..keys` and :mod:`..registry`. The per-turn path,
 the operations and the CLI import this package, never the reverse.

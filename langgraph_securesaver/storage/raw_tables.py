@@ -60,6 +60,7 @@ from .sealed_columns import (  # noqa: F401 - importable from here as before
     SealedColumn,
     register_sealed_column,
 )
+from .stored_json import lenient_json_loads  # (used here; importable from here as before)
 from .strict_serde import StrictSerializer, inspect_msgpack
 
 if TYPE_CHECKING:  # (companions import this module to register sealed columns: keep it light)
@@ -155,20 +156,6 @@ class TenantIndex:
         if sep and tag in self.by_tag:
             return self.by_tag[tag], rest
         return None, inner_id
-
-
-def _int_or_float(text: str) -> int | float:
-    # Python refuses to read an integer of more than 4,300 digits (sys.int_info); a JSONB
-    # number can have 131,072 before its point
-    return int(text) if len(text) <= 4000 else float(text)
-
-
-def lenient_json_loads(data: str | bytes) -> Any:
-    """``json.loads`` for rows a database writer can craft: an integer too long for Python
-    (over 4,000 digits) reads as a float (``inf``) instead of raising ValueError from deep in
-    the driver. What SecureSaver reads stored JSON with where a row must never stop the
-    whole read (the audit, ``scan``, rotation's pages: PostgreSQL's jsonb columns)."""
-    return json.loads(data, parse_int=_int_or_float)
 
 
 def decode_sqlite_checkpoint(row: tuple[Any, ...], serde: StrictSerializer | None = None

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from ..keys.crypto import aad_parts, associated_data
+from ..keys.tokens import aad_parts, associated_data
 
 #: the inner store's value holds ``{SEALED_KEY: "ss1.<token>", "ssbi_<k>": "<d>", ...}``
 SEALED_KEY = "__securesaver"
