@@ -433,6 +433,7 @@ def test_prefilter_memo_holds_only_text_without_candidates(tmp_path: Path,
     """Short strings the redactor's pre-filter clears are remembered; a string that may hold
     PII never is, and a label seen clean before does not clear a different value."""
     from langgraph_securesaver.redaction import view
+    view._CLEAN.clear()   # bounded: once full (other tests of this process), nothing is added
     assert view.may_have_pii("kind-of-label") is False
     assert "kind-of-label" in view._CLEAN
     assert view.may_have_pii("kind-of-label") is False
