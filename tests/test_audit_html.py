@@ -229,3 +229,33 @@ def test_report_is_readable_at_phone_and_desktop_width(report_html: Path, tmp_pa
     margin = [pixels[y * w + x] for y in range(h) for x in range(w - 6, w)]
     painted = sum(1 for p in margin if p != (255, 255, 255))
     assert painted < len(margin) * 0.01, painted
+
+
+def test_the_report_reads_the_latest_of_a_long_trail_and_counts_the_rest(
+        tmp_path: Path) -> None:
+    """A period with more receipts and refused reads than the page shows: the report reads
+    their count and the latest ones only (a million-thread trail must not be held in memory),
+    the same entries, in the same order, as the full trail's tail."""
+    from langgraph_securesaver.audit.report_html import ReportContext, _trail
+    from langgraph_securesaver.audit.trail import events, latest
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'trail.db'}",
+                              keyring=Keyring.generate()) as saver:
+        graph = build_chat_graph(saver)
+        for i in range(12):
+            cfg = {"configurable": {"thread_id": f"t{i}", "tenant_id": "acme"}}
+            graph.invoke({"messages": [HumanMessage("hello")]}, cfg)
+            with tenant_scope("acme"):
+                saver.delete_thread(f"t{i}")
+        for i in range(9):
+            saver.registry.record_event("access_denied", tenant="acme", thread_id=f"x{i}",
+                                        actor="globex", operation="get_tuple")
+        everything = events(saver)
+        for receipts, wanted in ((True, [e for e in everything if e.source == "receipt"]),
+                                 (False, [e for e in everything if e.kind == "access_denied"])):
+            total, shown = latest(saver, receipts=receipts, n=5)
+            assert total == len(wanted) and shown == wanted[-5:], receipts
+            assert latest(saver, receipts=receipts, tenant="globex", n=5) == (0, [])
+        total, shown = latest(saver, receipts=True, n=5)
+        page = "".join(_trail("Deletion receipts", "receipts", shown, "none", total))
+        assert "Deletion receipts (12)" in page and "The latest 5 of 12" in page
+        assert ReportContext().receipts_total is None   # a context built by hand: len() counts

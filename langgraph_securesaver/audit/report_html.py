@@ -213,6 +213,10 @@ class ReportContext:
     not_verified: str = ""                   # why verification did not run
     receipts: list[Any] = field(default_factory=list)   # TrailEntry, oldest first
     denials: list[Any] = field(default_factory=list)
+    #: how many receipts / refused reads the period holds (None: ``len`` of the lists above,
+    #: which then hold all of them)
+    receipts_total: int | None = None
+    denials_total: int | None = None
 
 
 def _td(label: str, value: str, cls: str = "") -> str:
@@ -287,14 +291,16 @@ def _verification(ctx: ReportContext) -> Iterator[str]:
                 for p in r["problems"][:HTML_MAX_TRAIL]))
 
 
-def _trail(title: str, anchor: str, entries: list[Any], empty: str) -> Iterator[str]:
-    yield f'<h2 id="{anchor}">{_e(title)} ({len(entries):,})</h2>'
+def _trail(title: str, anchor: str, entries: list[Any], empty: str,
+           total: int | None = None) -> Iterator[str]:
+    total = len(entries) if total is None else total
+    yield f'<h2 id="{anchor}">{_e(title)} ({total:,})</h2>'
     if not entries:
         yield f'<p class="meta">{_e(empty)}</p>'
         return
     shown = entries[-HTML_MAX_TRAIL:]
-    if len(shown) < len(entries):
-        yield (f'<p class="meta">The latest {len(shown):,} of {len(entries):,}; '
+    if len(shown) < total:
+        yield (f'<p class="meta">The latest {len(shown):,} of {total:,}; '
                "<code>securesaver events --format json</code> lists every one.</p>")
     yield from _table(["at", "kind", "tenant", "thread", "by", "detail"], (
         [(_e(str(e.as_dict()["at"]).replace("T", " ").replace("+00:00", " UTC")), "d"),
@@ -452,9 +458,10 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
                        f"<td class=n>{_e(human_bytes(o['stored_bytes']))}</td></tr>")
         out.append("</table>")
     out += _trail("Deletion receipts in the period", "receipts", ctx.receipts,
-                  "No thread was deleted, pruned or shredded in the period.")
+                  "No thread was deleted, pruned or shredded in the period.", ctx.receipts_total)
     out += _trail("Refused access in the period", "denials", ctx.denials,
-                  "No request for another tenant's data was made in the period.")
+                  "No request for another tenant's data was made in the period.",
+                  ctx.denials_total)
     out.append(_legend())
     out.append("</body></html>")
     yield from out

@@ -74,3 +74,26 @@ def events(saver: SaverLike | AuditDatabase, *, tenant: str | None = None,
     if limit is not None:
         out = out[-limit:]
     return out
+
+
+def latest(saver: SaverLike | AuditDatabase, *, receipts: bool, tenant: str | None = None,
+           since: float | None = None, until: float | None = None, n: int
+           ) -> tuple[int, list[TrailEntry]]:
+    """(how many, the latest ``n`` oldest first) of the period's deletion receipts
+    (``receipts``) or refused reads (``access_denied`` events): what a report shows of a
+    trail that may hold millions of entries, without reading them all."""
+    tenant = _admin_tenant(saver, "events", tenant)
+    registry = saver.registry
+    if receipts:
+        total = registry.count_receipts(tenant=tenant, since=since, until=until)
+        rows = registry.list_receipts(tenant=tenant, since=since, until=until, newest=n)
+        return total, [TrailEntry(r.deleted_at, f"receipt:{r.action}", r.tenant, r.thread_id,
+                                  r.requested_by, {"reason": r.reason, **r.detail}, "receipt",
+                                  r.receipt_id) for r in rows]
+    total = registry.count_events(kind="access_denied", tenant=tenant, since=since, until=until)
+    found = registry.list_events(kind="access_denied", tenant=tenant, since=since, until=until,
+                                 newest=n)
+    entries = [TrailEntry(e.at, e.kind, e.tenant, e.thread_id, e.actor, e.detail, "event",
+                          str(e.id)) for e in found]
+    entries.sort(key=lambda e: (e.at, e.source, e.ref))
+    return total, entries

@@ -222,9 +222,9 @@ def _report_context(url: str, ring: Any, tenant: str | None,
 
     import sqlalchemy as sa
 
-    from ..audit.report_html import ReportContext
+    from ..audit.report_html import HTML_MAX_TRAIL, ReportContext
     from ..audit.scan import scan as run_scan
-    from ..audit.trail import events as list_entries
+    from ..audit.trail import latest
     from ..registry.schema import meta_table
     since, until = period
     try:
@@ -238,9 +238,11 @@ def _report_context(url: str, ring: Any, tenant: str | None,
         with registry.begin() as conn:
             context.database_id = conn.execute(sa.select(meta_table.c.value).where(
                 meta_table.c.key == "database_id")).scalar()
-        trail = list_entries(light, tenant=tenant, since=since, until=until)
-    context.receipts = [e for e in trail if e.kind.startswith("receipt:")]
-    context.denials = [e for e in trail if e.kind == "access_denied"]
+        # the latest of each trail only: a busy period holds far more than the page shows
+        context.receipts_total, context.receipts = latest(
+            light, receipts=True, tenant=tenant, since=since, until=until, n=HTML_MAX_TRAIL)
+        context.denials_total, context.denials = latest(
+            light, receipts=False, tenant=tenant, since=since, until=until, n=HTML_MAX_TRAIL)
     if ring is None:
         context.not_verified = ("The report was made without the keyring, so ciphertexts were "
                                 "not authenticated and registry MACs not checked.")

@@ -172,9 +172,9 @@ class RegistryChains(RegistryBase):
                 chain_heads.c.tbl == tbl, chain_heads.c.chain == chain).values(
                 seq=seq, mac=last, head_mac=head_mac))
 
-    def list_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
-                      since: float | None = None, until: float | None = None) -> list[Receipt]:
-        q = sa.select(receipts).order_by(receipts.c.id)
+    @staticmethod
+    def _receipts_where(q: Any, tenant: str | None, thread_id: str | None,
+                        since: float | None, until: float | None) -> Any:
         if tenant is not None:
             q = q.where(receipts.c.tenant == tenant)
         if thread_id is not None:
@@ -183,10 +183,28 @@ class RegistryChains(RegistryBase):
             q = q.where(receipts.c.deleted_at >= since)
         if until is not None:
             q = q.where(receipts.c.deleted_at < until)
+        return q
+
+    def list_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
+                      since: float | None = None, until: float | None = None,
+                      newest: int | None = None) -> list[Receipt]:
+        """Receipts in insertion order; ``newest``: only the latest that many by deletion
+        time (still oldest first), read as such (a report of a busy period stays small)."""
+        q = self._receipts_where(sa.select(receipts), tenant, thread_id, since, until)
+        q = q.order_by(receipts.c.id) if newest is None else q.order_by(
+            receipts.c.deleted_at.desc(), receipts.c.receipt_id.desc()).limit(newest)
         with self.begin() as conn:
-            return [Receipt(r["receipt_id"], r["tenant"], r["thread_id"], r["deleted_at"],
-                            r["action"], r["reason"], r["requested_by"],
-                            json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
+            out = [Receipt(r["receipt_id"], r["tenant"], r["thread_id"], r["deleted_at"],
+                           r["action"], r["reason"], r["requested_by"],
+                           json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
+        return out if newest is None else out[::-1]
+
+    def count_receipts(self, *, tenant: str | None = None, thread_id: str | None = None,
+                       since: float | None = None, until: float | None = None) -> int:
+        q = self._receipts_where(sa.select(sa.func.count()).select_from(receipts), tenant,
+                                 thread_id, since, until)
+        with self.begin() as conn:
+            return int(conn.execute(q).scalar() or 0)
 
     # events -----------------------------------------------------------------------------------
     def record_event(self, kind: str, *, tenant: str | None = None, thread_id: str | None = None,
@@ -197,10 +215,9 @@ class RegistryChains(RegistryBase):
                 "at": time.time(), "kind": kind, "tenant": tenant, "thread_id": thread_id,
                 "actor": actor, "detail": json.dumps(detail, default=str, sort_keys=True)}])
 
-    def list_events(self, *, kind: str | None = None, tenant: str | None = None,
-                    thread_id: str | None = None, since: float | None = None,
-                    until: float | None = None, limit: int | None = None) -> list[Event]:
-        q = sa.select(events).order_by(events.c.id)
+    @staticmethod
+    def _events_where(q: Any, kind: str | None, tenant: str | None, thread_id: str | None,
+                      since: float | None, until: float | None) -> Any:
         for col, val in ((events.c.kind, kind), (events.c.tenant, tenant),
                          (events.c.thread_id, thread_id)):
             if val is not None:
@@ -209,8 +226,28 @@ class RegistryChains(RegistryBase):
             q = q.where(events.c.at >= since)
         if until is not None:
             q = q.where(events.c.at < until)
+        return q
+
+    def list_events(self, *, kind: str | None = None, tenant: str | None = None,
+                    thread_id: str | None = None, since: float | None = None,
+                    until: float | None = None, limit: int | None = None,
+                    newest: int | None = None) -> list[Event]:
+        """Events in insertion order (``limit``: the first that many); ``newest``: only the
+        latest that many by time (still oldest first)."""
+        q = self._events_where(sa.select(events), kind, tenant, thread_id, since, until)
+        q = q.order_by(events.c.id) if newest is None else q.order_by(
+            events.c.at.desc(), events.c.id.desc()).limit(newest)
         if limit is not None:
             q = q.limit(limit)
         with self.begin() as conn:
-            return [Event(r["id"], r["at"], r["kind"], r["tenant"], r["thread_id"], r["actor"],
-                          json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
+            out = [Event(r["id"], r["at"], r["kind"], r["tenant"], r["thread_id"], r["actor"],
+                         json.loads(r["detail"] or "{}")) for r in conn.execute(q).mappings()]
+        return out if newest is None else out[::-1]
+
+    def count_events(self, *, kind: str | None = None, tenant: str | None = None,
+                     thread_id: str | None = None, since: float | None = None,
+                     until: float | None = None) -> int:
+        q = self._events_where(sa.select(sa.func.count()).select_from(events), kind, tenant,
+                               thread_id, since, until)
+        with self.begin() as conn:
+            return int(conn.execute(q).scalar() or 0)
