@@ -3,8 +3,10 @@ a crash-resume that gets the real email back, inventory and erasure."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +243,36 @@ def test_concurrent_stores_of_the_same_new_pii_write_it_once_and_each_returns_co
         assert results == {1: 3}
         with vault.registry.begin() as conn:
             assert conn.execute(sa.select(sa.func.count()).select_from(pii_vault)).scalar_one() == 3
+
+
+def test_an_erasure_in_another_process_stops_every_restore_at_once_and_writes_soon(
+        database, redactor) -> None:
+    """Two savers on one database (two processes' caches). After one erases a value, the
+    other never restores it again, not even on its very next read; its next writes of the
+    same value keep the erased token for at most WRITE_EPOCH_REUSE (that mention is erased
+    too: nothing in clear, nothing restored), then get a new entry that restores."""
+    from langgraph_securesaver.registry.pii_vault import WRITE_EPOCH_REUSE
+    url, raw = database
+    ring = Keyring.generate()
+    with SecureSaver.from_url(url, keyring=ring, redaction=redactor) as worker, \
+            SecureSaver.from_url(url, keyring=ring, redaction=redactor) as dpo:
+        graph = build_chat_graph(worker)
+        graph.invoke({"messages": [HumanMessage(f"mail {EMAIL}")]}, _cfg("t"))
+        assert EMAIL in str(graph.get_state(_cfg("t")).values["messages"])  # cached in worker
+        old = str(_stored_messages(worker, "t"))
+        assert dpo.forget_pii("acme", EMAIL, requested_by="dpo") == 1
+        # the very next read in the worker: no restore from its memory
+        assert EMAIL not in str(graph.get_state(_cfg("t")).values["messages"])
+        # a write right after: the erased token, never the value
+        worker.put_writes(graph.get_state(_cfg("t")).config,
+                          [("messages", [HumanMessage(f"again {EMAIL}")])], "task-1")
+        graph.invoke({"messages": [HumanMessage(f"and {EMAIL}")]}, _cfg("t2"))
+        for thread in ("t", "t2"):
+            assert EMAIL not in str(_stored_messages(worker, thread))
+        time.sleep(2 * WRITE_EPOCH_REUSE)
+        graph.invoke({"messages": [HumanMessage(f"later {EMAIL}")]}, _cfg("t3"))
+        later = graph.get_state(_cfg("t3")).values["messages"]
+        assert f"later {EMAIL}" in str(later)            # a new entry: restored
+        assert EMAIL not in str(graph.get_state(_cfg("t")).values["messages"])
+        assert all(token not in str(_stored_messages(worker, "t3"))
+                   for token in re.findall(r"<EMAIL_ADDRESS:[0-9a-f]{32}>", old))

@@ -23,7 +23,11 @@ every erasure (:meth:`PiiVault.forget_tokens`, :meth:`~PiiVault.delete_thread`,
 :meth:`PiiVault.lookup` reads the counter (one primary-key read, in the same transaction as
 the vault rows it needs); when it moved since this process cached values of that tenant, the
 tenant's cached originals are dropped and read again, so an erased value is never restored
-from another process's memory.
+from another process's memory. A write (:meth:`PiiVault.resolve`) maps values to tokens with an
+epoch this process read at most :data:`WRITE_EPOCH_REUSE` seconds before (a turn's puts and
+pending writes share one read): a value written again by another process within that time
+after its erasure keeps the erased token, so that mention is erased too; it is never written
+back under the erased token and never restored.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ pii_epoch = sa.Table(
 
 
 _EPOCH_SQL_SQLITE = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = ?"
+#: seconds a write may map values with the tenant's erasure epoch as this process last read
+#: it; reads (:meth:`PiiVault.lookup`) read it every time
+WRITE_EPOCH_REUSE = 0.05
 _EPOCH_SQL_PG = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
 
 
@@ -104,6 +111,7 @@ class PiiVault:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._epochs: dict[str, int] = {}  # tenant -> erasure epoch its cached values are from
+        self._epoch_read_at: dict[str, float] = {}  # tenant -> when that epoch was read (monotonic)
         # (tenant, thread, token) -> set once the store() writing it has finished
         self._writing: dict[tuple[str, str, str], threading.Event] = {}
         self._epoch_sql: str | None = None
@@ -135,6 +143,10 @@ class PiiVault:
             by_lookup.setdefault(e.token, e)
         if not by_lookup:
             return {}
+        asked = time.monotonic()
+        if verify and asked - self._epoch_read_at.get(tenant, -WRITE_EPOCH_REUSE) \
+                < WRITE_EPOCH_REUSE and tenant in self._epochs:
+            verify = False   # read a moment ago (this turn's read or another write)
         epoch = self._read_epoch(tenant) if verify or tenant not in self._epochs else \
             self._epochs[tenant]
         out: dict[str, Any] = {}
@@ -142,6 +154,8 @@ class PiiVault:
             if self._epochs.get(tenant) != epoch:
                 self._drop_tenant_cache_locked(tenant)
                 self._epochs[tenant] = epoch
+            if verify:
+                self._confirmed_locked(tenant, epoch, asked)
             for lookup, e in by_lookup.items():
                 public = self._public.get((tenant, lookup))
                 if public is not None:
@@ -361,9 +375,12 @@ class PiiVault:
                     found[token] = value
         if not verify and not missing and known_epoch is not None:
             return found
+        asked = time.monotonic()
         if not missing:  # the common case: every original cached, only the epoch to check
             epoch = self._read_epoch(tenant)
             if epoch == known_epoch:
+                with self._lock:
+                    self._confirmed_locked(tenant, epoch, asked)
                 return found
         with self.registry.begin() as conn:
             epoch = self._epoch(conn, tenant)
@@ -380,6 +397,7 @@ class PiiVault:
         found.update(fresh)
         with self._lock:  # a stale epoch here only costs a re-read: every lookup checks it
             self._epochs[tenant] = epoch
+            self._confirmed_locked(tenant, epoch, asked)
             for token, value in fresh.items():
                 self._values[(tenant, token)] = value
             self._trim()
@@ -397,6 +415,15 @@ class PiiVault:
         if not self.registry._is_setup:
             self.registry.setup()
         return int(self.registry.direct.scalar(sql, (tenant,)) or 0)
+
+    def _confirmed_locked(self, tenant: str, epoch: int, asked: float) -> None:
+        """``epoch``, read from the database at ``asked`` (monotonic, taken before the read),
+        is the one this process's cached mappings of ``tenant`` are from: writes may reuse it
+        for :data:`WRITE_EPOCH_REUSE` seconds. Called holding ``self._lock``."""
+        if self._epochs.get(tenant) == epoch:
+            if len(self._epoch_read_at) > self._cache_size:
+                self._epoch_read_at.clear()
+            self._epoch_read_at[tenant] = asked
 
     @staticmethod
     def _epoch(conn: Any, tenant: str) -> int:
@@ -419,6 +446,7 @@ class PiiVault:
         self._known = OrderedDict((k, None) for k in self._known if k[0] != tenant)
         self._public = OrderedDict((k, v) for k, v in self._public.items() if k[0] != tenant)
         self._epochs.pop(tenant, None)
+        self._epoch_read_at.pop(tenant, None)
 
     # inventory and erasure ------------------------------------------------------------------
     def inventory(self, tenant: str | None = None, thread_id: str | None = None
