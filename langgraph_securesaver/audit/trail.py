@@ -57,19 +57,13 @@ def events(saver: SaverLike | AuditDatabase, *, tenant: str | None = None,
     registry = saver.registry
     out: list[TrailEntry] = []
     if kind is None or not kind.startswith("receipt"):
-        for e in registry.list_events(kind=kind, tenant=tenant, thread_id=thread_id,
-                                      since=since, until=until):
-            out.append(TrailEntry(e.at, e.kind, e.tenant, e.thread_id, e.actor, e.detail,
-                                  "event", str(e.id)))
+        out.extend(map(_from_event, registry.list_events(
+            kind=kind, tenant=tenant, thread_id=thread_id, since=since, until=until)))
     if kind is None or kind.startswith("receipt"):
         for r in registry.list_receipts(tenant=tenant, thread_id=thread_id, since=since,
                                         until=until):
-            entry_kind = f"receipt:{r.action}"
-            if not _kind_matches(entry_kind, kind):
-                continue
-            detail = {"reason": r.reason, **r.detail}
-            out.append(TrailEntry(r.deleted_at, entry_kind, r.tenant, r.thread_id,
-                                  r.requested_by, detail, "receipt", r.receipt_id))
+            if _kind_matches(f"receipt:{r.action}", kind):
+                out.append(_from_receipt(r))
     out.sort(key=lambda e: (e.at, e.source, e.ref))
     if limit is not None:
         out = out[-limit:]
@@ -87,13 +81,18 @@ def latest(saver: SaverLike | AuditDatabase, *, receipts: bool, tenant: str | No
     if receipts:
         total = registry.count_receipts(tenant=tenant, since=since, until=until)
         rows = registry.list_receipts(tenant=tenant, since=since, until=until, newest=n)
-        return total, [TrailEntry(r.deleted_at, f"receipt:{r.action}", r.tenant, r.thread_id,
-                                  r.requested_by, {"reason": r.reason, **r.detail}, "receipt",
-                                  r.receipt_id) for r in rows]
+        return total, [_from_receipt(r) for r in rows]
     total = registry.count_events(kind="access_denied", tenant=tenant, since=since, until=until)
-    found = registry.list_events(kind="access_denied", tenant=tenant, since=since, until=until,
-                                 newest=n)
-    entries = [TrailEntry(e.at, e.kind, e.tenant, e.thread_id, e.actor, e.detail, "event",
-                          str(e.id)) for e in found]
+    entries = list(map(_from_event, registry.list_events(
+        kind="access_denied", tenant=tenant, since=since, until=until, newest=n)))
     entries.sort(key=lambda e: (e.at, e.source, e.ref))
     return total, entries
+
+
+def _from_event(e: Any) -> TrailEntry:
+    return TrailEntry(e.at, e.kind, e.tenant, e.thread_id, e.actor, e.detail, "event", str(e.id))
+
+
+def _from_receipt(r: Any) -> TrailEntry:
+    return TrailEntry(r.deleted_at, f"receipt:{r.action}", r.tenant, r.thread_id,
+                      r.requested_by, {"reason": r.reason, **r.detail}, "receipt", r.receipt_id)
