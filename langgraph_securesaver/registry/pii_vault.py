@@ -25,9 +25,10 @@ the vault rows it needs); when it moved since this process cached values of that
 tenant's cached originals are dropped and read again, so an erased value is never restored
 from another process's memory. A write (:meth:`PiiVault.resolve`) maps values to tokens with an
 epoch this process read at most :data:`WRITE_EPOCH_REUSE` seconds before (a turn's puts and
-pending writes share one read): a value written again by another process within that time
-after its erasure keeps the erased token, so that mention is erased too; it is never written
-back under the erased token and never restored.
+pending writes share one read): a value written again within that time after its erasure
+committed elsewhere (another process, or this process's pruner batch) keeps the erased token,
+so that mention is erased too; it is never written back under the erased token and never
+restored.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ pii_epoch = sa.Table(
 
 
 _EPOCH_SQL_SQLITE = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = ?"
+_EPOCH_SQL_PG = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
 #: seconds a write may map values with the tenant's erasure epoch as this process last read
 #: it; reads (:meth:`PiiVault.lookup`) read it every time
 WRITE_EPOCH_REUSE = 0.05
-_EPOCH_SQL_PG = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
 
 
 def _aad(tenant: str, token: str) -> bytes:
@@ -143,10 +144,9 @@ class PiiVault:
             by_lookup.setdefault(e.token, e)
         if not by_lookup:
             return {}
-        asked = time.monotonic()
-        if verify and asked - self._epoch_read_at.get(tenant, -WRITE_EPOCH_REUSE) \
-                < WRITE_EPOCH_REUSE and tenant in self._epochs:
-            verify = False   # read a moment ago (this turn's read or another write)
+        asked = time.monotonic()   # read a moment ago (this turn's read, another write): reuse
+        verify = verify and not (tenant in self._epochs and asked - self._epoch_read_at.get(
+            tenant, -1.0) < WRITE_EPOCH_REUSE)
         epoch = self._read_epoch(tenant) if verify or tenant not in self._epochs else \
             self._epochs[tenant]
         out: dict[str, Any] = {}
@@ -417,9 +417,8 @@ class PiiVault:
         return int(self.registry.direct.scalar(sql, (tenant,)) or 0)
 
     def _confirmed_locked(self, tenant: str, epoch: int, asked: float) -> None:
-        """``epoch``, read from the database at ``asked`` (monotonic, taken before the read),
-        is the one this process's cached mappings of ``tenant`` are from: writes may reuse it
-        for :data:`WRITE_EPOCH_REUSE` seconds. Called holding ``self._lock``."""
+        """``epoch``, read at ``asked`` (monotonic, before the read), is the one the cached
+        mappings are from: writes may reuse it for a while. Holding ``self._lock``."""
         if self._epochs.get(tenant) == epoch:
             if len(self._epoch_read_at) > self._cache_size:
                 self._epoch_read_at.clear()
@@ -551,6 +550,8 @@ class PiiVault:
                 del self._known[key]
             for token in tokens:
                 self._values.pop((tenant, token), None)
+            if erased:   # committed: this process's next write reads the moved epoch
+                self._epoch_read_at.pop(tenant, None)
         return int(erased or 0)
 
     def delete_tenant(self, tenant: str) -> int:
