@@ -340,6 +340,25 @@ def test_growing_history_only_analyzes_new_messages() -> None:
     assert max(per_turn[1:]) <= per_turn[1] + 5  # constant, not growing with the history
 
 
+def test_one_message_lists_do_not_evict_a_conversation() -> None:
+    """Every turn also redacts one-message lists (the input, a node's write); thousands of
+    them between two turns of a conversation do not push the conversation out of the
+    list-level reuse (the list cache holds conversations only), and the next turn analyzes
+    only its new message."""
+    r = Redactor()
+    history = [HumanMessage(f"turn {i}: mail user{i}@example.com", id=f"h{i}")
+               for i in range(40)]
+    r.redact_value(history, channel="messages", token_key=KEY)
+    for i in range(3000):
+        r.redact_value([HumanMessage(f"write {i}", id=f"w{i}")], channel="messages",
+                       token_key=KEY)
+    assert len(r._list_cache) == 1     # only the conversation: nothing of it was evicted
+    before = r.stats.chars_analyzed
+    new = HumanMessage("turn 40: mail user40@example.com", id="h40")
+    r.redact_value([*history, new], channel="messages", token_key=KEY)
+    assert r.stats.chars_analyzed - before <= len(new.content) + 5
+
+
 def test_in_place_edits_are_noticed() -> None:
     r = Redactor()
     msg = AIMessage("nothing here", id="a1",

@@ -349,7 +349,9 @@ class Redactor(BudgetedDetection, NumberRedaction, Restoration):
                     snap_extras.append(copied[1])
         finally:
             union = call.pop()
-        if cacheable:  # the results are shared with the per-message caches
+        # a one-message list (a turn's input, a node's write) has no prefix to reuse: caching
+        # it would only evict conversations (its message is in the per-message caches)
+        if cacheable and len(messages) > 1:  # results shared with the per-message caches
             self._list_cache.put(thread_key, (snaps, snap_extras, results, union, vaults),
                                  64 * len(messages))
         if all(map(operator.is_, results, messages)):

@@ -64,7 +64,8 @@ def tokens_per_message(cache: Cache, messages: list[Any]
     size = (state[3] if state is not None and prefix == len(state[0]) else 0) + sizes
     memo: list[Any] = (state[4][:prefix] if state is not None else []) + [None] * (
         len(messages) - prefix)
-    cache.put(key, (snaps, snap_extras, found_per, size, memo), size + 64)
+    if len(messages) > 1:   # a one-message list has no prefix to reuse
+        cache.put(key, (snaps, snap_extras, found_per, size, memo), size + 64)
     return found_per, memo
 
 

@@ -93,7 +93,8 @@ class TokenTranslator:
                 if used:
                     marked.append((i, {t: p for t, p in used.items() if p is not None},
                                    [t for t, p in used.items() if p is None]))
-            self._lists.put(key, (list(messages), out, marked), 64 * len(messages))
+            if len(messages) > 1:   # a one-message list has no prefix to reuse
+                self._lists.put(key, (list(messages), out, marked), 64 * len(messages))
             return messages if all(map(operator.is_, out, messages)) else out
 
         walker = Walker(on_str, max_depth=max_depth, on_message=on_message,
