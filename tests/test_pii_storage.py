@@ -248,9 +248,10 @@ def test_concurrent_stores_of_the_same_new_pii_write_it_once_and_each_returns_co
 def test_an_erasure_in_another_process_stops_every_restore_at_once_and_writes_soon(
         database, redactor) -> None:
     """Two savers on one database (two processes' caches). After one erases a value, the
-    other never restores it again, not even on its very next read; its next writes of the
-    same value keep the erased token for at most WRITE_EPOCH_REUSE (that mention is erased
-    too: nothing in clear, nothing restored), then get a new entry that restores."""
+    other never restores it again, not even on its very next read; its writes of the same
+    value right after store nothing in clear (within WRITE_EPOCH_REUSE they may keep the
+    erased token), and once that time has passed a new mention gets a new entry that
+    restores, never the erased token."""
     from langgraph_securesaver.registry.pii_vault import WRITE_EPOCH_REUSE
     url, raw = database
     ring = Keyring.generate()
