@@ -8,6 +8,14 @@ shared, overloaded machine the wall ratio drifts toward whatever the scheduler d
 
     python benchmarks/saver_overhead.py [--turns 300] [--rounds 3] [--backends sqlite,postgres]
                                         [--provider keyring|kms|pkcs11]
+                                        [--method interleaved|blocks]
+
+``--method interleaved`` (the default) keeps one saver and one conversation per variant open
+side by side and runs turn ``i`` of every variant before turn ``i + 1`` of any (the order
+rotating from turn to turn), so a slow spell of the machine lands on all variants alike; the
+ratios are medians over turns of each turn's time against the raw saver's same turn.
+``--method blocks`` runs each variant's whole conversation in turn (the method of earlier
+releases): drift on the machine lands on whichever variant is running then.
 
 ``--provider kms`` keys SecureSaver with an AwsKmsKeyProvider against moto's KMS server,
 started on a loopback port by this script (needs the ``test`` extra). ``--provider pkcs11``
@@ -212,9 +220,50 @@ VARIANTS = ("raw", "encrypted_serializer", "securesaver", "securesaver_redaction
 FIRST_TURNS: dict[tuple[str, str], list[float]] = {}
 
 
+def measure_interleaved(backend: str, factory: Callable, turns: int, rounds: int,
+                        workdir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Per variant: the median over turns of (wall, client CPU) of each turn against the raw
+    saver's same turn, in ms/turn scaled by the raw saver's median (so the printed ratios are
+    the paired medians)."""
+    from contextlib import ExitStack
+    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    wall_ratio: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu_ratio: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(rounds):
+        with ExitStack() as stack:
+            graphs = {v: build_chat_graph(stack.enter_context(factory(v, workdir)))
+                      for v in VARIANTS}
+            config = {"configurable": {"thread_id": "bench", "tenant_id": "acme"}}
+            for i in range(turns):
+                shift = i % len(VARIANTS)
+                order = VARIANTS[shift:] + VARIANTS[:shift]
+                this_wall, this_cpu = {}, {}
+                for variant in order:
+                    message = HumanMessage(turn_text(i))
+                    start, c0 = time.perf_counter(), time.process_time()
+                    graphs[variant].invoke({"messages": [message]}, config)
+                    this_wall[variant] = time.perf_counter() - start
+                    this_cpu[variant] = time.process_time() - c0
+                if i == 0:
+                    for variant in VARIANTS:
+                        FIRST_TURNS.setdefault((backend, variant), []).append(this_wall[variant])
+                    continue
+                for variant in VARIANTS:
+                    wall[variant].append(this_wall[variant])
+                    cpu[variant].append(this_cpu[variant])
+                    wall_ratio[variant].append(this_wall[variant] / this_wall["raw"])
+                    cpu_ratio[variant].append(this_cpu[variant] / max(this_cpu["raw"], 1e-6))
+    raw_wall = statistics.median(wall["raw"]) * 1000
+    raw_cpu = statistics.median(cpu["raw"]) * 1000
+    return ({v: raw_wall * statistics.median(r) for v, r in wall_ratio.items()},
+            {v: raw_cpu * statistics.median(r) for v, r in cpu_ratio.items()})
+
+
 def measure(backend: str, factory: Callable, turns: int, rounds: int, workdir: Path
             ) -> tuple[dict[str, float], dict[str, float]]:
-    """Median ms/turn per variant: (wall, client CPU)."""
+    """Median ms/turn per variant, each variant's conversation run as one block: (wall,
+    client CPU)."""
     wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
@@ -235,6 +284,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--provider", choices=("keyring", "kms", "pkcs11"), default="keyring")
+    parser.add_argument("--method", choices=("interleaved", "blocks"), default="interleaved")
     args = parser.parse_args()
     if args.provider == "kms":
         with kms_server():
@@ -250,14 +300,14 @@ def run(args: argparse.Namespace) -> int:
     targets = {"sqlite": 1.10, "postgres": 1.10}  # encryption only (issue 9)
     full_stack_targets = {"sqlite": 1.5, "postgres": 1.5}  # with redaction (issues 9, 10)
     print(f"per-turn median latency, one-node chat graph, {args.turns} turns x {args.rounds} rounds"
-          f", key provider {args.provider}"
+          f", key provider {args.provider}, method {args.method}"
           f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'backend':<10}{'variant':<24}{'ms/turn':>9}{'x raw':>8}{'CPU ms':>9}{'x raw':>8}")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends.split(","):
-            results, cpu = measure(backend, factories[backend], args.turns, args.rounds,
-                                   Path(tmp))
+            how = measure_interleaved if args.method == "interleaved" else measure
+            results, cpu = how(backend, factories[backend], args.turns, args.rounds, Path(tmp))
             raw = results["raw"]
             for variant, ms in results.items():
                 print(f"{backend:<10}{variant:<24}{ms:>9.2f}{ms / raw:>8.2f}"

@@ -99,6 +99,56 @@ def test_the_excess_past_the_parts_budget_is_withheld_and_never_returned() -> No
     assert WITHHELD not in again
 
 
+def test_a_list_of_strings_analyzed_in_batches_gives_each_string_its_own_tokens() -> None:
+    """The strings of one list go to the analyzer in batches: every string comes out as it
+    would alone (same tokens, same vault), and no detection leaks across two strings."""
+    pool_mod.configure_pool(0)
+    rows = [f"row {i}: call 415-555-{i:04d} or mail r{i}@example.com" for i in range(40)]
+    rows += ["plain words only", "4155550142", f"{'x' * 30}@example.org"]
+    batched, batched_vault = Redactor().redact_value(rows, channel="rows", token_key=KEY)
+    alone = Redactor(cache_size=0)
+    one_by_one = [alone.redact(r, token_key=KEY).text for r in rows]
+    assert batched == one_by_one
+    assert {e.value for e in batched_vault} >= {f"r{i}@example.com" for i in range(40)}
+    # a tuple is batched too, and keeps its type
+    out, _ = Redactor().redact_value(tuple(rows), channel="rows", token_key=KEY)
+    assert type(out) is tuple and list(out) == one_by_one
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_value_of_many_strings_past_the_budget_withholds_its_tail(tmp_path: Path,
+                                                                    mode: str) -> None:
+    """A value of 100,000 short strings with a phone number each, default settings: the
+    analyzed head keeps its strings (tokenized, restored for the owner), every string of the
+    tail is withheld, and none of the tail reaches storage."""
+    db = tmp_path / "agent.db"
+    rows = [f"row SECRETROW{i:06d}X call 415-555-{i % 10000:04d}" for i in range(100_000)]
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"rows": rows}
+    cp["channel_versions"] = {"rows": 1}
+    cfg = _cfg("t", "mallory")
+    md: Any = {"source": "input", "step": -1, "parents": {}}
+    if mode == "sync":
+        with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
+            saver.put(cfg, cp, md, {"rows": 1})
+            tup = saver.get_tuple(cfg)
+    else:
+        async def run() -> Any:
+            async with SecureSaver.afrom_url(f"sqlite:///{db}",
+                                             keyring=Keyring.generate()) as saver:
+                await saver.aput(cfg, cp, md, {"rows": 1})
+                return await saver.aget_tuple(cfg)
+        tup = asyncio.run(run())
+    stored = tup.checkpoint["channel_values"]["rows"]
+    kept = [i for i, r in enumerate(stored) if r != WITHHELD]
+    assert kept and kept == list(range(len(kept)))  # the head, in order
+    assert len(kept) < len(rows)
+    assert all(stored[i] == rows[i] for i in kept)
+    raw = _storage_bytes(db)
+    for i in range(len(kept), len(rows), 997):
+        assert f"SECRETROW{i:06d}X".encode() not in raw
+
+
 def test_a_write_scope_is_one_budget_for_every_channel() -> None:
     pool_mod.configure_pool(0)
     redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=3)))

@@ -130,15 +130,16 @@ class Spend:
                 return None
             return budget.wall_budget - self.wall
 
-    def admit(self, chars: int) -> str | None:
-        """None if a string of ``chars`` characters may be analyzed, else why not (and with
-        ``on_exceed="raise"`` the refusal is raised instead)."""
+    def admit(self, chars: int, parts: int = 1) -> str | None:
+        """None if a string of ``chars`` characters (a batch of ``parts`` strings) may be
+        analyzed, else why not (and with ``on_exceed="raise"`` the refusal is raised
+        instead)."""
         budget = self.budget
         if budget is None:  # pragma: no cover - the redactor binds before admitting
             return None
         with self.lock:
             if self.exceeded is None:
-                if self.parts + 1 > budget.max_parts:
+                if self.parts + parts > budget.max_parts:
                     self.exceeded = f"write budget: more than {budget.max_parts} strings"
                 elif self.chars + chars > budget.max_chars:
                     self.exceeded = f"write budget: more than {budget.max_chars} characters"
@@ -149,7 +150,7 @@ class Spend:
                     self.exceeded = f"write budget: {budget.wall_budget} s of wall time"
             reason = self.exceeded
             if reason is None:
-                self.parts += 1
+                self.parts += parts
                 self.chars += chars
             else:
                 self.withheld += 1
@@ -159,6 +160,14 @@ class Spend:
                 "not stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such "
                 "writes are expected")
         return reason
+
+    def parts_left(self) -> int:
+        """Strings the write may still have analyzed."""
+        budget = self.budget
+        if budget is None:  # pragma: no cover
+            return 1 << 62
+        with self.lock:
+            return budget.max_parts - self.parts
 
     def remaining(self) -> float:
         """Seconds of analysis the write has left."""

@@ -67,7 +67,7 @@ class BudgetedDetection(Detection):
                 "max_detections": policy.max_detections}
 
     def _budgeted_detect(self, text: str, policy: RedactionPolicy, spend: Spend,
-                         free: bool = False) -> Raw | str:
+                         free: bool = False, parts: int = 1) -> Raw | str:
         """Raw detections of ``text``, or why it must be withheld. Raises RedactionError when
         the write's budget is spent and its policy refuses rather than withholds.
 
@@ -87,7 +87,7 @@ class BudgetedDetection(Detection):
                 and spend.budget.on_exceed == "mask"):
             spend.withheld += 1  # the fast path of a write past its budget (a hostile one)
             return spent
-        reason = None if free else spend.admit(len(text))
+        reason = None if free else spend.admit(len(text), parts)
         if reason is not None:
             return reason
         self._ensure_engine()  # building the engine is not analysis time of this write

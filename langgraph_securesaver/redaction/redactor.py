@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import logging
@@ -19,6 +18,7 @@ from presidio_analyzer import AnalyzerEngine
 
 from ..errors import ConfigurationError
 from ..keys.material import SecretBytes
+from .batching import BatchedAnalysis
 from .budget import Spend
 from .caches import Cache, Cached, IdentityCache, vault_size
 from .engine import (
@@ -32,7 +32,6 @@ from .engine import (
 )
 from .errors import RedactionError
 from .numbers import NumberRedaction
-from .offload import BudgetedDetection
 from .policy import RedactionPolicy
 from .readback import ReadBack
 from .restoring import Restoration
@@ -73,7 +72,7 @@ class _Call:
     """State of one call: context, policy, key, collected vault entries and counters."""
 
     __slots__ = ("analyzed", "chars", "ctx", "found", "free", "hits", "key", "policy", "scopes",
-                 "seen", "spend", "unbilled")
+                 "seen", "spend", "unbilled", "withheld")
 
     def __init__(self, ctx: bytes, key: SecretBytes, policy: RedactionPolicy,
                  spend: Spend) -> None:
@@ -89,6 +88,7 @@ class _Call:
         self.found: list[Entity] = []
         self.free: dict[int, str] | None = None  # strings read back (see .readback), by id
         self.unbilled = 0  # > 0 while redacting one of them: analysis not charged
+        self.withheld = 0  # strings withheld in bulk past the write's budget (not in found)
 
     def add(self, entries: Sequence[VaultEntry]) -> None:
         top = self.scopes[-1]
@@ -108,7 +108,7 @@ class _Call:
 # --------------------------------------------------------------------------------------------
 # Redactor
 # --------------------------------------------------------------------------------------------
-class Redactor(BudgetedDetection, NumberRedaction, Restoration):
+class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
     """Finds personal data and secrets in LangGraph state and replaces them per a policy.
 
     One instance can be shared by threads; the presidio engine is built lazily on first use
@@ -283,7 +283,7 @@ class Redactor(BudgetedDetection, NumberRedaction, Restoration):
 
     def _flush(self, call: _Call) -> None:
         self._stats.record(seen=call.seen, hits=call.hits, analyzed=call.analyzed,
-                           chars=call.chars, entities=call.found)
+                           chars=call.chars, entities=call.found, withheld=call.withheld)
 
     def _walker(self, call: _Call) -> Walker:
         walker: Walker
@@ -304,9 +304,13 @@ class Redactor(BudgetedDetection, NumberRedaction, Restoration):
         def on_message_list(messages: list[Any], depth: int) -> list[Any]:
             return self._redact_message_list(messages, call, walker, depth)
 
+        def on_str_list(strings: Sequence[str], depth: int) -> Sequence[str]:
+            return self._redact_str_list(strings, depth, on_str, call)
+
         walker = Walker(on_str, max_depth=call.policy.max_depth, on_message=on_message,
                         on_message_list=on_message_list,
-                        on_number=lambda n, name: self._redact_number(n, name, call))
+                        on_number=lambda n, name: self._redact_number(n, name, call),
+                        on_str_list=on_str_list)
         return walker
 
     def _redact_message_list(self, messages: list[Any], call: _Call, walker: Walker,
@@ -433,57 +437,6 @@ class Redactor(BudgetedDetection, NumberRedaction, Restoration):
         if out is not s:
             self._text_cache.put((call.ctx + b"/json", out), Cached(out, (), ()), len(out))
         return out
-
-    def _prefetch(self, parsed: Any, call: _Call, depth: int) -> None:
-        """Analyze the uncached strings of a parsed JSON document in a few batched analyzer
-        calls (one call per string costs ~0.3 ms of fixed overhead), filling the cache."""
-        pending: dict[str, None] = {}
-
-        def on_str(s: str, _depth: int, is_key: bool) -> str:
-            if (s and (is_key or not looks_like_json(s))
-                    and len(s) <= call.policy.max_chars // 4
-                    and self._text_cache.get((call.ctx, s)) is None
-                    and (self._custom_analyzer or may_have_pii(s))):
-                pending[s] = None
-            return s
-
-        Walker(on_str, max_depth=call.policy.max_depth).walk(parsed, depth)
-        if len(pending) < 2:
-            return
-        batch: list[str] = []
-        size = 0
-        for text in pending:
-            if batch and size + len(text) + len(BATCH_SEP) > call.policy.max_chars:
-                self._redact_batch(batch, call)
-                batch, size = [], 0
-            batch.append(text)
-            size += len(text) + len(BATCH_SEP)
-        if batch:
-            self._redact_batch(batch, call)
-
-    def _redact_batch(self, texts: list[str], call: _Call) -> None:
-        """Analyze ``texts`` joined by a separator no recognizer matches across; cache each."""
-        joined = BATCH_SEP.join(texts)
-        found = self._budgeted_detect(joined, call.policy, call.spend, call.unbilled > 0)
-        if isinstance(found, str):
-            return  # nothing cached: each string is then analyzed on its own, with its budget
-        starts: list[int] = []
-        pos = 0
-        for text in texts:
-            starts.append(pos)
-            pos += len(text) + len(BATCH_SEP)
-        per_text: list[dict[tuple[str, int, int], float]] = [{} for _ in texts]
-        for (kind, start, end), score in found.items():
-            i = bisect.bisect_right(starts, start) - 1
-            while i < len(texts) and starts[i] < end:  # clamp (split) to each text it covers
-                lo = max(start, starts[i]) - starts[i]
-                hi = min(end, starts[i] + len(texts[i])) - starts[i]
-                if hi > lo:
-                    k = (kind, lo, hi)
-                    per_text[i][k] = max(per_text[i].get(k, 0.0), score)
-                i += 1
-        for text, raw in zip(texts, per_text, strict=True):
-            self._store_plain(text, self._finish(text, raw, call.policy), call)
 
     def _redact_plain(self, s: str, call: _Call) -> Cached:
         call.seen += 1

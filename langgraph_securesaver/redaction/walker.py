@@ -31,8 +31,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -59,6 +60,11 @@ except ImportError:  # pragma: no cover
 StrCallback = Callable[[str, int, bool], str]
 # on_number(number, name) -> the number or what replaces it (name: the nearest key/field)
 NumberCallback = Callable[[Any, "str | None"], Any]
+#: (the strings of one list, tuple or set, depth) -> their results in order, or the same
+#: sequence object when none changed
+StrListCallback = Callable[[Sequence[str], int], Sequence[str]]
+#: lists shorter than this go string by string (a batch only pays off for many strings)
+STR_LIST_MIN = 8
 _NUMBERS: frozenset[type] = frozenset({int, float, Decimal})
 
 (_LEAF, _DICT, _LIST, _TUPLE, _SET, _MESSAGE, _PYDANTIC, _DATACLASS, _SEND, _STRSUB, _BYTES,
@@ -142,9 +148,14 @@ class Walker:
     def __init__(self, on_str: StrCallback, *, max_depth: int,
                  on_message: Callable[[Any, int], Any] | None = None,
                  on_message_list: Callable[[list[Any], int], list[Any]] | None = None,
-                 on_number: NumberCallback | None = None) -> None:
+                 on_number: NumberCallback | None = None,
+                 on_str_list: StrListCallback | None = None) -> None:
         self._on_str = on_str
         self._on_number = on_number
+        #: a list, tuple or set of plain strings only goes to this callback whole, so that
+        #: the strings of a large value can be analyzed (and, past a write's budget,
+        #: withheld) in bulk; same results as one ``on_str`` call per string
+        self._on_str_list = on_str_list
         #: the name of what is being walked: the nearest dictionary key or field name
         self.name: str | None = None
         self._max_depth = max_depth
@@ -294,6 +305,13 @@ class Walker:
         return out
 
     def _walk_seq(self, value: Any, depth: int) -> tuple[list[Any], bool]:
+        if (self._on_str_list is not None and len(value) >= STR_LIST_MIN
+                and set(map(type, value)) == {str}):
+            strings = value if isinstance(value, list) else list(value)
+            results = self._on_str_list(strings, depth)
+            if results is strings:
+                return strings, False
+            return list(results), any(map(operator.is_not, results, strings))
         changed = False
         out: list[Any] = []
         on_message = self._on_message if depth < self._max_depth else None
