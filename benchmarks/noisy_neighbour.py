@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 WITHHELD = "<WITHHELD:masked>"
 MD: Any = {"source": "input", "step": -1, "parents": {}}
+PREBUILT = 6  # hostile payloads built before a phase (a hostile write takes over a second)
 
 
 def load() -> str:
@@ -136,11 +137,14 @@ class Victim:
 async def hostile_writes(saver: SecureSaver, make: Callable[[random.Random], dict[str, Any]],
                          stop: asyncio.Event, out: dict[str, Any]) -> None:
     rng = random.Random(uuid.uuid4().int)
+    # built before the victim's first turn (this runs before the phase's first await): a
+    # client builds its payload, the serving process does not
+    ready = [make(rng) for _ in range(PREBUILT)]
     n = 0
     while not stop.is_set():
         n += 1
         cp = empty_checkpoint()
-        cp["channel_values"] = make(rng)
+        cp["channel_values"] = ready.pop() if ready else make(rng)
         cp["channel_versions"] = dict.fromkeys(cp["channel_values"], 1)
         cfg = {"configurable": {"thread_id": f"mallory-{uuid.uuid4().hex}", "tenant_id": "mallory",
                                 "checkpoint_ns": ""}}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import logging
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .caches import Cache, Cached
@@ -64,29 +64,37 @@ class BatchedAnalysis(BudgetedDetection):
             out.append(on_str(s, depth, False))
         return strings if all(map(operator.is_, out, strings)) else out
 
-    def _prefetch_strings(self, strings: Sequence[str], call: Any) -> None:
-        """Batch the analysis of the uncached strings of a list, batch by batch, until the
-        write's budget is spent (a batch is charged its characters, its analysis time and
-        one part per string, and holds no more strings than the write has parts left)."""
+    def _prefetch_strings(self, strings: Iterable[str], call: Any) -> None:
+        """Batch the analysis of the uncached strings of a list (see
+        :meth:`_analyze_in_batches`)."""
+        limit = call.policy.max_chars // 4
+        self._analyze_in_batches(
+            (s for s in strings
+             if (s and len(s) <= limit and not looks_like_json(s)
+                 and self._text_cache.get((call.ctx, s)) is None
+                 and (self._custom_analyzer or may_have_pii(s)))), call)
+
+    def _analyze_in_batches(self, texts: Iterable[str], call: Any) -> None:
+        """Analyze ``texts`` in batches of up to ``max_chars`` characters, in order, until
+        the write's budget is spent: a batch is charged its characters, its analysis time and
+        one part per string, and holds no more strings than the write has parts left. What a
+        tenant read back (``call.unbilled``) is analyzed whatever the write has spent."""
         limit = call.policy.max_chars
         spend = call.spend
+        free = call.unbilled > 0
         batch: list[str] = []
         size = 0
-        room = spend.parts_left()
-        for s in strings:
-            if (not s or len(s) > limit // 4 or looks_like_json(s)
-                    or self._text_cache.get((call.ctx, s)) is not None
-                    or not (self._custom_analyzer or may_have_pii(s))):
-                continue
+        room = 1 << 62 if free else spend.parts_left()
+        for s in texts:
             if batch and (size + len(s) + len(BATCH_SEP) > limit or len(batch) >= room):
-                if spend.exceeded is not None or room <= 0:
+                if not free and (spend.exceeded is not None or room <= 0):
                     return
                 self._redact_batch(batch, call, len(batch))
                 batch, size = [], 0
-                room = spend.parts_left()
+                room = 1 << 62 if free else spend.parts_left()
             batch.append(s)
             size += len(s) + len(BATCH_SEP)
-        if len(batch) > 1 and spend.exceeded is None and len(batch) <= room:
+        if len(batch) > 1 and (free or (spend.exceeded is None and len(batch) <= room)):
             self._redact_batch(batch, call, len(batch))
 
     def _withheld_many(self, count: int, call: Any, reason: str) -> None:
@@ -103,8 +111,9 @@ class BatchedAnalysis(BudgetedDetection):
                            count, reason)
 
     def _prefetch(self, parsed: Any, call: Any, depth: int) -> None:
-        """Analyze the uncached strings of a parsed JSON document in a few batched analyzer
-        calls (one call per string costs ~0.3 ms of fixed overhead), filling the cache."""
+        """Analyze the uncached strings of ``parsed`` (a parsed JSON document, a message's
+        content parts) in a few batched analyzer calls (one call per string costs ~0.3 ms of
+        fixed overhead, and a round trip to a worker), filling the cache."""
         pending: dict[str, None] = {}
 
         def on_str(s: str, _depth: int, is_key: bool) -> str:
@@ -116,18 +125,8 @@ class BatchedAnalysis(BudgetedDetection):
             return s
 
         Walker(on_str, max_depth=call.policy.max_depth).walk(parsed, depth)
-        if len(pending) < 2:
-            return
-        batch: list[str] = []
-        size = 0
-        for text in pending:
-            if batch and size + len(text) + len(BATCH_SEP) > call.policy.max_chars:
-                self._redact_batch(batch, call)
-                batch, size = [], 0
-            batch.append(text)
-            size += len(text) + len(BATCH_SEP)
-        if batch:
-            self._redact_batch(batch, call)
+        if len(pending) >= 2:
+            self._analyze_in_batches(pending, call)
 
     def _redact_batch(self, texts: list[str], call: Any, parts: int = 1) -> None:
         """Analyze ``texts`` joined by a separator no recognizer matches across; cache each.

@@ -397,6 +397,9 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
             outer = call.free
             call.free = self._readback.exempt(call.ctx, msg) or outer
             try:
+                content = fields.get("content")
+                if call.free is None and type(content) is list and len(content) > 1:
+                    self._prefetch(content, call, depth)  # its parts, in a few batches
                 result = walker.walk_message_guarded(msg, depth)
             finally:
                 call.free = outer
