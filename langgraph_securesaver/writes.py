@@ -103,7 +103,7 @@ class WritePath:
         fenced delete of an emptied thread either sees this write coming (and keeps the
         thread) or has committed before the key is read (and this write gets a new key)."""
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
-        with self._activity(ref), write_scope():   # one redaction budget for the put
+        with self._activity(ref), write_scope(ref.tenant):   # one redaction budget
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
@@ -135,7 +135,7 @@ class WritePath:
                     task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`seal_put`."""
         self.bind_subject(keys, ref, "put_writes")
-        with self._activity(ref), write_scope():
+        with self._activity(ref), write_scope(ref.tenant):
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")

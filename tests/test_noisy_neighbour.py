@@ -29,7 +29,7 @@ from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_sco
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.redaction import RedactionError, RedactionPolicy, Redactor
 from langgraph_securesaver.redaction import pool as pool_mod
-from langgraph_securesaver.redaction.budget import WriteBudget, write_scope
+from langgraph_securesaver.redaction.budget import COOL_DOWNS, WriteBudget, write_scope
 from langgraph_securesaver.registry.denials import DenialLog
 
 WITHHELD = "<WITHHELD:masked>"
@@ -78,9 +78,12 @@ def _storage_bytes(path: Path) -> bytes:
 
 @pytest.fixture(autouse=True)
 def _in_process_pool() -> Any:
-    """Each test gets a fresh process pool (and the default one back afterwards)."""
+    """Each test gets a fresh process pool (and the default one back afterwards), and no
+    tenant starts in a cool-down left by an earlier test."""
+    COOL_DOWNS.clear()
     yield
     pool_mod.configure_pool()
+    COOL_DOWNS.clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,9 +240,48 @@ def test_the_wall_clock_deadline_applies_once_the_write_used_real_cpu(on_exceed:
     assert WITHHELD not in out and machine.now > 10
 
 
+def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None:
+    """A write that ran past its budget starts its tenant's cool-down: that tenant's next
+    hostile write is withheld almost whole at once, its chat turns still go through, and
+    another tenant's writes keep the full budget."""
+    pool_mod.configure_pool(0)
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50)))
+    values = [f"note {i}: write to user{i}@example.com" for i in range(200)]
+
+    def write(tenant: str, value: Any) -> Any:
+        with write_scope(tenant):
+            return redactor.redact_value(value, channel="rows", token_key=KEY)[0]
+
+    first = write("mallory", values)
+    assert first[:50] == [v for v in first[:50] if WITHHELD not in v] and first[50] == WITHHELD
+    again = write("mallory", [v + " again" for v in values])
+    kept = [v for v in again if v != WITHHELD]
+    assert len(kept) == 5  # a tenth of max_parts
+    turn = write("mallory", ["please mail ann@example.org the summary"])
+    assert turn != [WITHHELD] and "<EMAIL_ADDRESS:" in turn[0]
+    other = write("victim", [v + " other" for v in values])
+    assert len([v for v in other if v != WITHHELD]) == 50
+    # a budget without a cool-down never penalizes
+    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, cool_down=0)))
+    with write_scope("eve"):
+        lenient.redact_value(values, channel="rows", token_key=KEY)
+    with write_scope("eve"):
+        out, _ = lenient.redact_value([v + "!" for v in values], channel="rows", token_key=KEY)
+    assert len([v for v in out if v != WITHHELD]) == 50
+
+
+def test_the_cool_down_ends() -> None:
+    budget = WriteBudget(max_parts=50, cool_down=0.2)
+    COOL_DOWNS.start("mallory", budget.cool_down)
+    assert COOL_DOWNS.factor("mallory", budget.penalty) == budget.penalty
+    time.sleep(0.25)
+    assert COOL_DOWNS.factor("mallory", budget.penalty) == 1.0
+
+
 def test_budget_settings_are_checked() -> None:
     for bad in ({"max_chars": 10}, {"max_parts": 0}, {"time_budget": 0},
-                {"on_exceed": "ignore"}, {"wall_budget": 0}, {"wall_after": -1}):
+                {"on_exceed": "ignore"}, {"wall_budget": 0}, {"wall_after": -1},
+                {"cool_down": -1}, {"penalty": 0}, {"penalty": 1.5}):
         with pytest.raises(Exception, match="budget"):
             WriteBudget(**bad)
     with pytest.raises(Exception, match="WriteBudget"):

@@ -36,6 +36,7 @@ from langgraph_securesaver.redaction import (
     Redactor,
     make_token,
 )
+from langgraph_securesaver.redaction.budget import COOL_DOWNS
 
 from .conftest import drop_pg_schema, new_pg_schema, pg_url_in, require_postgres
 
@@ -299,6 +300,9 @@ def test_a_budget_overrun_never_stores_the_value_in_clear(tmp_path: Path) -> Non
         build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _config("t"))
         content = saver.get_tuple(_config("t")).checkpoint["channel_values"]["messages"][0]
         assert content.content == "<WITHHELD:masked>"
+    # the overrun started the tenant's cool-down, whose smaller write budget would mask
+    # (on_exceed) before the string's own time budget raises (on_timeout)
+    COOL_DOWNS.clear()
     with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite-raise'}",
                               keyring=Keyring.generate(),
                               redaction=_overrunning("raise")) as saver:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,9 +35,11 @@ from .errors import RedactionError
 # measured against.
 DEFAULT_WRITE_CHARS = 2_000_000
 DEFAULT_WRITE_PARTS = 20_000
-DEFAULT_WRITE_SECONDS = 1.0
-DEFAULT_WRITE_WALL = 1.0
-DEFAULT_WALL_AFTER = 0.5
+DEFAULT_WRITE_SECONDS = 0.5
+DEFAULT_WRITE_WALL = 0.5
+DEFAULT_WALL_AFTER = 0.3
+DEFAULT_COOL_DOWN = 10.0
+DEFAULT_PENALTY = 0.1
 ON_EXCEED = ("mask", "raise")
 
 
@@ -58,6 +62,11 @@ class WriteBudget:
         wall_after: CPU seconds of analysis a write may use before ``wall_budget`` applies.
         on_exceed: ``"mask"`` withholds each string past the budget as
             ``<WITHHELD:masked>``; ``"raise"`` refuses the write with ``RedactionError``.
+        cool_down: seconds after a write of a tenant ran past its budget during which that
+            tenant's writes (in this process) get ``penalty`` times the budget: a chat turn
+            still fits, the next hostile write is withheld at once instead of costing the
+            process another budget's worth of analysis and storage. 0 turns it off.
+        penalty: the fraction of every bound a tenant in its cool-down gets.
     """
 
     max_chars: int = DEFAULT_WRITE_CHARS
@@ -66,6 +75,8 @@ class WriteBudget:
     on_exceed: str = "mask"
     wall_budget: float = DEFAULT_WRITE_WALL
     wall_after: float = DEFAULT_WALL_AFTER
+    cool_down: float = DEFAULT_COOL_DOWN
+    penalty: float = DEFAULT_PENALTY
 
     def __post_init__(self) -> None:
         if int(self.max_chars) < 1_000:
@@ -78,6 +89,10 @@ class WriteBudget:
             raise ConfigurationError("write budget wall_budget must be > 0 and <= 3600 s")
         if not 0.0 <= float(self.wall_after) <= 3600.0:
             raise ConfigurationError("write budget wall_after must be >= 0 and <= 3600 s")
+        if not 0.0 <= float(self.cool_down) <= 86400.0:
+            raise ConfigurationError("write budget cool_down must be >= 0 and <= 86400 s")
+        if not 0.0 < float(self.penalty) <= 1.0:
+            raise ConfigurationError("write budget penalty must be > 0 and <= 1")
         if self.on_exceed not in ON_EXCEED:
             raise ConfigurationError(f"write budget on_exceed must be one of {ON_EXCEED}")
         object.__setattr__(self, "max_chars", int(self.max_chars))
@@ -85,12 +100,24 @@ class WriteBudget:
         object.__setattr__(self, "time_budget", float(self.time_budget))
         object.__setattr__(self, "wall_budget", float(self.wall_budget))
         object.__setattr__(self, "wall_after", float(self.wall_after))
+        object.__setattr__(self, "cool_down", float(self.cool_down))
+        object.__setattr__(self, "penalty", float(self.penalty))
+
+    def scaled(self, factor: float) -> WriteBudget:
+        """This budget with every bound times ``factor`` (a tenant in its cool-down)."""
+        if factor >= 1.0:
+            return self
+        return dataclasses.replace(
+            self, max_chars=max(1_000, int(self.max_chars * factor)),
+            max_parts=max(1, int(self.max_parts * factor)),
+            time_budget=self.time_budget * factor, wall_budget=self.wall_budget * factor,
+            wall_after=self.wall_after * factor)
 
     @classmethod
     def unlimited(cls) -> WriteBudget:
         """No practical bound (an hour of analysis per write): for trusted batch jobs."""
         return cls(max_chars=2**62, max_parts=2**62, time_budget=3600.0, wall_budget=3600.0,
-                   wall_after=3600.0)
+                   wall_after=3600.0, cool_down=0.0)
 
 
 class Spend:
@@ -98,10 +125,11 @@ class Spend:
     threads that may run them), so it is locked."""
 
     __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "pii_epochs",
-                 "seconds", "wall", "withheld")
+                 "seconds", "tenant", "wall", "withheld")
 
-    def __init__(self, budget: WriteBudget | None = None) -> None:
+    def __init__(self, budget: WriteBudget | None = None, tenant: str | None = None) -> None:
         self.budget = budget
+        self.tenant = tenant  # whose write this is (for the cool-down), if the saver said
         self.pii_epochs: set[str] = set()   # tenants whose vault epoch this write checked
         self.chars = 0
         self.parts = 0
@@ -116,6 +144,8 @@ class Spend:
         """The budget of the write: the first redaction's policy sets it."""
         with self.lock:
             if self.budget is None:
+                if self.tenant is not None and budget.cool_down > 0:
+                    budget = budget.scaled(COOL_DOWNS.factor(self.tenant, budget.penalty))
                 self.budget = budget
             return self.budget
 
@@ -214,17 +244,55 @@ def current_spend() -> Spend | None:
     return _CURRENT.get()
 
 
+class CoolDowns:
+    """Which tenants ran a write past its budget lately (this process; thread-safe).
+
+    The budget bounds one write; a tenant sending over-budget writes back to back would still
+    keep a worker and the database busy with one budget's worth of each. A write that ran
+    past its budget starts its tenant's cool-down: until it ends, the tenant's writes get
+    ``penalty`` times every bound (see :class:`WriteBudget`)."""
+
+    MAX_TENANTS = 10_000
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def factor(self, tenant: str, penalty: float) -> float:
+        until = self._until.get(tenant)
+        return penalty if until is not None and time.monotonic() < until else 1.0
+
+    def start(self, tenant: str, seconds: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if len(self._until) >= self.MAX_TENANTS:  # drop the ended ones
+                self._until = {t: u for t, u in self._until.items() if u > now}
+            self._until[tenant] = now + seconds
+
+    def clear(self) -> None:
+        with self._lock:
+            self._until.clear()
+
+
+COOL_DOWNS = CoolDowns()
+
+
 @contextlib.contextmanager
-def write_scope() -> Iterator[Spend]:
-    """Make every redaction inside share one budget (one write). Nested scopes join the
-    outer one: a write is never given a fresh budget halfway through."""
+def write_scope(tenant: str | None = None) -> Iterator[Spend]:
+    """Make every redaction inside share one budget (one write of ``tenant``). Nested scopes
+    join the outer one: a write is never given a fresh budget halfway through. A write that
+    ran past its budget (withheld or refused) starts the tenant's cool-down."""
     outer = _CURRENT.get()
     if outer is not None:
         yield outer
         return
-    spend = Spend()
+    spend = Spend(tenant=tenant)
     token = _CURRENT.set(spend)
     try:
         yield spend
     finally:
         _CURRENT.reset(token)
+        budget = spend.budget
+        if (tenant is not None and spend.exceeded is not None and budget is not None
+                and budget.cool_down > 0):
+            COOL_DOWNS.start(tenant, budget.cool_down)
