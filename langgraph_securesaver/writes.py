@@ -30,7 +30,7 @@ from .gate import Denial
 from .inner_access import InnerAccess
 from .keys.crypto import TenantKeys
 from .offthread import to_thread
-from .redaction.budget import write_scope
+from .redaction.budget import COOL_DOWNS, WriteBudget, write_scope
 from .seal import SealedCodec
 from .services import SaverServices
 from .tenancy import ThreadRef
@@ -109,6 +109,23 @@ class WritePath:
         self.bind_subject(keys, ref, "put")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         return sealed, md
+
+    def wait_turn(self, ref: ThreadRef) -> None:
+        """Before a write of a tenant in its redaction cool-down: wait for its turn, or be
+        refused (see ``WriteBudget.spacing``)."""
+        budget = self._write_budget()
+        if budget is not None:
+            COOL_DOWNS.wait_turn(ref.tenant, budget)
+
+    async def await_turn(self, ref: ThreadRef) -> None:
+        """:meth:`wait_turn` without holding a thread."""
+        budget = self._write_budget()
+        if budget is not None:
+            await COOL_DOWNS.await_turn(ref.tenant, budget)
+
+    def _write_budget(self) -> WriteBudget | None:
+        policy = getattr(self.pii.redactor, "policy", None)  # None: redaction off
+        return getattr(policy, "write_budget", None)
 
     @contextmanager
     def _activity(self, ref: ThreadRef) -> Iterator[None]:

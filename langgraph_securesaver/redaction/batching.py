@@ -68,6 +68,8 @@ class BatchedAnalysis(BudgetedDetection):
         """Batch the analysis of the uncached strings of a list (see
         :meth:`_analyze_in_batches`)."""
         limit = call.policy.max_chars // 4
+        if call.spend.exceeded is not None:
+            return  # past the write's budget: nothing more is analyzed
         self._analyze_in_batches(
             (s for s in strings
              if (s and len(s) <= limit and not looks_like_json(s)
@@ -114,6 +116,8 @@ class BatchedAnalysis(BudgetedDetection):
         """Analyze the uncached strings of ``parsed`` (a parsed JSON document, a message's
         content parts) in a few batched analyzer calls (one call per string costs ~0.3 ms of
         fixed overhead, and a round trip to a worker), filling the cache."""
+        if call.spend.exceeded is not None and not call.unbilled:
+            return  # past the write's budget: nothing more is analyzed
         pending: dict[str, None] = {}
 
         def on_str(s: str, _depth: int, is_key: bool) -> str:

@@ -20,6 +20,7 @@ its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -40,6 +41,7 @@ DEFAULT_WRITE_WALL = 0.5
 DEFAULT_WALL_AFTER = 0.3
 DEFAULT_COOL_DOWN = 10.0
 DEFAULT_PENALTY = 0.1
+DEFAULT_SPACING = 1.0
 ON_EXCEED = ("mask", "raise")
 
 
@@ -67,6 +69,11 @@ class WriteBudget:
             still fits, the next hostile write is withheld at once instead of costing the
             process another budget's worth of analysis and storage. 0 turns it off.
         penalty: the fraction of every bound a tenant in its cool-down gets.
+        spacing: seconds between the starts of two writes of a tenant in its cool-down (in
+            this process): a write waits for its turn (async: without holding a thread), and
+            one that would wait more than ``spacing`` is refused with ``RedactionError``.
+            A tenant sending over-budget writes back to back then gets one write a second,
+            not a share of the process. 0 turns the pacing off.
     """
 
     max_chars: int = DEFAULT_WRITE_CHARS
@@ -77,6 +84,7 @@ class WriteBudget:
     wall_after: float = DEFAULT_WALL_AFTER
     cool_down: float = DEFAULT_COOL_DOWN
     penalty: float = DEFAULT_PENALTY
+    spacing: float = DEFAULT_SPACING
 
     def __post_init__(self) -> None:
         if int(self.max_chars) < 1_000:
@@ -93,6 +101,8 @@ class WriteBudget:
             raise ConfigurationError("write budget cool_down must be >= 0 and <= 86400 s")
         if not 0.0 < float(self.penalty) <= 1.0:
             raise ConfigurationError("write budget penalty must be > 0 and <= 1")
+        if not 0.0 <= float(self.spacing) <= 3600.0:
+            raise ConfigurationError("write budget spacing must be >= 0 and <= 3600 s")
         if self.on_exceed not in ON_EXCEED:
             raise ConfigurationError(f"write budget on_exceed must be one of {ON_EXCEED}")
         object.__setattr__(self, "max_chars", int(self.max_chars))
@@ -102,6 +112,7 @@ class WriteBudget:
         object.__setattr__(self, "wall_after", float(self.wall_after))
         object.__setattr__(self, "cool_down", float(self.cool_down))
         object.__setattr__(self, "penalty", float(self.penalty))
+        object.__setattr__(self, "spacing", float(self.spacing))
 
     def scaled(self, factor: float) -> WriteBudget:
         """This budget with every bound times ``factor`` (a tenant in its cool-down)."""
@@ -256,6 +267,7 @@ class CoolDowns:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        self._next: dict[str, float] = {}  # when the tenant's next write may start
         self._lock = threading.Lock()
 
     def factor(self, tenant: str, penalty: float) -> float:
@@ -267,11 +279,48 @@ class CoolDowns:
         with self._lock:
             if len(self._until) >= self.MAX_TENANTS:  # drop the ended ones
                 self._until = {t: u for t, u in self._until.items() if u > now}
+                self._next = {t: u for t, u in self._next.items() if t in self._until}
             self._until[tenant] = now + seconds
+
+    def turn(self, tenant: str, budget: WriteBudget) -> float:
+        """Seconds the tenant's write must wait before it starts (0.0 outside a cool-down);
+        raises ``RedactionError`` when that is more than ``budget.spacing``."""
+        if budget.spacing <= 0 or budget.cool_down <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            until = self._until.get(tenant)
+            if until is None or now >= until:
+                return 0.0
+            start = max(now, self._next.get(tenant, 0.0))
+            if start - now > budget.spacing:
+                refused = True
+            else:
+                refused = False
+                self._next[tenant] = start + budget.spacing
+        if refused:
+            raise RedactionError(
+                "the write was refused and not stored: a recent write of this tenant ran past "
+                f"its redaction budget, and until its cool-down ends ({budget.cool_down} s) "
+                f"the tenant's writes start at most once per {budget.spacing} s; retry later")
+        return start - now
+
+    def wait_turn(self, tenant: str, budget: WriteBudget) -> None:
+        """:meth:`turn`, waited for in this thread."""
+        delay = self.turn(tenant, budget)
+        if delay > 0:
+            time.sleep(delay)
+
+    async def await_turn(self, tenant: str, budget: WriteBudget) -> None:
+        """:meth:`turn`, awaited (no thread is held while the write waits)."""
+        delay = self.turn(tenant, budget)
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def clear(self) -> None:
         with self._lock:
             self._until.clear()
+            self._next.clear()
 
 
 COOL_DOWNS = CoolDowns()

@@ -64,6 +64,9 @@ from .walker import Walker
 
 logger = logging.getLogger(__name__)
 _WITHHELD_MARKER = mask_marker(WITHHELD)
+#: past a write's budget, a string longer than this that no earlier analysis answered is
+#: withheld without the pre-filter's look (shorter ones -- keys, labels -- still get it)
+PAST_BUDGET_LOOK = 64
 
 # --------------------------------------------------------------------------------------------
 # Per-call state
@@ -450,6 +453,10 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
         if hit is not None:
             call.hits += 1
             return hit
+        spent, budget = call.spend.exceeded, call.spend.budget
+        if (spent is not None and len(s) > PAST_BUDGET_LOOK and not call.unbilled
+                and budget is not None and budget.on_exceed == "mask"):
+            return self._withheld(s, call, spent)  # past the budget: not even pre-filtered
         if not self._custom_analyzer and not may_have_pii(s):
             return Cached(s, (), ())
         found = self._budgeted_detect(s, call.policy, call.spend, call.unbilled > 0)
