@@ -6,7 +6,7 @@ settings (redaction on, the default budget and worker pool).
 Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
 raw AsyncPostgresSaver, throughput ratio (``--concurrent``).
 
-    python benchmarks/noisy_neighbour.py [--rounds 2] [--phase 5] [--backends sqlite,postgres]
+    python benchmarks/noisy_neighbour.py [--rounds 2] [--victim-turns 100] [--backends sqlite,postgres]
                                          [--concurrent 16] [--turns 12] [--only 500,denial]
 
 Targets: victim median <= 1.5x and p95 <= 2x alone; every hostile write returns (withheld or
@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 WITHHELD = "<WITHHELD:masked>"
 MD: Any = {"source": "input", "step": -1, "parents": {}}
-PREBUILT = 6  # hostile payloads built before a phase (a hostile write takes over a second)
+PREBUILT = 10  # hostile payloads built before a phase (more than one phase's writes)
 
 
 def load() -> str:
@@ -112,19 +112,22 @@ def many_strings(rng: random.Random, count: int = 100_000) -> list[str]:
 
 
 class Victim:
-    """Turns of one victim conversation, back to back, with their latencies."""
+    """Turns of the victim's conversations, back to back, with their latencies.
+
+    A turn costs more as its conversation grows, so every measurement is a fresh
+    conversation of the same number of turns: alone and beside a hostile tenant, the victim
+    runs turns 1..N of a new thread, and the two medians compare like with like."""
 
     def __init__(self, saver: SecureSaver) -> None:
         self.saver = saver
         self.graph = build_chat_graph(saver)
-        self.thread = "victim-" + uuid.uuid4().hex[:8]
         self.turn = 0
 
-    async def run(self, seconds: float) -> list[float]:
+    async def run(self, turns: int) -> list[float]:
         latencies: list[float] = []
-        end = time.perf_counter() + seconds
-        cfg = {"configurable": {"thread_id": self.thread, "tenant_id": "victim"}}
-        while time.perf_counter() < end:
+        thread = "victim-" + uuid.uuid4().hex[:8]
+        cfg = {"configurable": {"thread_id": thread, "tenant_id": "victim"}}
+        for _ in range(turns):
             self.turn += 1
             text = f"turn {self.turn}: my mail is v{self.turn % 7}@example.org, thanks"
             start = time.perf_counter()
@@ -170,21 +173,29 @@ async def deny_flood(saver: SecureSaver, stop: asyncio.Event, out: dict[str, Any
                 out["raised"] = out.get("raised", 0) + 1
 
 
-async def disturbed(victim: Victim, seconds: float,
+async def disturbed(victim: Victim, turns: int, min_seconds: float,
                     hostile: Callable[[asyncio.Event, dict[str, Any]], list[Awaitable[None]]]
-                    ) -> tuple[list[float], dict[str, Any]]:
+                    ) -> tuple[list[float], dict[str, Any], float]:
+    """The victim's ``turns`` beside the hostile tasks, which run for at least
+    ``min_seconds``; returns the latencies, what the hostile tasks recorded and how long
+    they ran."""
     stop = asyncio.Event()
     out: dict[str, Any] = {}
     tasks = [asyncio.ensure_future(h) for h in hostile(stop, out)]
     await asyncio.sleep(0.05)
-    latencies = await victim.run(seconds)
+    started = time.perf_counter()
+    latencies = await victim.run(turns)
+    left = min_seconds - (time.perf_counter() - started)
+    if left > 0:
+        await asyncio.sleep(left)
     stop.set()
     await asyncio.gather(*tasks)
+    ran = time.perf_counter() - started
     for cfg in out.pop("stored", []):
         tup = await victim.saver.aget_tuple(cfg)
         text = repr(tup.checkpoint["channel_values"]) if tup else ""
         out.setdefault("withheld", []).append(text.count(WITHHELD))
-    return latencies, out
+    return latencies, out, ran
 
 
 def denial_rows(saver: SecureSaver, since: float) -> tuple[int, int]:
@@ -193,7 +204,7 @@ def denial_rows(saver: SecureSaver, since: float) -> tuple[int, int]:
     return len(rows), sum(int(e.detail.get("count", 1)) for e in rows)
 
 
-async def run_backend(backend: str, rounds: int, phase: float, workdir: Path,
+async def run_backend(backend: str, rounds: int, turns: int, workdir: Path,
                       only: str = "") -> dict[str, dict[str, list[Any]]]:
     scenarios: dict[str, Callable[[SecureSaver], Callable[[asyncio.Event, dict[str, Any]],
                                                           list[Awaitable[None]]]]] = {
@@ -213,13 +224,19 @@ async def run_backend(backend: str, rounds: int, phase: float, workdir: Path,
     blocks(random.Random(0))
     async with secure(backend, workdir) as saver:
         victim = Victim(saver)
-        await victim.run(1.0)  # warm up
+        await victim.run(20)  # warm up
         for r in range(rounds):
             for name, make in scenarios.items():
-                alone = await victim.run(phase)
-                seconds = 8.0 if name.startswith("denial") else phase
+                # alternate which comes first, so that drift on the machine cancels out
+                alone_first = r % 2 == 0
+                if alone_first:
+                    alone = await victim.run(turns)
                 since = time.time()
-                lat, out = await disturbed(victim, seconds, make(saver))
+                lat, out, ran = await disturbed(victim, turns,
+                                                8.0 if name.startswith("denial") else 0.0,
+                                                make(saver))
+                if not alone_first:
+                    alone = await victim.run(turns)
                 res = results.setdefault(name, {"alone": [], "with": [], "hostile": [],
                                                 "withheld": [], "rows": [], "outcomes": []})
                 res["alone"].extend(alone)
@@ -229,9 +246,9 @@ async def run_backend(backend: str, rounds: int, phase: float, workdir: Path,
                 res["withheld"].extend(out.get("withheld", []))
                 if name.startswith("denial"):
                     rows, total = await asyncio.to_thread(denial_rows, saver, since)
-                    res["rows"].append((rows, total, out.get("raised", 0)))
+                    res["rows"].append((rows, total, out.get("raised", 0), ran))
             print(f"  [{backend}] round {r + 1}/{rounds} done; {load()}", flush=True)
-    print(f"\n{backend} (async), {rounds} rounds, {phase:.0f} s phases; {load()}")
+    print(f"\n{backend} (async), {rounds} rounds, {turns} victim turns per phase; {load()}")
     print(f"{'hostile':24} {'alone med/p95 ms':>18} {'with med/p95 ms':>17} {'x med':>6} "
           f"{'x p95':>6} {'hostile write max s':>20}  notes")
     for name, res in results.items():
@@ -243,9 +260,9 @@ async def run_backend(backend: str, rounds: int, phase: float, workdir: Path,
             kinds = {o: res["outcomes"].count(o) for o in set(res["outcomes"])}
             notes = f"writes {kinds}; withheld parts {res['withheld']}"
         if res["rows"]:
-            notes = "; ".join(f"{rows} rows, count {total} = raised {raised}: "
+            notes = "; ".join(f"{rows} rows in {ran:.1f} s, count {total} = raised {raised}: "
                               f"{'exact' if total == raised else 'MISMATCH'}"
-                              for rows, total, raised in res["rows"])
+                              for rows, total, raised, ran in res["rows"])
         print(f"{name:24} {a_med * 1e3:8.1f}/{a_p95 * 1e3:<8.1f} {w_med * 1e3:8.1f}/"
               f"{w_p95 * 1e3:<8.1f} {w_med / a_med:6.2f} {w_p95 / a_p95:6.2f} "
               f"{hmax:20.2f}  {notes}")
@@ -268,8 +285,8 @@ def readme_rows(by_backend: dict[str, dict[str, dict[str, list[Any]]]]) -> None:
             cells[0].append(f"{w_med / a_med:.2f}")
             cells[1].append(f"{w_p95 / a_p95:.2f}")
             cells[2].append(f"{max(res['hostile']):.1f} s" if res["hostile"] else "—")
-            cells[3].append(", ".join(f"{rows} (count {total} = {raised})"
-                                      for rows, total, raised in res["rows"]) or "—")
+            cells[3].append(", ".join(f"{rows * 8 / ran:.1f} (count {total} = {raised})"
+                                      for rows, total, raised, ran in res["rows"]) or "—")
         print(f"| {name} | " + " | ".join(" / ".join(c) for c in cells) + " |")
 
 
@@ -321,7 +338,8 @@ async def run_concurrent(n: int, turns: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--phase", type=float, default=5.0)
+    parser.add_argument("--victim-turns", type=int, default=100,
+                        help="victim turns per phase (a fresh conversation each time)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrent", type=int, default=16)
     parser.add_argument("--turns", type=int, default=12)
@@ -337,7 +355,7 @@ def main() -> None:
     by_backend: dict[str, dict[str, dict[str, list[Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in [b for b in args.backends.split(",") if b]:
-            by_backend[backend] = asyncio.run(run_backend(backend, args.rounds, args.phase,
+            by_backend[backend] = asyncio.run(run_backend(backend, args.rounds, args.victim_turns,
                                                           Path(tmp), args.only))
     if args.concurrent:
         asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds)))

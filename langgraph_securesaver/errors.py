@@ -101,7 +101,14 @@ class TenantRequired(SecureSaverError, LookupError):
 
 
 class AccessDenied(SecureSaverError, PermissionError):
-    """A caller tried to reach another tenant's data. The attempt is recorded."""
+    """A caller tried to reach another tenant's data. The attempt is recorded.
+
+    ``repeated`` is True for an attempt counted into its window's summary (not the first of
+    its actor, target and operation): the saver raised it only after a short hold
+    (``TenantGate.REPEAT_HOLD``), so a flood of refused calls cannot keep the process busy.
+    """
+
+    repeated: bool = False
 
 
 class AsyncOnlySaverError(SecureSaverError, TypeError):

@@ -12,6 +12,7 @@ LangGraph Server saver) subclasses it and sets ``SecureSaver.gate_class``.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import logging
 import time
@@ -75,6 +76,10 @@ class TenantGate:
     ``registry`` are read on each call, so a subclass may read more of it)."""
 
     DENIAL_ATTEMPTS = 3
+    #: seconds a repeated refused attempt (counted into a summary) is held before its
+    #: AccessDenied is raised: a caller looping on refused calls gets at most 100 a second
+    #: per task instead of a share of the process
+    REPEAT_HOLD = 0.01
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
@@ -153,17 +158,24 @@ class TenantGate:
         return scoped or explicit
 
     def scoped(self, fn: Callable[[], T]) -> T:
-        """``fn()`` (a resolution); a denial in it is recorded and raised as AccessDenied."""
+        """``fn()`` (a resolution); a denial in it is recorded and raised as AccessDenied
+        (a repeated one after :attr:`REPEAT_HOLD` seconds)."""
         try:
             return fn()
         except DeniedError as denied:
-            raise self.record_denial(denied.denial) from None
+            error = self.record_denial(denied.denial)
+        if error.repeated:
+            time.sleep(self.REPEAT_HOLD)
+        raise error
 
     async def ascoped(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except DeniedError as denied:
-            raise await to_thread(self.record_denial, denied.denial) from None
+            error = await to_thread(self.record_denial, denied.denial)
+        if error.repeated:
+            await asyncio.sleep(self.REPEAT_HOLD)  # held on the loop: no thread is taken
+        raise error
 
     def resolve_tenant(self, operation: str, thread_id: str | None = None) -> str:
         """:meth:`tenant` (no explicit tenant) with a denial recorded and raised."""
@@ -231,8 +243,10 @@ class TenantGate:
             if log.failing:
                 return AccessDenied(message + "; the attempt could NOT be recorded yet (the "
                                     "registry is failing): it is counted and retried")
-            return AccessDenied(message + "; the attempt was recorded (counted into the "
-                                "access_denied summary of this window)")
+            repeated = AccessDenied(message + "; the attempt was recorded (counted into the "
+                                    "access_denied summary of this window)")
+            repeated.repeated = True
+            return repeated
         logger.warning("access denied: tenant %r tried %s on tenant %r (thread %r)",
                        denial.actor, denial.operation, denial.target, denial.thread_id)
         failure: Exception | None = None

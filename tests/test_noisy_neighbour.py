@@ -551,6 +551,54 @@ def test_async_denials_are_coalesced(tmp_path: Path) -> None:
     assert asyncio.run(run()) == (2, 40)
 
 
+def test_a_repeated_denial_is_held_before_it_is_raised(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first refused attempt is raised at once; every repeat (counted into the summary)
+    is held REPEAT_HOLD seconds first -- sync in the caller's thread, async on the event loop
+    (no thread of SecureSaver's pool is taken) -- and still raised every time."""
+    import langgraph_securesaver.gate as gate_mod
+    held: list[tuple[str, float, str]] = []
+    real_sleep, real_asleep = time.sleep, asyncio.sleep
+
+    def sleep(seconds: float) -> None:
+        held.append(("sync", seconds, threading.current_thread().name))
+        real_sleep(seconds)
+
+    async def asleep(seconds: float, *args: Any) -> Any:
+        held.append(("async", seconds, threading.current_thread().name))
+        return await real_asleep(seconds, *args)
+
+    monkeypatch.setattr(gate_mod.time, "sleep", sleep)
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as saver, \
+            tenant_scope("mallory"):
+        errors = []
+        for _ in range(3):
+            with pytest.raises(AccessDenied) as caught:
+                saver.get_tuple(_cfg("t1", "victim"))
+            errors.append(caught.value)
+    monkeypatch.setattr(gate_mod.time, "sleep", real_sleep)
+    assert [e.repeated for e in errors] == [False, True, True]
+    hold = gate_mod.TenantGate.REPEAT_HOLD
+    assert [h for h in held if h[1] == hold] == [("sync", hold, "MainThread")] * 2
+
+    held.clear()
+    monkeypatch.setattr(gate_mod.asyncio, "sleep", asleep)
+
+    async def run() -> list[bool]:
+        async with SecureSaver.afrom_url(f"sqlite:///{tmp_path / 'b.db'}",
+                                         keyring=Keyring.generate(), redaction=None) as s2:
+            out = []
+            with tenant_scope("mallory"):
+                for _ in range(3):
+                    with pytest.raises(AccessDenied) as caught:
+                        await s2.aget_tuple(_cfg("t1", "victim"))
+                    out.append(caught.value.repeated)
+            return out
+    assert asyncio.run(run()) == [False, True, True]
+    assert [h for h in held if h[1] == hold] == [("async", hold, "MainThread")] * 2
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgres"], indirect=True)
 def test_coalesced_counts_are_exact_under_floods_from_two_processes(
         database: tuple[str, Any], tmp_path: Path) -> None:

@@ -45,6 +45,16 @@ class BudgetedDetection(Detection):
         spend.bind(self.policy.write_budget)
         return spend
 
+    def _share_the_gil(self, spend: Spend) -> None:
+        """A large write (or one past its budget) hands the GIL to other requests now and
+        then: at most every YIELD_EVERY seconds, not per string (a sleep costs ~60 us of
+        timer slack, more than withholding a string does)."""
+        if spend.calls > YIELD_AFTER or spend.exceeded is not None:
+            now = self._clock()
+            if now - self._yielded > YIELD_EVERY:
+                time.sleep(0)
+                self._yielded = self._clock()
+
     def detect_raw(self, text: str, policy: RedactionPolicy,
                    seconds: float) -> tuple[Raw | None, str | None]:
         """Raw detections of ``text`` within ``seconds`` (what a worker runs), or None and
@@ -75,13 +85,7 @@ class BudgetedDetection(Detection):
         :mod:`.readback`), paid for when it was stored: it is analyzed within its own time
         budget, whatever the write has spent, and is not charged to the write."""
         spend.calls += 1
-        if spend.calls > YIELD_AFTER:
-            # a large write hands the GIL to other requests now and then (not per string: a
-            # sleep costs ~60 us of timer slack, more than withholding a string does)
-            now = self._clock()
-            if now - self._yielded > YIELD_EVERY:
-                time.sleep(0)
-                self._yielded = self._clock()
+        self._share_the_gil(spend)
         spent = spend.exceeded
         if (not free and spent is not None and spend.budget is not None
                 and spend.budget.on_exceed == "mask"):

@@ -453,10 +453,15 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
         if hit is not None:
             call.hits += 1
             return hit
-        spent, budget = call.spend.exceeded, call.spend.budget
-        if (spent is not None and len(s) > PAST_BUDGET_LOOK and not call.unbilled
-                and budget is not None and budget.on_exceed == "mask"):
-            return self._withheld(s, call, spent)  # past the budget: not even pre-filtered
+        spend = call.spend
+        spent, budget = spend.exceeded, spend.budget
+        if spent is not None:
+            self._share_the_gil(spend)
+            if (len(s) > PAST_BUDGET_LOOK and not call.unbilled and budget is not None
+                    and budget.on_exceed == "mask"):
+                with spend.lock:
+                    spend.withheld += 1
+                return self._withheld(s, call, spent)  # past the budget: not pre-filtered
         if not self._custom_analyzer and not may_have_pii(s):
             return Cached(s, (), ())
         found = self._budgeted_detect(s, call.policy, call.spend, call.unbilled > 0)
