@@ -42,24 +42,31 @@ class BatchedAnalysis(BudgetedDetection):
         first (one analyzer call per ``max_chars`` characters, not one per string); once the
         write's budget is spent and its policy masks, every string of the rest of the list
         that no earlier analysis answered is withheld in one step, without being looked at
-        (a list of 100,000 strings past the budget costs a cache lookup each)."""
-        if call.free is None:
-            self._prefetch_strings(strings, call)
+        (a cache lookup each), and a list reached after the budget was spent is withheld
+        whole."""
         spend = call.spend
         bulk = (call.free is None and spend.budget is not None
                 and spend.budget.on_exceed == "mask")
+        if bulk and spend.exceeded is not None:
+            # the whole list is past the budget: withheld whole, without a look
+            call.chars += sum(map(len, strings))
+            self._withheld_many(len(strings), call, spend.exceeded)
+            return [_WITHHELD_MARKER] * len(strings)
+        if call.free is None:
+            self._prefetch_strings(strings, call)
         out: list[str] = []
         for i, s in enumerate(strings):
             if bulk and spend.exceeded is not None:
-                withheld = 0
-                for rest in strings[i:]:
-                    if self._text_cache.get((call.ctx, rest)) is not None:
-                        out.append(on_str(rest, depth, False))
-                    else:
-                        out.append(_WITHHELD_MARKER)
-                        withheld += 1
-                        call.chars += len(rest)
+                rest = strings[i:]
+                ctx = call.ctx
+                hits = self._text_cache.get_many([(ctx, r) for r in rest])
+                tail = [_WITHHELD_MARKER] * len(rest)
+                for n in [n for n, hit in enumerate(hits) if hit is not None]:
+                    tail[n] = on_str(rest[n], depth, False)  # answered by an earlier analysis
+                withheld = hits.count(None)
+                call.chars += sum(map(len, rest))
                 self._withheld_many(withheld, call, spend.exceeded)
+                out.extend(tail)
                 break
             out.append(on_str(s, depth, False))
         return strings if all(map(operator.is_, out, strings)) else out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .caches import Cache
@@ -47,6 +47,13 @@ class TokenTranslator:
                 return s
             out = TOKEN_RE.sub(sub, s)
             return s if out == s else out
+
+        def on_str_list(strings: Sequence[str], depth: int) -> Sequence[str]:
+            # each distinct string once (a withheld list is one marker repeated)
+            changed = {s: out for s in set(strings) if (out := on_str(s, depth, False)) is not s}
+            if not changed:
+                return strings
+            return [changed.get(s, s) for s in strings]
 
         def one(msg: Any, depth: int) -> tuple[Any, dict[str, str | None]]:
             dumped = dump_message(msg)
@@ -98,5 +105,5 @@ class TokenTranslator:
             return messages if all(map(operator.is_, out, messages)) else out
 
         walker = Walker(on_str, max_depth=max_depth, on_message=on_message,
-                        on_message_list=on_message_list)
+                        on_message_list=on_message_list, on_str_list=on_str_list)
         return walker.walk(value)
