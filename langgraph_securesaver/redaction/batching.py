@@ -59,7 +59,10 @@ class BatchedAnalysis(BudgetedDetection):
             if bulk and spend.exceeded is not None:
                 rest = strings[i:]
                 ctx = call.ctx
-                hits = self._text_cache.get_many([(ctx, r) for r in rest])
+                hits = []
+                for at in range(0, len(rest), 4096):  # the GIL handed over between chunks
+                    hits += self._text_cache.get_many([(ctx, r) for r in rest[at:at + 4096]])
+                    self._share_the_gil(spend)
                 tail = [_WITHHELD_MARKER] * len(rest)
                 for n in [n for n, hit in enumerate(hits) if hit is not None]:
                     tail[n] = on_str(rest[n], depth, False)  # answered by an earlier analysis

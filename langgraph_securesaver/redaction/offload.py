@@ -23,7 +23,7 @@ from .view import OWN_LABELS
 
 Raw = dict[tuple[str, int, int], float]
 YIELD_AFTER = 64  # strings analyzed (or withheld) in one write before it starts yielding
-YIELD_EVERY = 0.002  # then it hands the GIL over at most this often (wall seconds)
+YIELD_EVERY = 0.0005  # then it hands the GIL over at most this often (wall seconds)
 WALL_SLACK = 4.0
 OFFLOAD_PARTS = 64  # strings a write analyzes in-process before offloading, however short
 
