@@ -118,6 +118,52 @@ def test_a_list_of_strings_analyzed_in_batches_gives_each_string_its_own_tokens(
     assert type(out) is tuple and list(out) == one_by_one
 
 
+def test_no_string_of_a_batch_is_judged_by_its_neighbours_text() -> None:
+    """A batch joins strings for one analyzer call, but no validator or veto may read a
+    neighbour: an e-mail followed by ':22' is a mailbox unless a path follows in the SAME
+    string (an scp remote). Batched in content parts, a list and a JSON document, it is
+    tokenized exactly as alone -- and the cache then never hands out a clear result."""
+    pool_mod.configure_pool(0)
+    mail = "ssh alice.smith@example.com:22 failed"
+    path = "see /var/log/auth.log pid 1234567"
+    alone = Redactor(cache_size=0).redact(mail, token_key=KEY).text
+    assert "alice.smith@example.com" not in alone
+    parts = HumanMessage(content=[{"type": "text", "text": mail}, {"type": "text", "text": path}])
+    out, _ = Redactor().redact_value([parts], channel="messages", token_key=KEY)
+    assert out[0].content[0]["text"] == alone
+    rows = [mail, path] * 6
+    out_rows, _ = Redactor().redact_value(rows, channel="rows", token_key=KEY)
+    assert out_rows[0] == alone and out_rows[2] == alone
+    doc, _ = Redactor().redact_value(json.dumps([mail, path]), channel="x", token_key=KEY)
+    assert "alice.smith@example.com" not in doc
+
+
+def test_a_custom_analyzer_is_never_batched() -> None:
+    """A user's recognizers may anchor on a whole value (^...$) or read context words: their
+    strings are analyzed one by one, so a list of 8 gives what each string gives alone."""
+    from presidio_analyzer import Pattern, PatternRecognizer
+
+    from langgraph_securesaver.redaction.engine import build_analyzer
+    pool_mod.configure_pool(0)
+    employee = PatternRecognizer(supported_entity="EMPLOYEE_ID",
+                                 patterns=[Pattern("emp", r"^EMP\d{6}$", 0.9)])
+    analyzer = build_analyzer(extra_recognizers=[employee])
+    ids = [f"EMP{100000 + i}" for i in range(12)]
+    out, _ = Redactor(analyzer=analyzer).redact_value(ids, channel="x", token_key=KEY)
+    assert all(v.startswith("<EMPLOYEE_ID:") for v in out)
+
+
+def test_a_write_refused_before_any_analysis_starts_no_cool_down() -> None:
+    """A string over max_chars is withheld before any analysis: it costs nothing, so it must
+    not let one caller throttle its whole tenant."""
+    pool_mod.configure_pool(0)
+    redactor = Redactor()
+    with write_scope("acme"):
+        out, _ = redactor.redact_value(["x" * 2_000_001], channel="rows", token_key=KEY)
+    assert out == [WITHHELD]
+    assert COOL_DOWNS.factor("acme", 0.1) == 1.0
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_value_of_many_strings_past_the_budget_withholds_its_tail(tmp_path: Path,
                                                                     mode: str) -> None:
@@ -245,7 +291,8 @@ def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None
     hostile write is withheld almost whole at once, its chat turns still go through, and
     another tenant's writes keep the full budget."""
     pool_mod.configure_pool(0)
-    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50)))
+    # wall_after=0: any analysis counts as real spend (the default asks 0.3 CPU s, below)
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, wall_after=0.0)))
     values = [f"note {i}: write to user{i}@example.com" for i in range(200)]
 
     def write(tenant: str, value: Any) -> Any:
@@ -262,12 +309,31 @@ def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None
     other = write("victim", [v + " other" for v in values])
     assert len([v for v in other if v != WITHHELD]) == 50
     # a budget without a cool-down never penalizes
-    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, cool_down=0)))
+    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, cool_down=0,
+                                                                wall_after=0.0)))
     with write_scope("eve"):
         lenient.redact_value(values, channel="rows", token_key=KEY)
     with write_scope("eve"):
         out, _ = lenient.redact_value([v + "!" for v in values], channel="rows", token_key=KEY)
     assert len([v for v in out if v != WITHHELD]) == 50
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_hostile_write_starts_a_cool_down_with_default_settings(tmp_path: Path,
+                                                                  mode: str) -> None:
+    """Default settings: a 2,000-part message runs past the budget and starts its tenant's
+    cool-down; the tenant's next chat turn in it is still stored whole, and another tenant
+    is not in one."""
+    db = tmp_path / "agent.db"
+    hostile = _checkpoint([HumanMessage(content=_hostile_parts(2000))])
+    turn = _checkpoint([HumanMessage("please mail ann@example.org the summary")])
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
+        _put(saver, mode, _cfg("h", "mallory"), hostile)
+        assert COOL_DOWNS.factor("mallory", 0.1) == 0.1
+        assert COOL_DOWNS.factor("victim", 0.1) == 1.0
+        tup = _put(saver, mode, _cfg("c", "mallory"), turn)
+    assert tup.checkpoint["channel_values"]["messages"][0].content == (
+        "please mail ann@example.org the summary")
 
 
 def test_the_cool_down_ends() -> None:

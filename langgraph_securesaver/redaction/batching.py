@@ -91,6 +91,8 @@ class BatchedAnalysis(BudgetedDetection):
         the write's budget is spent: a batch is charged its characters, its analysis time and
         one part per string, and holds no more strings than the write has parts left. What a
         tenant read back (``call.unbilled``) is analyzed whatever the write has spent."""
+        if self._custom_analyzer:
+            return  # a user's recognizers (anchors, NER, context words) may read across strings
         limit = call.policy.max_chars
         spend = call.spend
         free = call.unbilled > 0

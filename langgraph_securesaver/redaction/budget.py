@@ -277,8 +277,9 @@ class CoolDowns:
     def start(self, tenant: str, seconds: float) -> None:
         now = time.monotonic()
         with self._lock:
-            if len(self._until) >= self.MAX_TENANTS:  # drop the ended ones
-                self._until = {t: u for t, u in self._until.items() if u > now}
+            if len(self._until) >= self.MAX_TENANTS:  # drop the ended ones, then the oldest
+                live = sorted((u, t) for t, u in self._until.items() if u > now)
+                self._until = {t: u for u, t in live[-(self.MAX_TENANTS // 2):]}
                 self._next = {t: u for t, u in self._next.items() if t in self._until}
             self._until[tenant] = now + seconds
 
@@ -342,6 +343,8 @@ def write_scope(tenant: str | None = None) -> Iterator[Spend]:
     finally:
         _CURRENT.reset(token)
         budget = spend.budget
+        # only a write that spent real analysis time starts one: a string over max_chars is
+        # refused before any analysis and must not let a caller throttle its whole tenant
         if (tenant is not None and spend.exceeded is not None and budget is not None
-                and budget.cool_down > 0):
+                and budget.cool_down > 0 and spend.seconds >= budget.wall_after):
             COOL_DOWNS.start(tenant, budget.cool_down)
