@@ -267,7 +267,6 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         ref = self._gate.resolve_ref(config, "put")
         inner = self._io.sync("put")
         keys = self.services.tenant_keys(ref.tenant)
-        self._writes.wait_turn(ref)
         sealed, md = self._writes.seal_put(self.codec, keys, ref, config, checkpoint, metadata,
                                            new_versions)
         saved = inner.put(self._io.config(ref, config), sealed, md, new_versions)  # type: ignore[arg-type]
@@ -282,7 +281,6 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         inner = self._io.sync("put_writes")
         keys = self.services.tenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
-        self._writes.wait_turn(ref)
         # sealed with the task path the inner saver stores (none if it takes none)
         sealed = self._writes.seal_writes(self.codec, keys, ref, config, writes, task_id,
                                           optional.get("task_path", ""))
@@ -416,11 +414,9 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         """Async twin of :meth:`put`; never blocks the event loop."""
         ref = await self._gate.aresolve_ref(config, "put")
         keys = await self.services.atenant_keys(ref.tenant)
-        await self._writes.await_turn(ref)
         # redaction, serialization, sealing and the registry rows: one hop off the event loop
-        sealed, md = await to_thread(
-            self._writes.seal_put, self.codec, keys, ref, config, checkpoint, metadata,
-            new_versions)
+        sealed, md = await self._writes.aseal_put(self.codec, keys, ref, config, checkpoint,
+                                                  metadata, new_versions)
         saved = await self._io.call("put", self._io.config(ref, config), sealed, md,
                                    new_versions)
         await self._writes.asettle(ref)
@@ -433,9 +429,8 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         keys = await self.services.atenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
         path = optional.get("task_path", "")  # as the inner saver stores it
-        await self._writes.await_turn(ref)
-        sealed = await to_thread(  # one hop off the event loop, as in aput
-            self._writes.seal_writes, self.codec, keys, ref, config, writes, task_id, path)
+        sealed = await self._writes.aseal_writes(  # one hop off the event loop, as in aput
+            self.codec, keys, ref, config, writes, task_id, path)
         await self._io.call("put_writes", self._io.config(ref, config), sealed, task_id,
                            **optional)
         await self._writes.asettle(ref)

@@ -93,7 +93,8 @@ class WritePath:
 
     def seal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                  config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                 new_versions: ChannelVersions) -> tuple[Checkpoint, dict[str, Any]]:
+                 new_versions: ChannelVersions, paced: bool = False
+                 ) -> tuple[Checkpoint, dict[str, Any]]:
         """Everything a put does before the inner saver's call (CPU work and registry rows;
         ``aput`` runs it in one worker thread): touch the thread's registry row when due,
         redact and seal, and store new PII originals before their tokens reach storage.
@@ -103,12 +104,32 @@ class WritePath:
         fenced delete of an emptied thread either sees this write coming (and keeps the
         thread) or has committed before the key is read (and this write gets a new key)."""
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
+        if not paced:
+            self.wait_turn(ref)
         with self._activity(ref), write_scope(ref.tenant):   # one redaction budget
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         return sealed, md
+
+    async def aseal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                        config: RunnableConfig, checkpoint: Checkpoint,
+                        metadata: CheckpointMetadata, new_versions: ChannelVersions
+                        ) -> tuple[Checkpoint, dict[str, Any]]:
+        """:meth:`seal_put` in one hop off the event loop, after the tenant's turn was awaited
+        on the loop (a write paced by a cool-down holds no thread while it waits)."""
+        await self.await_turn(ref)
+        return await to_thread(self.seal_put, codec, keys, ref, config, checkpoint, metadata,
+                               new_versions, paced=True)
+
+    async def aseal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                           config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                           task_id: str, task_path: str = "") -> builtins.list[tuple[str, Any]]:
+        """:meth:`seal_writes` as :meth:`aseal_put`."""
+        await self.await_turn(ref)
+        return await to_thread(self.seal_writes, codec, keys, ref, config, writes, task_id,
+                               task_path, paced=True)
 
     def wait_turn(self, ref: ThreadRef) -> None:
         """Before a write of a tenant in its redaction cool-down: wait for its turn, or be
@@ -149,9 +170,11 @@ class WritePath:
 
     def seal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                    task_path: str = "") -> builtins.list[tuple[str, Any]]:
+                    task_path: str = "", paced: bool = False) -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`seal_put`."""
         self.bind_subject(keys, ref, "put_writes")
+        if not paced:
+            self.wait_turn(ref)
         with self._activity(ref), write_scope(ref.tenant):
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)

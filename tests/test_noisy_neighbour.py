@@ -136,6 +136,12 @@ def test_no_string_of_a_batch_is_judged_by_its_neighbours_text() -> None:
     assert out_rows[0] == alone and out_rows[2] == alone
     doc, _ = Redactor().redact_value(json.dumps([mail, path]), channel="x", token_key=KEY)
     assert "alice.smith@example.com" not in doc
+    # a veto label ending one string does not excuse a card number opening the next
+    card = "4111 1111 1111 1111"
+    rows = ["see tracking", card] + [f"ticket {1000000 + i} closed" for i in range(8)]
+    out_rows, _ = Redactor().redact_value(rows, channel="rows", token_key=KEY)
+    assert out_rows[1] == Redactor(cache_size=0).redact(card, token_key=KEY).text
+    assert "4111" not in out_rows[1]
 
 
 def test_a_custom_analyzer_is_never_batched() -> None:

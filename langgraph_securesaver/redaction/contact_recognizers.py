@@ -16,6 +16,7 @@ import tldextract
 from presidio_analyzer import RecognizerResult
 
 from .linear import CN_MOBILE, CN_RESIDENT_ID, LinearRecognizer, rx
+from .windows import window_end, window_start
 
 # --------------------------------------------------------------------------------------------
 # E-mail: linear (each local-part run is scanned once; the domain is at most 30 labels)
@@ -47,10 +48,11 @@ def _validate_email(m: re.Match[str], view: str) -> float | None:
     local, _, domain = value.rpartition("@")
     if not local.strip("._%+-"):
         return None
-    if _SCP_PATH.match(view, m.end()) and (local == "git" or view[m.end() + 1:m.end() + 2]
-                                           in "~/" or "/" in view[m.end():m.end() + 80]):
+    ahead = view[m.end():window_end(view, m.end(), m.end() + 80)]
+    if _SCP_PATH.match(ahead) and (local == "git" or ahead[1:2] in "~/" or "/" in ahead):
         return None  # an scp-style remote ("git@github.com:org/repo.git"), not a mailbox
-    if _URL_USERINFO.search(view, max(0, m.start() - 90), m.start()):
+    if _URL_USERINFO.search(view, window_start(view, max(0, m.start() - 90), m.start()),
+                            m.start()):
         return None  # "scheme://user:password@host": the password is the secret here
     if _offline_tld()(domain).fqdn == "":
         return None
@@ -242,7 +244,8 @@ _PHONE_LABEL_NEAR = 32
 
 
 def _phone_label_near(view: str, start: int) -> bool:
-    return _PHONE_LABEL.search(view, max(0, start - _PHONE_LABEL_NEAR), start) is not None
+    lo = window_start(view, max(0, start - _PHONE_LABEL_NEAR), start)
+    return _PHONE_LABEL.search(view, lo, start) is not None
 
 
 def _validate_nanp(m: re.Match[str], view: str) -> float | None:

@@ -9,6 +9,7 @@ import re
 
 from .decoding import decode_text
 from .number_recognizers import IBAN_HEAD, NOT_CARDS
+from .windows import window_start
 
 # --------------------------------------------------------------------------------------------
 # Label vetoes: a few weak kinds are dropped when the text right before them names something
@@ -68,7 +69,7 @@ def label_veto(kind: str, text: str, start: int, end: int | None = None) -> bool
     pattern = LABEL_VETOES.get(kind)
     if pattern is None:
         return False
-    lo = max(0, start - _VETO_WINDOW)
+    lo = window_start(text, max(0, start - _VETO_WINDOW), start)
     if pattern.search(text, lo, start) is not None:
         return True
     if kind in _PHONE_KINDS and end is not None and _HOST_AFTER.match(text, end):
@@ -76,7 +77,7 @@ def label_veto(kind: str, text: str, start: int, end: int | None = None) -> bool
     if end is not None and kind in _GLUED_KINDS:
         if "".join(c for c in text[start:end] if c.isdigit()) in NOT_CARDS:
             return True  # 2147483647 and friends
-        if IBAN_HEAD.search(text, max(0, start - 40), start):
+        if IBAN_HEAD.search(text, window_start(text, max(0, start - 40), start), start):
             return True  # digits inside an IBAN
     if kind in _GLUED_KINDS and _GLUED_ID.search(text, lo, start) is not None:
         if _PHONE_KEY.search(text, lo, start) is not None:

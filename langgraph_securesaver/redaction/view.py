@@ -14,6 +14,7 @@ from typing import Any
 
 from .decoding import DECODABLE, is_default_ignorable
 from .recognizers import API_SECRET, CANDIDATE_RE
+from .windows import BATCH_SEP  # noqa: F401 - re-exported (defined here before)
 
 # --------------------------------------------------------------------------------------------
 # Analysis view: compatibility forms folded to ASCII, CJK blanked, known markers blanked, with
@@ -208,12 +209,8 @@ def may_have_pii(s: str) -> bool:
 
 CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP
 SECRET_OVERLAP = 4096
-# Joins the strings of one batch (a list, content parts, a JSON document) for a single
-# analyzer call: NUL is blank to every recognizer (not a word character, not whitespace, not
-# phone punctuation), and the run is longer than any context window a validator or veto
-# reads around a match (the e-mail check looks 80 characters ahead and 90 behind, the label
-# vetoes 24-40 behind), so no string's result depends on its neighbours.
-BATCH_SEP = "\x00" * 100 + "\n" + "\x00" * 100
+# BATCH_SEP (the joint of a batch of strings) lives in .windows with the window bounds.
+
 
 # Tie-breakers when detections overlap: higher score, then longer span, then this priority.
 PRIORITY = {API_SECRET: 9, "CN_RESIDENT_ID": 8, "CREDIT_CARD": 7, "IBAN_CODE": 7,
