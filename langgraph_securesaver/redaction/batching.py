@@ -3,9 +3,11 @@ calls, and a list's tail withheld in one step once the write's budget is spent.
 
 One analyzer call costs ~0.3 ms of fixed overhead (and, in a worker, a round trip), so a
 value of thousands of short strings analyzed one by one spends its whole budget on overhead.
-The strings are joined by :data:`~.view.BATCH_SEP`, which no recognizer matches across, and
-each detection is split back onto the strings it covers; each string's result is cached, so
-the per-string walk that follows finds it there.
+The strings are joined by :data:`~.windows.BATCH_SEP`, which no recognizer matches across and
+at which every validator's context window stops, and each detection is split back onto the
+strings it covers; each string's result is cached, so the per-string walk that follows finds
+it there. A custom analyzer's strings are never batched (its patterns may anchor on a whole
+value, its NER read a neighbour).
 """
 
 from __future__ import annotations
