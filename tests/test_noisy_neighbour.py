@@ -31,6 +31,7 @@ from langgraph_securesaver.redaction import RedactionError, RedactionPolicy, Red
 from langgraph_securesaver.redaction import pool as pool_mod
 from langgraph_securesaver.redaction.budget import COOL_DOWNS, WriteBudget, write_scope
 from langgraph_securesaver.registry.denials import DenialLog
+from tests.scripts.budget_restart import tool_output
 
 WITHHELD = "<WITHHELD:masked>"
 KEY = b"k" * 32
@@ -297,8 +298,8 @@ def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None
     hostile write is withheld almost whole at once, its chat turns still go through, and
     another tenant's writes keep the full budget."""
     pool_mod.configure_pool(0)
-    # wall_after=0: any analysis counts as real spend (the default asks 0.3 CPU s, below)
-    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, wall_after=0.0)))
+    # the first write analyzes all 50 strings it may: more than half a bound's work
+    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50)))
     values = [f"note {i}: write to user{i}@example.com" for i in range(200)]
 
     def write(tenant: str, value: Any) -> Any:
@@ -315,8 +316,7 @@ def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None
     other = write("victim", [v + " other" for v in values])
     assert len([v for v in other if v != WITHHELD]) == 50
     # a budget without a cool-down never penalizes
-    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, cool_down=0,
-                                                                wall_after=0.0)))
+    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, cool_down=0)))
     with write_scope("eve"):
         lenient.redact_value(values, channel="rows", token_key=KEY)
     with write_scope("eve"):
@@ -410,18 +410,35 @@ def test_the_raise_policy_stores_nothing_of_a_hostile_write(tmp_path: Path, mode
     assert b"SECRETPART01999X" not in _storage_bytes(db)
 
 
-def test_a_real_turn_stays_within_the_default_budget() -> None:
-    """A long pasted document and a 100 KB JSON tool output, default settings: nothing is
-    withheld (the budget is far from these; see docs/redaction.md for the measurements)."""
+@pytest.mark.parametrize("size", ["200 KB document", "100 KB tool output", "CRM search"])
+def test_a_real_turn_stays_far_from_the_default_budget(size: str) -> None:
+    """Real turns, default settings: nothing is withheld, no cool-down starts, and each uses
+    at most half of the character and string bounds -- a margin that does not depend on the
+    machine's speed or load (the CI machine once needed 0.5 CPU s for what takes 0.1 s here;
+    a write of a real turn must never meet a time bound first). Its CPU time is printed for
+    the record, not asserted."""
     pool_mod.configure_pool(0)
     rng = random.Random(3)
-    doc = "\n".join(_filler(rng, 400) + (f" call 415-555-{i:04d} or p{i}@ex.com"
-                                         if i % 5 == 0 else "") for i in range(250))
-    tool = json.dumps([{"id": i, "email": f"u{i}@corp.example.com", "note": _filler(rng, 80)}
-                       for i in range(800)])
-    out, _ = Redactor().redact_value([HumanMessage(content=doc), HumanMessage(content=tool)],
-                                     channel="messages", token_key=KEY)
-    assert WITHHELD not in out[0].content and WITHHELD not in out[1].content
+    if size == "200 KB document":
+        value: Any = HumanMessage(content="\n".join(
+            _filler(rng, 400) + (f" call 415-555-{i:04d} or p{i}@ex.com" if i % 5 == 0
+                                 else "") for i in range(500)))
+    elif size == "100 KB tool output":
+        value = HumanMessage(content=json.dumps(
+            [{"id": i, "email": f"u{i}@corp.example.com", "phone": f"+1 415 555 {1000 + i}",
+              "note": _filler(rng, 80)} for i in range(700)]))
+    else:
+        value = HumanMessage(content=tool_output(7))
+    started = time.thread_time()
+    with write_scope("acme") as spend:
+        out, _ = Redactor().redact_value([value], channel="messages", token_key=KEY)
+    print(f"{size}: {spend.chars} chars, {spend.parts} strings, "
+          f"{time.thread_time() - started:.2f} CPU s")
+    assert WITHHELD not in out[0].content and spend.exceeded is None
+    budget = WriteBudget()
+    assert 0 < 2 * spend.chars <= budget.max_chars
+    assert 2 * spend.parts <= budget.max_parts
+    assert COOL_DOWNS.factor("acme", budget.penalty) == 1.0
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,11 +34,14 @@ from .errors import RedactionError
 
 # Defaults: see docs/redaction.md ("The budget of one write") for the turns they were
 # measured against.
-DEFAULT_WRITE_CHARS = 2_000_000
-DEFAULT_WRITE_PARTS = 20_000
-DEFAULT_WRITE_SECONDS = 0.5
-DEFAULT_WRITE_WALL = 0.5
-DEFAULT_WALL_AFTER = 0.3
+# The character and string bounds stop the hostile writes of docs/benchmarks.md whatever the
+# machine's speed or load; the time bounds, far above any real turn, only catch text that
+# costs much more per character than prose does.
+DEFAULT_WRITE_CHARS = 600_000
+DEFAULT_WRITE_PARTS = 5_000
+DEFAULT_WRITE_SECONDS = 1.0
+DEFAULT_WRITE_WALL = 2.0
+DEFAULT_WALL_AFTER = 0.6
 DEFAULT_COOL_DOWN = 10.0
 DEFAULT_PENALTY = 0.1
 DEFAULT_SPACING = 1.0
@@ -59,12 +62,14 @@ class WriteBudget:
             strings spent being analyzed, here or waiting on a worker -- enforced once the
             write has used ``wall_after`` CPU seconds of analysis: on a loaded machine one
             CPU second stretches to many wall seconds, while other requests wait for the
-            worker and the GIL. Real turns (0.2 CPU seconds or less, see docs/redaction.md)
-            never reach ``wall_after``, so load alone never withholds them.
+            worker and the GIL. Real turns (a quarter of a CPU second or less, see
+            docs/redaction.md) stay well below ``wall_after``, so load alone never withholds
+            them.
         wall_after: CPU seconds of analysis a write may use before ``wall_budget`` applies.
         on_exceed: ``"mask"`` withholds each string past the budget as
             ``<WITHHELD:masked>``; ``"raise"`` refuses the write with ``RedactionError``.
-        cool_down: seconds after a write of a tenant ran past its budget during which that
+        cool_down: seconds after a write of a tenant ran past its budget, having done at
+            least half of one bound's work (:meth:`Spend.worked`), during which that
             tenant's writes (in this process) get ``penalty`` times the budget: a chat turn
             still fits, the next hostile write is withheld at once instead of costing the
             process another budget's worth of analysis and storage. 0 turns it off.
@@ -201,6 +206,17 @@ class Spend:
                 "not stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such "
                 "writes are expected")
         return reason
+
+    def worked(self) -> bool:
+        """Whether the write did at least half of one bound's work: what a write must have
+        cost the process before running past its budget starts its tenant's cool-down. A
+        string refused for its length alone, before any analysis, costs nothing."""
+        budget = self.budget
+        if budget is None:  # pragma: no cover
+            return False
+        with self.lock:
+            return (2 * self.chars >= budget.max_chars or 2 * self.parts >= budget.max_parts
+                    or 2 * self.seconds >= budget.time_budget)
 
     def parts_left(self) -> int:
         """Strings the write may still have analyzed."""
@@ -343,8 +359,8 @@ def write_scope(tenant: str | None = None) -> Iterator[Spend]:
     finally:
         _CURRENT.reset(token)
         budget = spend.budget
-        # only a write that spent real analysis time starts one: a string over max_chars is
-        # refused before any analysis and must not let a caller throttle its whole tenant
+        # only a write that did real work starts one: a string over max_chars is refused
+        # before any analysis and must not let a caller throttle its whole tenant
         if (tenant is not None and spend.exceeded is not None and budget is not None
-                and budget.cool_down > 0 and spend.seconds >= budget.wall_after):
+                and budget.cool_down > 0 and spend.worked()):
             COOL_DOWNS.start(tenant, budget.cool_down)
