@@ -295,8 +295,8 @@ def test_the_wall_clock_deadline_applies_once_the_write_used_real_cpu(on_exceed:
 
 def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None:
     """A write that ran past its budget starts its tenant's cool-down: that tenant's next
-    hostile write is withheld almost whole at once, its chat turns still go through, and
-    another tenant's writes keep the full budget."""
+    over-budget write is refused after a tenth of the budget's work, its small writes and chat
+    turns still go through, and another tenant's writes keep the full budget."""
     pool_mod.configure_pool(0)
     # the first write analyzes all 50 strings it may: more than half a bound's work
     redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50)))
@@ -308,9 +308,12 @@ def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None
 
     first = write("mallory", values)
     assert first[:50] == [v for v in first[:50] if WITHHELD not in v] and first[50] == WITHHELD
-    again = write("mallory", [v + " again" for v in values])
-    kept = [v for v in again if v != WITHHELD]
-    assert len(kept) == 5  # a tenth of max_parts
+    # the next over-budget write is refused, not withheld: a tenth of max_parts, then no more
+    with pytest.raises(RedactionError, match="cool-down") as refused:
+        write("mallory", [v + " again" for v in values])
+    assert "example" not in str(refused.value)
+    small = write("mallory", values[100:105])  # within a tenth of max_parts
+    assert len(small) == 5 and WITHHELD not in small
     turn = write("mallory", ["please mail ann@example.org the summary"])
     assert turn != [WITHHELD] and "<EMAIL_ADDRESS:" in turn[0]
     other = write("victim", [v + " other" for v in values])
@@ -338,8 +341,14 @@ def test_a_hostile_write_starts_a_cool_down_with_default_settings(tmp_path: Path
         assert COOL_DOWNS.factor("mallory", 0.1) == 0.1
         assert COOL_DOWNS.factor("victim", 0.1) == 1.0
         tup = _put(saver, mode, _cfg("c", "mallory"), turn)
+        # the next hostile write in the cool-down is refused: nothing of it is stored
+        again = _checkpoint([HumanMessage(content=_hostile_parts(2000, seed=5))])
+        with pytest.raises(RedactionError, match="cool-down"):
+            _put(saver, mode, _cfg("h2", "mallory"), again)
+        assert saver.get_tuple(_cfg("h2", "mallory")) is None
     assert tup.checkpoint["channel_values"]["messages"][0].content == (
         "please mail ann@example.org the summary")
+    assert b"SECRETPART01999X" not in _storage_bytes(db)
 
 
 def test_the_cool_down_ends() -> None:

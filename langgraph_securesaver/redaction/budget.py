@@ -73,7 +73,11 @@ class WriteBudget:
             tenant's writes (in this process) get ``penalty`` times the budget: a chat turn
             still fits, the next hostile write is withheld at once instead of costing the
             process another budget's worth of analysis and storage. 0 turns it off.
-        penalty: the fraction of every bound a tenant in its cool-down gets.
+        penalty: the fraction of every bound a tenant in its cool-down gets; a write of it
+            that exceeds this smaller budget is refused with ``RedactionError`` whatever
+            ``on_exceed`` says: it is the same tenant's next over-budget write, and storing
+            megabytes of withheld markers would cost the process (serializing, sealing,
+            storing) what the budget saved.
         spacing: seconds between the starts of two writes of a tenant in its cool-down (in
             this process): a write waits for its turn (async: without holding a thread), and
             one that would wait more than ``spacing`` is refused with ``RedactionError``.
@@ -120,11 +124,12 @@ class WriteBudget:
         object.__setattr__(self, "spacing", float(self.spacing))
 
     def scaled(self, factor: float) -> WriteBudget:
-        """This budget with every bound times ``factor`` (a tenant in its cool-down)."""
+        """This budget with every bound times ``factor``, refusing what exceeds it (a tenant in
+        its cool-down: see :class:`Spend`)."""
         if factor >= 1.0:
             return self
         return dataclasses.replace(
-            self, max_chars=max(1_000, int(self.max_chars * factor)),
+            self, on_exceed="raise", max_chars=max(1_000, int(self.max_chars * factor)),
             max_parts=max(1, int(self.max_parts * factor)),
             time_budget=self.time_budget * factor, wall_budget=self.wall_budget * factor,
             wall_after=self.wall_after * factor)
@@ -140,8 +145,8 @@ class Spend:
     """What one write has spent so far; shared by every redaction of the write (and by the
     threads that may run them), so it is locked."""
 
-    __slots__ = ("budget", "calls", "chars", "exceeded", "lock", "parts", "pii_epochs",
-                 "seconds", "tenant", "wall", "withheld")
+    __slots__ = ("budget", "calls", "chars", "cooling", "exceeded", "lock", "parts",
+                 "pii_epochs", "seconds", "tenant", "wall", "withheld")
 
     def __init__(self, budget: WriteBudget | None = None, tenant: str | None = None) -> None:
         self.budget = budget
@@ -155,13 +160,16 @@ class Spend:
         self.exceeded: str | None = None  # why the budget is spent, once it is
         self.lock = threading.Lock()
         self.wall = 0.0  # wall-clock seconds of the analyses charged so far
+        self.cooling = False  # the tenant was in its cool-down when the write started
 
     def bind(self, budget: WriteBudget) -> WriteBudget:
         """The budget of the write: the first redaction's policy sets it."""
         with self.lock:
             if self.budget is None:
                 if self.tenant is not None and budget.cool_down > 0:
-                    budget = budget.scaled(COOL_DOWNS.factor(self.tenant, budget.penalty))
+                    factor = COOL_DOWNS.factor(self.tenant, budget.penalty)
+                    self.cooling = factor < 1.0
+                    budget = budget.scaled(factor)
                 self.budget = budget
             return self.budget
 
@@ -201,11 +209,21 @@ class Spend:
             else:
                 self.withheld += 1
         if reason is not None and budget.on_exceed == "raise":
-            raise RedactionError(
-                f"the write needs more redaction than its budget allows ({reason}); it was "
-                "not stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such "
-                "writes are expected")
+            raise self.refusal(reason)
         return reason
+
+    def refusal(self, reason: str) -> RedactionError:
+        """The error of a write refused for its budget (``reason`` names the bound)."""
+        if self.cooling:
+            return RedactionError(
+                f"the write was refused and not stored: it needs more redaction ({reason}) "
+                "than a tenant gets during the cool-down that follows one of its writes "
+                "running past its budget; retry later, or raise "
+                "RedactionPolicy(write_budget=WriteBudget(...)) if such writes are expected")
+        return RedactionError(
+            f"the write needs more redaction than its budget allows ({reason}); it was not "
+            "stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such writes are "
+            "expected")
 
     def worked(self) -> bool:
         """Whether the write did at least half of one bound's work: what a write must have
@@ -255,10 +273,7 @@ class Spend:
             self.withheld += 1
             reason = self.exceeded
         if budget is not None and budget.on_exceed == "raise":
-            raise RedactionError(
-                f"the write needs more redaction than its budget allows ({reason}); it was "
-                "not stored. Raise RedactionPolicy(write_budget=WriteBudget(...)) if such "
-                "writes are expected")
+            raise self.refusal(reason)
         return reason
 
 
