@@ -6,7 +6,7 @@ settings (redaction on, the default budget and worker pool).
 Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
 raw AsyncPostgresSaver, throughput ratio (``--concurrent``).
 
-    python benchmarks/noisy_neighbour.py [--rounds 2] [--victim-turns 100] [--backends sqlite,postgres]
+    python benchmarks/noisy_neighbour.py [--rounds 2] [--victim-turns 200] [--backends sqlite,postgres]
                                          [--concurrent 16] [--turns 12] [--only 500,denial]
 
 Targets: victim median <= 1.5x and p95 <= 2x alone; every hostile write returns (withheld or
@@ -40,6 +40,10 @@ try:  # absent before the worker pool existed (the script also runs against olde
     from langgraph_securesaver.redaction.pool import shared_pool
 except ImportError:  # pragma: no cover
     shared_pool = None  # type: ignore[assignment]
+try:  # absent before cool-downs existed
+    from langgraph_securesaver.redaction.budget import COOL_DOWNS
+except ImportError:  # pragma: no cover
+    COOL_DOWNS = None  # type: ignore[assignment]
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 WITHHELD = "<WITHHELD:masked>"
@@ -231,6 +235,11 @@ async def run_backend(backend: str, rounds: int, turns: int, workdir: Path,
                 alone_first = r % 2 == 0
                 if alone_first:
                     alone = await victim.run(turns)
+                if COOL_DOWNS is not None:
+                    # every phase meets a hostile tenant out of its cool-down: its first
+                    # over-budget write costs the whole budget (it would be flattered by
+                    # a cool-down left over from the phase before)
+                    COOL_DOWNS.clear()
                 since = time.time()
                 lat, out, ran = await disturbed(victim, turns,
                                                 8.0 if name.startswith("denial") else 0.0,
@@ -258,7 +267,11 @@ async def run_backend(backend: str, rounds: int, turns: int, workdir: Path,
         notes = ""
         if res["outcomes"]:
             kinds = {o: res["outcomes"].count(o) for o in set(res["outcomes"])}
-            notes = f"writes {kinds}; withheld parts {res['withheld']}"
+            slowest = {o: round(max(d for d, k in zip(res["hostile"], res["outcomes"],
+                                                      strict=True) if k == o), 2)
+                       for o in kinds}
+            notes = (f"writes {kinds}, slowest {slowest} s; withheld parts "
+                     f"{res['withheld']}")
         if res["rows"]:
             notes = "; ".join(f"{rows} rows in {ran:.1f} s, count {total} = raised {raised}: "
                               f"{'exact' if total == raised else 'MISMATCH'}"
@@ -338,7 +351,7 @@ async def run_concurrent(n: int, turns: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--victim-turns", type=int, default=100,
+    parser.add_argument("--victim-turns", type=int, default=200,
                         help="victim turns per phase (a fresh conversation each time)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrent", type=int, default=16)

@@ -253,7 +253,7 @@ def test_an_erasure_in_another_process_stops_every_restore_at_once_and_writes_so
     erased token), and once that time has passed a new mention gets a new entry that
     restores, never the erased token."""
     from langgraph_securesaver.registry.pii_vault import WRITE_EPOCH_REUSE
-    url, raw = database
+    url, _raw = database
     ring = Keyring.generate()
     with SecureSaver.from_url(url, keyring=ring, redaction=redactor) as worker, \
             SecureSaver.from_url(url, keyring=ring, redaction=redactor) as dpo:

@@ -171,3 +171,4 @@ class BatchedAnalysis(BudgetedDetection):
                 i += 1
         for text, raw in zip(texts, per_text, strict=True):
             self._store_plain(text, self._finish(text, raw, call.policy), call)
+            self._share_the_gil(call.spend)  # a batch can hold thousands of detections

@@ -22,7 +22,7 @@ from .tokens import kind_label
 from .view import OWN_LABELS
 
 Raw = dict[tuple[str, int, int], float]
-YIELD_AFTER = 64  # strings analyzed (or withheld) in one write before it starts yielding
+YIELD_AFTER = 64  # analyses (or strings) in one write before it starts yielding
 YIELD_EVERY = 0.0005  # then it hands the GIL over at most this often (wall seconds)
 WALL_SLACK = 4.0
 OFFLOAD_PARTS = 64  # strings a write analyzes in-process before offloading, however short
@@ -49,7 +49,8 @@ class BudgetedDetection(Detection):
         """A large write (or one past its budget) hands the GIL to other requests now and
         then: at most every YIELD_EVERY seconds, not per string (a sleep costs ~60 us of
         timer slack, more than withholding a string does)."""
-        if spend.calls > YIELD_AFTER or spend.exceeded is not None:
+        if (spend.calls > YIELD_AFTER or spend.parts > YIELD_AFTER
+                or spend.exceeded is not None):
             now = self._clock()
             if now - self._yielded > YIELD_EVERY:
                 time.sleep(0)
