@@ -4,10 +4,12 @@ of 100,000 strings -- each phase against the victim alone, interleaved, async, d
 settings (redaction on, the default budget and worker pool).
 
 Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
-raw AsyncPostgresSaver, throughput ratio (``--concurrent``).
+raw AsyncPostgresSaver, throughput ratio (``--concurrent``), once with a new e-mail address in
+every turn and once in every fifth (``--pii-every``, the mix of benchmarks/saver_overhead.py).
 
     python benchmarks/noisy_neighbour.py [--rounds 2] [--victim-turns 200] [--backends sqlite,postgres]
-                                         [--concurrent 16] [--turns 12] [--only 500,denial]
+                                         [--concurrent 16] [--turns 12] [--pii-every 1,5]
+                                         [--only 500,denial]
 
 Targets: victim median <= 1.5x and p95 <= 2x alone; every hostile write returns (withheld or
 refused) in <= 2 s; <= 10 access_denied rows per 8 s of flood, counts exact; 16 conversations
@@ -303,7 +305,15 @@ def readme_rows(by_backend: dict[str, dict[str, dict[str, list[Any]]]]) -> None:
         print(f"| {name} | " + " | ".join(" / ".join(c) for c in cells) + " |")
 
 
-async def conversations(make_saver: Callable[[], Any], n: int, turns: int) -> float:
+def chat_line(i: int, t: int, pii_every: int) -> str:
+    """Turn ``t`` of conversation ``i``: a new e-mail address every ``pii_every`` turns."""
+    if t % pii_every == pii_every - 1:
+        return f"conversation {i} turn {t}: reach me at c{i}.t{t}@example.com"
+    return f"conversation {i} turn {t}: please summarise the previous answer in one line"
+
+
+async def conversations(make_saver: Callable[[], Any], n: int, turns: int,
+                        pii_every: int = 1) -> float:
     """Turns per second of ``n`` concurrent conversations on one saver."""
     async with make_saver() as saver:
         graph = build_chat_graph(saver)
@@ -311,8 +321,8 @@ async def conversations(make_saver: Callable[[], Any], n: int, turns: int) -> fl
         async def talk(i: int) -> None:
             cfg = {"configurable": {"thread_id": f"c{i}", "tenant_id": f"tenant-{i % 4}"}}
             for t in range(turns):
-                await graph.ainvoke({"messages": [HumanMessage(
-                    f"conversation {i} turn {t}: reach me at c{i}.t{t}@example.com")]}, cfg)
+                await graph.ainvoke({"messages": [HumanMessage(chat_line(i, t, pii_every))]},
+                                    cfg)
 
         await talk(999)  # warm up
         start = time.perf_counter()
@@ -320,7 +330,7 @@ async def conversations(make_saver: Callable[[], Any], n: int, turns: int) -> fl
         return n * turns / (time.perf_counter() - start)
 
 
-async def run_concurrent(n: int, turns: int, rounds: int) -> None:
+async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> None:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
     from langgraph_securesaver.storage.backends import libpq_url
@@ -340,12 +350,12 @@ async def run_concurrent(n: int, turns: int, rounds: int) -> None:
 
     raws, secures = [], []
     for _ in range(rounds):
-        raws.append(await conversations(raw, n, turns))
-        secures.append(await conversations(wrapped, n, turns))
+        raws.append(await conversations(raw, n, turns, pii_every))
+        secures.append(await conversations(wrapped, n, turns, pii_every))
     r, s = statistics.median(raws), statistics.median(secures)
-    print(f"\n{n} concurrent async conversations on PostgreSQL, {turns} turns each, "
-          f"{rounds} rounds: raw {r:.1f} turns/s, SecureSaver (redaction on) {s:.1f} turns/s "
-          f"= {s / r:.2f}x; {load()}")
+    print(f"\n{n} concurrent async conversations on PostgreSQL, {turns} turns each, a new "
+          f"e-mail address every {pii_every} turn(s), {rounds} rounds: raw {r:.1f} turns/s, "
+          f"SecureSaver (redaction on) {s:.1f} turns/s = {s / r:.2f}x; {load()}")
 
 
 def main() -> None:
@@ -356,6 +366,10 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrent", type=int, default=16)
     parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--pii-every", default="1,5",
+                        help="the concurrent conversations carry a new e-mail address every N "
+                             "turns; one comparison per N (1: every turn, 5: the per-turn "
+                             "benchmark's mix)")
     parser.add_argument("--only", default="",
                         help="run only the phases whose names hold one of these words "
                              "(comma-separated: 500, 2,000, denial, 100,000)")
@@ -371,7 +385,9 @@ def main() -> None:
             by_backend[backend] = asyncio.run(run_backend(backend, args.rounds, args.victim_turns,
                                                           Path(tmp), args.only))
     if args.concurrent:
-        asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds)))
+        for every in [int(e) for e in args.pii_every.split(",") if e]:
+            asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds),
+                                       max(1, every)))
     readme_rows(by_backend)
     print(f"\n{time.perf_counter() - started:.0f} s in all; {load()}")
 

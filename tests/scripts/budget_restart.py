@@ -21,6 +21,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
 from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.redaction.budget import COOL_DOWNS
 
 TURNS = 24
 RECORDS = 500  # ~120 KB of JSON per tool output
@@ -112,15 +113,20 @@ def main() -> int:
                 return hostile_checkpoint(msgs)
 
             conv = {"configurable": {**THREAD["configurable"], "checkpoint_ns": ""}}
+            # each attack on its own: the first one starts the tenant's cool-down, in which the
+            # second would be refused outright (tests/test_noisy_neighbour.py); here what counts
+            # is that content the tenant did not read back is charged to the write
             if flavour == "sync":
                 saver.put(fresh, hostile_checkpoint(new), md, {"messages": 1})
                 result["fresh"] = state_of(saver.get_tuple(fresh))
+                COOL_DOWNS.clear()
                 saver.put(conv, edit(saver.get_tuple(conv)), md, {"messages": 1})
                 result["edited"] = state_of(saver.get_tuple(conv))
             else:
                 async def attack() -> None:
                     await saver.aput(fresh, hostile_checkpoint(new), md, {"messages": 1})
                     result["fresh"] = state_of(await saver.aget_tuple(fresh))
+                    COOL_DOWNS.clear()
                     await saver.aput(conv, edit(await saver.aget_tuple(conv)), md,
                                      {"messages": 1})
                     result["edited"] = state_of(await saver.aget_tuple(conv))
