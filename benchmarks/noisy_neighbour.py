@@ -305,6 +305,18 @@ def readme_rows(by_backend: dict[str, dict[str, dict[str, list[Any]]]]) -> None:
         print(f"| {name} | " + " | ".join(" / ".join(c) for c in cells) + " |")
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (every process: this one, the redaction
+    workers, the database server), from /proc/stat; nan where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+    except OSError:  # pragma: no cover - not Linux
+        return float("nan")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def chat_line(i: int, t: int, pii_every: int) -> str:
     """Turn ``t`` of conversation ``i``: a new e-mail address every ``pii_every`` turns."""
     if t % pii_every == pii_every - 1:
@@ -313,8 +325,10 @@ def chat_line(i: int, t: int, pii_every: int) -> str:
 
 
 async def conversations(make_saver: Callable[[], Any], n: int, turns: int,
-                        pii_every: int = 1) -> float:
-    """Turns per second of ``n`` concurrent conversations on one saver."""
+                        pii_every: int = 1) -> tuple[float, float, float]:
+    """Turns per second of ``n`` concurrent conversations on one saver, and the busy CPU
+    milliseconds per turn of the machine (all processes) and of this process (the one GIL
+    every conversation of the process shares)."""
     async with make_saver() as saver:
         graph = build_chat_graph(saver)
 
@@ -325,9 +339,11 @@ async def conversations(make_saver: Callable[[], Any], n: int, turns: int,
                                     cfg)
 
         await talk(999)  # warm up
-        start = time.perf_counter()
+        start, busy, own = time.perf_counter(), machine_busy(), time.process_time()
         await asyncio.gather(*(talk(i) for i in range(n)))
-        return n * turns / (time.perf_counter() - start)
+        done = n * turns
+        return (done / (time.perf_counter() - start), (machine_busy() - busy) * 1e3 / done,
+                (time.process_time() - own) * 1e3 / done)
 
 
 async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> None:
@@ -352,10 +368,14 @@ async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> Non
     for _ in range(rounds):
         raws.append(await conversations(raw, n, turns, pii_every))
         secures.append(await conversations(wrapped, n, turns, pii_every))
-    r, s = statistics.median(raws), statistics.median(secures)
+    r, s = statistics.median(t[0] for t in raws), statistics.median(t[0] for t in secures)
+    rc, sc = statistics.median(t[1] for t in raws), statistics.median(t[1] for t in secures)
+    rp, sp = statistics.median(t[2] for t in raws), statistics.median(t[2] for t in secures)
     print(f"\n{n} concurrent async conversations on PostgreSQL, {turns} turns each, a new "
           f"e-mail address every {pii_every} turn(s), {rounds} rounds: raw {r:.1f} turns/s, "
-          f"SecureSaver (redaction on) {s:.1f} turns/s = {s / r:.2f}x; {load()}")
+          f"SecureSaver (redaction on) {s:.1f} turns/s = {s / r:.2f}x; machine CPU per turn "
+          f"(every process) raw {rc:.1f} ms, SecureSaver {sc:.1f} ms = {sc / rc:.2f}x; "
+          f"serving process CPU per turn raw {rp:.1f} ms, SecureSaver {sp:.1f} ms; {load()}")
 
 
 def main() -> None:

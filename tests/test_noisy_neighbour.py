@@ -465,6 +465,50 @@ def test_offloaded_analysis_gives_the_same_tokens_as_in_process() -> None:
     assert WITHHELD not in json.dumps(remote[0].content)
 
 
+@pytest.mark.parametrize("failure", ["refused", "error while finishing"])
+def test_a_write_failing_while_a_batch_is_in_flight_leaves_the_worker_clean(
+        failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a worker analyzes one batch, the write finishes the previous one. A write that
+    fails meanwhile (refused by the raise policy, or any error while finishing) collects the
+    batch in flight: the worker serves the next write with nothing of the failed one left in
+    its pipe, and is not replaced."""
+    pool = pool_mod.configure_pool(1, offload_after=1000)
+    assert pool.wait_ready()
+    pids = pool.pids()
+    hostile = HumanMessage(content=_hostile_parts(60, size=1500, seed=3))  # ~90,000 chars
+    if failure == "refused":
+        strict = Redactor(RedactionPolicy(write_budget=WriteBudget(on_exceed="raise",
+                                                                   max_chars=50_000)))
+        with pytest.raises(RedactionError, match="budget"):
+            strict.redact_value([hostile], channel="messages", token_key=KEY)
+    else:
+        broken = Redactor()
+        finished: list[int] = []
+        real = broken._finish_batch
+
+        def finish_then_fail(texts: list[str], found: Any, call: Any) -> None:
+            finished.append(len(texts))
+            if len(finished) == 2:
+                assert pool.busy  # the next batch is in the worker meanwhile
+                raise RuntimeError("finishing failed")
+            real(texts, found, call)
+
+        monkeypatch.setattr(broken, "_finish_batch", finish_then_fail)
+        with pytest.raises(RuntimeError, match="finishing failed"):
+            broken.redact_value([hostile], channel="messages", token_key=KEY)
+    assert not pool.busy  # the batch in flight was collected
+    params = Redactor()._worker_params(RedactionPolicy())
+    assert pool.detect("mail ann@example.com", params, 5.0) is not None  # and it is free
+    msg = HumanMessage(content=_hostile_parts(40, size=1500, seed=4))
+    remote, remote_vault = Redactor().redact_value([msg], channel="messages", token_key=KEY)
+    assert pool.pids() == pids
+    pool_mod.configure_pool(0)
+    local, local_vault = Redactor().redact_value([msg], channel="messages", token_key=KEY)
+    assert remote[0].content == local[0].content and remote_vault == local_vault
+    assert "SECRETPART" in json.dumps(remote[0].content)  # the markers are not PII: kept
+    assert "example.com" not in json.dumps(remote[0].content)
+
+
 def test_a_killed_worker_fails_its_write_closed_and_the_next_write_succeeds() -> None:
     pool = pool_mod.configure_pool(1, offload_after=1000)
     assert pool.wait_ready()

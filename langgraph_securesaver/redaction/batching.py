@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .caches import Cache, Cached
-from .offload import BudgetedDetection
+from .offload import BudgetedDetection, InFlight
 from .tokens import mask_marker
 from .types import Entity
 from .view import BATCH_SEP, WITHHELD, looks_like_json, may_have_pii
@@ -101,17 +101,50 @@ class BatchedAnalysis(BudgetedDetection):
         batch: list[str] = []
         size = 0
         room = 1 << 62 if free else spend.parts_left()
-        for s in texts:
-            if batch and (size + len(s) + len(BATCH_SEP) > limit or len(batch) >= room):
-                if not free and (spend.exceeded is not None or room <= 0):
-                    return
-                self._redact_batch(batch, call, len(batch))
-                batch, size = [], 0
-                room = 1 << 62 if free else spend.parts_left()
-            batch.append(s)
-            size += len(s) + len(BATCH_SEP)
-        if len(batch) > 1 and (free or (spend.exceeded is None and len(batch) <= room)):
-            self._redact_batch(batch, call, len(batch))
+        # one batch in flight: while a worker analyzes batch k+1, this thread finishes batch k
+        flight: tuple[list[str], InFlight] | None = None
+        try:
+            for s in texts:
+                if batch and (size + len(s) + len(BATCH_SEP) > limit or len(batch) >= room):
+                    if not free and (spend.exceeded is not None or room <= 0):
+                        break
+                    prev, flight = flight, None  # _next_batch collects or drops it
+                    flight = self._next_batch(batch, call, prev)
+                    batch, size = [], 0
+                    room = 1 << 62 if free else spend.parts_left()
+                batch.append(s)
+                size += len(s) + len(BATCH_SEP)
+            else:
+                if len(batch) > 1 and (free or (spend.exceeded is None and len(batch) <= room)):
+                    prev, flight = flight, None
+                    flight = self._next_batch(batch, call, prev)
+            if flight is not None:
+                done, flight = flight, None
+                self._finish_batch(done[0], self._end_detect(done[1]), call)
+        finally:
+            if flight is not None:  # a batch failed (or was refused) while this one ran
+                self._abandon_detect(flight[1])
+
+    def _next_batch(self, texts: list[str], call: Any,
+                    flight: tuple[list[str], InFlight] | None
+                    ) -> tuple[list[str], InFlight] | None:
+        """Collect the answer for the batch in ``flight`` (its worker is free again), hand
+        ``texts`` to a worker, then finish the collected batch while the worker analyzes;
+        returns the new batch if a worker took it (None if it was analyzed here)."""
+        found = self._end_detect(flight[1]) if flight is not None else None
+        begun = self._begin_detect(BATCH_SEP.join(texts), call.policy, call.spend,
+                                   call.unbilled > 0, len(texts))
+        if flight is not None and found is not None:
+            try:
+                self._finish_batch(flight[0], found, call)
+            except BaseException:
+                if isinstance(begun, InFlight):
+                    self._abandon_detect(begun)
+                raise
+        if isinstance(begun, InFlight):
+            return texts, begun
+        self._finish_batch(texts, begun, call)
+        return None
 
     def _withheld_many(self, count: int, call: Any, reason: str) -> None:
         """Account for ``count`` strings withheld at once past the write's budget."""
@@ -146,12 +179,9 @@ class BatchedAnalysis(BudgetedDetection):
         if len(pending) >= 2:
             self._analyze_in_batches(pending, call)
 
-    def _redact_batch(self, texts: list[str], call: Any, parts: int = 1) -> None:
-        """Analyze ``texts`` joined by a separator no recognizer matches across; cache each.
-        ``parts``: what the batch counts against the write's ``max_parts``."""
-        joined = BATCH_SEP.join(texts)
-        found = self._budgeted_detect(joined, call.policy, call.spend, call.unbilled > 0,
-                                      parts)
+    def _finish_batch(self, texts: list[str], found: dict[tuple[str, int, int], float] | str,
+                      call: Any) -> None:
+        """Split the detections of a batch onto its strings and cache each string's result."""
         if isinstance(found, str):
             return  # nothing cached: each string is then analyzed on its own, with its budget
         starts: list[int] = []

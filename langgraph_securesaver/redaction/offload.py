@@ -17,7 +17,7 @@ from typing import Any
 from .budget import Spend, current_spend
 from .detection import Detection, Overrun
 from .policy import RedactionPolicy
-from .pool import shared_pool
+from .pool import Request, shared_pool
 from .tokens import kind_label
 from .view import OWN_LABELS
 
@@ -85,6 +85,14 @@ class BudgetedDetection(Detection):
         ``free``: ``text`` is (part of) a string the tenant read back from storage (see
         :mod:`.readback`), paid for when it was stored: it is analyzed within its own time
         budget, whatever the write has spent, and is not charged to the write."""
+        begun = self._begin_detect(text, policy, spend, free, parts)
+        return self._end_detect(begun) if isinstance(begun, InFlight) else begun
+
+    def _begin_detect(self, text: str, policy: RedactionPolicy, spend: Spend,
+                      free: bool = False, parts: int = 1) -> Raw | str | InFlight:
+        """:meth:`_budgeted_detect` up to the point where a worker took the text: then the
+        caller may do other work before :meth:`_end_detect` collects the answer (which it
+        must, or :meth:`_abandon_detect`). In-process analysis finishes here."""
         spend.calls += 1
         self._share_the_gil(spend)
         spent = spend.exceeded
@@ -107,30 +115,65 @@ class BudgetedDetection(Detection):
         by_wall = wall_left is not None and wall_left < limit
         if by_wall:
             limit = max(0.0, wall_left or 0.0)
+        # past this string's own deadline, is it the write's deadline that ran out?
+        the_writes = not free and (by_wall or left * WALL_SLACK < own)
         pool = shared_pool()
         clock, cpu = self._clock, self._cpu_clock
-        answer = None
         offload = free or spend.chars > pool.offload_after or spend.parts > OFFLOAD_PARTS
         started = clock()
         if (pool.enabled and not self._custom_analyzer and offload
                 and len(text) <= policy.hard_max_chars):
-            answer = pool.detect(text, self._worker_params(policy), limit)
-        if answer is not None:
-            raw, why, took = answer
+            request = pool.send(text, self._worker_params(policy), limit)
+            if request is not None:
+                return InFlight(request, spend, started, free, by_wall, the_writes)
+        used = cpu()
+        try:
+            raw, why = self._raw_detect(text, policy, started + limit), None
+        except Overrun as exc:
+            raw, why = None, str(exc)
+        finally:
             if not free:
-                spend.charge(took, clock() - started)
-        else:
-            used = cpu()
-            try:
-                raw, why = self._raw_detect(text, policy, started + limit), None
-            except Overrun as exc:
-                raw, why = None, str(exc)
-            finally:
-                if not free:
-                    spend.charge(cpu() - used, clock() - started)
-        if raw is not None:
-            return raw
-        reason = why or "time budget"
-        if reason == "time budget" and not free and (by_wall or left * WALL_SLACK < own):
-            return spend.overran(wall=by_wall)  # the write's deadline, not the string's own
-        return reason
+                spend.charge(cpu() - used, clock() - started)
+        return _outcome(raw, why, spend, by_wall, the_writes)
+
+    def _end_detect(self, flight: InFlight) -> Raw | str:
+        """The answer to an analysis :meth:`_begin_detect` handed to a worker."""
+        raw, why, took = shared_pool().answer(flight.request)
+        if not flight.free:
+            # the wall time includes what the caller did meanwhile: it can only make the
+            # write's wall-clock bound stricter
+            flight.spend.charge(took, self._clock() - flight.started)
+        return _outcome(raw, why, flight.spend, flight.by_wall, flight.the_writes)
+
+    @staticmethod
+    def _abandon_detect(flight: InFlight) -> None:
+        """Drop an analysis handed to a worker whose write failed meanwhile."""
+        shared_pool().abandon(flight.request)
+
+
+class InFlight:
+    """An analysis a worker took and has not answered yet (see
+    :meth:`BudgetedDetection._begin_detect`)."""
+
+    __slots__ = ("by_wall", "free", "request", "spend", "started", "the_writes")
+
+    def __init__(self, request: Request, spend: Spend, started: float, free: bool,
+                 by_wall: bool, the_writes: bool) -> None:
+        self.request = request
+        self.spend = spend
+        self.started = started
+        self.free = free
+        self.by_wall = by_wall
+        self.the_writes = the_writes
+
+
+def _outcome(raw: Raw | None, why: str | None, spend: Spend, by_wall: bool,
+             the_writes: bool) -> Raw | str:
+    """Raw detections, or why the text is withheld: its own time budget, or the write's
+    deadline (which ``spend`` then records; with ``on_exceed="raise"`` it raises)."""
+    if raw is not None:
+        return raw
+    reason = why or "time budget"
+    if reason == "time budget" and the_writes:
+        return spend.overran(wall=by_wall)  # the write's deadline, not the string's own
+    return reason

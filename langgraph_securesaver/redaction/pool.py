@@ -116,6 +116,16 @@ class Worker:
                     pass
 
 
+class Request:
+    """A request a worker took and has not answered yet (see :meth:`RedactionPool.send`)."""
+
+    __slots__ = ("deadline", "worker")
+
+    def __init__(self, worker: Worker, deadline: float) -> None:
+        self.worker = worker
+        self.deadline = deadline
+
+
 class RedactionPool:
     """A fixed number of worker processes, started on first need and replaced when one dies."""
 
@@ -205,6 +215,14 @@ class RedactionPool:
         """(raw detections or None, why not, seconds taken) from a worker; None when no
         worker is free within ``TAKE_WAIT`` (the caller then analyzes in-process): one
         write's strings never queue behind another write holding every worker."""
+        request = self.send(text, params, seconds)
+        return None if request is None else self.answer(request)
+
+    def send(self, text: str, params: dict[str, Any], seconds: float) -> Request | None:
+        """Hand ``text`` to a free worker and return at once (the first half of
+        :meth:`detect`): the caller does other work -- finishing the previous batch -- while
+        the worker analyzes, then collects the answer with :meth:`answer`, which it must
+        (:meth:`abandon` on an error path). None when no worker is free."""
         worker = self._take(min(seconds, TAKE_WAIT))
         if worker is None:
             return None
@@ -226,8 +244,14 @@ class RedactionPool:
         if not isinstance(accepted, dict) or accepted.get("accepted") is not True:
             self._fail(worker, RedactionError("malformed worker answer"))
         self.busy.add(worker.pid)
+        return Request(worker, deadline)
+
+    def answer(self, request: Request
+               ) -> tuple[dict[tuple[str, int, int], float] | None, str | None, float]:
+        """The worker's answer to ``request`` (see :meth:`detect`); the worker is free again."""
+        worker = request.worker
         try:
-            reply = worker.receive(deadline - time.monotonic())
+            reply = worker.receive(request.deadline - time.monotonic())
             raw, reason, took = _parse(reply)
         except Exception as exc:  # noqa: BLE001 - any failure of the worker fails the write
             self.busy.discard(worker.pid)
@@ -235,6 +259,14 @@ class RedactionPool:
         self.busy.discard(worker.pid)
         self._idle.put(worker)
         return raw, reason, took
+
+    def abandon(self, request: Request) -> None:
+        """Collect and drop the answer to ``request`` (its write failed meanwhile), so that
+        the worker serves the next write with nothing of this one left in its pipe."""
+        try:
+            self.answer(request)
+        except RedactionError:
+            pass  # the worker was retired and replaced
 
     def _lost_idle(self, worker: Worker) -> None:
         """A worker found dead before it took a request: replaced (the caller analyzes the
