@@ -373,7 +373,7 @@ def test_budget_settings_are_checked() -> None:
 def test_a_hostile_message_is_withheld_with_default_settings(tmp_path: Path,
                                                              mode: str) -> None:
     """2,000 parts of ~2 KB, each with an e-mail: past the default budget of a write (4 MB
-    of text to analyze against 2,000,000 characters) the rest is withheld, and none of it
+    of text to analyze against 600,000 characters) the rest is withheld, and none of it
     reaches storage, the vault or the read."""
     db = tmp_path / "agent.db"
     parts = _hostile_parts(2000)
