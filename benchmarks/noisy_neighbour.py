@@ -364,10 +364,17 @@ async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> Non
                 url, keyring=Keyring.generate()) as saver:
             yield saver
 
-    raws, secures = [], []
+    @asynccontextmanager
+    async def sealed_only() -> AsyncIterator[Any]:
+        async with pg_schema() as url, SecureSaver.afrom_url(
+                url, keyring=Keyring.generate(), redaction=None) as saver:
+            yield saver
+
+    raws, secures, seals = [], [], []
     for _ in range(rounds):
         raws.append(await conversations(raw, n, turns, pii_every))
         secures.append(await conversations(wrapped, n, turns, pii_every))
+        seals.append(await conversations(sealed_only, n, turns, pii_every))
     r, s = statistics.median(t[0] for t in raws), statistics.median(t[0] for t in secures)
     rc, sc = statistics.median(t[1] for t in raws), statistics.median(t[1] for t in secures)
     rp, sp = statistics.median(t[2] for t in raws), statistics.median(t[2] for t in secures)
@@ -376,6 +383,10 @@ async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> Non
           f"SecureSaver (redaction on) {s:.1f} turns/s = {s / r:.2f}x; machine CPU per turn "
           f"(every process) raw {rc:.1f} ms, SecureSaver {sc:.1f} ms = {sc / rc:.2f}x; "
           f"serving process CPU per turn raw {rp:.1f} ms, SecureSaver {sp:.1f} ms; {load()}")
+    e = statistics.median(t[0] for t in seals)
+    ep = statistics.median(t[2] for t in seals)
+    print(f"  the same with encryption only (redaction=None): {e:.1f} turns/s = {e / r:.2f}x; "
+          f"serving process CPU per turn {ep:.1f} ms")
 
 
 def main() -> None:

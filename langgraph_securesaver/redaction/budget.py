@@ -71,8 +71,9 @@ class WriteBudget:
         cool_down: seconds after a write of a tenant ran past its budget, having done at
             least half of one bound's work (:meth:`Spend.worked`), during which that
             tenant's writes (in this process) get ``penalty`` times the budget: a chat turn
-            still fits, the next hostile write is withheld at once instead of costing the
-            process another budget's worth of analysis and storage. 0 turns it off.
+            still fits, the next hostile write is refused after a tenth of the analysis
+            instead of costing the process another budget's worth of analysis and storage.
+            0 turns it off.
         penalty: the fraction of every bound a tenant in its cool-down gets; a write of it
             that exceeds this smaller budget is refused with ``RedactionError`` whatever
             ``on_exceed`` says: it is the same tenant's next over-budget write, and storing
