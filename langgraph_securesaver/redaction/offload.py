@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .budget import Spend, current_spend
@@ -151,20 +152,17 @@ class BudgetedDetection(Detection):
         shared_pool().abandon(flight.request)
 
 
+@dataclass(frozen=True, slots=True)
 class InFlight:
     """An analysis a worker took and has not answered yet (see
     :meth:`BudgetedDetection._begin_detect`)."""
 
-    __slots__ = ("by_wall", "free", "request", "spend", "started", "the_writes")
-
-    def __init__(self, request: Request, spend: Spend, started: float, free: bool,
-                 by_wall: bool, the_writes: bool) -> None:
-        self.request = request
-        self.spend = spend
-        self.started = started
-        self.free = free
-        self.by_wall = by_wall
-        self.the_writes = the_writes
+    request: Request
+    spend: Spend
+    started: float
+    free: bool
+    by_wall: bool
+    the_writes: bool
 
 
 def _outcome(raw: Raw | None, why: str | None, spend: Spend, by_wall: bool,

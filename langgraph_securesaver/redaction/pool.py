@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -116,14 +117,12 @@ class Worker:
                     pass
 
 
+@dataclass(frozen=True, slots=True)
 class Request:
     """A request a worker took and has not answered yet (see :meth:`RedactionPool.send`)."""
 
-    __slots__ = ("deadline", "worker")
-
-    def __init__(self, worker: Worker, deadline: float) -> None:
-        self.worker = worker
-        self.deadline = deadline
+    worker: Worker
+    deadline: float
 
 
 class RedactionPool:
