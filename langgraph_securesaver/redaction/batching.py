@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import logging
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .caches import Cache, Cached
@@ -95,35 +95,42 @@ class BatchedAnalysis(BudgetedDetection):
         tenant read back (``call.unbilled``) is analyzed whatever the write has spent."""
         if self._custom_analyzer:
             return  # a user's recognizers (anchors, NER, context words) may read across strings
-        limit = call.policy.max_chars
-        spend = call.spend
-        free = call.unbilled > 0
-        batch: list[str] = []
-        size = 0
-        room = 1 << 62 if free else spend.parts_left()
         # one batch in flight: while a worker analyzes batch k+1, this thread finishes batch k
         flight: tuple[list[str], InFlight] | None = None
         try:
-            for s in texts:
-                if batch and (size + len(s) + len(BATCH_SEP) > limit or len(batch) >= room):
-                    if not free and (spend.exceeded is not None or room <= 0):
-                        break
-                    prev, flight = flight, None  # _next_batch collects or drops it
-                    flight = self._next_batch(batch, call, prev)
-                    batch, size = [], 0
-                    room = 1 << 62 if free else spend.parts_left()
-                batch.append(s)
-                size += len(s) + len(BATCH_SEP)
-            else:
-                if len(batch) > 1 and (free or (spend.exceeded is None and len(batch) <= room)):
-                    prev, flight = flight, None
-                    flight = self._next_batch(batch, call, prev)
+            for batch in self._batches(texts, call):
+                prev, flight = flight, None  # _next_batch collects or drops it
+                flight = self._next_batch(batch, call, prev)
             if flight is not None:
                 done, flight = flight, None
                 self._finish_batch(done[0], self._end_detect(done[1]), call)
         finally:
             if flight is not None:  # a batch failed (or was refused) while this one ran
                 self._abandon_detect(flight[1])
+
+    @staticmethod
+    def _batches(texts: Iterable[str], call: Any) -> Iterator[list[str]]:
+        """``texts`` cut into batches of up to ``max_chars`` characters and no more strings
+        than the write has parts left (read as each batch is cut, after the one before was
+        admitted); stops once the write's budget is spent. A lone last string is left to be
+        analyzed on its own."""
+        limit = call.policy.max_chars
+        spend = call.spend
+        free = call.unbilled > 0
+        batch: list[str] = []
+        size = 0
+        room = 1 << 62 if free else spend.parts_left()
+        for s in texts:
+            if batch and (size + len(s) + len(BATCH_SEP) > limit or len(batch) >= room):
+                if not free and (spend.exceeded is not None or room <= 0):
+                    return
+                yield batch
+                batch, size = [], 0
+                room = 1 << 62 if free else spend.parts_left()
+            batch.append(s)
+            size += len(s) + len(BATCH_SEP)
+        if len(batch) > 1 and (free or (spend.exceeded is None and len(batch) <= room)):
+            yield batch
 
     def _next_batch(self, texts: list[str], call: Any,
                     flight: tuple[list[str], InFlight] | None
