@@ -332,7 +332,7 @@ def recover(
         raise db_error(exc) from None
     summary = {"worker": report.worker_id, "examined": report.examined,
                "resumed": len(report.resumed), "failed": len(report.failed),
-               "dead_lettered": len(report.dead_lettered)}
+               "dead_lettered": len(report.dead_lettered), "yielded": len(report.yielded)}
     if as_json:
         echo_json(summary, indent=2)
     else:
