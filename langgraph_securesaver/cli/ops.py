@@ -400,6 +400,33 @@ def rotate_keys(
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
+@app.command("destroy-master-key")
+def destroy_master_key(
+    url: UrlOption,
+    keyring: Annotated[str, typer.Option(
+        "--keyring", metavar="URL", help="The key provider URL (aws-kms://... or "
+        "pkcs11://...).")],
+    key: Annotated[str, typer.Option(
+        "--key", metavar="VERSION", help="The master version to destroy, by name: the KMS "
+        "key id, or the PKCS#11 key label (rotate-keys --retire-old names it).")],
+) -> None:
+    """Destroy a provider master key that `rotate-keys --retire-old` stopped using (KMS:
+    schedule its deletion; PKCS#11: destroy the key object). Never implied by retiring: a
+    restored copy of this database shares its id and keys, so check first that no other
+    database, original or copy, still uses the key.
+
+    Exit codes: 0 destroyed, 2 refused or could not run.
+    """
+    ring = load_keyring(keyring)
+    with opened(url, ring) as saver:
+        try:
+            saver.destroy_master_key(key)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    common.console.print(f"master key {shown(key)} destroyed at the key provider")
+    raise typer.Exit(EXIT_OK)
+
+
 def _print_rotation(report: Any, keyring: str) -> None:
     from rich.table import Table
     verb = "resumed" if report.resumed else "added"

@@ -7,8 +7,11 @@ CloudTrail records whose key was used and a wrapped key copied to another tenant
 decrypt. Unwrapping is ``kms:Decrypt`` with the same context; SecureSaver caches the result
 (``KeyManager.ttl``), so KMS is called once per tenant key and cache lifetime, never per turn.
 
-Rotation points the alias at a new KMS key and rewraps the key rows; retiring a version is
-``ScheduleKeyDeletion`` of its KMS key. KMS *automatic* rotation is not used: it keeps every
+Rotation points the alias at a new KMS key and rewraps the key rows; retiring a version only
+stops using its KMS key here. Destroying it (``ScheduleKeyDeletion``) is a separate, explicit
+step naming the key (:meth:`AwsKmsKeyProvider.destroy_version`, ``securesaver
+destroy-master-key``): a restored copy of a database shares its database id and its KMS keys,
+so nothing a copy does on its own may destroy a key its original still uses. KMS *automatic* rotation is not used: it keeps every
 old backing key for as long as the KMS key exists, so nothing a backup holds ever becomes
 unreadable. Shredding a tenant rewraps every other tenant under a new KMS key and schedules
 the deletion of the old ones (one KMS key per database, not per tenant: a KMS key costs
@@ -94,7 +97,8 @@ class AwsKmsKeyProvider:
         self._client = client if client is not None else _client(region)
         self._lock = threading.RLock()
         self._seen: set[str] = set()
-        self._retired: set[str] = set()
+        self._retired: set[str] = set()     # no longer used here
+        self._destroyed: set[str] = set()   # scheduled for deletion by this process
         self._current = ""
         self._resolved_at = -float("inf")
         self._resolve()
@@ -148,7 +152,7 @@ class AwsKmsKeyProvider:
 
     def versions(self) -> list[str]:
         with self._lock:
-            return sorted(self._seen - self._retired)
+            return sorted(self._seen - self._retired - self._destroyed)
 
     def shredded_from(self, version: str) -> bool:
         return False
@@ -201,15 +205,28 @@ class AwsKmsKeyProvider:
         """Nothing to save: KMS holds the state."""
 
     def retire_version(self, version: str) -> None:
-        """Schedule the deletion of a KMS key (after ``deletion_days``; until then KMS
-        refuses to use it and the deletion can be cancelled)."""
+        """Stop using a KMS key here (no key row of this database is wrapped under it). The
+        key itself is left alone: another database, or the original this one was restored
+        from, may still use it. Destroying it is :meth:`destroy_version`, named explicitly."""
         if version == self.current_version:
             raise ConfigurationError(
                 "cannot retire the current KMS key; add a new version first")
+        with self._lock:
+            self._retired.add(version)
+        logger.warning("KMS key %s is no longer used by this database; it is NOT scheduled "
+                       "for deletion (once no other database uses it: securesaver "
+                       "destroy-master-key --key %s)", version, version)
+
+    def destroy_version(self, version: str) -> None:
+        """Schedule the deletion of the KMS key ``version`` (after ``deletion_days``; until
+        then KMS refuses to use it and the deletion can be cancelled). Never the current
+        key."""
+        if version == self.current_version:
+            raise ConfigurationError("cannot destroy the current KMS key")
         self._call("ScheduleKeyDeletion", self._client.schedule_key_deletion, KeyId=version,
                    PendingWindowInDays=self.deletion_days)
         with self._lock:
-            self._retired.add(version)
+            self._destroyed.add(version)
         logger.warning("KMS key %s scheduled for deletion in %d days", version,
                        self.deletion_days)
 
@@ -219,9 +236,10 @@ class AwsKmsKeyProvider:
         key (``shred_tenant`` does); backups taken before are then unreadable for every
         tenant unless restored with the live registry's key rows."""
         current = self.current_version
-        for version in self.versions():
-            if version != current:
-                self.retire_version(version)
+        with self._lock:   # retired versions too: backups may hold rows wrapped under them
+            older = sorted(self._seen - self._destroyed - {current})
+        for version in older:
+            self.destroy_version(version)
 
     # the databases this provider serves (tags on its KMS keys) ------------------------------
     def record_database(self, database_id: str, label: str) -> None:

@@ -10,8 +10,11 @@ a wrapped key copied to another tenant, purpose or version does not decrypt. Unw
 tenant key and cache lifetime, never per turn. The HSM key is never read: keys this provider
 creates are ``CKA_SENSITIVE`` and not ``CKA_EXTRACTABLE``, and an extractable key is refused.
 
-Retiring a version and shredding a tenant destroy key objects (``C_DestroyObject``): immediate
-and final, and in the HSM's own audit log. Which databases depend on the keys is recorded in
+Retiring a version only stops using its key object here: a restored copy of a database shares
+its database id and its token, so nothing a copy does on its own may destroy a key its
+original still uses. Destroying a version is a separate, explicit step naming it
+(:meth:`Pkcs11KeyProvider.destroy_version`, ``securesaver destroy-master-key``), as is
+shredding a tenant: ``C_DestroyObject``, immediate and final, and in the HSM's own audit log. Which databases depend on the keys is recorded in
 the token as data objects, so shredding is refused while another database uses them.
 
 PKCS#11 login belongs to the process, not to a session: every provider of a process shares one
@@ -97,6 +100,7 @@ class Pkcs11KeyProvider:
         self._token = self._module.token(token_label)
         self._lock = threading.RLock()
         self._versions: list[str] = []
+        self._retired: set[str] = set()     # versions this process stopped using
         self._current = ""
         self._resolved_at = -float("inf")
 
@@ -300,7 +304,7 @@ class Pkcs11KeyProvider:
             if self._current and self._current != labels[-1]:
                 logger.info("PKCS#11 key %s: current version is now %s", self.key_label,
                             labels[-1])
-            self._versions = labels
+            self._versions = [lb for lb in labels if lb not in self._retired or lb == labels[-1]]
             self._current = labels[-1]
             self._resolved_at = _now()
         return self._current
@@ -419,11 +423,26 @@ class Pkcs11KeyProvider:
         """Nothing to save: the token holds the state."""
 
     def retire_version(self, version: str) -> None:
-        """Destroy the key object of ``version`` (``C_DestroyObject``: immediate and final;
-        every data key still wrapped under it becomes unreadable)."""
+        """Stop using ``version`` here (no key row of this database is wrapped under it). The
+        key object stays in the token: another database, or the original this one was
+        restored from, may still use it. Destroying it is :meth:`destroy_version`."""
         if version == self.current_version:
             raise ConfigurationError(
                 "cannot retire the current PKCS#11 key; add a new version first")
+        if self._family(version) is None:
+            raise ConfigurationError(f"{version!r} is not a version of {self.key_label!r}")
+        with self._lock:
+            self._retired.add(version)
+            self._versions = [v for v in self._versions if v != version]
+        logger.warning("PKCS#11 key %s is no longer used by this database; it is NOT "
+                       "destroyed (once no other database uses it: securesaver "
+                       "destroy-master-key --key %s)", version, version)
+
+    def destroy_version(self, version: str) -> None:
+        """Destroy the key object of ``version`` (``C_DestroyObject``: immediate and final;
+        every data key still wrapped under it becomes unreadable). Never the current key."""
+        if version == self.current_version:
+            raise ConfigurationError("cannot destroy the current PKCS#11 key")
         if self._family(version) is None:
             raise ConfigurationError(f"{version!r} is not a version of {self.key_label!r}")
 
@@ -444,9 +463,9 @@ class Pkcs11KeyProvider:
         (``shred_tenant`` does); backups taken before are then unreadable for every tenant
         unless restored with the live registry's key rows."""
         current = self.current_version
-        for version in self.versions():
+        for version in self._scan():   # retired versions too: backups may use them
             if version != current:
-                self.retire_version(version)
+                self.destroy_version(version)
 
     # the databases this family serves (data objects in the token) -----------------------------
     def _db_label(self, database_id: str) -> str:
