@@ -17,6 +17,11 @@ unreadable. Shredding a tenant rewraps every other tenant under a new KMS key an
 the deletion of the old ones (one KMS key per database, not per tenant: a KMS key costs
 about $1 a month).
 
+Key material never reaches a log: botocore logs every request and response body at DEBUG
+(``Encrypt``'s plaintext, ``Decrypt``'s result), so while this provider's client makes a call,
+the DEBUG and INFO records of the AWS SDK's own loggers (botocore, boto3, urllib3) from that
+thread are dropped (:class:`_QuietWire`); the application's other AWS calls log as configured.
+
 boto3 is imported only when this provider is built (``pip install langgraph-securesaver[aws]``);
 credentials, region defaults and the endpoint come from boto3's own configuration
 (environment incl. ``AWS_ENDPOINT_URL``, profiles, instance roles), never from a URL.
@@ -29,6 +34,8 @@ import logging
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -291,9 +298,10 @@ class AwsKmsKeyProvider:
         plaintext = params.pop("Plaintext", None)
         error: Exception | None = None
         try:
-            if plaintext is not None:
-                return method(Plaintext=plaintext.reveal(), **params)
-            return method(**params)
+            with _quiet_wire():
+                if plaintext is not None:
+                    return method(Plaintext=plaintext.reveal(), **params)
+                return method(**params)
         except Exception as exc:  # noqa: BLE001 - classified below, frames discarded
             error = _classify(operation, exc, params.get("KeyId", ""), tenant)
         raise error
@@ -302,6 +310,50 @@ class AwsKmsKeyProvider:
         return f"AwsKmsKeyProvider(key={self.key!r}, current={self._current!r})"
 
     __str__ = __repr__
+
+
+#: the AWS SDK's loggers: botocore logs request and response bodies (key material) at DEBUG
+_WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer")
+
+
+class _QuietWire(logging.Filter):
+    """Drops the SDK's DEBUG and INFO records emitted by a thread while it runs this module's
+    KMS call (a logger's filter runs in the thread that logs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calling = threading.local()
+        self.installed = 0     # the size of the logger registry when last installed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not getattr(self.calling, "on", False)
+
+    def install(self) -> None:
+        """On every SDK logger that exists (a logger's filters do not cover its children);
+        again whenever new loggers appeared (botocore creates some on first use)."""
+        names = logging.Logger.manager.loggerDict
+        if len(names) == self.installed:
+            return
+        for name in [*_WIRE_LOGGERS, *list(names)]:
+            if name.split(".", 1)[0] in _WIRE_LOGGERS:
+                found = logging.getLogger(name)
+                if self not in found.filters:
+                    found.addFilter(self)
+        self.installed = len(names)
+
+
+_QUIET = _QuietWire()
+
+
+@contextmanager
+def _quiet_wire() -> Iterator[None]:
+    _QUIET.install()
+    _QUIET.calling.on = True
+    try:
+        yield
+    finally:
+        _QUIET.calling.on = False
+        _QUIET.install()      # loggers botocore created during the call
 
 
 def _classify(operation: str, exc: Exception, key_id: str, tenant: str | None) -> Exception:
@@ -334,9 +386,12 @@ def _client(region: str | None) -> Any:
     config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
                     read_timeout=15)
     try:
-        return boto3.session.Session().client("kms", region_name=region, config=config)
+        client = boto3.session.Session().client("kms", region_name=region, config=config)
     except Exception as exc:  # noqa: BLE001 - e.g. NoRegionError
         problem = type(exc).__name__
+    else:
+        _QUIET.install()      # the loggers the client's modules just created
+        return client
     raise ConfigurationError(
         f"cannot create a KMS client ({problem}): set ?region= or AWS_DEFAULT_REGION")
 
