@@ -35,10 +35,17 @@ from langgraph_securesaver.idempotency import (
 )
 
 from .idem_scripts.lease_graph import build
-from .test_idempotency_recovery_lease import THREAD, Setup, setup, wait_until  # noqa: F401
+from .test_idempotency_recovery_lease import BACKENDS, THREAD, Setup, wait_until
 
 CONFIG: Any = {"configurable": {"thread_id": THREAD, "tenant_id": "acme"}}
 QUESTION = "and what is my balance now?"
+
+
+@pytest.fixture(params=BACKENDS)
+def setup(tmp_path: Path, request: pytest.FixtureRequest) -> Setup:
+    url = (f"sqlite:///{tmp_path / 'cp.db'}" if request.param == "sqlite"
+           else str(request.getfixturevalue("pg_url")))
+    return Setup(tmp_path, url)
 
 
 def _stall(setup: Setup) -> None:

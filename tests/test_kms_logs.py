@@ -34,7 +34,7 @@ class Everything(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a record whose args do not format
+        except Exception:
             message = f"{record.msg!r} {record.args!r}"
         self.texts.append(f"{record.name} {message} {record.args!r}")
 

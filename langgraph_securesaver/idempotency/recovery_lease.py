@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
+from .errors import RecoveryLeaseLost
 from .liveness import (
     Liveness,
     is_running_here,
@@ -29,7 +30,6 @@ from .liveness import (
     register_running,
     unregister_running,
 )
-from .errors import RecoveryLeaseLost
 from .schema import HOLDER_COLUMNS, recoverable_threads
 from .store import IdempotencyStore
 

@@ -2,20 +2,27 @@
 
 Each master version is one AES-256 secret-key object in the token, found by its label: the
 configured label is version 1, rotation adds ``<label>.v2``, ``<label>.v3`` and so on, and the
-current version is the highest one present (re-read every ``label_ttl`` seconds, so processes
-follow a rotation done elsewhere). A data key is wrapped by ``C_Encrypt`` with ``CKM_AES_GCM``
-*inside the token*, the tenant and the key row's associated data as GCM's additional data, so
-a wrapped key copied to another tenant, purpose or version does not decrypt. Unwrapping is
-``C_Decrypt``; SecureSaver caches the result (``KeyManager.ttl``), so the token is used once per
-tenant key and cache lifetime, never per turn. The HSM key is never read: keys this provider
-creates are ``CKA_SENSITIVE`` and not ``CKA_EXTRACTABLE``, and an extractable key is refused.
+current version is the highest one this provider made (re-read every ``label_ttl`` seconds, so
+processes follow a rotation done elsewhere). A key is adopted only if the token generated it
+(``CKA_LOCAL``: an imported key, whose value someone knows, never is) and carries in ``CKA_ID``
+the key check value recorded when this provider made it (AES-GCM of a fixed block under the
+key, bound to its label): a key another tool generated, or a relabelled one, is ignored and
+logged. A rotation's new key is the highest version there is (versions are parsed without a
+digit limit), so it always becomes current.
+
+A data key is wrapped by ``C_Encrypt`` with ``CKM_AES_GCM`` *inside the token*, the tenant and
+the key row's associated data as GCM's additional data, so a wrapped key copied to another
+tenant, purpose or version does not decrypt. Unwrapping is ``C_Decrypt``, cached by SecureSaver
+(``KeyManager.ttl``): the token is used once per tenant key and cache lifetime, never per turn.
+Keys this provider creates are ``CKA_SENSITIVE``, not ``CKA_EXTRACTABLE``; others are refused.
 
 Retiring a version only stops using its key object here: a restored copy of a database shares
 its database id and its token, so nothing a copy does on its own may destroy a key its
 original still uses. Destroying a version is a separate, explicit step naming it
 (:meth:`Pkcs11KeyProvider.destroy_version`, ``securesaver destroy-master-key``), as is
-shredding a tenant: ``C_DestroyObject``, immediate and final, and in the HSM's own audit log. Which databases depend on the keys is recorded in
-the token as data objects, so shredding is refused while another database uses them.
+shredding a tenant: ``C_DestroyObject``, immediate and final, in the HSM's own audit log. The
+databases using the keys are recorded in the token as data objects; shredding is refused while
+another database uses them.
 
 PKCS#11 login belongs to the process, not to a session: every provider of a process shares one
 pool of sessions (and one login) per module and token. A module that fails (token removed, a
@@ -42,6 +49,7 @@ from typing import Any
 from ..errors import ConfigurationError, KeyProviderUnavailable, TamperedDataError
 from .keyring import WrappedKey
 from .material import SecretBytes
+from .pkcs11_custody import check_value, generated_here, made_here
 from .pkcs11_errors import MissingKeyObject, error_kind, fresh_error
 from .pkcs11_pool import PinSource, SessionEntry, error_name, load_pkcs11, module_pool
 from .pkcs11_url import DEFAULT_SESSIONS, parse_pkcs11_url
@@ -52,7 +60,7 @@ logger = logging.getLogger(__name__)
 _FORMAT = b"\x01"
 _IV_BYTES = 12
 _AAD_PREFIX = b"securesaver/pkcs11/v1\x00"
-_GENERATION = re.compile(r"\.v([1-9][0-9]{0,8})")
+_GENERATION = re.compile(r"\.v([1-9][0-9]*)")
 #: data objects recording the databases a label family serves
 _APPLICATION = "langgraph-securesaver"
 _DB_PREFIX = "securesaver-db:"
@@ -100,6 +108,7 @@ class Pkcs11KeyProvider:
         self._token = self._module.token(token_label)
         self._lock = threading.RLock()
         self._versions: list[str] = []
+        self._highest = 0                   # the highest generation of any family label
         self._retired: set[str] = set()     # versions this process stopped using
         self._current = ""
         self._resolved_at = -float("inf")
@@ -220,7 +229,8 @@ class Pkcs11KeyProvider:
             "altered row")
 
     def _key(self, entry: SessionEntry, label: str) -> Any:
-        """The secret-key object labelled ``label`` (cached per session)."""
+        """The secret-key object labelled ``label`` (cached per session); only a key the token
+        generated (``CKA_LOCAL``) is used."""
         found = entry.keys.get(label)
         if found is not None:
             return found
@@ -235,6 +245,8 @@ class Pkcs11KeyProvider:
             raise ConfigurationError(
                 f"token {self.token_label!r} holds {len(keys)} secret keys labelled {label!r}; "
                 "labels must be unique")
+        if not keys[0][pkcs11.Attribute.LOCAL]:
+            raise MissingKeyObject(label)   # imported: as if absent (see _local)
         entry.keys[label] = keys[0]
         return keys[0]
 
@@ -253,27 +265,34 @@ class Pkcs11KeyProvider:
         return self.key_label if generation == 1 else f"{self.key_label}.v{generation}"
 
     def _scan(self) -> list[str]:
-        """The labels of this family's key objects in the token, oldest first; checks the
-        current one is a usable, non-extractable AES key."""
+        """The labels of this family's adopted key objects in the token, oldest first (see
+        the module docstring); checks the current one is a usable, non-extractable AES key
+        made by this provider. Keys not adopted are logged and never used; a key in the family
+        that could leave the token is refused."""
         pkcs11 = load_pkcs11()
         attr = pkcs11.Attribute
 
         def work(entry: SessionEntry) -> list[str]:
             self._count("FindObjects")
-            found: dict[str, int] = {}
+            found: dict[str, list[Any]] = {}
             for obj in entry.session.get_objects({attr.CLASS: pkcs11.ObjectClass.SECRET_KEY}):
-                label = obj.label
-                if self._family(label) is not None:
-                    found[label] = found.get(label, 0) + 1
-            twice = sorted(label for label, n in found.items() if n > 1)
+                if self._family(obj.label) is not None:
+                    found.setdefault(obj.label, []).append(obj)
+            twice = sorted(label for label, objs in found.items() if len(objs) > 1)
             if twice:
                 raise ConfigurationError(
                     f"token {self.token_label!r} holds several secret keys labelled "
                     f"{', '.join(map(repr, twice))}; labels must be unique")
             labels = sorted(found, key=lambda lb: self._family(lb) or 0)
-            if labels:
-                self._check_key(self._key(entry, labels[-1]), labels[-1])
-            return labels
+            self._highest = (self._family(labels[-1]) or 0) if labels else 0
+            adopted = []
+            for label in labels:
+                key = found[label][0]
+                if generated_here(key, label, self.token_label):
+                    self._check_key(key, label)
+                    if made_here(key, label, self.token_label, self._count):
+                        adopted.append(label)
+            return adopted
 
         labels: list[str] = self._run("FindObjects", work)
         return labels
@@ -298,8 +317,8 @@ class Pkcs11KeyProvider:
         if not labels:
             raise ConfigurationError(
                 f"token {self.token_label!r} holds no AES key labelled {self.key_label!r} (or "
-                f"{self.key_label}.vN): create it with `securesaver keygen --keyring URL` or "
-                "the HSM's own tools")
+                f"{self.key_label}.vN) made by this provider: create it with `securesaver "
+                "keygen --keyring URL`")
         with self._lock:
             if self._current and self._current != labels[-1]:
                 logger.info("PKCS#11 key %s: current version is now %s", self.key_label,
@@ -379,10 +398,11 @@ class Pkcs11KeyProvider:
         """Generate a new AES-256 key in the token (``<label>.vN``, non-extractable) and make
         it current."""
         self._resolve()
-        generation = max((self._family(v) or 0) for v in self.versions()) + 1
-        label = self._label(generation)
+        label = self._label(self._highest + 1)   # above every label of the family
         self._generate(label)
-        self._resolve()
+        if self._resolve() != label:
+            raise ConfigurationError(
+                f"PKCS#11 key {label} was generated but did not become current")
         logger.info("PKCS#11 key %s generated on token %s", label, self.token_label)
         return label
 
@@ -392,12 +412,13 @@ class Pkcs11KeyProvider:
 
         def work(entry: SessionEntry) -> None:
             self._count("GenerateKey")
-            entry.session.generate_key(
+            key = entry.session.generate_key(
                 pkcs11.KeyType.AES, 256, label=label, store=True,
                 capabilities=pkcs11.MechanismFlag.ENCRYPT | pkcs11.MechanismFlag.DECRYPT,
                 template={attr.TOKEN: True, attr.PRIVATE: True, attr.SENSITIVE: True,
                           attr.EXTRACTABLE: False, attr.WRAP: False, attr.UNWRAP: False,
                           attr.SIGN: False, attr.VERIFY: False, attr.DERIVE: False})
+            key[attr.ID] = check_value(key, label, self._count)   # recorded as it is made
 
         self._run("GenerateKey", work)
 
