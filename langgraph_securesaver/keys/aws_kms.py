@@ -13,9 +13,9 @@ step naming the key (:meth:`AwsKmsKeyProvider.destroy_version`, ``securesaver
 destroy-master-key``): a restored copy of a database shares its database id and its KMS keys,
 so nothing a copy does on its own may destroy a key its original still uses. KMS *automatic*
 rotation is not used: it keeps every old backing key for as long as the KMS key exists, so
-nothing a backup holds ever becomes unreadable. Shredding a tenant rewraps every other tenant under a new KMS key and schedules
-the deletion of the old ones (one KMS key per database, not per tenant: a KMS key costs
-about $1 a month).
+nothing a backup holds ever becomes unreadable. Shredding a tenant rewraps every other tenant
+under a new KMS key and schedules the deletion of the old ones (one KMS key per database, not
+per tenant: a KMS key costs about $1 a month).
 
 Key material never reaches a log: botocore logs every request and response body at DEBUG
 (``Encrypt``'s plaintext, ``Decrypt``'s result), so while this provider's client makes a call,
