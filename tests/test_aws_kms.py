@@ -98,6 +98,9 @@ def test_rotation_to_a_new_kms_key_and_retirement(tmp_path: Path, kms_alias: str
         assert boto3.client("kms").describe_key(KeyId=kms_alias)["KeyMetadata"][
             "KeyId"] == new_key
         assert {r.master_version for r in saver.registry.load_key_rows("acme")} == {new_key}
+        assert report.retired == [old_key]
+        assert _key_state(old_key) == "Enabled"     # retiring stops using it, nothing more
+        saver.destroy_master_key(old_key)           # destroying is explicit, by name
         assert _key_state(old_key) == "PendingDeletion"
         saver.keys.forget()
         assert "before rotation" in _texts(saver, "acme", "t")

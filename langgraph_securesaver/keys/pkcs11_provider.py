@@ -379,6 +379,10 @@ class Pkcs11KeyProvider:
                 f"a data key of tenant {tenant!r} names master version {version!r}, which is "
                 f"not a version of PKCS#11 key {self.key_label!r}: another provider's row, or "
                 "an altered one")
+        if not self._adopted(version):
+            raise TamperedDataError(
+                f"a data key of tenant {tenant!r} names PKCS#11 key {version!r}, which is not "
+                "a key this provider made (imported, another tool's, or relabelled)")
         if len(blob) < 1 + _IV_BYTES + 16 or blob[:1] != _FORMAT:
             raise TamperedDataError(
                 f"a data key of tenant {tenant!r} is not a PKCS#11-wrapped key (altered row)")
@@ -392,6 +396,15 @@ class Pkcs11KeyProvider:
 
         out: bytes = self._run("Decrypt", work, tenant=tenant, version=version)
         return out
+
+    def _adopted(self, version: str) -> bool:
+        """Is ``version`` a key this provider adopted (re-read once when it is not known)?"""
+        with self._lock:
+            if version in self._versions or version in self._retired:
+                return True
+        self._resolve()
+        with self._lock:
+            return version in self._versions
 
     # rotation and shredding -------------------------------------------------------------------
     def add_version(self) -> str:
