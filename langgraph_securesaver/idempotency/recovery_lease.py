@@ -312,7 +312,7 @@ def _upsert_values(store: IdempotencyStore, sealed: bytes, owner: str,
 
 
 def stalled(store: IdempotencyStore, row: Any, tenant: str, thread_id: str) -> bool:
-    """Did the thread's last run stop without ending, its remaining tasks still waiting for a
+    """Did the thread's previous run stop without ending, its remaining tasks waiting for a
     recoverer? Its holder went away with the lease (expired, or its process is gone), or a
     recoverer's failed attempt left it armed for the next one."""
     if row is None or row.state != ARMED:
