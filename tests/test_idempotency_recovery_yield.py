@@ -135,3 +135,44 @@ def test_a_new_turn_on_a_stalled_thread_is_reported(setup: Setup, use_async: boo
     assert not [r for r in caplog.records if "stalled" in r.getMessage()]
     with setup.saver() as saver:
         assert len(dead_letters_of(saver, tenant="acme")) == 1
+
+
+def test_a_recoverer_in_the_serving_process_yields_too(setup: Setup,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service that runs recover_stalled in a background thread of its own process, on its
+    one saver: the user's turn served there takes the lease over all the same."""
+    import os
+    import threading
+
+    from langgraph_securesaver.idempotency import recover_stalled
+    gate = setup.tmp / "gate"
+    monkeypatch.setenv("LEASE_DOWNSTREAM", setup.ds_path)
+    monkeypatch.setenv("LEASE_TOOL_GATE", str(gate))   # every charge here waits for the gate
+    _stall(setup)
+    reports: list[Any] = []
+    here = os.getpid()
+
+    def mine() -> int:   # charges begun in this process
+        return sum(1 for (pid,) in setup.ds.rows(
+            "SELECT pid FROM effects WHERE label = ?", f"tool_started:{THREAD}") if pid == here)
+
+    with setup.saver() as saver:
+        graph = build(saver)
+        recoverer = threading.Thread(target=lambda: reports.append(recover_stalled(graph)))
+        recoverer.start()
+        wait_until(lambda: mine() == 1)     # the resume is in the tool (the worker's was 1st)
+
+        def open_gate() -> None:   # once the user's turn is in its own charge too
+            wait_until(lambda: mine() == 2)
+            gate.touch()
+
+        opener = threading.Thread(target=open_gate)
+        opener.start()
+        with recoverable_run(CONFIG, saver=saver):
+            answered = graph.invoke({"messages": [HumanMessage(QUESTION)]}, CONFIG)["messages"]
+        opener.join(60)
+        recoverer.join(60)
+        assert not recoverer.is_alive()
+    (report,) = reports
+    assert report.yielded == [("acme", THREAD)] and report.resumed == [], report
+    assert [m.id for m in _latest_messages(setup)] == [m.id for m in answered]

@@ -43,6 +43,7 @@ from .recovery_lease import (
     DONE,
     FENCE,
     Lease,
+    fence_of,
     claim,
     held_by_this_process,
     held_here,
@@ -152,7 +153,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     ref = sv.services.gate.resolve_ref(config, "mark_recoverable")
     store = IdempotencyStore.for_saver(sv)
     loop = _run_loop(config)
-    if not held_by_this_process(store, ref.tenant, ref.thread_id):
+    if not _runs_here(store, ref.tenant, ref.thread_id, config):
         keys = store.tenant_keys(ref.tenant)
         extras = sv.services.pii.redact_for_store(
             keys, ref.thread_id, _scalar_configurable(config.get("configurable") or {}),
@@ -170,6 +171,17 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
             logger.warning("mark_recoverable: the run's end cannot be observed in this "
                            "LangGraph version; thread %r stays leased until "
                            "release_recoverable() or the process ends", ref.thread_id)
+
+
+def _runs_here(store: IdempotencyStore, tenant: str, thread_id: str,
+               config: RunnableConfig) -> bool:
+    """Does this run hold the thread's lease already (its own opt-in, or the resume it is)? A
+    recoverer's lease held in this process counts only for that resume: a user's turn served
+    by the same process takes the lease over like one from any other process."""
+    held = held_here(store, tenant, thread_id)
+    if held is not None and held.kind == "recovery":
+        return fence_of(config) == held.token
+    return held_by_this_process(store, tenant, thread_id)
 
 
 #: the error type of the dead letter a new turn on a stalled thread records
