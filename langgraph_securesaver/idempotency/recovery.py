@@ -140,7 +140,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     liveness): no recoverer resumes the thread while it runs here. Called inside a node, the
     lease is given back when the run ends (finished, failed or interrupted); called before
     ``invoke``, when :func:`release_recoverable` is called (or :func:`recoverable_run` exits)
-    or the process ends. Inside a run this process already holds (a recoverer's resume, or a
+    or the process ends. Inside a run that holds the lease (the recoverer's resume itself, or a
     run opted in before ``invoke``) it changes nothing: attempts, state and fencing token stay.
     """
     if config is None:
