@@ -196,9 +196,9 @@ def _report_superseded(store: IdempotencyStore, held: Lease) -> None:
     logger.warning("thread %s/%s: a new turn started while its previous run had stalled; "
                    "that run's remaining tasks will not be run (dead letter %s)",
                    held.tenant, held.thread_id, SUPERSEDED)
-    text = ("a new turn started while the thread's previous run had stalled (its process "
-            "gone or its last resume failed); LangGraph drops that run's remaining tasks "
-            "when the new input arrives, and recovery will not resume them")
+    text = ("a new turn started while the thread's previous run had not ended (its process "
+            "gone without giving the lease back, or its last resume failed); LangGraph drops "
+            "that run's remaining tasks when the new input arrives: recovery will not run them")
     _dead_letter(store, held, SUPERSEDED, text, 0)
 
 
