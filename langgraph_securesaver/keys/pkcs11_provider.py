@@ -342,6 +342,11 @@ class Pkcs11KeyProvider:
         with self._lock:
             return list(self._versions)
 
+    def held_versions(self) -> list[str]:
+        """Adopted versions still in the token, retired ones included (see the KMS twin)."""
+        with self._lock:
+            return sorted({*self._versions, *self._retired}, key=lambda v: self._family(v) or 0)
+
     def shredded_from(self, version: str) -> bool:
         return False
 
@@ -382,7 +387,8 @@ class Pkcs11KeyProvider:
         if not self._adopted(version):
             raise TamperedDataError(
                 f"a data key of tenant {tenant!r} names PKCS#11 key {version!r}, which is not "
-                "a key this provider made (imported, another tool's, or relabelled)")
+                "a key this provider made and holds (destroyed, imported, another tool's, or "
+                "relabelled)")
         if len(blob) < 1 + _IV_BYTES + 16 or blob[:1] != _FORMAT:
             raise TamperedDataError(
                 f"a data key of tenant {tenant!r} is not a PKCS#11-wrapped key (altered row)")
@@ -488,6 +494,7 @@ class Pkcs11KeyProvider:
 
         self._run("DestroyObject", work)
         with self._lock:
+            self._retired.discard(version)
             self._versions = [v for v in self._versions if v != version]
         logger.warning("PKCS#11 key %s destroyed on token %s", version, self.token_label)
 

@@ -217,7 +217,8 @@ def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
     erasures (deletion receipts, ``pii_forgotten`` events) were made under one of them -- the
     copies of their keys in remnants and backups open until ``rotate-keys --retire-old``."""
     from .schema import events, receipts
-    held = [v for v in ring.versions()
+    # a provider's retired versions are held until destroyed (destroy-master-key)
+    held = [v for v in getattr(ring, "held_versions", ring.versions)()
             if not getattr(ring, "shredded_from", lambda _v: False)(v)]
     pending = 0
     with registry.begin() as conn:
