@@ -147,6 +147,7 @@ OPERATOR_ONLY: list[tuple[str, tuple, dict]] = [
     ("rotate_keys", (), {}),
     ("rewrap_keys", (), {}),
     ("master_versions_in_use", (), {}),
+    ("destroy_master_key", ("1",), {}),
     ("erasure_epoch", (), {}),
     ("set_default_retention", (None,), {}),
 ]

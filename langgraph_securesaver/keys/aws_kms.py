@@ -161,12 +161,6 @@ class AwsKmsKeyProvider:
         with self._lock:
             return sorted(self._seen - self._retired - self._destroyed)
 
-    def held_versions(self) -> list[str]:
-        """The versions whose KMS key exists for all this process knows: retired ones too
-        (retiring destroys nothing); the erasure epoch stays open until they are destroyed."""
-        with self._lock:
-            return sorted(self._seen - self._destroyed)
-
     def shredded_from(self, version: str) -> bool:
         return False
 

@@ -342,11 +342,6 @@ class Pkcs11KeyProvider:
         with self._lock:
             return list(self._versions)
 
-    def held_versions(self) -> list[str]:
-        """Adopted versions still in the token, retired ones included (see the KMS twin)."""
-        with self._lock:
-            return sorted({*self._versions, *self._retired}, key=lambda v: self._family(v) or 0)
-
     def shredded_from(self, version: str) -> bool:
         return False
 
