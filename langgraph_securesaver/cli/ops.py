@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ENV_VAR, SecureSaverError
+from ..errors import SecureSaverError
 from . import common
 from .audit_tables import print_audit
 from .common import (
@@ -74,13 +73,7 @@ def _keyring_or_none(path: str | None) -> Any:
     nothing of the keyring (nor cryptography) is imported: ``audit`` and ``events`` need none."""
     if path is not None:
         return load_keyring(path)
-    if not os.environ.get(ENV_VAR, "").strip():
-        return None
-    from ..keys.keyring import Keyring
-    try:
-        return Keyring.from_env()
-    except SecureSaverError:
-        return None
+    return common.env_keyring()
 
 
 def _echo_json(data: Any) -> None:
@@ -152,6 +145,9 @@ def audit(
     Large databases are answered from the maintained summaries (`securesaver summaries`
     refreshes them; `scan --verify` checks them against the stored rows).
 
+    With --format json the report is one JSON document (threads one per line, then the
+    tenants, problems and ok).
+
     With --format html the report is one self-contained page for an auditor: the database
     and library version, the verification results (with --keyring: scan --verify and events
     --verify), the deletion receipts and refused reads of the period, and a legend.
@@ -174,7 +170,7 @@ def audit(
                 report = run_audit(saver, tenant=tenant, progress=advance, source=source)
             epoch = erasure_epoch_of(saver.registry, ring) if ring is not None else None
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     print_audit(report)
     if epoch is not None and epoch["erasures_pending"]:
         held = ", ".join(epoch["held_masters"])
@@ -205,7 +201,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
                 else:
                     summary = audit_stream(saver, target, tenant=tenant, source=source)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     if out is not None:
         common.err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
     verified = context is None or all(
@@ -253,7 +249,7 @@ def _report_context(url: str, ring: Any, tenant: str | None,
                 context.scan = run_scan(saver, keyring=ring, verify=True).as_dict()
             context.registry = saver.registry.verify_integrity().as_dict()
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     return context
 
 
@@ -299,7 +295,7 @@ def scan(
                 report = run_scan(saver, keyring=ring, verify=verify, allowlist=allow,
                                   progress=advance)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     if output is OutputFormat.json:
         _echo_json(report.as_dict())
     else:
@@ -389,7 +385,7 @@ def rotate_keys(
                         batch_size=batch_size, max_rate=max_rate,
                         progress=lambda _stage, d, t: advance(d, t), should_stop=stop.is_set)
             except SecureSaverError as exc:
-                raise fail(str(exc)) from None
+                raise fail(exc) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -474,7 +470,8 @@ def events(
     """The audit trail: security events (denied access, key operations, retention changes)
     and deletion receipts, oldest first.
 
-    Exit codes: 0 done (also when nothing matched), 2 could not run. With --verify: 0 every
+    Exit codes: 0 done (also when nothing matched), 2 could not run (also: --kind or
+    --tenant names nothing this database knows). With --verify: 0 every
     row verifies, 1 something does not (each broken row named), 2 could not run. In a
     terminal narrower than 120 columns each entry is printed as a block instead of a table
     row; --format json has every field.
@@ -491,11 +488,25 @@ def events(
     with opened_for_audit(url, _keyring_or_none(keyring)) as saver:
         entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
                                until=end, limit=limit)
+        if not entries:
+            _refuse_unknown(saver, tenant, kind)
     if output is OutputFormat.json:
         _echo_json([e.as_dict() for e in entries])
     else:
         print_events(entries)
     raise typer.Exit(EXIT_OK)
+
+
+def _refuse_unknown(saver: Any, tenant: str | None, kind: str | None) -> None:
+    """Nothing matched: exit 2 if that is because ``--kind`` or ``--tenant`` names nothing
+    this database knows (a typo must not read as "no such event happened")."""
+    from ..audit.trail import EVENT_KINDS, RECEIPT_ACTIONS, known_kind, recorded
+    if kind is not None and not known_kind(kind) and not recorded(saver, kind=kind):
+        raise fail(f"unknown --kind {kind!r}: an event kind ({', '.join(sorted(EVENT_KINDS))}), "
+                   "receipt, or receipt:" + "|".join(sorted(RECEIPT_ACTIONS)))
+    if (tenant is not None and tenant not in saver.registry.tenants()
+            and not recorded(saver, tenant=tenant)):
+        raise fail(f"unknown tenant {tenant!r}: it has no threads, keys or trail entries here")
 
 
 def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
@@ -518,7 +529,7 @@ def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
         try:
             report = saver.registry.verify_integrity(anchor=mark)
         except KeyringRequired as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
         except TamperedDataError as exc:  # the registry MAC key row itself is gone or forged
             from ..registry.core import IntegrityReport
             report = IntegrityReport({}, [("securesaver_tenant_keys", "purpose=registry",

@@ -74,7 +74,7 @@ def forget_subject(
             subject = validate_subject(subject, "--subject")
         validate_actor(requested_by, "--requested-by")
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     if subject is None and not values:
         raise fail("name a --subject, or at least one --identifier")
     namespace: object = ... if store_namespace is None else (
@@ -98,7 +98,7 @@ def forget_subject(
         try:
             report = saver.forget_subject(subject, **options)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     if as_json:
         echo_json({"tenants": report.tenants, "counts": report.detail})
         raise typer.Exit(EXIT_OK)
