@@ -21,10 +21,10 @@ from pathlib import Path
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
+from _fake_model import FakeChatModel, example_workspace
 from langgraph_securesaver import Keyring, KeyringMismatch, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import ScriptedChatModel, example_workspace
 
-model = ScriptedChatModel()
+model = FakeChatModel()   # needs no network or API key
 
 
 async def chat(state: MessagesState) -> dict:

@@ -14,13 +14,10 @@ from pathlib import Path
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
+from _fake_model import FakeChatModel, example_workspace   # a model that needs no API key
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import (
-    ScriptedChatModel,  # a chat model that needs no API key
-    example_workspace,
-)
 
-model = ScriptedChatModel()
+model = FakeChatModel()
 
 
 def build(checkpointer: SecureSaver):

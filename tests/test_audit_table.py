@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, tenant_scope
 from langgraph_securesaver.cli import main as cli_module
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.cli.main import app
 
 runner = CliRunner()

@@ -12,7 +12,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavailable
 from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider, encryption_context
 from langgraph_securesaver.keys.crypto import wrap_context

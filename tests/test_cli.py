@@ -46,6 +46,13 @@ def test_demo_runs_and_every_check_holds(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
     assert "AccessDenied" in proc.stdout
+    # redaction at work, with the default settings: the e-mail is a token in storage and
+    # comes back whole for its tenant
+    flat = " ".join(proc.stdout.split())
+    stored = flat.split("in storage (decrypted, vault not read): ")[1].split(" acme reads")[0]
+    assert "<EMAIL_ADDRESS:" in stored and "alice.liu@acme-mail.com" not in stored, flat
+    assert "acme reads back: Hi, I'm Alice (alice.liu@acme-mail.com)" in flat
+    assert "restored for its tenant │ yes" in proc.stdout
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("demo.db*"))
     assert b"alice.liu@acme-mail.com" not in raw and b"GLX-4410" not in raw
     assert (tmp_path / "demo.db.keyring.json").exists()
@@ -91,7 +98,7 @@ def test_recover_with_nothing_stalled_exits_0_and_a_bad_graph_exits_2(tmp_path: 
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring), redaction=None):
         pass
     ok = runner.invoke(app, ["recover", "--url", url, "--keyring", str(ring), "--graph",
-                             "langgraph_securesaver.cli.demo:build_support_graph", "--json"])
+                             "tests.fake_agent:build_support_graph", "--json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["resumed"] == 0
     bad = runner.invoke(app, ["recover", "--url", url, "--keyring", str(ring), "--graph",

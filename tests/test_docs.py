@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README_MAX_LINES = 250
+README_MAX_LINES = 180
 
 JOURNAL_PHRASES: dict[str, str] = {
     "issue number": r"\bissues? ?#?\d+",
@@ -121,6 +121,33 @@ def test_every_markdown_link_into_the_repository_resolves() -> None:
             if not (path.parent / target).exists():
                 missing.append(f"{path.relative_to(ROOT)} -> {target}")
     assert not missing, missing
+
+
+REPO_URL = "https://github.com/langgraph-securesaver/langgraph-securesaver/"
+
+
+def test_readme_links_work_on_the_package_index() -> None:
+    """The README is also the package index page, where a relative link resolves against the
+    index, not the repository: every link is absolute, and every link into this repository
+    (``blob/main/PATH``, ``tree/main/PATH``) names a file or folder that exists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    targets += re.findall(r"^\[[^]]+\]:\s*(\S+)", readme, re.M)
+    assert targets
+    relative = [t for t in targets if "://" not in t and not t.startswith("#")]
+    assert not relative, relative
+    missing = [t for t in targets if t.startswith(REPO_URL)
+               and not (ROOT / re.sub(r"^(blob|tree)/main/", "", t[len(REPO_URL):])
+                        .split("#")[0]).exists()]
+    assert not missing, missing
+    used = set(re.findall(r"\]\[([^]]+)\]", readme))
+    defined = set(re.findall(r"^\[([^]]+)\]:", readme, re.M))
+    assert used <= defined, used - defined
+
+
+def test_pyproject_urls_match_the_readme_links() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'Repository = "{REPO_URL.rstrip("/")}"' in text
 
 
 # --- every public name documented --------------------------------------------------------------

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.keys.crypto import ENTRY, THREAD
 from langgraph_securesaver.ops.pruner import Sweep
 from langgraph_securesaver.redaction import VaultEntry, make_token

@@ -15,7 +15,7 @@ from langgraph_securesaver import (
     SecureSaver,
     TamperedDataError,
 )
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.cli.main import app
 
 CFG = {"configurable": {"thread_id": "t-1", "tenant_id": "acme"}}

@@ -32,7 +32,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.errors import SecureSaverError
 from langgraph_securesaver.keys.crypto import (
     ENTRY,

@@ -13,7 +13,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.tenancy import ThreadRef, inner_thread_id, tenant_scope
 
 ROOT = Path(__file__).resolve().parents[1]

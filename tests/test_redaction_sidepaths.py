@@ -28,7 +28,7 @@ from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.idempotency import mark_recoverable, run_once
 from langgraph_securesaver.redaction import (
     RedactionError,

@@ -23,7 +23,7 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint

@@ -17,7 +17,7 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope

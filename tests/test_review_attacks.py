@@ -249,7 +249,7 @@ def test_cli_log_lines_escape_ids_read_from_the_database(tmp_path: Any) -> None:
 def _op(url: str, ring_path: Any, op: str) -> object:
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
     ring = Keyring.from_file(ring_path)
     with SecureSaver.from_url(url, keyring=ring) as saver:
         cfg: Any = {"configurable": {"thread_id": "t1", "tenant_id": "acme"}}
@@ -276,7 +276,7 @@ def _op(url: str, ring_path: Any, op: str) -> object:
 async def _aop(url: str, ring_path: Any, op: str) -> object:
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
     ring = Keyring.from_file(ring_path)
     async with SecureSaver.afrom_url(url, keyring=ring) as saver:
         cfg: Any = {"configurable": {"thread_id": "t1", "tenant_id": "acme"}}

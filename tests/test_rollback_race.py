@@ -24,7 +24,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.ops.pruner import Sweep
 from langgraph_securesaver.tenancy import tenant_scope
 

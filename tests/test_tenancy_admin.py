@@ -24,7 +24,7 @@ from langgraph_securesaver import (
     SecureSaver,
     tenant_scope,
 )
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.keys.crypto import KeyManager, TenantKeys, row_context
 from langgraph_securesaver.keys.keyring import NoKeys, WrappedKey
 from langgraph_securesaver.retention import RetentionPolicy

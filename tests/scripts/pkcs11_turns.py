@@ -16,7 +16,7 @@ import sys
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
 
 
