@@ -123,6 +123,30 @@ def test_every_markdown_link_into_the_repository_resolves() -> None:
     assert not missing, missing
 
 
+def test_the_getting_started_snippet_runs_as_written(tmp_path: Path, monkeypatch) -> None:
+    """The first graph of docs/getting-started.md defines everything it uses (``builder``
+    too) and runs in a directory holding only a keyring file."""
+    from langgraph_securesaver import Keyring
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    snippet = page.split("## The first graph", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    Keyring.generate().save(tmp_path / "keyring.json")
+    scope: dict[str, object] = {}
+    exec(compile(snippet, "getting-started.md", "exec"), scope)
+    assert scope["threads"]
+
+
+def test_configuration_lists_every_securesaver_option() -> None:
+    import inspect
+
+    from langgraph_securesaver import SecureSaver
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8")
+    options = [n for n, p in inspect.signature(SecureSaver.__init__).parameters.items()
+               if p.kind is p.KEYWORD_ONLY]
+    missing = [n for n in options if f"| `{n}` |" not in page]
+    assert options and not missing, missing
+
+
 REPO_URL = "https://github.com/langgraph-securesaver/langgraph-securesaver/"
 
 

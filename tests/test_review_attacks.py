@@ -92,7 +92,7 @@ def test_a_reused_run_control_gives_a_tenantless_run_no_tenant() -> None:
     control = RunControl()
     with tenant_scope("acme"):
         graph.invoke({"log": ["acme-secret"]}, CFG, control=control)
-    with pytest.raises(TenantRequired):   # docs/tenancy.md: "after a run ... TenantRequired"
+    with pytest.raises(TenantRequired):   # docs/concepts/tenancy.md: "after a run ... TenantRequired"
         graph.invoke({"log": ["x"]}, CFG, control=control)
 
 
@@ -343,7 +343,7 @@ def _run_config(saver: SecureSaver) -> Any:
 
 
 def test_an_ambiguous_run_files_nothing_under_the_default_tenant() -> None:
-    """docs/tenancy.md: an ambiguous run resolves nobody -- with a ``default_tenant`` too:
+    """docs/concepts/tenancy.md: an ambiguous run resolves nobody -- with a ``default_tenant`` too:
     acme's tenant-less writes must not land in the default tenant's thread."""
     saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None,
                         default_tenant="public")

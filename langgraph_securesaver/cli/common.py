@@ -183,13 +183,12 @@ class EscapingFormatter(logging.Formatter):
 
 
 def release() -> str:
-    """The installed version of the package (the source tree's when not installed)."""
+    """The installed version of the package."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version("langgraph-securesaver")
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        from .. import __version__
-        return __version__
+        return "(not installed)"
 
 
 def _print_version(value: bool) -> None:

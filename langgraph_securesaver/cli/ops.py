@@ -214,8 +214,6 @@ def _report_context(url: str, ring: Any, tenant: str | None,
     """What the HTML report states beyond the inventory: the database's identity, the library
     version, ``scan --verify`` and ``events --verify`` (with a keyring), and the receipts and
     refused reads of the period."""
-    from importlib.metadata import PackageNotFoundError, version
-
     import sqlalchemy as sa
 
     from ..audit.report_html import HTML_MAX_TRAIL, ReportContext
@@ -223,11 +221,7 @@ def _report_context(url: str, ring: Any, tenant: str | None,
     from ..audit.trail import latest
     from ..registry.schema import meta_table
     since, until = period
-    try:
-        release = version("langgraph-securesaver")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        release = "(not installed)"
-    context = ReportContext(version=release, period=period)
+    context = ReportContext(version=common.release(), period=period)
     with opened_for_audit(url, ring) as light:
         registry = light.registry
         context.database = registry.engine.url.render_as_string(hide_password=True)

@@ -224,7 +224,7 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
 
         Without ``token_key`` tokens use a random key made once per ``Redactor``: they are
         stable within the process and meaningless outside it. A ``SecretBytes`` key is never
-        held raw in a frame of the redactor (docs/keys.md)."""
+        held raw in a frame of the redactor (docs/concepts/keys.md)."""
         if not isinstance(text, str):
             raise TypeError(f"redact() takes a str, not {type(text).__name__}")
         policy = self.policy.for_channel(channel)
