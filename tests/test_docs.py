@@ -147,6 +147,51 @@ def test_configuration_lists_every_securesaver_option() -> None:
     assert options and not missing, missing
 
 
+PUBLIC_SUBPACKAGES = ("store", "redaction", "idempotency", "server")
+
+
+def test_the_api_reference_lists_every_public_name() -> None:
+    """docs/reference/api.md has a ``:::`` entry for every name of the package's ``__all__``
+    and of its public subpackages' (under the top-level path when it is the same object)."""
+    import importlib
+    page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^::: (langgraph_securesaver[\w.]*)$", page, re.M))
+    top = importlib.import_module("langgraph_securesaver")
+    missing = [n for n in top.__all__ if n != "__version__"
+               and f"langgraph_securesaver.{n}" not in listed]
+    for sub in PUBLIC_SUBPACKAGES:
+        module = importlib.import_module(f"langgraph_securesaver.{sub}")
+        for n in module.__all__:
+            same = n in top.__all__ and getattr(top, n) is getattr(module, n)
+            if f"langgraph_securesaver.{sub}.{n}" not in listed and not (
+                    same and f"langgraph_securesaver.{n}" in listed):
+                missing.append(f"{sub}.{n}")
+    assert not missing, missing
+    for name in ("SecureStore", "secure_pair", "asecure_pair", "Redactor", "IdempotencyStore",
+                 "idempotent_tool_node"):
+        assert re.search(rf"^::: langgraph_securesaver(\.\w+)?\.{name}$", page, re.M), name
+
+
+def test_the_api_reference_renders_google_docstrings_without_sphinx_roles() -> None:
+    """The docstrings are Google style (``Args:``): the site parses them as such, and the
+    Sphinx roles they use to name objects become inline code instead of literal text."""
+    import sys
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "docstring_style: google" in config and "docstring_style: sphinx" not in config
+    assert "tools/griffe_roles.py:SphinxRolesAsCode" in config
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from griffe_roles import plain_roles
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert plain_roles("a :class:`~.keys.keyring.Keyring` or :func:`.tenancy.tenant_scope`, "
+                       ":meth:`SecureSaver.prune`") == \
+        "a `Keyring` or `tenancy.tenant_scope`, `SecureSaver.prune`"
+    api = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    internal = re.search(r"filters: \[.*\]", api).group(0)
+    assert "gate_class" in internal and "keys" in internal
+
+
 REPO_URL = "https://github.com/langgraph-securesaver/langgraph-securesaver/"
 
 
