@@ -18,10 +18,10 @@ import os
 import sys
 from pathlib import Path
 
+from _fake_model import FakeChatModel, example_workspace
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
-from _fake_model import FakeChatModel, example_workspace
 from langgraph_securesaver import Keyring, KeyringMismatch, SecureSaver, tenant_scope
 
 model = FakeChatModel()   # needs no network or API key

@@ -32,6 +32,7 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Annotated
 
+from _fake_model import example_workspace
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
@@ -41,7 +42,6 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from pydantic import BaseModel
 
-from _fake_model import example_workspace
 from langgraph_securesaver import AccessDenied, Keyring, tenant_scope
 from langgraph_securesaver.idempotency import IdempotentToolCalls, current_idempotency_key
 from langgraph_securesaver.store import asecure_pair
@@ -158,7 +158,8 @@ async def post_message(thread_id: str, message: Message, tenant: Tenant, request
 async def retry(thread_id: str, tenant: Tenant, request: Request):
     """Resume a run that failed half-way (what a client's retry, or a recoverer, does)."""
     with tenant_scope(tenant):
-        out = await request.app.state.agent.ainvoke(None, {"configurable": {"thread_id": thread_id}})
+        out = await request.app.state.agent.ainvoke(
+            None, {"configurable": {"thread_id": thread_id}})
     return {"reply": out["messages"][-1].content}
 
 

@@ -15,9 +15,9 @@ Run:  python examples/key_rotation.py
       ./.securesaver-examples/key_rotation/, removed and recreated on every run)
 """
 
+from _fake_model import chat_graph, example_workspace
 from langchain_core.messages import HumanMessage
 
-from _fake_model import chat_graph, example_workspace
 from langgraph_securesaver import Keyring, SecureSaver
 
 

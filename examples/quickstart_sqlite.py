@@ -11,10 +11,10 @@ Run:  python examples/quickstart_sqlite.py
 
 from pathlib import Path
 
+from _fake_model import FakeChatModel, example_workspace  # a model that needs no API key
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
-from _fake_model import FakeChatModel, example_workspace   # a model that needs no API key
 from langgraph_securesaver import Keyring, SecureSaver
 
 model = FakeChatModel()

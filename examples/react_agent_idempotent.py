@@ -12,6 +12,7 @@ Run:  python examples/react_agent_idempotent.py
       ./.securesaver-examples/react_agent_idempotent/, removed and recreated on every run)
 """
 
+from _fake_model import example_workspace
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -19,7 +20,6 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 
-from _fake_model import example_workspace
 from langgraph_securesaver import SecureSaver
 from langgraph_securesaver.idempotency import IdempotentToolCalls, current_idempotency_key
 

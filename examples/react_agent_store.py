@@ -1,12 +1,13 @@
-"""LangChain's agent (``langchain.agents.create_agent``) with long-term memory in a SecureStore next to its SecureSaver.
+"""LangChain's agent (``create_agent``) with memory in a SecureStore beside its SecureSaver.
 
 Shows: ``secure_pair(url)`` (a saver and a store on one SQLite file, sharing keys, registry
-and redactor) and LangChain's ``create_agent(model, tools, checkpointer=saver,
-store=store)``. A scripted model (no network) has the agent remember a fact about the user in one thread and recall it in
-another; a second tenant recalls nothing; the database file holds none of the fact, and the
-e-mail address in it reaches the embedder only as a redaction token. By default every run starts
-clean under ./.securesaver-examples/react_agent_store/; given DB_PATH, the database and its
-keyring beside it (DB_PATH.keyring.json) are kept, and a second run recalls both runs' facts.
+and redactor) and LangChain's ``create_agent(model, tools, checkpointer=saver, store=store)``.
+A scripted model (no network) has the agent remember a fact about the user in one thread and
+recall it in another; a second tenant recalls nothing; the database file holds none of the
+fact, and the e-mail address in it reaches the embedder only as a redaction token. By default
+every run starts clean under ./.securesaver-examples/react_agent_store/; given DB_PATH, the
+database and its keyring beside it (DB_PATH.keyring.json) are kept, and a second run recalls
+both runs' facts.
 
 Run:  python examples/react_agent_store.py [DB_PATH]
 """
@@ -17,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Annotated
 
+from _fake_model import example_workspace
 from langchain.agents import create_agent
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
@@ -25,7 +27,6 @@ from langchain_core.tools import tool
 from langgraph.prebuilt import InjectedStore
 from langgraph.store.base import BaseStore
 
-from _fake_model import example_workspace
 from langgraph_securesaver import Keyring, tenant_scope
 from langgraph_securesaver.store import secure_pair
 

@@ -19,9 +19,9 @@ Run:  python examples/retention_pruner.py
 import asyncio
 import time
 
+from _fake_model import chat_graph, example_workspace
 from langchain_core.messages import HumanMessage
 
-from _fake_model import chat_graph, example_workspace
 from langgraph_securesaver import RetentionPolicy, SecureSaver, tenant_scope
 
 DAY = 86400.0

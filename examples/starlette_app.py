@@ -22,6 +22,7 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from _fake_model import FakeChatModel, example_workspace
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 from starlette.applications import Starlette
@@ -29,7 +30,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from _fake_model import FakeChatModel, example_workspace
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
 
 TOKENS = {"token-acme": "acme", "token-globex": "globex"}   # your identity provider, really

@@ -17,8 +17,8 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_scope
-from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.cli.main import app
+from tests.fake_agent import build_chat_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

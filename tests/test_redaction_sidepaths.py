@@ -28,7 +28,6 @@ from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
 from langgraph_securesaver import Keyring, SecureSaver
-from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.idempotency import mark_recoverable, run_once
 from langgraph_securesaver.redaction import (
     RedactionError,
@@ -37,6 +36,7 @@ from langgraph_securesaver.redaction import (
     make_token,
 )
 from langgraph_securesaver.redaction.budget import COOL_DOWNS
+from tests.fake_agent import build_chat_graph
 
 from .conftest import drop_pg_schema, new_pg_schema, pg_url_in, require_postgres
 

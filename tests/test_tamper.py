@@ -11,9 +11,9 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.keys.crypto import is_token
 from langgraph_securesaver.tenancy import inner_thread_id
+from tests.fake_agent import build_chat_graph
 
 
 def _cfg(thread: str, tenant: str = "acme") -> dict:

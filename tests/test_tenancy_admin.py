@@ -24,11 +24,11 @@ from langgraph_securesaver import (
     SecureSaver,
     tenant_scope,
 )
-from tests.fake_agent import build_chat_graph
 from langgraph_securesaver.keys.crypto import KeyManager, TenantKeys, row_context
 from langgraph_securesaver.keys.keyring import NoKeys, WrappedKey
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import MAX_THREAD_ID_LENGTH, inner_thread_id, thread_prefix
+from tests.fake_agent import build_chat_graph
 
 EMAIL = "li.na@example.com"
 PHONE = "+1 415 555 0137"
