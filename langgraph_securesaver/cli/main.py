@@ -133,8 +133,11 @@ def prune(
         "--active-grace", metavar="DURATION",
         help="Skip threads written this recently (a run may be in flight); 0s skips none.")]
     = "2m",
+    out: evidence.OutOption = None,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
+    --out writes each sweep's report and receipts as a document (--signing-key signs it).
 
     Needs the keyring: it verifies the MACs of the retention rows, and authenticates the
     latest checkpoint of a thread whose time would keep it (a forged time keeps nothing).
@@ -142,8 +145,10 @@ def prune(
     row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
     keyring, unreachable database).
     """
+    import itertools
     import signal
     import threading
+    import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -163,6 +168,7 @@ def prune(
         raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
                    "verifies the MACs of the retention rows and authenticates the checkpoints "
                    "whose time would keep a thread, before it deletes anything")
+    key = evidence.signing_key(signing, out)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -177,7 +183,8 @@ def prune(
         with open_saver(url, ring) as saver:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
-            while True:
+            for sweep in itertools.count():
+                started = time.time()
                 with Progress(TextColumn("[bold]retention sweep"), BarColumn(),
                               MofNCompleteColumn(), console=out, transient=True) as bar:
                     task = bar.add_task("sweep", total=None)
@@ -189,6 +196,7 @@ def prune(
                                                  should_stop=stop.is_set, progress=advance,
                                                  active_grace=grace)
                 failed = failed or not report.ok
+                evidence.sign_prune(saver.registry, report, started, key, out, sweep)
                 if as_json:
                     echo_json(report.as_dict(), indent=2)
                 else:
@@ -387,7 +395,7 @@ def __getattr__(name: str) -> Any:
 
 
 # operations commands live in their own module and register themselves on `app`
-from . import ops, subjects, summaries  # noqa: E402,F401
+from . import evidence, ops, subjects, summaries  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m` runs this file as __main__, a second copy of the module: use the real one
