@@ -78,17 +78,27 @@ def _wrote(out: Path, key: SigningKey | None) -> None:
                              soft_wrap=True)
 
 
-def sign_prune(registry: Any, report: Any, started: float, key: SigningKey | None,
-               out: Path | None, sweep: int) -> None:
-    """``prune --out``: the sweep's report and the receipts written while it ran (numbered
-    files after the first sweep of ``--every``)."""
-    if out is None:
-        return
-    from ..evidence.chains import receipts_between
-    target = out if sweep == 0 else out.with_name(f"{out.stem}-{sweep}{out.suffix}")
-    write_document(target, "prune-report", key, {
-        "format": "securesaver-prune-report/1", "report": report.as_dict(),
-        "receipts": receipts_between(registry, started, time.time())})
+class PruneDocuments:
+    """``prune --out``: each sweep's report and the receipts written since the previous
+    document (or the command's start), signed with ``--signing-key``; sweeps after the
+    first of ``--every`` go to numbered files (``FILE-1.json``, ...)."""
+
+    def __init__(self, signing: Path | None, out: Path | None) -> None:
+        self.key = signing_key(signing, out)
+        self.out = out
+        self.sweep = 0
+        self.since = time.time()
+
+    def write(self, registry: Any, report: Any) -> None:
+        if self.out is None:
+            return
+        from ..evidence.chains import receipts_between
+        out, until = self.out, time.time()
+        target = out if not self.sweep else out.with_name(f"{out.stem}-{self.sweep}{out.suffix}")
+        write_document(target, "prune-report", self.key, {
+            "format": "securesaver-prune-report/1", "report": report.as_dict(),
+            "receipts": receipts_between(registry, self.since, until)})
+        self.sweep, self.since = self.sweep + 1, until
 
 
 def sign_events(registry: Any, entries: list[Any], filters: dict[str, Any],

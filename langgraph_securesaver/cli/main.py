@@ -133,7 +133,7 @@ def prune(
         "--active-grace", metavar="DURATION",
         help="Skip threads written this recently (a run may be in flight); 0s skips none.")]
     = "2m",
-    out: evidence.OutOption = None,
+    document: evidence.OutOption = None,
     signing: evidence.SigningKeyOption = None,
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
@@ -145,10 +145,8 @@ def prune(
     row did not verify (see the report), 2 could not run (bad duration, unknown tenant, no
     keyring, unreachable database).
     """
-    import itertools
     import signal
     import threading
-    import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -168,7 +166,7 @@ def prune(
         raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
                    "verifies the MACs of the retention rows and authenticates the checkpoints "
                    "whose time would keep a thread, before it deletes anything")
-    key = evidence.signing_key(signing, out)
+    documents = evidence.PruneDocuments(signing, document)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -183,8 +181,7 @@ def prune(
         with open_saver(url, ring) as saver:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
-            for sweep in itertools.count():
-                started = time.time()
+            while True:
                 with Progress(TextColumn("[bold]retention sweep"), BarColumn(),
                               MofNCompleteColumn(), console=out, transient=True) as bar:
                     task = bar.add_task("sweep", total=None)
@@ -196,7 +193,7 @@ def prune(
                                                  should_stop=stop.is_set, progress=advance,
                                                  active_grace=grace)
                 failed = failed or not report.ok
-                evidence.sign_prune(saver.registry, report, started, key, out, sweep)
+                documents.write(saver.registry, report)
                 if as_json:
                     echo_json(report.as_dict(), indent=2)
                 else:
