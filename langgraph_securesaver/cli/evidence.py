@@ -215,7 +215,7 @@ def verify(
     Exit codes: 0 intact; 1 altered, unsigned, signed by another key, or a chain entry is
     missing; 2 could not run (no such file, unreadable public key).
     """
-    from ..evidence.chains import check, chained
+    from ..evidence.chains import chained, check
     from ..evidence.signing import PublicKey, verify_file
     try:
         public = PublicKey.load(public_key)

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TextIO, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -199,7 +199,7 @@ class _Hashing(io.TextIOBase):
 
 @contextmanager
 def signed_file(path: str | os.PathLike[str], kind: str, key: SigningKey | None
-                ) -> Iterator[IO[str]]:
+                ) -> Iterator[TextIO]:
     """A text stream writing ``path``; when the block ends without an error and ``key`` is
     given, ``path.sig`` is written (a stale signature from an earlier run is removed first,
     so a failed run leaves no signature that seems to cover the new file)."""
@@ -209,7 +209,7 @@ def signed_file(path: str | os.PathLike[str], kind: str, key: SigningKey | None
         sig.unlink(missing_ok=True)
     with open(target, "wb") as raw:
         stream = _Hashing(raw)
-        yield stream  # type: ignore[misc]
+        yield cast(TextIO, stream)
         stream.flush()
         os.fsync(raw.fileno())
     if key is None:
