@@ -129,9 +129,10 @@ def test_the_export_holds_every_thread_of_the_subject_restored_and_nothing_of_an
                                "store_items": 4}
 
 
-def test_the_export_follows_the_scope_rule_and_the_async_twin_agrees(
-        people: tuple[str, Path]) -> None:
+def test_the_export_follows_the_scope_rule_pages_and_the_async_twin_agrees(
+        people: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from langgraph_securesaver import AccessDenied, tenant_scope
+    from langgraph_securesaver.evidence import export as export_module
     url, ring = people
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring)) as saver:
         with tenant_scope("globex"):
@@ -139,7 +140,12 @@ def test_the_export_follows_the_scope_rule_and_the_async_twin_agrees(
             with pytest.raises(AccessDenied):
                 saver.export_subject(DANA, tenants=["acme"])
         sync = saver.export_subject(DANA)
+        # read two checkpoints at a time: the same history, in the same order
+        monkeypatch.setattr(export_module, "PAGE", 2)
+        paged = saver.export_subject(DANA)
     assert _threads(scoped) == {(t, th) for t, th in DANA_THREADS if t == "globex"}
+    assert sync["counts"]["checkpoints"] > 2 * len(DANA_THREADS)
+    paged.pop("exported_at")
 
     async def run() -> dict[str, Any]:
         async with SecureSaver.afrom_url(url, keyring=Keyring.from_file(ring)) as asaver:
@@ -147,7 +153,7 @@ def test_the_export_follows_the_scope_rule_and_the_async_twin_agrees(
     asynced = asyncio.run(run())
     for doc in (sync, asynced):
         doc.pop("exported_at")
-    assert asynced == sync
+    assert asynced == sync and paged == sync
 
 
 def test_export_subject_cli_writes_a_signed_export_that_verifies(

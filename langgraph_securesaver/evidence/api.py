@@ -42,8 +42,8 @@ class EvidenceOperations:
             loop = asyncio.get_running_loop()
             alist = saver.alist  # type: ignore[attr-defined]
 
-            def read(config: Any) -> Iterator[Any]:
-                return _pulled(alist(config), loop)
+            def read(config: Any, **options: Any) -> Iterator[Any]:
+                return _pulled(alist(config, **options), loop)
         return await to_thread(lambda: export.export_subject(
             saver, subject_id, tenants=tenants, out=out, read=read))
 

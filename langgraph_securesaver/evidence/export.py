@@ -43,6 +43,8 @@ from .chains import receipts_of_threads
 
 EXPORT_FORMAT = "securesaver-subject-export/1"
 INTERRUPT = "__interrupt__"
+#: checkpoints read at once (memory stays at this many, however long the history)
+PAGE = 50
 _THREAD_FIELDS = ("created_at", "last_activity", "expires_at")
 _STORE_SQL = {pg: sa.text(
     "SELECT prefix, key, " + ("value::text" if pg else "value") + ", updated_at, expires_at "
@@ -52,9 +54,10 @@ _STORE_SQL = {pg: sa.text(
 
 def export_subject(saver: SaverLike, subject: str, *, tenants: Any = None,
                    out: IO[str] | None = None,
-                   read: Callable[[Any], Iterator[Any]] | None = None) -> dict[str, Any]:
+                   read: Callable[..., Iterator[Any]] | None = None) -> dict[str, Any]:
     """See :meth:`.api.EvidenceOperations.export_subject`. ``read``: how a thread's
-    checkpoints are listed (default: the saver's ``list``)."""
+    checkpoints are listed, ``read(config, before=..., limit=...)`` (default: the saver's
+    ``list``)."""
     subject = validate_subject(subject, "the subject")
     names = subject_tenants(saver.services, tenants, "export_subject")
     job = _Export(saver, subject, read or saver.list)  # type: ignore[attr-defined]
@@ -68,7 +71,7 @@ def export_subject(saver: SaverLike, subject: str, *, tenants: Any = None,
 
 class _Export:
     def __init__(self, saver: SaverLike, subject: str,
-                 read: Callable[[Any], Iterator[Any]]) -> None:
+                 read: Callable[..., Iterator[Any]]) -> None:
         self.read = read
         self.services = saver.services
         self.subject = subject
@@ -134,8 +137,7 @@ class _Export:
         interrupts: list[dict[str, Any]] = []
         newest: set[str] = set()
         n = 0
-        config = {"configurable": {"thread_id": thread_id, "tenant_id": tenant}}
-        for tup in self.read(config):
+        for tup in self._history(tenant, thread_id):
             if self.restorer is not None:
                 tup = self.restorer.restore(keys, tup)
             conf = tup.config.get("configurable") or {}
@@ -160,6 +162,19 @@ class _Export:
                   + ',\n"idempotency_records": ' + _dump(self._idempotency(keys, thread_id))
                   + ',\n"receipts": ' + _dump(receipts_of_threads(
                       self.services.registry, tenant, [thread_id])) + "}")
+
+    def _history(self, tenant: str, thread_id: str) -> Iterator[Any]:
+        """The thread's checkpoints, newest first, read a page at a time (an inner saver may
+        fetch a whole listing at once: PostgreSQL's client-side cursor does)."""
+        conf = {"thread_id": thread_id, "tenant_id": tenant}
+        before = None
+        while True:
+            page = list(self.read({"configurable": conf}, before=before, limit=PAGE))
+            yield from page
+            if len(page) < PAGE:
+                return
+            last = page[-1].config.get("configurable") or {}
+            before = {"configurable": {**conf, "checkpoint_id": last.get("checkpoint_id")}}
 
     def _idempotency(self, keys: TenantKeys, thread_id: str) -> list[dict[str, Any]]:
         engine = self.services.registry.engine

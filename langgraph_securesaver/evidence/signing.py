@@ -201,8 +201,8 @@ class _Hashing(io.TextIOBase):
 def signed_file(path: str | os.PathLike[str], kind: str, key: SigningKey | None
                 ) -> Iterator[TextIO]:
     """A text stream writing ``path``; when the block ends without an error and ``key`` is
-    given, ``path.sig`` is written (a stale signature from an earlier run is removed first,
-    so a failed run leaves no signature that seems to cover the new file)."""
+    given, ``path.sig`` is written (a stale signature, from before, is removed first,
+    so a failed write leaves no signature that seems to cover the new file)."""
     target = Path(path)
     sig = signature_path(target)
     if key is not None:
