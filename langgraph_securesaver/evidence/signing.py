@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from ..errors import ConfigurationError
-from ..keys.keyring_file import read_keyring_text, write_keyring_text
+from ..keys.keyring_file import check_permissions, insecure_allowed, write_keyring_text
 from ..keys.material import Refusal, SecretText, refusing_outside
 
 SIGNATURE_FORMAT = "securesaver-signature/1"
@@ -55,6 +56,7 @@ SIG_SUFFIX = ".sig"
 _SIGNED_FIELDS = {"kind": str, "sha256": str, "size": int, "signed_at": str, "key_id": str}
 _MAX_SIG_BYTES = 64 << 10
 _MAX_PUBLIC_BYTES = 64 << 10
+_MAX_KEY_BYTES = 64 << 10
 
 
 def _key_id(public: Ed25519PublicKey) -> str:
@@ -89,8 +91,8 @@ class SigningKey:
         """The key in a PEM file (``securesaver signing-key``). Refused like a keyring file
         when group or others can read it (``SECURESAVER_ALLOW_INSECURE_KEYRING=1`` opts
         out, e.g. for a read-only secret mount)."""
-        from ..keys.keyring_file import insecure_allowed
-        text, _stamp = read_keyring_text(Path(path), insecure_allowed(allow_insecure_permissions))
+        text = refusing_outside(_read_private, Path(path),
+                                insecure_allowed(allow_insecure_permissions))
         return cls(refusing_outside(_parse_private, text, str(path)))
 
     def public_key(self) -> PublicKey:
@@ -115,6 +117,34 @@ class SigningKey:
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("a signing key is not pickled (it would leave the process in clear)")
+
+
+def _read_private(path: Path, allow_insecure: bool) -> SecretText:
+    """The file's text, after the keyring files' permission check."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise Refusal(f"signing key file {path} does not exist") from None
+    except OSError as exc:
+        raise Refusal(f"signing key file {path} cannot be read: {type(exc).__name__}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refusal(f"signing key {path} is not a regular file")
+        if not allow_insecure:
+            try:
+                check_permissions(path, st, "signing key file")
+            except ConfigurationError as exc:
+                raise Refusal(str(exc)) from None
+        if st.st_size > _MAX_KEY_BYTES:
+            raise Refusal(f"{path} is {st.st_size} bytes: not a signing key file")
+        raw = os.read(fd, _MAX_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if raw.isascii():
+        return SecretText(raw.decode("ascii"))
+    raise Refusal(f"{path} is not a PEM file (not ASCII text)")
 
 
 def _parse_private(text: SecretText, where: str) -> Ed25519PrivateKey:

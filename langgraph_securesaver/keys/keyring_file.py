@@ -56,20 +56,21 @@ def _where(path: Path) -> str:
     return str(path) if real == Path(os.path.abspath(path)) else f"{path} (-> {real})"
 
 
-def check_permissions(path: Path, st: os.stat_result) -> None:
-    """Refuse a keyring file group/others can read or write, or another user owns."""
+def check_permissions(path: Path, st: os.stat_result, what: str = "keyring file") -> None:
+    """Refuse a keyring file (or another file of key material, ``what``) group/others can
+    read or write, or another user owns."""
     mode = stat.S_IMODE(st.st_mode)
     hint = (f"; or, if this is a read-only secret mount you cannot chmod (e.g. a Kubernetes "
             f"secret volume), opt out with allow_insecure_permissions=True or "
             f"{INSECURE_ENV_VAR}=1")
     if mode & 0o077:
         raise ConfigurationError(
-            f"keyring file {_where(path)} has mode {mode:04o}: group or others can "
+            f"{what} {_where(path)} has mode {mode:04o}: group or others can "
             f"{'read' if mode & 0o044 else 'write'} it; run `chmod 600 {path}`{hint}")
     geteuid = getattr(os, "geteuid", None)
     if geteuid is not None and st.st_uid != geteuid():
         raise ConfigurationError(
-            f"keyring file {_where(path)} (mode {mode:04o}) is owned by uid {st.st_uid}, not "
+            f"{what} {_where(path)} (mode {mode:04o}) is owned by uid {st.st_uid}, not "
             f"by this process's user (uid {geteuid()}); `chown` it{hint}")
 
 
