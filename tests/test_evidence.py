@@ -411,3 +411,37 @@ def test_the_signing_key_is_in_no_output_log_or_traceback_with_locals(
 def _sign_into(key: SigningKey, path: Path) -> None:
     with signed_file(path, "x", key) as target:
         target.write("{}")
+
+
+# --- the chain check itself, on documents made here ------------------------------------------
+def _entry(seq: int, chain: str = "acme", table: str = "securesaver_receipts",
+           mac: str | None = None) -> dict[str, Any]:
+    return {"chain": {"table": table, "chain": chain, "seq": seq,
+                      "prev_mac": "" if seq == 1 else f"m{seq - 1}", "mac": mac or f"m{seq}"}}
+
+
+def test_the_chain_check_finds_gaps_rewrites_and_missing_tails() -> None:
+    from langgraph_securesaver.evidence.chains import check
+
+    def doc(*seqs: int, head: int | None = None, **extra: Any) -> dict[str, Any]:
+        heads = [] if head is None else [{"table": "securesaver_receipts", "chain": "acme",
+                                          "seq": head, "mac": f"m{head}"}]
+        return {"receipts": [_entry(s) for s in seqs], "chain_heads": heads, **extra}
+
+    assert check([doc(1, 2, 3, head=3)], whole=True) == []
+    # entries written after the head was read are newer, not missing
+    assert check([doc(1, 2, 3, head=2)], whole=True) == []
+    assert "positions 2 are missing" in check([doc(1, 3)], whole=True)[0]
+    assert "positions 1-2 are missing" in check([doc(3)], whole=True)[0]
+    assert "newest entries are missing" in check([doc(1, 2, head=3)], whole=True)[0]
+    # without ``whole`` a gap is no finding, a broken link between neighbours is
+    assert check([doc(1, 3)], whole=False) == []
+    broken = doc(1, 2)
+    broken["receipts"][1]["chain"]["prev_mac"] = "forged"
+    assert "does not follow" in check([broken], whole=False)[0]
+    # a position whose entry changed between two documents (a chain rewritten since)
+    rewritten = {"receipts": [_entry(2, mac="other")]}
+    assert "two different entries" in check([doc(1, 2), rewritten], whole=False)[0]
+    # chains are apart: per table and per tenant
+    other = {"receipts": [_entry(1, chain="globex"), _entry(1, table="securesaver_events")]}
+    assert check([doc(1, 2), other], whole=True) == []

@@ -101,22 +101,25 @@ class PruneDocuments:
         self.sweep, self.since = self.sweep + 1, until
 
 
-def sign_events(registry: Any, entries: list[Any], filters: dict[str, Any],
-                key: SigningKey | None, out: Path) -> None:
+def sign_events(saver: Any, filters: dict[str, Any], key: SigningKey | None, out: Path
+                ) -> None:
     """``events --format json --out``: the listing, each entry with its chain position, and
     the chain heads when the listing holds whole chains (no filter but tenant and
-    ``--kind receipt``), so ``verify`` can tell an entry is missing."""
+    ``--kind receipt``), so ``verify`` can tell an entry is missing. The heads are read
+    first: every entry up to them is committed, entries written since are newer."""
+    from ..audit.trail import events as list_entries
     from ..evidence.chains import heads, trail_entries
     from ..registry.schema import events, receipts
     kind, tenant = filters.get("kind"), filters.get("tenant")
     whole = kind in (None, "receipt") and all(
         filters.get(k) is None for k in ("thread_id", "since", "until", "limit"))
     tables = {receipts.name} | (set() if kind == "receipt" else {events.name})
-    chain_heads = [h for h in heads(registry) if h["table"] in tables
+    chain_heads = [h for h in heads(saver.registry) if h["table"] in tables
                    and (tenant is None or h["chain"] == tenant)] if whole else []
+    entries = list_entries(saver, **filters)
     write_document(out, "event-listing", key, {
         "format": "securesaver-event-listing/1", "filters": filters, "whole_chains": whole,
-        "entries": trail_entries(registry, entries), "chain_heads": chain_heads})
+        "entries": trail_entries(saver.registry, entries), "chain_heads": chain_heads})
 
 
 @app.command("signing-key")

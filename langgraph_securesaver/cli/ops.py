@@ -499,13 +499,13 @@ def events(
     if out is not None and output is not OutputFormat.json:
         raise fail("--out writes the listing as JSON: add --format json")
     with opened_for_audit(url, _keyring_or_none(keyring)) as saver:
-        entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
-                               until=end, limit=limit)
         if out is not None:
-            evidence.sign_events(saver.registry, entries, {
+            evidence.sign_events(saver, {
                 "tenant": tenant, "thread_id": thread, "kind": kind, "since": start,
                 "until": end, "limit": limit}, key, out)
             raise typer.Exit(EXIT_OK)
+        entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
+                               until=end, limit=limit)
     if output is OutputFormat.json:
         _echo_json([e.as_dict() for e in entries])
     else:

@@ -163,10 +163,13 @@ def check(documents: Sequence[Any], *, whole: bool) -> list[str]:
                 problems.append(f"{where} positions {_span(expected, seq - 1)} are missing "
                                 "(removed from the chain, or not among the files)")
             expected = seq + 1
+        # the head was read before the entries: entries newer than it are fine
         head = recorded.pop((table, name), None)
-        if head is not None and (head[0] != order[-1] or head[1] != positions[order[-1]][1]):
+        if head is not None and head[0] > order[-1]:
             problems.append(f"{where} ends at position {order[-1]} but its head was at "
                             f"position {head[0]}: the newest entries are missing")
+        elif head is not None and head[0] in positions and positions[head[0]][1] != head[1]:
+            problems.append(f"{where} position {head[0]} is not the entry its head recorded")
     if whole:
         for (table, name), (seq, _mac) in sorted(recorded.items()):
             if seq > 0 and any(t == table for t, _n in at):

@@ -230,7 +230,9 @@ def _plain(policy: Any) -> dict[str, Any]:
 
 
 def _dump(value: Any) -> str:
-    return json.dumps(value, default=_jsonable, ensure_ascii=True)
+    """ASCII JSON with no control character raw (DEL too): safe on a terminal."""
+    text = json.dumps(value, default=_jsonable, ensure_ascii=True)
+    return text.replace("\x7f", "\\u007f") if "\x7f" in text else text
 
 
 def _jsonable(value: Any) -> Any:
