@@ -43,8 +43,9 @@ from .chains import receipts_of_threads
 
 EXPORT_FORMAT = "securesaver-subject-export/1"
 INTERRUPT = "__interrupt__"
-#: checkpoints read at once (memory stays at this many, however long the history)
-PAGE = 50
+#: checkpoints read at once: memory stays at this many (a long conversation's checkpoints
+#: each hold all its messages), however long the history
+PAGE = 10
 _THREAD_FIELDS = ("created_at", "last_activity", "expires_at")
 _STORE_SQL = {pg: sa.text(
     "SELECT prefix, key, " + ("value::text" if pg else "value") + ", updated_at, expires_at "
@@ -206,8 +207,9 @@ class _Export:
         sql = _STORE_SQL[engine.dialect.name == "postgresql"]
 
         def rows() -> Iterator[Any]:
-            with engine.connect() as conn:
-                yield from conn.execute(sql, {"p": prefix, "under": under})
+            with engine.connect() as conn:   # a server-side cursor on PostgreSQL
+                yield from conn.execution_options(stream_results=True).execute(
+                    sql, {"p": prefix, "under": under})
         return rows()
 
     def _store_item(self, keys: TenantKeys, row: Any) -> dict[str, Any]:
