@@ -166,10 +166,17 @@ def test_export_subject_cli_writes_a_signed_export_that_verifies(
     document = json.loads(out.read_text())
     assert _threads(document) == DANA_THREADS and DANA_MAIL in out.read_text()
     assert _verify(public, out).exit_code == 0
-    # printed without --out: the same document
-    printed = _cli("export-subject", "--url", url, "--keyring", ring, "--subject", DANA,
-                   "--tenant", "acme").stdout
-    assert _threads(json.loads(printed)) == {x for x in DANA_THREADS if x[0] == "acme"}
+    # printed without --out, the subject read from stdin (out of the process list)
+    printed = runner.invoke(app, ["export-subject", "--url", url, "--keyring", str(ring),
+                                  "--subject", "-", "--tenant", "acme"], input=DANA + "\n")
+    assert printed.exit_code == 0, printed.output
+    assert _threads(json.loads(printed.stdout)) == {x for x in DANA_THREADS if x[0] == "acme"}
+    # once the subject is forgotten, the export holds nothing of them
+    _cli("forget-subject", "--url", url, "--keyring", ring, "--subject", DANA, "--tenant",
+         "acme", "--yes")
+    after = _cli("export-subject", "--url", url, "--keyring", ring, "--subject", DANA,
+                 "--tenant", "acme").stdout
+    assert json.loads(after)["tenants"] == [] and DANA_MAIL not in after
     # --signing-key needs somewhere to put the signature; an unknown tenant is refused
     _cli("export-subject", "--url", url, "--keyring", ring, "--subject", DANA,
          "--signing-key", private, code=2)
@@ -360,6 +367,10 @@ def test_the_signing_key_is_in_no_output_log_or_traceback_with_locals(
     # the search works: the key's own file is found
     assert any(needle in private.read_text() for _n, needle in found.needles())
     caplog.set_level(logging.DEBUG)
+    made = runner.invoke(app, ["signing-key", "--out", str(tmp_path / "second.pem"),
+                               "--public-out", str(tmp_path / "second.pub")])
+    assert made.exit_code == 0
+    _no_key_in(made.output, _key_secrets(tmp_path / "second.pem"))
     outputs = []
     for args in (["--verbose", "export-subject", "--url", url, "--keyring", str(ring),
                   "--subject", DANA, "--out", str(tmp_path / "e.json"), "--signing-key",
