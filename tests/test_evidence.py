@@ -99,6 +99,11 @@ def test_the_export_holds_every_thread_of_the_subject_restored_and_nothing_of_an
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring)) as saver:
         named = saver.export_subject(DANA, tenants=["acme", "globex"])
         every = saver.export_subject(DANA)
+        erin = saver.export_subject(ERIN)
+        nobody = saver.export_subject("user-nobody")
+    # a tenant where the person has nothing is not even named
+    assert [t["tenant"] for t in erin["tenants"]] == ["acme", "globex"]
+    assert nobody["tenants"] == [] and nobody["counts"]["threads"] == 0
     assert named["format"] == "securesaver-subject-export/1" and named["subject"] == DANA
     assert _threads(named) == DANA_THREADS
     assert _threads(every) == DANA_THREADS | {("initech", "i1")}

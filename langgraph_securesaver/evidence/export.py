@@ -24,7 +24,7 @@ import base64
 import dataclasses
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import date, datetime, timezone
 from typing import IO, Any
 
@@ -93,20 +93,23 @@ class _Export:
         first = True
         for tenant in tenants:
             keys = self.services.keys.keys_for(tenant, create=False)
-            threads = subject_threads(self.services, tenant, self.subject)
-            store = self._store_rows(tenant) if keys is not None else iter(())
-            item = next(store, None)
-            if keys is None or (not threads and item is None):
+            if keys is None:
                 continue
+            threads = subject_threads(self.services, tenant, self.subject)
+            if not threads:   # a tenant where the subject has nothing is not named
+                peek = self._store_rows(tenant)
+                found = next(peek, None) is not None
+                peek.close()
+                if not found:
+                    continue
             out.write(("" if first else ",") + "\n")
             first = False
             self.counts["tenants"] += 1
-            self._tenant(out, keys, threads, item, store)
+            self._tenant(out, keys, threads)
         out.write('],\n"counts": ' + _dump(self.counts) + "}\n")
         return dict(self.counts)
 
-    def _tenant(self, out: IO[str], keys: TenantKeys, threads: list[str],
-                item: Any, store: Iterator[Any]) -> None:
+    def _tenant(self, out: IO[str], keys: TenantKeys, threads: list[str]) -> None:
         tenant = keys.tenant
         policy, source = self.services.registry.effective_policy(tenant)
         out.write('{"tenant": ' + _dump(tenant) + ', "retention_policy": '
@@ -116,10 +119,9 @@ class _Export:
             self._thread(out, keys, thread_id)
         out.write('],\n"store_items": [')
         n = 0
-        while item is not None:
-            out.write(("," if n else "") + "\n" + _dump(self._store_item(keys, item)))
+        for row in self._store_rows(keys.tenant):
+            out.write(("," if n else "") + "\n" + _dump(self._store_item(keys, row)))
             n += 1
-            item = next(store, None)
         self.counts["store_items"] += n
         out.write("]}")
 
@@ -198,19 +200,16 @@ class _Export:
         return value if self.restorer is None else self.restorer.restore_for_store(keys, value)
 
     # store items: the namespaces forget_subject deletes (those starting with the subject id)
-    def _store_rows(self, tenant: str) -> Iterator[Any]:
+    def _store_rows(self, tenant: str) -> Generator[Any, None, None]:
         engine = self.services.registry.engine
         if "." in self.subject or not has_store_table(engine):
-            return iter(())   # LangGraph refuses labels holding a period: no item can match
+            return   # LangGraph refuses labels holding a period: no item can match
         prefix = tenant_tag(tenant) + "." + self.subject
         under = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ".%"
         sql = _STORE_SQL[engine.dialect.name == "postgresql"]
-
-        def rows() -> Iterator[Any]:
-            with engine.connect() as conn:   # a server-side cursor on PostgreSQL
-                yield from conn.execution_options(stream_results=True).execute(
-                    sql, {"p": prefix, "under": under})
-        return rows()
+        with engine.connect() as conn:   # a server-side cursor on PostgreSQL
+            yield from conn.execution_options(stream_results=True).execute(
+                sql, {"p": prefix, "under": under})
 
     def _store_item(self, keys: TenantKeys, row: Any) -> dict[str, Any]:
         from ..store.codec import open_item  # the store package imports the saver: not at load
