@@ -461,3 +461,32 @@ def test_the_chain_check_finds_gaps_rewrites_and_missing_tails() -> None:
     # chains are apart: per table and per tenant
     other = {"receipts": [_entry(1, chain="globex"), _entry(1, table="securesaver_events")]}
     assert check([doc(1, 2), other], whole=True) == []
+
+
+def test_a_tampered_checkpoint_fails_the_export_and_leaves_no_signature(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    """Fail closed: a row that does not authenticate stops the export (exit 2, the row
+    named); the signature of an earlier export of the same file is gone, so the half-written
+    file never verifies."""
+    import sqlite3
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    _write_people(url, ring)
+    private, public = keys
+    out = tmp_path / "dana.json"
+    _cli("export-subject", "--url", url, "--keyring", ring, "--subject", DANA, "--out", out,
+         "--signing-key", private)
+    assert _verify(public, out).exit_code == 0
+    with sqlite3.connect(tmp_path / "agent.db") as conn:
+        rowid, blob = conn.execute("SELECT rowid, checkpoint FROM checkpoints WHERE thread_id "
+                                   "LIKE '%:d2' LIMIT 1").fetchone()
+        changed = bytearray(blob)
+        changed[-5] ^= 0x01
+        conn.execute("UPDATE checkpoints SET checkpoint = ? WHERE rowid = ?",
+                     (bytes(changed), rowid))
+    result = runner.invoke(app, ["export-subject", "--url", url, "--keyring", str(ring),
+                                 "--subject", DANA, "--out", str(out), "--signing-key",
+                                 str(private)])
+    assert result.exit_code == 2 and "d2" in result.output, result.output
+    assert not out.with_name(out.name + ".sig").exists()
+    assert _verify(public, out).exit_code == 1
