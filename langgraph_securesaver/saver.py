@@ -37,6 +37,7 @@ from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .errors import (
     ConfigurationError,
 )
+from .evidence.api import EvidenceOperations
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .inner_access import InnerAccess
 from .keys.crypto import KeyManager
@@ -88,7 +89,7 @@ DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 
 
-class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
+class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseCheckpointSaver):
     """Wrap ``inner`` so every value, write and metadata field is encrypted per tenant.
 
     Args:

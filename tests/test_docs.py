@@ -147,7 +147,7 @@ def test_configuration_lists_every_securesaver_option() -> None:
     assert options and not missing, missing
 
 
-PUBLIC_SUBPACKAGES = ("store", "redaction", "idempotency", "server")
+PUBLIC_SUBPACKAGES = ("store", "redaction", "idempotency", "server", "evidence")
 
 
 def test_the_api_reference_lists_every_public_name() -> None:

@@ -133,6 +133,7 @@ NAMING_ACME: list[tuple[str, tuple, dict]] = [
     ("pii_inventory", ("acme",), {}),
     ("forget_pii", ("acme",), {"kind": "EMAIL_ADDRESS"}),
     ("forget_subject", ("dana",), {"identifiers": [EMAIL], "tenants": ["acme"]}),
+    ("export_subject", ("dana",), {"tenants": ["acme"]}),
     ("set_tenant_retention", ("acme", RetentionPolicy(legal_hold=True)), {}),
     ("rotate_data_key", ("acme",), {}),
     ("events", (), {"tenant": "acme"}),

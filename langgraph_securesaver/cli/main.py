@@ -131,8 +131,11 @@ def prune(
         "--active-grace", metavar="DURATION",
         help="Skip threads written this recently (a run may be in flight); 0s skips none.")]
     = "2m",
+    document: evidence.OutOption = None,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
+    --out writes each sweep's report and receipts as a document (--signing-key signs it).
 
     Needs the keyring: it verifies the MACs of the retention rows, and authenticates the
     latest checkpoint of a thread whose time would keep it (a forged time keeps nothing).
@@ -159,6 +162,7 @@ def prune(
         raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
                    "verifies the MACs of the retention rows and authenticates the checkpoints "
                    "whose time would keep a thread, before it deletes anything")
+    documents = evidence.PruneDocuments(signing, document)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -179,6 +183,7 @@ def prune(
                                                  should_stop=stop.is_set, progress=advance,
                                                  active_grace=grace)
                 failed = failed or not report.ok
+                documents.write(saver.registry, report)
                 if as_json:
                     echo_json(report.as_dict(), indent=2)
                 else:
@@ -369,7 +374,7 @@ def __getattr__(name: str) -> Any:
 
 
 # operations commands live in their own module and register themselves on `app`
-from . import ops, subjects, summaries  # noqa: E402,F401
+from . import evidence, ops, subjects, summaries  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m` runs this file as __main__, a second copy of the module: use the real one

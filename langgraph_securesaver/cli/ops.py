@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import SecureSaverError
-from . import common
+from . import common, evidence
 from .audit_tables import print_audit
 from .common import (
     EXIT_CANNOT_RUN,
@@ -138,6 +138,7 @@ def audit(
     recount: Annotated[bool, typer.Option(
         "--recount", help="Read every stored row instead of the maintained summaries (slower "
         "on large databases; also lists stored threads without a registry row).")] = False,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """What is held per tenant and thread: since when, until when, how much, under which
     keys, which personal data; threads past their expiry are flagged.
@@ -162,8 +163,11 @@ def audit(
     ring = _keyring_or_none(keyring)
     period = (parse_when(since, what="--since"), parse_when(until, what="--until"))
     source = "recount" if recount else "auto"
+    key = evidence.signing_key(signing, out)
+    if key is not None and output is AuditFormat.table:
+        raise fail("--signing-key signs --format json or html")
     if output is not AuditFormat.table:
-        _stream_audit(url, ring, tenant, output, out, period, source)
+        _stream_audit(url, ring, tenant, output, out, period, source, key)
     with opened_for_audit(url, ring) as saver:
         try:
             with progress_bar("audit") as advance:
@@ -182,17 +186,18 @@ def audit(
 
 def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
                   out: Path | None, period: tuple[float | None, float | None],
-                  source: str = "auto") -> None:
+                  source: str = "auto", key: Any = None) -> None:
     """json / html: written while the database is read (memory stays flat); always exits."""
     import sys
 
     from ..audit.inventory import audit_stream, iter_audit
+    from ..evidence.signing import signed_file
     context = _report_context(url, ring, tenant, period) if output is AuditFormat.html else None
     with opened_for_audit(url, ring) as saver:
         try:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
-            with (out.open("w", encoding="utf-8") if out is not None
+            with (signed_file(out, f"audit-{output.value}", key) if out is not None
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
                     from ..audit.report_html import write_html
@@ -460,6 +465,8 @@ def events(
         "--save-anchor", metavar="FILE",
         help="With --verify: write the verified chain heads to this file.",
         dir_okay=False)] = None,
+    out: evidence.OutOption = None,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """The audit trail: security events (denied access, key operations, retention changes)
     and deletion receipts, oldest first.
@@ -479,7 +486,15 @@ def events(
         raise fail("--kind must be an event kind of at most 64 characters")
     start = parse_when(since, what="--since")
     end = parse_when(until, what="--until")
+    key = evidence.signing_key(signing, out)
+    if out is not None and output is not OutputFormat.json:
+        raise fail("--out writes the listing as JSON: add --format json")
     with opened_for_audit(url, _keyring_or_none(keyring)) as saver:
+        if out is not None:
+            evidence.sign_events(saver, {
+                "tenant": tenant, "thread_id": thread, "kind": kind, "since": start,
+                "until": end, "limit": limit}, key, out)
+            raise typer.Exit(EXIT_OK)
         entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
                                until=end, limit=limit)
         if not entries:

@@ -59,9 +59,9 @@ def _where(path: Path) -> str:
     return str(path) if real == Path(os.path.abspath(path)) else f"{path} (-> {real})"
 
 
-def check_permissions(path: Path, st: os.stat_result) -> None:
-    """Refuse a keyring file group or others can read or write (whatever the other bits),
-    or another user owns."""
+def check_permissions(path: Path, st: os.stat_result, what: str = "keyring file") -> None:
+    """Refuse a keyring file (or another file of key material, ``what``) group or others can
+    read or write (whatever the other bits), or another user owns."""
     mode = stat.S_IMODE(st.st_mode)
     hint = (f"; or, if this is a read-only secret mount you cannot chmod (e.g. a Kubernetes "
             f"secret volume), opt out with allow_insecure_permissions=True or "
@@ -70,12 +70,12 @@ def check_permissions(path: Path, st: os.stat_result) -> None:
         can = " and ".join(word for word, bits in (("read", 0o044), ("write", 0o022))
                            if mode & bits)
         raise ConfigurationError(
-            f"keyring file {_where(path)} has mode {mode:04o}: group or others can "
+            f"{what} {_where(path)} has mode {mode:04o}: group or others can "
             f"{can} it; run `chmod 600 {path}`{hint}")
     geteuid = getattr(os, "geteuid", None)
     if geteuid is not None and st.st_uid != geteuid():
         raise ConfigurationError(
-            f"keyring file {_where(path)} (mode {mode:04o}) is owned by uid {st.st_uid}, not "
+            f"{what} {_where(path)} (mode {mode:04o}) is owned by uid {st.st_uid}, not "
             f"by this process's user (uid {geteuid()}); `chown` it{hint}")
 
 
