@@ -179,7 +179,7 @@ class PiiLayer:
                     value, lookup, originals={t: originals[t] for t in in_bytes if t in originals},
                     owned=True)
             # what the tenant reads back was paid for when stored: writing it again after a
-            # restart (cold caches) must not spend, and so withhold, the new write's budget
+            # restart (cold caches) must not spend the new write's budget, and so be refused
             self.redactor.remember_read(out, channel=ch, token_key=token_key)
             return out
 

@@ -36,7 +36,7 @@ from .errors import RedactionError
 
 T = TypeVar("T")
 DEFAULT_SLOTS = 8
-DEFAULT_QUEUE = 64
+DEFAULT_QUEUE = 1024  # jobs a tenant may have waiting (an async app's burst fits)
 
 
 def _default_slots() -> int:
