@@ -1,6 +1,7 @@
-"""Issue 40: redaction that is fair between tenants and never drops a user's words.
+"""Redaction that is fair between tenants and never drops a user's words.
 
-Each reproduction of the issue, attacked as a hostile tenant would; no timing assertions:
+Each reproduction (a victim charged for a neighbour's load and its data withheld, writes
+outside every bound, a denial spray, vaulted numbers, reads on the loop), attacked as a hostile tenant would; no timing assertions:
 what is stored, what is raised, row counts, and in which thread the work ran.
 """
 
