@@ -18,7 +18,7 @@ from .budget import Spend, current_spend
 from .detection import Detection, Overrun
 from .errors import RedactionError
 from .policy import RedactionPolicy
-from .pool import Request, shared_pool
+from .pool import QUEUE_WAIT, Request, shared_pool
 from .tokens import kind_label
 from .view import OWN_LABELS
 
@@ -86,7 +86,9 @@ class BudgetedDetection(Detection):
         offload = free or spend.chars > pool.offload_after or spend.parts > OFFLOAD_PARTS
         if (pool.enabled and not self._custom_analyzer and offload
                 and len(text) <= policy.hard_max_chars):
-            request = pool.send(text, self._worker_params(policy), limit)
+            # a large write waits for a worker rather than analyze beside other tenants'
+            # turns under the serving process's GIL
+            request = pool.send(text, self._worker_params(policy), limit, QUEUE_WAIT)
             if request is not None:
                 return InFlight(request, len(text))
         try:
