@@ -79,11 +79,13 @@ def test_a_lower_case_iban_with_a_wrong_check_is_kept(redactor: Redactor) -> Non
 VALID_IDS = [
     ("UK_NINO", "National Insurance number AB123456C"),
     ("UK_NINO", "NI: JG 10 37 58 A"),
+    ("UK_NINO", "NI number: ZZ 53 00 05 T"),     # a placeholder form, after its name
     ("FR_NIR", "numéro de sécu 2 69 05 49 588 157 80"),
     ("IT_FISCAL_CODE", "codice fiscale RSSMRA85T10A562S"),
     ("BR_CPF", "CPF 529.982.247-25"),
     ("BR_CPF", "cpf: 52998224725"),
     ("KR_RRN", "주민등록번호 900101-1234568"),
+    ("KR_RRN", "RRN 050907-1972121"),            # issued since 2020: no check digit
     ("IN_AADHAAR", "Aadhaar 2341 2341 2346"),
     ("IN_AADHAAR", "aadhaar no 234123412346"),
     ("IN_PAN", "PAN ABCPE1234F"),
@@ -105,7 +107,7 @@ def test_a_national_id_is_claimed(redactor: Redactor, kind: str, text: str) -> N
 @pytest.mark.parametrize("text", [
     "CPF 529.982.247-26",              # wrong check digit
     "codice fiscale RSSMRA85T10A562T",
-    "Aadhaar 2341 2341 2347",
+    "ref 2341 2341 2347 ok",           # Aadhaar-shaped, wrong Verhoeff digit, no name
     "PESEL: 44051401358",
     "DNI 12345678A",
     "BSN 111222334",
@@ -114,6 +116,8 @@ def test_a_national_id_is_claimed(redactor: Redactor, kind: str, text: str) -> N
     "invoice 111222333 paid",          # not a BSN
     "ticket 52998224725 closed",       # not a CPF without its punctuation or its name
     "build ABCDE12345 finished",       # not a PAN shape
+    "batch ZZ 53 00 05 T queued",      # a placeholder NINO shape without its name
+    "build 240399-1234567 failed",     # not a date: not an RRN
 ])
 def test_a_near_miss_is_not_claimed(redactor: Redactor, text: str) -> None:
     kinds = [k for k, _v in _kinds(redactor, text)]

@@ -5,9 +5,11 @@ is right where the format has one: UK NINO (no check: its letter rules), FR NIR 
 IT codice fiscale (check letter), BR CPF (two mod-11 digits), KR RRN (mod 11), IN Aadhaar
 (Verhoeff) and PAN (no check: its holder-type letter), PL PESEL (weighted mod 10), ES DNI/NIE
 (mod-23 letter), NL BSN (11-proof), DE Steuer-ID (ISO 7064 MOD 11,10). Formats that are
-just digits (PESEL, BSN, Steuer-ID, a CPF or Aadhaar without its punctuation) also need their
-name within 40 characters before them ("PESEL:", "BSN", "Steuer-ID"...): a checksum alone
-passes one random number in ten. Knows nothing of the redactor.
+just digits (PESEL, BSN, Steuer-ID, a CPF without its punctuation) also need their name
+within 40 characters before them ("PESEL:", "BSN", "Steuer-ID"...): a checksum alone passes
+one random number in ten. After its name, a value of the right shape is claimed without its
+check (an RRN issued since 2020 has none; placeholder NINOs such as "ZZ 53 00 05 T";
+an Aadhaar written by hand). Knows nothing of the redactor.
 """
 
 from __future__ import annotations
@@ -145,9 +147,19 @@ def _p(pattern: str) -> re.Pattern[str]:
     return re.compile(_NOT_BEFORE + "(?:" + pattern + ")" + _NOT_AFTER, re.ASCII)
 
 
+def _any(_value: str) -> bool:
+    return True
+
+
+_NINO_LABEL = _label("national insurance|nino|ni (?:number|no)")
+_RRN_LABEL = _label("rrn|resident registration")  # (the view blanks Hangul)
+_AADHAAR_LABEL = _label("aadhaar|aadhar|uidai|uid")
+
 _SPECS: tuple[_Spec, ...] = (
     ("UK_NINO", _p(r"[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?[0-9]{2} ?[0-9]{2} ?[0-9]{2} ?[A-D]"),
      _nino, None),
+    # placeholder and administrative forms ("ZZ 53 00 05 T"), after their name only
+    ("UK_NINO", _p(r"[A-Z]{2} ?[0-9]{2} ?[0-9]{2} ?[0-9]{2} ?[A-Z]"), _any, _NINO_LABEL),
     ("FR_NIR", _p(r"[12378] ?[0-9]{2} ?(?:0[1-9]|1[0-2]|[2-9][0-9]) ?(?:[0-9]{2}|2[ABab]) ?"
                   r"[0-9]{3} ?[0-9]{3} ?[0-9]{2}"), _nir, None),
     ("IT_FISCAL_CODE", _p(r"[A-Z]{6}[0-9LMNPQRSTUV]{2}[ABCDEHLMPRST][0-9LMNPQRSTUV]{2}[A-Z]"
@@ -156,8 +168,14 @@ _SPECS: tuple[_Spec, ...] = (
     ("BR_CPF", _p(r"[0-9]{11}"), _cpf, _label("cpf")),
     ("KR_RRN", _p(r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])-[1-8][0-9]{6}"), _rrn,
      None),
+    # numbers issued since 2020 carry no check digit: written with the dash, a birth date and
+    # the century/sex digit are the shape; without the dash, after their name
+    ("KR_RRN", _p(r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])-[1-8][0-9]{6}"), _any,
+     None),
+    ("KR_RRN", _p(r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])[1-8][0-9]{6}"), _any,
+     _RRN_LABEL),
     ("IN_AADHAAR", _p(r"[2-9][0-9]{3}([ \-])[0-9]{4}\1[0-9]{4}"), _aadhaar, None),
-    ("IN_AADHAAR", _p(r"[2-9][0-9]{11}"), _aadhaar, _label("aadhaar|aadhar|uidai|uid")),
+    ("IN_AADHAAR", _p(r"[0-9]{4}([ \-]?)[0-9]{4}\1[0-9]{4}"), _any, _AADHAAR_LABEL),
     ("IN_PAN", _p(r"[A-Z]{3}[ABCFGHJLPT][A-Z][0-9]{4}[A-Z]"), lambda _v: True, None),
     ("PL_PESEL", _p(r"[0-9]{11}"), _pesel, _label("pesel")),
     ("ES_NIF", _p(r"[0-9]{8}-?[A-Z]"), _dni, None),
@@ -176,7 +194,7 @@ NATIONAL_ID_KINDS: tuple[str, ...] = tuple(sorted({s[0] for s in _SPECS} - {"IBA
 class NationalIdRecognizer(EntityRecognizer):
     """The kinds of :data:`NATIONAL_ID_KINDS`, and lower-case IBANs (see the module doc)."""
 
-    SCORE = 0.9
+    SCORE = 1.0  # a checksum or its name: above a phone's 0.4 and beside a card's 1.0
 
     def __init__(self, supported_language: str = "en") -> None:
         super().__init__(supported_entities=[*NATIONAL_ID_KINDS, "IBAN_CODE"],

@@ -92,7 +92,7 @@ CANDIDATE_RE = re.compile(
     r"xox[abposre]-|AIza|://"
     r"|(?i:bearer|basic|secret|passw|pwd|api[_-]?key|token|aws|accountkey|sig=)"
     # national IDs with letters (UK NINO, IT codice fiscale, IN PAN; see .id_recognizers)
-    r"|[A-Z]{2} ?[0-9]{2} ?[0-9]{2} ?[0-9]{2} ?[A-D]|[A-Z]{6}[0-9LMNPQRSTUV]{2}[A-Z]"
+    r"|[A-Z]{2} ?[0-9]{2} ?[0-9]{2} ?[0-9]{2} ?[A-Z]|[A-Z]{6}[0-9LMNPQRSTUV]{2}[A-Z]"
     r"|[A-Z]{5}[0-9]{4}[A-Z]",
     re.ASCII,
 )
