@@ -222,7 +222,7 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
             {} if self.redactor is not None else None)
         opened = self._reads.open_checked(self.codec, keys, ref, tup, known)
         self._writes.remember_tokens(ref, tup)
-        return named_tup(self._pii.restore(keys, opened, known), config, ref.tenant)
+        return named_tup(self._pii.restore_in_turn(keys, opened, known), config, ref.tenant)
 
     def list(
         self,
@@ -253,7 +253,7 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
                 listed = self._reads.open_listed(self.codec, keys, tenant, tup, rows.drain)
                 if listed is None:
                     continue
-                yield named_tup(self._pii.restore(keys, *listed), config, tenant)
+                yield named_tup(self._pii.restore_in_turn(keys, *listed), config, tenant)
                 yielded += 1
                 if limit is not None and yielded >= limit:
                     return

@@ -16,7 +16,6 @@ import pytest
 
 from langgraph_securesaver import Keyring
 from langgraph_securesaver.cli.common import get_console
-from langgraph_securesaver.redaction.budget import COOL_DOWNS
 
 from .boundary_helpers import Raw
 
@@ -51,13 +50,6 @@ def require_postgres() -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true requires PostgreSQL: {_PG_REASON}")
     pytest.skip(_PG_REASON)
-
-
-@pytest.fixture(autouse=True)
-def _no_cool_down_from_an_earlier_test() -> None:
-    """A tenant's redaction cool-down (a write past its budget) is per process: a test never
-    starts inside one left by another test run by the same worker."""
-    COOL_DOWNS.clear()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from langgraph_securesaver import (
     tenant_scope,
 )
 from langgraph_securesaver.errors import ConfigurationError
-from langgraph_securesaver.redaction import Redactor
+from langgraph_securesaver.redaction import RedactionError, Redactor
 from langgraph_securesaver.tenancy import TenantThreadId, validate_thread_id
 
 KEY = b"r" * 32
@@ -186,10 +186,10 @@ def test_nested_and_other_encodings_of_an_address_are_tokenized_like_the_plain_o
     assert entity.text == text[entity.start:entity.end]
 
 
-def test_repeated_decoding_stops_at_the_time_budget_and_withholds(
+def test_repeated_decoding_stops_at_the_time_budget_and_refuses(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each pass of the decoding view costs time on a long hostile string: past the
-    string's time budget no further pass is made, and the string is withheld, never stored
+    string's time budget no further pass is made, and the value is refused, never stored
     as written."""
     from langgraph_securesaver.redaction import decoding
     redactor = Redactor()
@@ -204,8 +204,9 @@ def test_repeated_decoding_stops_at_the_time_budget_and_withholds(
         return one_pass(text)
 
     monkeypatch.setattr(decoding, "_decode_once", slow_pass)
-    result = redactor.redact("mail alice%252540example.com", token_key=KEY)
-    assert "alice" not in result.text and result.text == "<WITHHELD:masked>"
+    with pytest.raises(RedactionError, match="time budget") as info:
+        redactor.redact("mail alice%252540example.com", token_key=KEY)
+    assert "alice" not in str(info.value)
     assert len(passes) == 1
 
 
