@@ -82,9 +82,15 @@ class PiiLayer:
     def public_token(self, keys: TenantKeys, kind: str, value: str) -> str | None:
         """The public token the tenant's conversations hold for ``value`` (None: no live
         entry). For operators and tests; never creates an entry."""
-        from .redaction import make_token
-        lookup = make_token(self.token_key(keys), kind, value)
+        lookup = self.lookup_of(keys, kind, value)
         return self.vault.public_tokens(keys, [lookup]).get(lookup)
+
+    def lookup_of(self, keys: TenantKeys, kind: str, value: str) -> str:
+        """The vault lookup of ``value`` as ``kind`` (any spelling: normalized as the redactor
+        normalizes what it tokenizes, phone numbers in its regions)."""
+        from .redaction import DEFAULT_PHONE_REGIONS, make_token
+        regions = getattr(self.redactor, "phone_regions", DEFAULT_PHONE_REGIONS)
+        return make_token(self.token_key(keys), kind, value, regions)
 
     def redact_metadata(self, keys: TenantKeys, full: Mapping[str, Any],
                          entries: builtins.list[Any], *, create: bool = True,

@@ -27,6 +27,7 @@ from presidio_analyzer.predefined_recognizers import (
 )
 
 from .errors import RedactionError
+from .normalize import DEFAULT_PHONE_REGIONS
 from .recognizers import (
     ApiSecretRecognizer,
     CnMobileRecognizer,
@@ -42,7 +43,6 @@ from .recognizers import (
 logger = logging.getLogger(__name__)
 
 LANGUAGE = "en"
-DEFAULT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "CN")
 DEFAULT_NER_ENTITIES: tuple[str, ...] = ("PERSON", "LOCATION")
 
 # Entity kinds the default engine can report.

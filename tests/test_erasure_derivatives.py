@@ -1,0 +1,225 @@
+"""Erased means no one can confirm it (docs/erasure.md, "Keyed derivatives").
+
+The attacker holds the live keyring -- after ``forget_subject`` + the erasure epoch, the
+keyring as the epoch left it -- and a copy of the storage: every live row of every table, the
+SQLite files (database + WAL), and on PostgreSQL every raw page (dead tuples included, through
+``pageinspect``). For each guess of an erased value they compute every keyed derivative the
+library stores (vault lookup, idempotency keys and fingerprints of the raw value, and of its
+public token while the entry lives) and look for it. A value of another person, still live,
+confirms through the same search (the search works); an erased one confirms nowhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from langchain_core.messages import HumanMessage
+from langgraph.graph import START, StateGraph
+from typing_extensions import TypedDict
+
+from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver.cli.demo import build_chat_graph
+from langgraph_securesaver.idempotency import IdempotencyStore, idempotent
+from langgraph_securesaver.idempotency.keys import business_key, fingerprint
+from langgraph_securesaver.registry.core import normalize_url
+from tests.test_erasure import _raw_bytes
+
+DANA, ERIN = "user-dana-17", "user-erin-42"
+DANA_MAIL = "dana.person@example.com"
+ERIN_MAIL = "erin.person@example.com"
+ORDER = "order-5531"
+
+
+class Order(TypedDict, total=False):
+    customer: str
+    log: list[str]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path | None]:
+    if request.param == "sqlite":
+        db = tmp_path / "agent.db"
+        return f"sqlite:///{db}", db
+    return request.getfixturevalue("pg_url"), None
+
+
+@contextmanager
+def _saver(url: str, ring: Path, **options: Any) -> Iterator[SecureSaver]:
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(ring), **options) as saver:
+        yield saver
+
+
+def _cfg(thread: str, subject: str | None = None) -> dict[str, Any]:
+    conf: dict[str, Any] = {"thread_id": thread, "tenant_id": "acme"}
+    if subject is not None:
+        conf["subject_id"] = subject
+    return {"configurable": conf}
+
+
+def _order_graph(saver: SecureSaver) -> Any:
+    """A node that charges once per customer for the whole tenant (a business key built
+    from the customer's e-mail), and records the shipment once per thread (the e-mail in
+    the call's arguments: the fingerprint)."""
+
+    @idempotent(key=lambda customer, order: customer, scope="tenant")
+    def charge(customer: str, order: str) -> str:
+        return f"charged {customer} for {order}"
+
+    @idempotent
+    def ship(customer: str, order: str) -> str:
+        return f"shipped {order} to {customer}"
+
+    def node(state: Order) -> Order:
+        return {"log": [charge(state["customer"], ORDER), ship(state["customer"], ORDER)]}
+
+    g = StateGraph(Order)
+    g.add_node("order", node)
+    g.add_edge(START, "order")
+    return g.compile(checkpointer=saver)
+
+
+def _write(url: str, ring: Path) -> None:
+    """dana's and erin's threads: a conversation naming their e-mail, and an order each."""
+    with _saver(url, ring) as saver:
+        chat = build_chat_graph(saver)
+        orders = _order_graph(saver)
+        for thread, subject, mail in (("d1", DANA, DANA_MAIL), ("e1", ERIN, ERIN_MAIL)):
+            chat.invoke({"messages": [HumanMessage(f"my mail is {mail}")]},
+                        _cfg(thread, subject))
+            orders.invoke({"customer": mail, "log": []}, _cfg(thread + "-order", subject))
+
+
+def _guesses(value: str) -> list[str]:
+    """60 guesses of an e-mail, the value among them."""
+    local, domain = value.split("@")
+    return [value] + [f"{local}{n}@{domain}" for n in range(59)]
+
+
+def _derivatives(saver: SecureSaver, value: str, threads: list[str]) -> dict[str, set[str]]:
+    """What a keyring holder computes for one guess, by kind: the vault lookup, and the
+    idempotency keys and fingerprint of the order calls -- of the raw value, and of its
+    public token when the guess has a live vault entry."""
+    keys = saver.services.tenant_keys("acme")
+    out: dict[str, set[str]] = {
+        "lookup": {saver.services.pii.lookup_of(keys, "EMAIL_ADDRESS", value)},
+        "business_key": set(), "fingerprint": set()}
+    public = saver.services.pii.public_token(keys, "EMAIL_ADDRESS", value)
+    for form in (value, public) if public is not None else (value,):
+        for thread in ("", *threads):
+            out["business_key"].add(business_key(keys, thread_id=thread, name="charge",
+                                                 value=form))
+        out["fingerprint"].add(fingerprint(keys, {"customer": form, "order": ORDER}))
+    return out
+
+
+def _live_rows(url: str) -> str:
+    engine = sa.create_engine(normalize_url(url))
+    out: list[str] = []
+    try:
+        with engine.connect() as conn:
+            for table in sa.inspect(conn).get_table_names():
+                for row in conn.execute(sa.text(f'SELECT * FROM "{table}"')):
+                    out.append(repr(tuple(row)))
+    finally:
+        engine.dispose()
+    return "\n".join(out)
+
+
+def _confirmed(url: str, ring: Path, db: Path | None, value: str,
+               threads: list[str]) -> dict[str, set[str]]:
+    """``where:kind`` -> the guesses of ``value`` a derivative of that kind confirmed, in the
+    live rows (``rows``) or the raw storage (``raw``: files, pages, dead tuples)."""
+    rows, raw = _live_rows(url), _raw_bytes(url, db)
+    found: dict[str, set[str]] = {}
+    with _saver(url, ring, redaction=None) as saver:
+        for guess in _guesses(value):
+            for kind, hits in _derivatives(saver, guess, threads).items():
+                if any(h in rows for h in hits):
+                    found.setdefault(f"rows:{kind}", set()).add(guess)
+                if any(h.encode() in raw for h in hits):
+                    found.setdefault(f"raw:{kind}", set()).add(guess)
+    return found
+
+
+def _order_records(saver: SecureSaver) -> list[Any]:
+    store = IdempotencyStore.for_saver(saver)
+    store.setup()
+    return store.list_records("acme")
+
+
+def test_forget_subject_erases_their_tenant_wide_business_record(
+        store: tuple[str, Path | None], tmp_path: Path) -> None:
+    """Reproduction 1: the tenant-wide record of a business key built from the subject's
+    e-mail is erased with the subject (counted in the receipt), and neither its result (the
+    public API) nor its key gives the e-mail back."""
+    url, db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    _write(url, ring)
+    with _saver(url, ring) as saver:
+        records = _order_records(saver)
+        tenant_wide = [r for r in records if r.thread_id == "" and r.name == "charge"]
+        assert len(tenant_wide) == 2                   # dana's and erin's
+        idem = IdempotencyStore.for_saver(saver)
+        results = {idem.result("acme", "", r.key): r.key for r in tenant_wide}
+        assert set(results) == {f"charged {DANA_MAIL} for {ORDER}",
+                                f"charged {ERIN_MAIL} for {ORDER}"}
+        # no raw e-mail in any key or fingerprint (tokenized before the HMAC)
+        keys = saver.services.tenant_keys("acme")
+        raw_derived = {business_key(keys, thread_id="", name="charge", value=DANA_MAIL)}
+        assert not raw_derived & {r.key for r in records}
+
+        report = saver.forget_subject(DANA, tenants=["acme"], requested_by="dpo")
+        assert report.threads == {"acme": 2}
+        assert report.detail["acme"]["idempotency_records"] == 2  # charge (tenant-wide), ship
+        assert report.pii_values == {"acme": 1}                    # dana's e-mail
+        left = _order_records(saver)
+        assert [r.key for r in left if r.thread_id == ""] == [
+            results[f"charged {ERIN_MAIL} for {ORDER}"]]
+        with pytest.raises(LookupError):     # the public API gives nothing of dana's back
+            idem.result("acme", "", results[f"charged {DANA_MAIL} for {ORDER}"])
+        for r in left:
+            value = idem.result("acme", r.thread_id, r.key) if r.has_result else ""
+            assert DANA_MAIL not in str(value)
+        # erin's order still replays exactly once, dana's would run again (erased)
+        orders = _order_graph(saver)
+        out = orders.invoke({"customer": ERIN_MAIL, "log": []}, _cfg("e2-order", ERIN))
+        assert out["log"][0] == f"charged {ERIN_MAIL} for {ORDER}"
+    found = _confirmed(url, ring, db, DANA_MAIL, ["d1-order", "d1"])
+    assert {k: v for k, v in found.items() if k.startswith("rows:")} == {}
+    assert found.get("raw:business_key") is None and found.get("raw:fingerprint") is None
+    control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order", "e1"])
+    assert control["rows:lookup"] == control["rows:business_key"] == {ERIN_MAIL}
+    assert control["rows:fingerprint"] == {ERIN_MAIL}
+
+
+@pytest.mark.parametrize("how", ["forget_pii", "identifiers"])
+def test_fingerprints_confirm_no_erased_value(
+        how: str, store: tuple[str, Path | None], tmp_path: Path) -> None:
+    """Reproduction 2: after ``forget_pii`` or ``forget_subject(identifiers=...)`` (the
+    threads live on), the fingerprint column confirms none of 60 guesses of the e-mail."""
+    url, db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    _write(url, ring)
+    with _saver(url, ring) as saver:
+        fps = {r.fingerprint for r in _order_records(saver)} - {None}
+        assert len(fps) == 2             # charge and ship (same arguments), for dana and erin
+        if how == "forget_pii":
+            assert saver.forget_pii("acme", DANA_MAIL.upper(), requested_by="dpo") == 1
+        else:
+            erased = saver.forget_subject(identifiers=[DANA_MAIL], tenants=["acme"],
+                                          requested_by="dpo")
+            assert erased.pii_values == {"acme": 1}
+        # the records stay (their threads do), and replay without the e-mail
+        assert {r.fingerprint for r in _order_records(saver)} - {None} == fps
+        orders = _order_graph(saver)
+        state = orders.get_state(_cfg("d1-order", DANA)).values
+        assert DANA_MAIL not in str(state)
+    found = _confirmed(url, ring, db, DANA_MAIL, ["d1-order", "d1"])
+    assert {k: v for k, v in found.items() if k.startswith("rows:")} == {}
+    assert found.get("raw:business_key") is None and found.get("raw:fingerprint") is None
+    control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order"])
+    assert control["rows:fingerprint"] == {ERIN_MAIL}
