@@ -26,6 +26,7 @@ from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.idempotency import IdempotencyStore, idempotent
 from langgraph_securesaver.idempotency.keys import business_key, fingerprint
 from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.seal import SealedCodec
 from tests.test_erasure import _raw_bytes
 
 DANA, ERIN = "user-dana-17", "user-erin-42"
@@ -89,7 +90,7 @@ def _write(url: str, ring: Path) -> None:
         orders = _order_graph(saver)
         for thread, subject, mail in (("d1", DANA, DANA_MAIL), ("e1", ERIN, ERIN_MAIL)):
             chat.invoke({"messages": [HumanMessage(f"my mail is {mail}")]},
-                        _cfg(thread, subject))
+                        {**_cfg(thread, subject), "metadata": {"customer_email": mail}})
             orders.invoke({"customer": mail, "log": []}, _cfg(thread + "-order", subject))
 
 
@@ -106,13 +107,14 @@ def _derivatives(saver: SecureSaver, value: str, threads: list[str]) -> dict[str
     keys = saver.services.tenant_keys("acme")
     out: dict[str, set[str]] = {
         "lookup": {saver.services.pii.lookup_of(keys, "EMAIL_ADDRESS", value)},
-        "business_key": set(), "fingerprint": set()}
+        "business_key": set(), "fingerprint": set(), "blind_index": set()}
     public = saver.services.pii.public_token(keys, "EMAIL_ADDRESS", value)
     for form in (value, public) if public is not None else (value,):
         for thread in ("", *threads):
             out["business_key"].add(business_key(keys, thread_id=thread, name="charge",
                                                  value=form))
         out["fingerprint"].add(fingerprint(keys, {"customer": form, "order": ORDER}))
+        out["blind_index"].add(SealedCodec.blind_value(keys, "customer_email", form))
     return out
 
 
@@ -193,7 +195,7 @@ def test_forget_subject_erases_their_tenant_wide_business_record(
     assert found.get("raw:business_key") is None and found.get("raw:fingerprint") is None
     control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order", "e1"])
     assert control["rows:lookup"] == control["rows:business_key"] == {ERIN_MAIL}
-    assert control["rows:fingerprint"] == {ERIN_MAIL}
+    assert control["rows:fingerprint"] == control["rows:blind_index"] == {ERIN_MAIL}
 
 
 @pytest.mark.parametrize("how", ["forget_pii", "identifiers"])
@@ -223,3 +225,65 @@ def test_fingerprints_confirm_no_erased_value(
     assert found.get("raw:business_key") is None and found.get("raw:fingerprint") is None
     control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order"])
     assert control["rows:fingerprint"] == {ERIN_MAIL}
+
+
+US_SPELLINGS = ["415-555-0142", "+1 415 555 0142", "1-415-555-0142", "001-415-555-0142",
+                "(415) 555-0142", "+1 (415) 555-0142"]
+GB_SPELLINGS = ["+44 20 7946 0958", "020 7946 0958", "+44 (0)20 7946 0958",
+                "0044 20 7946 0958"]
+KEPT_PHONE = "+1 415 555 0177"
+
+
+@pytest.mark.parametrize("how", ["forget_pii", "identifiers"])
+def test_erasing_one_spelling_erases_every_spelling(
+        how: str, store: tuple[str, Path | None], tmp_path: Path) -> None:
+    """Reproduction 4: the spellings people type of one number share one vault entry, so
+    erasing ``415-555-0142`` and ``+44 20 7946 0958`` leaves none of the others restorable."""
+    url, db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    threads = [f"s{i}" for i in range(len(US_SPELLINGS + GB_SPELLINGS))]
+    with _saver(url, ring) as saver:
+        chat = build_chat_graph(saver)
+        for thread, spelling in zip(threads, US_SPELLINGS + GB_SPELLINGS, strict=True):
+            chat.invoke({"messages": [HumanMessage(f"call me on {spelling}, or {KEPT_PHONE}")]},
+                        _cfg(thread))
+        keys = saver.services.tenant_keys("acme")
+        tokens = {s: saver.services.pii.public_token(keys, "PHONE_NUMBER", s)
+                  for s in US_SPELLINGS + GB_SPELLINGS}
+        assert len({tokens[s] for s in US_SPELLINGS}) == 1 and None not in tokens.values()
+        assert len({tokens[s] for s in GB_SPELLINGS}) == 1
+        if how == "forget_pii":
+            assert saver.forget_pii("acme", "415-555-0142", requested_by="dpo") == 1
+            assert saver.forget_pii("acme", "+44 20 7946 0958", requested_by="dpo") == 1
+        else:
+            erased = saver.forget_subject(identifiers=["415-555-0142", "+44 20 7946 0958"],
+                                          tenants=["acme"], requested_by="dpo")
+            assert erased.pii_values == {"acme": 2}
+        for thread, spelling in zip(threads, US_SPELLINGS + GB_SPELLINGS, strict=True):
+            text = str(chat.get_state(_cfg(thread)).values["messages"])
+            assert spelling not in text and KEPT_PHONE in text
+            digits = "".join(c for c in text if c.isdigit())
+            assert "4155550142" not in digits and "79460958" not in digits
+        assert saver.services.pii.public_token(keys, "PHONE_NUMBER", KEPT_PHONE) is not None
+
+
+def test_after_forget_subject_and_the_epoch_nothing_confirms_an_erased_value(
+        store: tuple[str, Path | None], tmp_path: Path) -> None:
+    """Reproduction 3 and the walk: after ``forget_subject`` and the erasure epoch
+    (``rotate_keys(retire_old=True)``), every table and -- on PostgreSQL -- every dead tuple
+    (``pageinspect``), searched with the keyring the epoch left, confirms no guess of the
+    subject's e-mail, by any keyed derivative; erin's (live) still confirms."""
+    url, db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    _write(url, ring)
+    before = _confirmed(url, ring, db, DANA_MAIL, ["d1-order", "d1"])
+    assert before["rows:lookup"] == before["rows:business_key"] == {DANA_MAIL}
+    with _saver(url, ring) as saver:
+        saver.forget_subject(DANA, tenants=["acme"], requested_by="dpo")
+        report = saver.rotate_keys(retire_old=True)
+        assert report.retired and not report.problems
+    found = _confirmed(url, ring, db, DANA_MAIL, ["d1-order", "d1"])
+    assert found == {}
+    control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order", "e1"])
+    assert {"rows:lookup", "rows:business_key", "rows:fingerprint",
+            "rows:blind_index"} <= set(control)
