@@ -101,13 +101,15 @@ def _guesses(value: str) -> list[str]:
 
 
 def _derivatives(saver: SecureSaver, value: str, threads: list[str]) -> dict[str, set[str]]:
-    """What a keyring holder computes for one guess, by kind: the vault lookup, and the
-    idempotency keys and fingerprint of the order calls -- of the raw value, and of its
-    public token when the guess has a live vault entry."""
+    """What a keyring holder computes for one guess, by kind: the vault lookup, the
+    idempotency keys and fingerprint of the order calls and the metadata blind index -- of
+    the raw value, and of its public token when the guess has a live vault entry --, and the
+    value itself in clear."""
     keys = saver.services.tenant_keys("acme")
     out: dict[str, set[str]] = {
         "lookup": {saver.services.pii.lookup_of(keys, "EMAIL_ADDRESS", value)},
-        "business_key": set(), "fingerprint": set(), "blind_index": set()}
+        "business_key": set(), "fingerprint": set(), "blind_index": set(),
+        "clear": {value, value.upper()}}
     public = saver.services.pii.public_token(keys, "EMAIL_ADDRESS", value)
     for form in (value, public) if public is not None else (value,):
         for thread in ("", *threads):

@@ -43,8 +43,8 @@ def forget_pii(services: SaverServices, tenant: str, value: str | None = None, *
     erased = vault.forget_tokens(tenant, tokens) if tokens else 0
     if value is not None:   # the value's entry found by its lookup HMAC (kept in the row only)
         erased += vault.forget_lookups(tenant, [
-            services.pii.lookup_of(keys, known, value) for known in ([kind] if kind else
-                                                                     vault.kinds(tenant))])
+            lookup for known in ([kind] if kind else vault.kinds(tenant))
+            for lookup in services.pii.lookups_of(keys, known, value)])
     summaries.mark_changed(services.registry, tenant)
     services.flush_deleted()
     services.registry.record_event("pii_forgotten", tenant=tenant, actor=requested_by,
@@ -82,6 +82,6 @@ def erase_identifiers(services: SaverServices, keys: TenantKeys,
     (erased here) or after (a new entry with a new token: a new mention, which a later
     erasure removes); a token erased here never opens again."""
     vault = services.vault
-    lookups = [services.pii.lookup_of(keys, kind, v) for kind in vault.kinds(keys.tenant)
-               for v in values]
+    lookups = [lookup for kind in vault.kinds(keys.tenant) for v in values
+               for lookup in services.pii.lookups_of(keys, kind, v)]
     return vault.erase_lookups(keys.tenant, lookups)
