@@ -289,3 +289,64 @@ def test_after_forget_subject_and_the_epoch_nothing_confirms_an_erased_value(
     control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order", "e1"])
     assert {"rows:lookup", "rows:business_key", "rows:fingerprint",
             "rows:blind_index"} <= set(control)
+
+
+def test_a_second_entry_under_another_lookup_key_is_re_keyed_as_an_alias_and_still_erased(
+        store: tuple[str, Path | None], tmp_path: Path) -> None:
+    """A value entered under another lookup key (a row an older writer keyed under the index
+    key) is a second entry of the value. The epoch re-keys both under the new version's
+    lookup key, the second as an alias lookup; erasure by value finds both."""
+    from langgraph_securesaver.redaction import VaultEntry, make_token
+    from langgraph_securesaver.registry.pii_lookups import index_derived_key
+    url, _db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+
+    def vault_rows() -> list[tuple[str, Any]]:
+        engine = sa.create_engine(normalize_url(url))
+        try:
+            with engine.connect() as conn:
+                return [(str(r[0]), r[1]) for r in conn.exec_driver_sql(
+                    "SELECT lookup, lookup_key FROM securesaver_pii_vault").all()]
+        finally:
+            engine.dispose()
+
+    with _saver(url, ring) as saver:
+        chat = build_chat_graph(saver)
+        chat.invoke({"messages": [HumanMessage(f"mail {DANA_MAIL}")]}, _cfg("t1"))
+        chat.invoke({"messages": [HumanMessage(f"mail {ERIN_MAIL}")]}, _cfg("t3"))
+        keys = saver.services.tenant_keys("acme")
+        older = make_token(index_derived_key(keys), "EMAIL_ADDRESS", DANA_MAIL.upper())
+        second = saver.services.vault.resolve(
+            keys, [VaultEntry(older, "EMAIL_ADDRESS", DANA_MAIL.upper())], thread_id="t2")
+        token = second[older].token
+        assert token != saver.services.pii.public_token(keys, "EMAIL_ADDRESS", DANA_MAIL)
+        assert len(vault_rows()) == 3
+        report = saver.rotate_keys(retire_old=True)
+        assert report.retired and not report.problems
+        rows = vault_rows()
+        assert len({key for _l, key in rows}) == 1       # all under the new version's key
+        assert sum("~" in lookup for lookup, _k in rows) == 1
+        assert saver.services.vault.lookup(keys, [token]) == {token: DANA_MAIL.upper()}
+        assert saver.forget_pii("acme", DANA_MAIL, requested_by="dpo") == 2
+        assert saver.services.vault.lookup(keys, [token]) == {}
+        assert DANA_MAIL not in str(chat.get_state(_cfg("t1")).values["messages"])
+        assert ERIN_MAIL in str(chat.get_state(_cfg("t3")).values["messages"])
+
+
+@pytest.mark.parametrize(("kind", "spellings"), [
+    ("EMAIL_ADDRESS", ["Dana.Person@Example.COM", "mailto:dana.person@example.com",
+                       "dana.person@example.com."]),
+    ("EMAIL_ADDRESS", ["jörg@bücher.de", "JÖRG@BÜCHER.DE", "jörg@xn--bcher-kva.de"]),
+    ("CREDIT_CARD", ["4111 1111 1111 1111", "4111-1111-1111-1111", "4111111111111111"]),
+    ("IBAN_CODE", ["GB82 WEST 1234 5698 7654 32", "gb82west12345698765432",
+                   "GB82-WEST-1234-5698-7654-32"]),
+    ("PHONE_NUMBER", US_SPELLINGS),
+    ("PHONE_NUMBER", GB_SPELLINGS),
+])
+def test_the_spellings_people_type_normalize_to_one_value(kind: str,
+                                                          spellings: list[str]) -> None:
+    from langgraph_securesaver.redaction.normalize import normalize_value
+    assert len({normalize_value(kind, s) for s in spellings}) == 1
+    other = {"PHONE_NUMBER": KEPT_PHONE, "EMAIL_ADDRESS": ERIN_MAIL,
+             "CREDIT_CARD": "4111 1111 1111 1112", "IBAN_CODE": "GB82 WEST 1234 5698 7654 33"}
+    assert normalize_value(kind, other[kind]) != normalize_value(kind, spellings[0])

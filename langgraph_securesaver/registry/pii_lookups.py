@@ -34,7 +34,7 @@ from ..keys.crypto import KeyManager, KeyRow, TenantKeys
 from ..keys.keyring import WrappedKey
 from ..keys.material import SecretBytes
 from ..keys.tokens import LOOKUP, associated_data, row_context, wrap_context
-from .core import Registry
+from .core import Registry, metadata
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +141,8 @@ def rekey(services: Any, lookups: LookupKeys, *,
     """The epoch's re-keying: every live vault row whose lookup is not under the current
     master version's lookup key gets it recomputed (``make(key, kind, value)``); then the
     older lookup rows no row names are deleted. Returns the rows re-keyed."""
-    from .pii_vault import pii_vault
     from .schema import tenant_keys
-    vault = pii_vault
+    vault = _vault_table()
     registry: Registry = services.registry
     done = 0
     for tenant in services.vault.tenants():
@@ -188,7 +187,7 @@ def _apply(registry: Registry, tenant: str, version: str, rows: Sequence[Any],
            fresh: dict[str, str]) -> int:
     """One batch's updates, in one transaction; a lookup another row already holds (a second
     entry of the value) becomes an alias."""
-    from .pii_vault import pii_vault as vault
+    vault = _vault_table()
     with registry.begin() as conn:
         taken = {str(lookup): str(token) for lookup, token in conn.execute(
             sa.select(vault.c.lookup, vault.c.token).where(
@@ -206,3 +205,8 @@ def _apply(registry: Registry, tenant: str, version: str, rows: Sequence[Any],
             vault.c.lookup == sa.bindparam("b_old")).values(
             lookup=sa.bindparam("b_new"), lookup_key=sa.bindparam("b_v")), updates)
     return len(updates)
+
+
+def _vault_table() -> sa.Table:
+    """``securesaver_pii_vault`` (defined by :mod:`.pii_vault`, which imports this module)."""
+    return metadata.tables["securesaver_pii_vault"]
