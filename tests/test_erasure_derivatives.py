@@ -350,3 +350,17 @@ def test_the_spellings_people_type_normalize_to_one_value(kind: str,
     other = {"PHONE_NUMBER": KEPT_PHONE, "EMAIL_ADDRESS": ERIN_MAIL,
              "CREDIT_CARD": "4111 1111 1111 1112", "IBAN_CODE": "GB82 WEST 1234 5698 7654 33"}
     assert normalize_value(kind, other[kind]) != normalize_value(kind, spellings[0])
+
+
+def test_a_business_key_whose_value_the_policy_masks_is_refused(tmp_path: Path) -> None:
+    """Masked values would give every customer the same key (one charge replayed to all):
+    refused with a typed error before anything runs."""
+    from langgraph_securesaver import ConfigurationError
+    from langgraph_securesaver.redaction import Action, RedactionPolicy, Redactor
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    policy = RedactionPolicy(actions={"EMAIL_ADDRESS": Action.MASK})
+    with _saver(f"sqlite:///{tmp_path / 'agent.db'}", ring,
+                redaction=Redactor(policy)) as saver:
+        with pytest.raises(ConfigurationError, match="masks or drops"):
+            _order_graph(saver).invoke({"customer": DANA_MAIL, "log": []}, _cfg("o1"))
+        assert _order_records(saver) == []

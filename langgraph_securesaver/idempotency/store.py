@@ -242,9 +242,16 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
                        value: Any) -> KeyScope:
         """The record of business key ``value`` (``thread_id`` "" for a tenant-wide key,
         claimed from thread ``origin``): derived from the tokenized value."""
-        blind = self.tokenized(keys, thread_id or origin, str(value))
+        text = str(value)
+        blind = str(self.tokenized(keys, thread_id or origin, text))
+        if blind != text and (":masked>" in blind or "<" not in blind):
+            # a masked or dropped value: the keys of different values would collide
+            raise ConfigurationError(
+                f"the redaction policy masks or drops part of the business key of {name!r}: "
+                "keys of different values would be equal. Tokenize that kind "
+                "(Action.TOKENIZE, the default) or build the key from other parts")
         return KeyScope(keys.tenant, thread_id, business_key(
-            keys, thread_id=thread_id, name=name, value=str(blind)), "business", name,
+            keys, thread_id=thread_id, name=name, value=blind), "business", name,
             "" if thread_id else origin)
 
     # serialization --------------------------------------------------------------------------
