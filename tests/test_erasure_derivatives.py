@@ -241,7 +241,7 @@ def test_erasing_one_spelling_erases_every_spelling(
         how: str, store: tuple[str, Path | None], tmp_path: Path) -> None:
     """Reproduction 4: the spellings people type of one number share one vault entry, so
     erasing ``415-555-0142`` and ``+44 20 7946 0958`` leaves none of the others restorable."""
-    url, db = store
+    url, _db = store
     ring = Keyring.generate().save(tmp_path / "keyring.json")
     threads = [f"s{i}" for i in range(len(US_SPELLINGS + GB_SPELLINGS))]
     with _saver(url, ring) as saver:
@@ -364,3 +364,25 @@ def test_a_business_key_whose_value_the_policy_masks_is_refused(tmp_path: Path) 
         with pytest.raises(ConfigurationError, match="masks or drops"):
             _order_graph(saver).invoke({"customer": DANA_MAIL, "log": []}, _cfg("o1"))
         assert _order_records(saver) == []
+
+
+def test_the_retention_sweep_deletes_the_tenant_wide_records_its_threads_claimed(
+        store: tuple[str, Path | None], tmp_path: Path) -> None:
+    """The sweep's batch deletion (not the one-thread path) takes a thread's tenant-wide
+    records with it, as ``delete_thread`` does; another thread's stay."""
+    import time
+
+    from langgraph_securesaver.tenancy import tenant_scope
+    url, _db = store
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    _write(url, ring)
+    with _saver(url, ring) as saver:
+        with tenant_scope("acme"):
+            saver.set_retention("d1-order", idle_ttl=60.0)
+        report = saver.prune_expired(time.time() + 3600)
+        assert report.deleted == [("acme", "d1-order")]
+        left = _order_records(saver)
+        assert {(r.thread_id, r.name) for r in left} == {("", "charge"), ("e1-order", "ship")}
+        idem = IdempotencyStore.for_saver(saver)
+        assert [idem.result("acme", "", r.key) for r in left if r.thread_id == ""] == [
+            f"charged {ERIN_MAIL} for {ORDER}"]
