@@ -47,10 +47,22 @@ class PiiLayer:
         self._translator = TokenTranslator()
 
     @staticmethod
+    def lookup_key(keys: TenantKeys) -> tuple[str | None, SecretBytes]:
+        """(master version, key) of the tenant's current PII lookup key, wrapped: the
+        redactor reveals it only inside the HMAC call, so no frame of a failing redaction
+        holds it raw. Replaced at each erasure epoch (registry/pii_lookups.py); derived from
+        the index key when the saver keeps no per-thread keys."""
+        from .registry.pii_lookups import index_derived_key
+        source = getattr(keys.threads, "lookups", None)
+        if source is None:
+            return None, index_derived_key(keys)
+        version, key = source.current(keys.tenant)
+        return version, key
+
+    @staticmethod
     def token_key(keys: TenantKeys) -> SecretBytes:
-        """The tenant's PII token key, wrapped: the redactor reveals it only inside the HMAC
-        call, so no frame of a failing redaction holds it raw."""
-        return SecretBytes(bytes.fromhex(keys.blind("pii-token-key")))
+        """The key of :meth:`lookup_key`."""
+        return PiiLayer.lookup_key(keys)[1]
 
     def redact_one(self, keys: TenantKeys, channel: str, value: Any,
                     entries: builtins.list[Any], *, create: bool = True,
@@ -59,15 +71,15 @@ class PiiLayer:
         ``create=False`` (filters, queries): values without a live entry keep the HMAC token
         (never stored: it matches nothing new). ``thread_id``: the thread being written (the
         references to entries created here are recorded with them)."""
-        redacted, found = self.redactor.redact_value(
-            value, channel=channel, token_key=self.token_key(keys))
+        version, token_key = self.lookup_key(keys)
+        redacted, found = self.redactor.redact_value(value, channel=channel, token_key=token_key)
         if not found:
             return redacted
         # the vault's erasure epoch is read once per write (a put redacts several channels)
         spend = current_spend()
         checked = spend is not None and keys.tenant in spend.pii_epochs
         public = self.vault.resolve(keys, found, create=create, verify=not checked,
-                                    thread_id=thread_id)
+                                    thread_id=thread_id, lookup_key=version)
         if spend is not None:
             spend.pii_epochs.add(keys.tenant)
         entries.extend(public.values())
@@ -82,9 +94,28 @@ class PiiLayer:
     def public_token(self, keys: TenantKeys, kind: str, value: str) -> str | None:
         """The public token the tenant's conversations hold for ``value`` (None: no live
         entry). For operators and tests; never creates an entry."""
-        from .redaction import make_token
-        lookup = make_token(self.token_key(keys), kind, value)
+        lookup = self.lookup_of(keys, kind, value)
         return self.vault.public_tokens(keys, [lookup]).get(lookup)
+
+    def lookup_of(self, keys: TenantKeys, kind: str, value: str) -> str:
+        """The vault lookup of ``value`` as ``kind`` under the current lookup key (any
+        spelling: normalized as the redactor normalizes what it tokenizes)."""
+        return self.make_lookup(self.token_key(keys), kind, value)
+
+    def lookups_of(self, keys: TenantKeys, kind: str, value: str) -> builtins.list[str]:
+        """The lookups of ``value`` under every lookup key the tenant holds (erasure by value:
+        a row written under an older key is re-keyed only at the next epoch)."""
+        from .registry.pii_lookups import index_derived_key
+        source = getattr(keys.threads, "lookups", None)
+        held = [k for _v, k in source.live(keys.tenant)] if source is not None else []
+        return [self.make_lookup(k, kind, value) for k in (*held, index_derived_key(keys))]
+
+    def make_lookup(self, key: SecretBytes, kind: str, value: str) -> str:
+        """The lookup of ``value`` under ``key``, phone numbers read in the redactor's
+        regions."""
+        from .redaction import DEFAULT_PHONE_REGIONS, make_token
+        regions = getattr(self.redactor, "phone_regions", DEFAULT_PHONE_REGIONS)
+        return make_token(key, kind, value, regions)
 
     def redact_metadata(self, keys: TenantKeys, full: Mapping[str, Any],
                          entries: builtins.list[Any], *, create: bool = True,

@@ -86,11 +86,11 @@ class RecordAdmin:
         with ``retry=True`` make it claimable again (same key, attempts kept)."""
         now = self._now
         with self._begin("reading a record") as conn:
-            r = conn.execute(sa.select(_T.c.kind, _T.c.name).where(
+            r = conn.execute(sa.select(_T.c.kind, _T.c.name, _T.c.origin).where(
                 _T.c.tenant == tenant, _T.c.thread_id == thread_id, _T.c.key == key)).first()
         if r is None:
             return False
-        scope = KeyScope(tenant, thread_id, key, r.kind, r.name)
+        scope = KeyScope(tenant, thread_id, key, r.kind, r.name, r.origin or "")
         values: dict[str, Any] = ({"state": FAILED, "lease_expires_at": None} if retry else
                                   {"state": COMPLETED, "result": self._seal_value(scope, result),
                                    "lease_expires_at": None, "error": None})
@@ -101,12 +101,16 @@ class RecordAdmin:
 
     # deletion -------------------------------------------------------------------------------
     def delete_thread(self, tenant: str, thread_id: str) -> int:
-        """Delete the thread's idempotency records, recovery row and dead letters."""
+        """Delete the thread's idempotency records (the tenant-wide records it claimed too:
+        their values are the thread's, erased with it), recovery row and dead letters."""
         total = 0
         with self._begin("deleting a thread") as conn:
             for table in schema.TABLES:
-                total += conn.execute(table.delete().where(
-                    table.c.tenant == tenant, table.c.thread_id == thread_id)).rowcount
+                mine = table.c.thread_id == thread_id
+                if table is _T and thread_id:
+                    mine = sa.or_(mine, sa.and_(_T.c.thread_id == "", _T.c.origin == thread_id))
+                total += conn.execute(table.delete().where(table.c.tenant == tenant, mine)
+                                      ).rowcount
         return total
 
     def delete_tenant(self, tenant: str) -> int:

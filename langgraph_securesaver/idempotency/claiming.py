@@ -147,7 +147,8 @@ class KeyClaims:
         params = {"v_tenant": scope.tenant, "v_thread_id": scope.thread_id,
                   "v_key": scope.key, "v_kind": scope.kind, "v_name": scope.name[:255],
                   "v_fingerprint": fp, "v_owner": self.owner, "p_lease": policy.lease,
-                  "v_fp_mac": self._fp_mac(scope, fp), **self._holder_params()}
+                  "v_fp_mac": self._fp_mac(scope, fp), "v_origin": scope.origin or None,
+                  **self._holder_params()}
         claim = Claim(scope, 1, 1, self.owner, policy.lease, registered=True)
         register_running(_ident(claim))
         try:

@@ -40,9 +40,7 @@ from .durability import aguard_durability, guard_durability
 from .errors import NoIdempotencyContext
 from .keys import (
     KeyScope,
-    business_key,
     find_tool_call,
-    fingerprint,
     messages_of,
     step_key_of,
     task_key,
@@ -125,17 +123,17 @@ def _plan_call(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any],
         fp_source = spec.fp_args(args, kwargs)
     if callable(spec.fingerprint):
         fp_source = spec.fingerprint(*args, **kwargs)
-    fp = fingerprint(keys, fp_source) if spec.fingerprint is not False else None
-
     thread_id = ctx.thread_id if ctx is not None else ""
+    fp = (store.fingerprint_of(keys, thread_id, fp_source) if spec.fingerprint is not False
+          else None)
     if spec.key is not None:
         value = spec.key(*args, **kwargs) if callable(spec.key) else spec.key
         if policy.scope == "thread" and ctx is None:
             raise NoIdempotencyContext("a thread-scoped business key needs a graph run; use "
                                        "scope='tenant' outside graphs")
-        thread = thread_id if policy.scope == "thread" else ""
-        scope = KeyScope(tenant, thread, business_key(keys, thread_id=thread, name=spec.name,
-                                                      value=str(value)), "business", spec.name)
+        scope = store.business_scope(
+            keys, thread_id=thread_id if policy.scope == "thread" else "", origin=thread_id,
+            name=spec.name, value=value)
     elif tool_call_id is not None and ctx is not None:
         tool_name = str(call.get("name")) if call is not None else spec.name
         scope = KeyScope(tenant, ctx.thread_id, tool_call_key(
@@ -359,7 +357,7 @@ def _step_plan(step: int | str, fn: Callable[..., Any], args: tuple[Any, ...],
         src = (fp_opt(*args, **kwargs) if callable(fp_opt) else
                {"fn": getattr(fn, "__qualname__", name), "args": list(args),
                 "kwargs": dict(kwargs)})
-        fp = fingerprint(keys, src)
+        fp = st.fingerprint_of(keys, thread, src)
     return CallPlan(st, ctx, tenant, scope, fp, pol, None)
 
 

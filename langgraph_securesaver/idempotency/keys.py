@@ -13,6 +13,12 @@ Identity parts (never run ids, attempt counters or task ids for tool calls):
   resume from the same checkpoint, new on a fork), function name;
 * step ``i`` of a task or tool call: the enclosing key and ``i``;
 * business key: thread (or the whole tenant with ``scope="tenant"``), name, the business value.
+
+Personal data never enters one of these HMACs: the business value and the arguments are
+*tokenized* first (:meth:`.store.IdempotencyStore.tokenized`: each PII value replaced by the
+random public token of its PII-vault entry), so a key or fingerprint confirms no guessed value
+once that entry is erased -- in live rows, dead tuples and backups alike, whatever becomes of
+the tenant index key (docs/erasure.md, "Keyed derivatives").
 """
 
 from __future__ import annotations
@@ -45,6 +51,14 @@ class KeyScope:
     key: str
     kind: str  # tool | task | step | business
     name: str
+    #: the thread that claimed a tenant-wide record ("" outside graphs): the record's PII-vault
+    #: references are that thread's, and the record is erased with it (see store.delete_thread)
+    origin: str = ""
+
+    @property
+    def refs_thread(self) -> str:
+        """The thread the PII-vault references of this record's values are recorded under."""
+        return self.thread_id or self.origin
 
     def result_aad(self) -> bytes:
         return associated_data("idem", self.tenant, self.thread_id, self.key)
@@ -133,7 +147,8 @@ def canonical_json(value: Any) -> str:
 
 
 def fingerprint(keys: TenantKeys, args: Any) -> str:
-    """Keyed HMAC of the canonical JSON of the arguments (equality only, never reversible)."""
+    """Keyed HMAC of the canonical JSON of the (tokenized) arguments: equality only, never
+    reversible; callers pass :meth:`.store.IdempotencyStore.tokenized` arguments."""
     return keys.blind("idem-fp", KEY_VERSION, canonical_json(args))
 
 

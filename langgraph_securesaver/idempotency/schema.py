@@ -39,6 +39,9 @@ idempotency_records = sa.Table(
     sa.Column("error", sa.LargeBinary, nullable=True),       # sealed error text of the last try
     # registry MAC over (tenant, thread_id, key, fingerprint): a forged fingerprint is refused
     sa.Column("fp_mac", sa.String(64), nullable=True),
+    # the thread that claimed a tenant-wide record (thread_id ""): the record's PII-vault
+    # references are that thread's and it is erased with that thread (NULL otherwise)
+    sa.Column("origin", sa.String(512), nullable=True),
     sa.Index("ix_securesaver_idempotency_state", "tenant", "state"),
     # the holder of the current claim (see liveness.py); NULL on rows of older versions
     *(sa.Column(name, type_, nullable=True) for name, type_ in (
@@ -52,6 +55,8 @@ idempotency_records = sa.Table(
 
 #: columns added after the first release (added by IdempotencyStore.setup to older tables)
 HOLDER_COLUMNS = ("holder_host", "holder_pid", "holder_start", "holder_nonce", "holder_lock")
+#: columns of ``securesaver_idempotency`` added after its first release
+IDEMPOTENCY_ADDED_COLUMNS = (*HOLDER_COLUMNS, "origin")
 
 recoverable_threads = sa.Table(
     "securesaver_recoverable", metadata,

@@ -42,7 +42,8 @@ def holder_values() -> dict[str, Any]:
 
 def build_insert(dialect: str, now: Any) -> Any:
     values: dict[str, Any] = {c: sa.bindparam(f"v_{c}") for c in (
-        "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner", "fp_mac")}
+        "tenant", "thread_id", "key", "kind", "name", "fingerprint", "owner", "fp_mac",
+        "origin")}
     values.update(state=IN_PROGRESS, fencing_token=1, attempts=1,
                   lease_expires_at=lease_param(now), created_at=now, updated_at=now,
                   **holder_values())

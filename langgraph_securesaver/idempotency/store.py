@@ -36,7 +36,7 @@ from .admin import RecordAdmin
 from .claiming import KeyClaims, end_claim
 from .errors import IdempotencyError, IdempotencyLeaseLost, IdempotencyStoreUnavailable
 from .heartbeat import _Heartbeat
-from .keys import KeyScope
+from .keys import KeyScope, business_key, fingerprint
 from .liveness import PgSessionLock
 from .policy import DEFAULT_POLICY, IdempotencyPolicy
 from .records import (  # noqa: F401 - IdempotencyRecord re-exported (defined here before)
@@ -167,7 +167,7 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
     def _add_holder_columns(self) -> None:
         """Tables created by an older version lack the holder columns: add them (NULL on old
         rows, whose claims then rely on their lease)."""
-        for table, names in ((_T, schema.HOLDER_COLUMNS),
+        for table, names in ((_T, schema.IDEMPOTENCY_ADDED_COLUMNS),
                              (schema.recoverable_threads, schema.RECOVERABLE_ADDED_COLUMNS)):
             self._add_columns(table, names)
 
@@ -224,11 +224,42 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
         with self._begin("reading the clock") as conn:
             return float(conn.execute(sa.select(self._now)).scalar_one())
 
+    # keyed derivatives: of tokenized values only -------------------------------------------
+    def tokenized(self, keys: TenantKeys, thread_id: str, value: Any) -> Any:
+        """``value`` with each PII value replaced by its vault entry's public token (the
+        references recorded under ``thread_id``): what keys and fingerprints are derived from,
+        so that none of them confirms a value once its entry is erased (redaction off: the
+        value itself)."""
+        if self.services is None:
+            return value
+        return self.services.pii.redact_for_store(keys, thread_id, value, RESULT_CHANNEL)
+
+    def fingerprint_of(self, keys: TenantKeys, thread_id: str, args: Any) -> str:
+        """The argument fingerprint of a call made in ``thread_id`` (tokenized arguments)."""
+        return fingerprint(keys, self.tokenized(keys, thread_id, args))
+
+    def business_scope(self, keys: TenantKeys, *, thread_id: str, origin: str, name: str,
+                       value: Any) -> KeyScope:
+        """The record of business key ``value`` (``thread_id`` "" for a tenant-wide key,
+        claimed from thread ``origin``): derived from the tokenized value."""
+        text = str(value)
+        blind = str(self.tokenized(keys, thread_id or origin, text))
+        if blind != text and (":masked>" in blind or "<" not in blind):
+            # a masked or dropped value: the keys of different values would collide
+            raise ConfigurationError(
+                f"the redaction policy masks or drops part of the business key of {name!r}: "
+                "keys of different values would be equal. Tokenize that kind "
+                "(Action.TOKENIZE, the default) or build the key from other parts")
+        return KeyScope(keys.tenant, thread_id, business_key(
+            keys, thread_id=thread_id, name=name, value=blind), "business", name,
+            "" if thread_id else origin)
+
     # serialization --------------------------------------------------------------------------
     def _seal_value(self, scope: KeyScope, value: Any) -> bytes:
         keys = self.tenant_keys(scope.tenant)
         if self.services is not None:  # results go through the saver's redactor (PII vault)
-            value = self.services.pii.redact_for_store(keys, scope.thread_id, value, RESULT_CHANNEL)
+            value = self.services.pii.redact_for_store(keys, scope.refs_thread, value,
+                                                       RESULT_CHANNEL)
         type_, data = self.serde.dumps_typed(value)
         return keys.seal(type_.encode("utf-8") + b"\x00" + data, scope.result_aad())
 
@@ -247,7 +278,8 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         keys = self.tenant_keys(scope.tenant)
         if self.services is not None:
-            text = self.services.pii.redact_for_store(keys, scope.thread_id, text, RESULT_CHANNEL)
+            text = self.services.pii.redact_for_store(keys, scope.refs_thread, text,
+                                                      RESULT_CHANNEL)
         return keys.seal(text.encode("utf-8", "replace"), scope.error_aad())
 
     # statements (built once, parameterized: building SQLAlchemy expressions per call costs

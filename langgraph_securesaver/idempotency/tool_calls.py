@@ -28,7 +28,7 @@ from .call_plan import (
 from .context import ActiveCall, RunContext, active_call, run_context
 from .durability import aguard_durability, guard_durability
 from .errors import NoIdempotencyContext
-from .keys import KeyScope, business_key, find_tool_call, fingerprint, messages_of, tool_call_key
+from .keys import KeyScope, find_tool_call, messages_of, tool_call_key
 from .policy import IdempotencyPolicy
 from .store import Claim, IdempotencyStore, Outcome
 from .tracing import call_span
@@ -89,12 +89,12 @@ class IdempotentToolCalls:
         if not call_id:
             raise NoIdempotencyContext(f"tool call {name!r} has no id to derive a key from")
         args = call.get("args", {})
-        fp = fingerprint(keys, args)
+        fp = store.fingerprint_of(keys, ctx.thread_id, args)
         bk = self.business_keys.get(name)
         if bk is not None:
-            thread = ctx.thread_id if policy.scope == "thread" else ""
-            scope = KeyScope(tenant, thread, business_key(
-                keys, thread_id=thread, name=name, value=str(bk(args))), "business", name)
+            scope = store.business_scope(
+                keys, thread_id=ctx.thread_id if policy.scope == "thread" else "",
+                origin=ctx.thread_id, name=name, value=bk(args))
         else:
             found = find_tool_call(messages_of(request.state, self.messages_key), call_id)
             ai_id = found[0] if found is not None else None

@@ -34,6 +34,9 @@ INDEX = "index"
 #: a tenant's key-encryption key for thread and vault-entry keys, one per master version; it
 #: is never rewrapped: an erasure epoch replaces it (see :mod:`..registry.thread_keys`)
 KEK = "kek"
+#: a tenant's PII lookup key (the HMAC key of vault lookups), one per master version; replaced,
+#: never rewrapped, by the erasure epoch (see :mod:`..registry.pii_lookups`)
+LOOKUP = "lookup"
 
 #: the key-version field of a token sealed under its thread's own data key (tenant data-key
 #: versions start at 1); see :mod:`..registry.thread_keys`

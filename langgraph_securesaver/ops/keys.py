@@ -14,6 +14,8 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..keys.crypto import KEK
+from ..keys.tokens import LOOKUP
+from ..registry.pii_lookups import rekey
 from ..registry.thread_keys import ThreadKeyStore
 from ..registry.wrapped_keys import erasure_epoch_of
 from ..services import SaverServices
@@ -51,7 +53,7 @@ def rewrap_keys(services: SaverServices, *,
     for i, tenant in enumerate(tenants):
         # KEKs are replaced, never rewrapped (the erasure epoch): see thread_keys
         stale = [r for r in registry.load_key_rows(tenant)
-                 if r.master_version != current and r.purpose != KEK]
+                 if r.master_version != current and r.purpose not in (KEK, LOOKUP)]
         if stale:
             registry.replace_key_rows(services.keys.rewrap(tenant, stale))
             done += len(stale)
@@ -63,6 +65,8 @@ def rewrap_keys(services: SaverServices, *,
         dropped = threads.drop_stale_keks(current)
         if dropped:
             logger.info("deleted %d key-encryption keys of older master versions", dropped)
+        # PII-vault lookups under the new version's lookup key; the older ones go
+        rekey(services, threads.lookups, make=services.pii.make_lookup)
         threads.forget()
     services.keys.forget()
     if done:

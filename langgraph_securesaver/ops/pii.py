@@ -15,7 +15,6 @@ from ..audit import summaries
 from ..errors import ConfigurationError
 from ..gate import thread_id_of
 from ..keys.crypto import TenantKeys
-from ..pii_layer import PiiLayer
 from ..services import SaverServices
 from ..tenancy import validate_actor, validate_tenant
 
@@ -30,7 +29,6 @@ def pii_inventory(services: SaverServices, tenant: str | None = None,
 
 def forget_pii(services: SaverServices, tenant: str, value: str | None = None, *,
                kind: str | None = None, requested_by: str | None = None) -> int:
-    from ..redaction import make_token
     tenant = services.gate.admin_tenant("forget_pii", validate_tenant(tenant)) or tenant
     requested_by = validate_actor(requested_by)
     if value is None and kind is None:
@@ -44,10 +42,9 @@ def forget_pii(services: SaverServices, tenant: str, value: str | None = None, *
         tokens += vault.tokens_of_kind(tenant, kind)
     erased = vault.forget_tokens(tenant, tokens) if tokens else 0
     if value is not None:   # the value's entry found by its lookup HMAC (kept in the row only)
-        token_key = PiiLayer.token_key(keys)
         erased += vault.forget_lookups(tenant, [
-            make_token(token_key, known, value) for known in ([kind] if kind else
-                                                              vault.kinds(tenant))])
+            lookup for known in ([kind] if kind else vault.kinds(tenant))
+            for lookup in services.pii.lookups_of(keys, known, value)])
     summaries.mark_changed(services.registry, tenant)
     services.flush_deleted()
     services.registry.record_event("pii_forgotten", tenant=tenant, actor=requested_by,
@@ -84,9 +81,7 @@ def erase_identifiers(services: SaverServices, keys: TenantKeys,
     HMAC of its normalized form. A write racing the erasure either committed its entry before
     (erased here) or after (a new entry with a new token: a new mention, which a later
     erasure removes); a token erased here never opens again."""
-    from ..redaction import make_token
     vault = services.vault
-    token_key = PiiLayer.token_key(keys)
-    lookups = [make_token(token_key, kind, v) for kind in vault.kinds(keys.tenant)
-               for v in values]
+    lookups = [lookup for kind in vault.kinds(keys.tenant) for v in values
+               for lookup in services.pii.lookups_of(keys, kind, v)]
     return vault.erase_lookups(keys.tenant, lookups)

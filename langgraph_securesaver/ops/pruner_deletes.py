@@ -154,6 +154,10 @@ class BatchDeletion:
             deletes = [table.delete().where(pairs_in(
                 dialect, table.c.tenant, table.c.thread_id, pairs)).returning(
                 table.c.tenant, table.c.thread_id) for table in schema.TABLES]
+            idem = schema.idempotency_records   # tenant-wide records the threads claimed
+            deletes.append(idem.delete().where(idem.c.thread_id == "", pairs_in(
+                dialect, idem.c.tenant, idem.c.origin, pairs)).returning(
+                idem.c.tenant, idem.c.origin.label("thread_id")))
             if dialect == "postgresql":  # one round trip: the deletes as CTEs
                 ctes = [d.cte(f"gone_{i}") for i, d in enumerate(deletes)]
                 results = [conn.execute(sa.union_all(*[sa.select(c.c.tenant, c.c.thread_id)

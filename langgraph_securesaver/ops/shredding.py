@@ -12,6 +12,7 @@ from typing import Any
 from ..audit import summaries
 from ..errors import ConfigurationError
 from ..keys.crypto import KEK
+from ..keys.tokens import LOOKUP
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_tenant
 from .keys import require_sole_database
@@ -48,7 +49,7 @@ def shred_tenant(services: SaverServices, tenant: str, *,
     ring.persist()                         # 1. a fresh master version for everyone else
     for other in others:                   # 2. move the others' key rows onto it
         stale = [r for r in registry.load_key_rows(other)
-                 if r.master_version != ring.current_version and r.purpose != KEK]
+                 if r.master_version != ring.current_version and r.purpose not in (KEK, LOOKUP)]
         if stale:
             registry.replace_key_rows(services.keys.rewrap(other, stale))
     keys = thread_key_store(services)

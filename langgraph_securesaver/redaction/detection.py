@@ -61,6 +61,12 @@ class Detection:
     _ner_entities: Any
     _pattern_entities: Any
     _prefilter: Any
+    _phone_regions: tuple[str, ...]
+
+    @property
+    def phone_regions(self) -> tuple[str, ...]:
+        """The regions phone numbers are recognized and normalized (E.164) in."""
+        return self._phone_regions
 
     @property
     def analyzer(self) -> AnalyzerEngine:
@@ -207,8 +213,7 @@ class Detection:
             candidates.append(Entity(kind, start, end, score, value))
         return _resolve_overlaps(candidates)
 
-    @staticmethod
-    def _apply(text: str, entities: Sequence[Entity], policy: RedactionPolicy,
+    def _apply(self, text: str, entities: Sequence[Entity], policy: RedactionPolicy,
                key: SecretBytes) -> tuple[str, list[VaultEntry]]:
         parts: list[str] = []
         vault: dict[str, VaultEntry] = {}
@@ -219,7 +224,7 @@ class Detection:
                 continue
             parts.append(text[pos:e.start])
             if action is Action.TOKENIZE:
-                token = make_token(key, e.kind, e.text)
+                token = make_token(key, e.kind, e.text, self.phone_regions)
                 parts.append(token)
                 vault.setdefault(token, VaultEntry(token, e.kind, e.text))
             elif action is Action.MASK:

@@ -28,6 +28,7 @@ from presidio_analyzer.predefined_recognizers import (
 
 from .errors import RedactionError
 from .id_recognizers import NATIONAL_ID_KINDS, NationalIdRecognizer
+from .normalize import DEFAULT_PHONE_REGIONS
 from .recognizers import (
     ApiSecretRecognizer,
     CnMobileRecognizer,
@@ -43,7 +44,6 @@ from .recognizers import (
 logger = logging.getLogger(__name__)
 
 LANGUAGE = "en"
-DEFAULT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "CN")
 DEFAULT_NER_ENTITIES: tuple[str, ...] = ("PERSON", "LOCATION")
 
 # Entity kinds the default engine can report.

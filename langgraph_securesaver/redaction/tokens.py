@@ -7,14 +7,13 @@ Pure functions of their inputs; no state.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import marshal
 import re
-import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
 from ..keys.material import SecretBytes
-from .decoding import decode_text, drop_default_ignorables
+from .normalize import DEFAULT_PHONE_REGIONS, normalize_value
 
 # --------------------------------------------------------------------------------------------
 # Tokens and markers
@@ -30,41 +29,16 @@ def kind_label(kind: str) -> str:
     return label if label[0].isalpha() else "PII_" + label[:59]
 
 
-def normalize_value(kind: str, value: str) -> str:
-    """The form of ``value`` that is tokenized: equal normalized values share a token."""
-    v = unicodedata.normalize("NFKC", decode_text(value))
-    if not v.isascii():
-        v = drop_default_ignorables(v)
-    if not v.isascii():  # the same value in other digits/dots gets the same token
-        v = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else
-                    "." if c in "\u3002\uff61" else c for c in v
-                    if unicodedata.category(c) != "Cf")
-    v = v.strip()
-    if kind == "EMAIL_ADDRESS":
-        return v.casefold()
-    if kind in ("PHONE_NUMBER", "CN_MOBILE"):
-        digits = "".join(c for c in v if c.isdigit())
-        if kind == "CN_MOBILE" and len(digits) > 11:
-            digits = digits[-11:]
-        return ("+" if v.startswith("+") and kind == "PHONE_NUMBER" else "") + digits
-    if kind in ("CN_RESIDENT_ID", "CREDIT_CARD", "IBAN_CODE", "US_SSN"):
-        return "".join(c for c in v if c not in " -.").upper()
-    if kind == "IP_ADDRESS":
-        try:
-            return ipaddress.ip_interface(v).compressed
-        except ValueError:
-            return v.lower()
-    return v
-
-
-def make_token(token_key: SecretBytes | bytes, kind: str, value: str) -> str:
-    """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value).
+def make_token(token_key: SecretBytes | bytes, kind: str, value: str,
+               regions: Sequence[str] = DEFAULT_PHONE_REGIONS) -> str:
+    """``<KIND:hex>`` with hex = the first 128 bits of HMAC-SHA256(key, kind, normalized value)
+    (:func:`.normalize.normalize_value`; phone numbers read in ``regions``).
 
     A :class:`SecretBytes` key is revealed only as the argument of the HMAC call: no frame of
     the redaction path holds the raw key (a ``bytes`` key is the caller's own frame's)."""
     label = kind_label(kind)
     msg = (_TOKEN_DOMAIN + label.encode("ascii") + b"\x00"
-           + normalize_value(kind, value).encode("utf-8", "surrogatepass"))
+           + normalize_value(kind, value, regions).encode("utf-8", "surrogatepass"))
     digest = hmac.digest(token_key.reveal() if isinstance(token_key, SecretBytes) else token_key,
                          msg, "sha256").hex()[:TOKEN_HEX_CHARS]
     return f"<{label}:{digest}>"

@@ -12,7 +12,8 @@ in the vault row, under a unique (tenant, lookup) index, so that the same value 
 token per tenant while its entry lives (:meth:`PiiVault.resolve`: insert-or-read-existing),
 and an erased entry takes the only link between its token and its value with it. Rows
 written before (``lookup`` NULL) have the HMAC itself as token; they keep restoring, and stay
-enumerable by a keyring holder until their threads are rewritten or deleted.
+enumerable by a keyring holder until their threads are rewritten or deleted. The lookup key is
+replaced at each erasure epoch (:mod:`.pii_lookups`).
 
 ``securesaver_pii_refs`` records which thread holds which token (and its kind): the PII
 inventory per tenant and thread, and what deleting a thread must erase.
@@ -34,7 +35,6 @@ restored.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -45,6 +45,7 @@ import sqlalchemy as sa
 
 from ..keys.tokens import ENTRY, associated_data
 from .core import Registry, metadata
+from .pii_lookups import matching, public_token_for
 from .schema import pii_keys
 
 if TYPE_CHECKING:
@@ -59,9 +60,10 @@ pii_vault = sa.Table(
     sa.Column("kind", sa.String(64), nullable=False),
     sa.Column("sealed", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
-    # the keyed HMAC of the normalized value (redaction.make_token under the tenant's index
-    # key): how a value finds its entry; NULL on rows written before public tokens
+    # the keyed HMAC of the normalized value (redaction.make_token under the tenant's lookup
+    # key of master version ``lookup_key``, see pii_lookups): how a value finds its entry
     sa.Column("lookup", sa.String(128), nullable=True),
+    sa.Column("lookup_key", sa.String(64), nullable=True),
     sa.Index("ux_securesaver_pii_vault_lookup", "tenant", "lookup", unique=True),
 )
 
@@ -93,12 +95,6 @@ def _aad(tenant: str, token: str) -> bytes:
     return associated_data("pii", tenant, token)
 
 
-def public_token_for(lookup: str) -> str:
-    """A new random public token of the kind of ``lookup`` (same ``<KIND:32 hex>`` shape)."""
-    label = lookup[1:lookup.index(":")] if lookup.startswith("<") and ":" in lookup else "PII"
-    return f"<{label}:{secrets.token_hex(16)}>"
-
-
 class PiiVault:
     """Thread-safe; keeps a bounded in-process cache of what it already wrote and read."""
 
@@ -121,7 +117,8 @@ class PiiVault:
 
     # public tokens ----------------------------------------------------------------------------
     def resolve(self, keys: TenantKeys, entries: Sequence[Any], *, create: bool = True,
-                verify: bool = True, thread_id: str | None = None) -> dict[str, Any]:
+                verify: bool = True, thread_id: str | None = None,
+                lookup_key: str | None = None) -> dict[str, Any]:
         """lookup token -> the vault entry (public token, kind, value) of each of ``entries``
         (what the redactor returned: tokens that are HMACs of the values).
 
@@ -188,7 +185,7 @@ class PiiVault:
                     fresh = [t for t in fresh if t not in found]
                     if fresh:
                         created = self._create_entries(keys, [by_lookup[t] for t in fresh],
-                                                       thread_id)
+                                                       thread_id, lookup_key)
                         found.update(created)
                         with self._lock:
                             for lookup, public in created.items():
@@ -233,7 +230,8 @@ class PiiVault:
         return out
 
     def _create_entries(self, keys: TenantKeys, entries: Sequence[Any],
-                        thread_id: str | None = None) -> dict[str, str]:
+                        thread_id: str | None = None, lookup_key: str | None = None
+                        ) -> dict[str, str]:
         """Insert-or-read-existing: our new entries, or the ones a concurrent writer won with.
 
         One registry transaction: the entries' own key rows, the sealed values and (with
@@ -253,7 +251,7 @@ class PiiVault:
             plain, aad = e.value.encode("utf-8", "surrogatepass"), _aad(tenant, public)
             rows.append({"tenant": tenant, "token": public, "lookup": e.token, "kind": e.kind,
                          "sealed": keys.seal(plain, aad, key=new_keys.get(public)),
-                         "created_at": now})
+                         "created_at": now, "lookup_key": lookup_key})
         with self.registry.begin() as conn:
             if key_rows:   # random names: a conflict is an error, never a silent reuse
                 conn.execute(pii_keys.insert(), key_rows)
@@ -385,7 +383,7 @@ class PiiVault:
         with self.registry.begin() as conn:
             epoch = self._epoch(conn, tenant)
             if epoch != known_epoch:
-                self._drop_tenant_cache(tenant)
+                self.drop_tenant_cache(tenant)
                 missing, found = list(dict.fromkeys(tokens)), {}
             rows = conn.execute(sa.select(pii_vault.c.token, pii_vault.c.sealed).where(
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(missing))).all() \
@@ -436,7 +434,7 @@ class PiiVault:
         conn.execute(pii_epoch.update().where(pii_epoch.c.tenant == tenant).values(
             epoch=pii_epoch.c.epoch + 1))
 
-    def _drop_tenant_cache(self, tenant: str) -> None:
+    def drop_tenant_cache(self, tenant: str) -> None:
         with self._lock:
             self._drop_tenant_cache_locked(tenant)
 
@@ -476,7 +474,7 @@ class PiiVault:
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(list(tokens)))).rowcount
             self._destroy_keys(conn, tenant, tokens)
             self._bump_epoch(conn, tenant)
-        self._drop_tenant_cache(tenant)
+        self.drop_tenant_cache(tenant)
         return int(erased or 0)
 
     def forget_lookups(self, tenant: str, lookups: Sequence[str]) -> int:
@@ -491,7 +489,7 @@ class PiiVault:
         wanted = list(dict.fromkeys(lookups))
         with self.registry.begin() as conn:
             tokens = list(conn.execute(sa.select(pii_vault.c.token).where(
-                pii_vault.c.tenant == tenant, sa.or_(pii_vault.c.lookup.in_(wanted),
+                pii_vault.c.tenant == tenant, sa.or_(matching(pii_vault.c.lookup, wanted),
                                                      pii_vault.c.token.in_(wanted)))).scalars())
             erased = threads = 0
             if tokens:
@@ -502,7 +500,7 @@ class PiiVault:
                     pii_vault.c.tenant == tenant, pii_vault.c.token.in_(tokens))).rowcount or 0)
                 self._destroy_keys(conn, tenant, tokens)
                 self._bump_epoch(conn, tenant)
-        self._drop_tenant_cache(tenant)
+        self.drop_tenant_cache(tenant)
         return erased, threads
 
     def tenants(self) -> list[str]:
@@ -560,7 +558,7 @@ class PiiVault:
             erased = conn.execute(pii_vault.delete().where(pii_vault.c.tenant == tenant)).rowcount
             conn.execute(pii_keys.delete().where(pii_keys.c.tenant == tenant))
             self._bump_epoch(conn, tenant)
-        self._drop_tenant_cache(tenant)
+        self.drop_tenant_cache(tenant)
         return int(erased or 0)
 
     def delete_threads_in(self, conn: Any, pairs: Sequence[tuple[str, str]]

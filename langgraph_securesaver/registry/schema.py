@@ -210,6 +210,8 @@ _V2_COLUMNS: tuple[tuple[str, str, Any], ...] = (
     ("securesaver_idempotency", "fp_mac", sa.String(64)),
     ("securesaver_tenant_keys", "context", sa.SmallInteger()),   # v3
     ("securesaver_pii_vault", "lookup", sa.String(128)),   # v3: public PII tokens
+    ("securesaver_idempotency", "origin", sa.String(512)),   # tenant-wide records' thread
+    ("securesaver_pii_vault", "lookup_key", sa.String(64)),   # epoch-replaced lookup keys
 )
 _ADOPTED = "integrity_adopted"
 #: securesaver_meta key naming the database (bound into every wrapped key)

@@ -55,6 +55,7 @@ from ..keys.crypto import (
 )
 from ..keys.keyring import WrappedKey
 from .core import Registry, pairs_in
+from .pii_lookups import LookupKeys
 from .schema import pii_keys, thread_keys
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class ThreadKeyStore:
         #: called with (scope, tenant, name) whenever a key is read from the registry (a
         #: cold or expired cache entry): what others cache per thread is re-read with it
         self.on_load: list[Callable[[str, str, str], None]] = []
+        #: the tenants' PII lookup keys (one per master version, replaced by the epoch)
+        self.lookups = LookupKeys(keys, registry, ttl=ttl)
 
     def __repr__(self) -> str:  # never key material
         return f"ThreadKeyStore(cached={len(self._cache)})"

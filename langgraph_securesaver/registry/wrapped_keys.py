@@ -165,12 +165,14 @@ class RegistryKeys(RegistryBase):
                                  f"or its master version is gone): {type(exc).__name__}"))
         return len(rows), problems
 
-    def kek_row(self, tenant: str, master_version: str) -> KeyRow | None:
-        """The tenant's KEK row under ``master_version`` (the lowest number if a race between
-        processes made two): thread and vault-entry key rows name their KEK this way."""
+    def kek_row(self, tenant: str, master_version: str, purpose: str | None = None
+                ) -> KeyRow | None:
+        """The tenant's KEK row (or ``purpose`` row: one per master version, like the PII
+        lookup key) under ``master_version`` (the lowest number if a race between processes
+        made two): thread and vault-entry key rows name their KEK this way."""
         from ..keys.crypto import KEK
         rows = [r for r in self.load_key_rows(tenant)
-                if r.purpose == KEK and r.master_version == master_version]
+                if r.purpose == (purpose or KEK) and r.master_version == master_version]
         return min(rows, key=lambda r: r.version) if rows else None
 
     def thread_key_problems(self, provider: KeyProvider
