@@ -71,7 +71,7 @@ from .services import SaverServices
 from .steps import arun_steps, run_steps
 from .storage.ops import DELTA_METADATA_KEYS
 from .storage.ops_select import ops_for
-from .storage.strict_serde import install_strict_serde
+from .storage.strict_decoding import apply_strict, strict_plan
 from .tenancy import (
     current_tenant_scope,
     thread_prefix,
@@ -139,7 +139,9 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         keyring = _keyring_of(keyring)
         if not isinstance(keyring, KeyProvider):
             raise ConfigurationError("keyring must implement the KeyProvider protocol")
-        install_strict_serde(inner)  # the inner saver decodes only what SecureSaver stores
+        # the inner saver must decode only what SecureSaver stores (refused here otherwise);
+        # applied last, so a constructor that raises leaves the caller's saver as it was
+        strict = strict_plan(inner)
         self.inner = inner
         self.keyring = keyring
         self.registry = _registry_for(inner, registry)
@@ -169,6 +171,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         self._reads = ReadPath(self.services, self._io)
         self.services.read_latest = lambda ref: self._reads.latest_checked(self.codec, ref)
         self._writes = WritePath(self.services, self._io)
+        apply_strict(strict)
 
     @property
     def codec(self) -> SealedCodec:
@@ -538,8 +541,9 @@ def _registry_for(inner: BaseCheckpointSaver, registry: Registry | str | None) -
         return Registry(f"sqlite:///{path}")
     raise ConfigurationError(
         f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
-        "wrapped tenant keys and must be as durable as the checkpoints (usually the same "
-        "database; SecureSaver.from_url does this for you)")
+        "wrapped tenant keys and must be as durable as the checkpoints (the same database "
+        "or one backed up with it; any SQLAlchemy database SecureSaver supports: SQLite, "
+        "PostgreSQL, MySQL/MariaDB)")
 
 
 def _redactor_for(redaction: Any) -> Any:
