@@ -115,6 +115,17 @@ class AsyncOnlySaverError(SecureSaverError, TypeError):
     """A synchronous call reached an inner saver that only works asynchronously."""
 
 
+class UnsupportedBySaverError(SecureSaverError, NotImplementedError):
+    """The inner saver cannot do this operation (its API lacks it and SecureSaver has no
+    native implementation for it); refused before anything changed (docs/savers.md)."""
+
+
+class InnerSaverError(SecureSaverError):
+    """The inner saver failed on its own (a limitation or bug of that saver, raised by its
+    code, not by decoding a stored row): not a sign of tampering. The original exception is
+    chained; its message is not repeated (it may quote stored values)."""
+
+
 class UnsupportedFilterError(SecureSaverError, ValueError):
     """list(filter=...) used a protected metadata key in a way the blind index cannot answer."""
 

@@ -45,7 +45,7 @@ from .offthread import to_thread
 from .seal import SealedCodec, _DetachedParent
 from .services import SaverServices
 from .steps import Steps, arun_steps, run_steps
-from .tenancy import ThreadRef, thread_prefix
+from .tenancy import ThreadRef, inner_thread_id, thread_prefix
 
 DELTA_FIRST_PAGE = 16
 DELTA_MAX_PAGE = 1024
@@ -264,6 +264,8 @@ class ReadPath:
         if one_thread:
             return self.io.listing(inner, config, filter=filter, before=before, limit=limit)
         ids = self.services.storage.thread_ids(thread_prefix(tenant))
+        if ids is None and not self.services.storage.lists_across_threads():
+            ids = self.registered_ids(tenant)
         if ids is None:
             return self.io.listing(inner, None, filter=filter, before=before)
         return newest_first([builtins.list(inner.list(
@@ -280,6 +282,8 @@ class ReadPath:
         if one_thread:
             return self.io.inner.alist(config, filter=filter, before=before, limit=limit)
         ids = await self.services.storage.athread_ids(thread_prefix(tenant))
+        if ids is None and not await self.services.storage.alists_across_threads():
+            ids = await to_thread(self.registered_ids, tenant)
         if ids is None:
             return self.io.inner.alist(None, filter=filter, before=before)
         per_thread: builtins.list[builtins.list[CheckpointTuple]] = []
@@ -288,6 +292,12 @@ class ReadPath:
                 {"configurable": {"thread_id": tid}}, filter=filter, before=before,
                 limit=limit)])
         return newest_first(per_thread)
+
+    def registered_ids(self, tenant: str) -> builtins.list[str]:
+        """The tenant's inner thread ids as the registry knows them (for savers that cannot
+        list across threads)."""
+        return [inner_thread_id(tenant, row.thread_id)
+                for row in self.services.registry.list_threads(tenant)]
 
     # opening stored tuples (shared by reads): one body, a sync and an async runner ---------
     def listed_steps(self, codec: SealedCodec, keys: TenantKeys, tenant: str,

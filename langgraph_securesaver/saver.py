@@ -324,9 +324,10 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
         copy_subject(self.services, tenant, source_thread_id, target_thread_id)
+        namespaces = self.registry.namespaces(tenant, source_thread_id)
         with _tenant_pinned(tenant):
             copied = run_steps(
-                copying.copy_steps(tenant, source_thread_id, target_thread_id),
+                copying.copy_steps(tenant, source_thread_id, target_thread_id, namespaces),
                 copying.serving({"get_tuple": self.get_tuple, "list": lambda c: list(self.list(c)),
                                  "put": self.put, "put_writes": self.put_writes}))
         self.registry.record_event("thread_copied", tenant=tenant, thread_id=target_thread_id,
@@ -470,9 +471,10 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
 
         async def alist(config: RunnableConfig) -> builtins.list[CheckpointTuple]:
             return [t async for t in self.alist(config)]
+        namespaces = await to_thread(self.registry.namespaces, tenant, source_thread_id)
         with _tenant_pinned(tenant):
             copied = await arun_steps(
-                copying.copy_steps(tenant, source_thread_id, target_thread_id),
+                copying.copy_steps(tenant, source_thread_id, target_thread_id, namespaces),
                 copying.serving({"get_tuple": self.aget_tuple, "list": alist, "put": self.aput,
                                  "put_writes": self.aput_writes}))
         await to_thread(

@@ -22,7 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver import Keyring, SecureSaver, UnsupportedBySaverError
 
 from .graph_helpers import MARKERS, found_markers
 from .servers import MariaDb, RedisServer, start_mariadb, start_redis
@@ -144,3 +144,62 @@ async def test_chat_graph_matches_raw(name: str, tmp_path: Path,
         stored = backend.dump()
         assert stored  # the conversation is in the backend ...
         assert found_markers(stored) == []  # ... and none of it in clear
+
+
+async def _call(saver: Any, use_async: bool, name: str, *args: Any, **kwargs: Any) -> Any:
+    if use_async:
+        return await getattr(saver, "a" + name)(*args, **kwargs)
+    return getattr(saver, name)(*args, **kwargs)
+
+
+async def _count(saver: Any, use_async: bool, thread: str, ns: str | None = None) -> int:
+    conf: dict[str, Any] = {"thread_id": thread}
+    if ns is not None:
+        conf["checkpoint_ns"] = ns
+    if use_async:
+        return len([t async for t in saver.alist({"configurable": conf})])
+    return len(list(saver.list({"configurable": conf})))
+
+
+async def _namespaces(saver: SecureSaver, use_async: bool, thread: str) -> dict[str, int]:
+    """Checkpoints per namespace of a thread (the root and the namespaces SecureSaver noted)."""
+    out = {}
+    for ns in ["", *saver.registry.namespaces("acme", thread)]:
+        n = await _count(saver, use_async, thread, ns)
+        if n:
+            out[ns] = n
+    return out
+
+
+NO_DELETE = {"lmdb", "lmdb-async"}  # LMDBSaver has no delete_thread
+
+
+@pytest.mark.parametrize("name", SAVERS)
+async def test_copy_delete_prune(name: str, tmp_path: Path, request: pytest.FixtureRequest
+                                 ) -> None:
+    servers = servers_for(name, request)
+    use_async = name in ASYNC_ONLY
+    async with open_saver(name, tmp=tmp_path, **servers) as (inner, _backend):
+        saver = wrap(inner, tmp_path)
+        await setup(saver)
+        await run_chat(saver, use_async, "t1")
+        await run_chat(saver, use_async, "t2")
+        before = await _namespaces(saver, use_async, "t1")
+        assert len(before) == 2, before  # the root and the subgraph's namespace
+        await _call(saver, use_async, "copy_thread", "t1", "t1-copy")
+        assert await _namespaces(saver, use_async, "t1-copy") == before
+        if name in NO_DELETE:
+            with pytest.raises(UnsupportedBySaverError, match="delete_thread"):
+                await _call(saver, use_async, "delete_thread", "t1")
+            with pytest.raises(UnsupportedBySaverError):
+                await _call(saver, use_async, "prune", ["t2"], strategy="delete")
+            assert await _namespaces(saver, use_async, "t1") == before  # nothing changed
+            assert saver.receipts() == []
+            return
+        t2 = await _namespaces(saver, use_async, "t2")
+        await _call(saver, use_async, "prune", ["t2"], strategy="delete")
+        await _call(saver, use_async, "delete_thread", "t1")
+        for thread, spaces in (("t1", before), ("t2", t2)):  # every namespace went
+            assert [await _count(saver, use_async, thread, ns) for ns in spaces] == [0, 0]
+        assert await _namespaces(saver, use_async, "t1-copy") == before
+        assert {r.thread_id for r in saver.receipts()} == {"t1", "t2"}

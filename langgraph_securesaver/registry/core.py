@@ -56,6 +56,7 @@ from .schema import (  # noqa: F401 - the schema names are importable from here
     tenant_keys,
     threads,
 )
+from .namespaces import RegistryNamespaces
 from .thread_rows import RegistryThreads
 from .verify import (  # noqa: F401 - IntegrityReport was defined here
     IntegrityReport,
@@ -67,7 +68,7 @@ logger = logging.getLogger(__name__)
 
 
 class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
-               RegistryVerification):
+               RegistryVerification, RegistryNamespaces):
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
 
     def __init__(self, engine: Engine | str) -> None:

@@ -110,6 +110,17 @@ threads = sa.Table(
     sa.Column("activity_mac", sa.String(64), nullable=True),
 )
 
+# the checkpoint namespaces (subgraphs) a thread was written in: copy_thread reads them on
+# savers whose listing of a thread returns its root namespace only (LMDB, objectstorage)
+thread_namespaces = sa.Table(
+    "securesaver_thread_namespaces", metadata,
+    sa.Column("ns_key", sa.String(64), primary_key=True),  # sha256(tenant, thread, ns)
+    sa.Column("tenant", sa.String(255), nullable=False),
+    sa.Column("thread_id", sa.String(512), nullable=False),
+    sa.Column("checkpoint_ns", sa.Text, nullable=False),
+    sa.Index("ix_securesaver_thread_namespaces_thread", "tenant", "thread_id"),
+)
+
 policies = sa.Table(
     "securesaver_policies", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),  # "*" = the saver default
