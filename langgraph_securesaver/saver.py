@@ -139,8 +139,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         keyring = _keyring_of(keyring)
         if not isinstance(keyring, KeyProvider):
             raise ConfigurationError("keyring must implement the KeyProvider protocol")
-        # the inner saver must decode only what SecureSaver stores (refused here otherwise);
-        # applied last, so a constructor that raises leaves the caller's saver as it was
+        # decoding only what SecureSaver stores, applied last (a failed constructor changes nothing)
         strict = strict_plan(inner)
         self.inner = inner
         self.keyring = keyring
@@ -299,11 +298,9 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         threads.delete_threads(self.services, tenant, [str(thread_id)], "delete_thread")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints and writes of these runs, in the caller's tenant only
-        (a ``runs_deleted`` event is recorded). A thread left without a checkpoint is marked
-        ``emptied``; the retention sweep deletes it, key included, once it stayed empty and
-        unwritten for its grace (docs/erasure.md): a run writing the same thread meanwhile
-        (LangGraph Server's rollback) keeps its checkpoints and key."""
+        """Delete these runs' checkpoints and writes in the caller's tenant (a ``runs_deleted``
+        event). A thread left empty is marked ``emptied``; the retention sweep deletes it, key
+        included, after its grace (docs/erasure.md; a run writing it meanwhile keeps it)."""
         tenant = self._gate.resolve_tenant("delete_for_runs")
         run_ids = _str_list(run_ids, "run_ids")
         if not run_ids:
@@ -317,17 +314,16 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                                    threads_emptied=len(emptied))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy a thread of the caller's tenant to a new thread id, each checkpoint decrypted and
-        sealed again for the target (ciphertexts are bound to their thread). Refuses a target that
-        has checkpoints; rerunning after a crash completes the copy.
-        """
+        """Copy a thread of the caller's tenant (every namespace) to a new thread id, each
+        checkpoint opened and sealed again for the target (ciphertexts are bound to their thread).
+        Refuses a target that has checkpoints; rerunning after a crash completes the copy."""
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
         copy_subject(self.services, tenant, source_thread_id, target_thread_id)
-        namespaces = self.registry.namespaces(tenant, source_thread_id)
         with _tenant_pinned(tenant):
             copied = run_steps(
-                copying.copy_steps(tenant, source_thread_id, target_thread_id, namespaces),
+                copying.copy_steps(tenant, source_thread_id, target_thread_id,
+                                   self.registry.namespaces(tenant, source_thread_id)),
                 copying.serving({"get_tuple": self.get_tuple, "list": lambda c: list(self.list(c)),
                                  "put": self.put, "put_writes": self.put_writes}))
         self.registry.record_event("thread_copied", tenant=tenant, thread_id=target_thread_id,
@@ -468,10 +464,10 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = await self._gate.aresolve_tenant("copy_thread", thread_id=str(source_thread_id))
         await to_thread(copy_subject, self.services, tenant, source_thread_id, target_thread_id)
+        namespaces = await to_thread(self.registry.namespaces, tenant, source_thread_id)
 
         async def alist(config: RunnableConfig) -> builtins.list[CheckpointTuple]:
             return [t async for t in self.alist(config)]
-        namespaces = await to_thread(self.registry.namespaces, tenant, source_thread_id)
         with _tenant_pinned(tenant):
             copied = await arun_steps(
                 copying.copy_steps(tenant, source_thread_id, target_thread_id, namespaces),

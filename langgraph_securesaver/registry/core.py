@@ -28,6 +28,7 @@ from .claims import RegistryClaims
 from .denials import flush_for
 from .direct_reads import DirectReads
 from .integrity import RegistryIntegrity
+from .namespaces import RegistryNamespaces
 from .schema import (  # noqa: F401 - the schema names are importable from here
     _ADOPTED,
     _V2_COLUMNS,
@@ -56,7 +57,6 @@ from .schema import (  # noqa: F401 - the schema names are importable from here
     tenant_keys,
     threads,
 )
-from .namespaces import RegistryNamespaces
 from .thread_rows import RegistryThreads
 from .verify import (  # noqa: F401 - IntegrityReport was defined here
     IntegrityReport,

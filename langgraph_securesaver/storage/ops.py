@@ -104,10 +104,15 @@ class StorageOps:
     def async_mode(self) -> bool:
         """Whether to reach the saver through its async API: it is async-only, or this is
         the async API's worker and the saver has async methods of its own."""
-        from ..inner_access import is_async_only, is_sync_only
-        if is_async_only(self.inner):
-            return True
-        return CALLER_LOOP.get() is not None and not is_sync_only(self.inner)
+        import asyncio
+        if isinstance(getattr(self.inner, "loop", None), asyncio.AbstractEventLoop):
+            return True  # async-only, bound to its loop (as inner_access.is_async_only)
+        return CALLER_LOOP.get() is not None and self.has_async_api()
+
+    def has_async_api(self) -> bool:
+        """Whether the saver implements the async API itself (SQLite's and Postgres's sync
+        savers do not: their ops are native)."""
+        return self._has("aget_tuple")
 
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
         if self.async_mode():

@@ -41,7 +41,7 @@ Plan = list[tuple[BaseCheckpointSaver, str]]
 #: decodes it: "module.Class" -> (whether this instance does, the setting that turns it on)
 SELF_AUTHENTICATING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "langgraph_checkpoint_objectstorage.saver.ObjectStorageSaver": (
-        lambda saver: getattr(saver, "_key_provider", None) is not None,
+        lambda saver: vars(saver).get("_key_provider") is not None,
         "ObjectStorageSaver(..., encryption=<KeyProvider>): it then opens every object with "
         "AES-GCM before decoding it and refuses objects that were never encrypted"),
 }
@@ -115,8 +115,9 @@ def _self_authenticating(saver: BaseCheckpointSaver) -> tuple[bool, str | None]:
 
 def strict_plan(inner: BaseCheckpointSaver) -> Plan:
     """The (saver, attribute) pairs -- ``inner`` and the savers it delegates to, each one's
-    serializers -- that SecureSaver replaces by the strict serializer; raises ConfigurationError for a saver that decodes stored bytes
-    with a serializer SecureSaver cannot replace and does not authenticate them first."""
+    serializers -- that SecureSaver replaces by the strict serializer; raises
+    ConfigurationError for a saver that decodes stored bytes with a serializer SecureSaver
+    cannot replace and does not authenticate them first."""
     foreign = foreign_serializers(inner)
     if foreign:
         authenticates, how = _self_authenticating(inner)
