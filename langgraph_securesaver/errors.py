@@ -120,6 +120,20 @@ class UnsupportedBySaverError(SecureSaverError, NotImplementedError):
     native implementation for it); refused before anything changed (docs/savers.md)."""
 
 
+class UnsealedDataError(SecureSaverError):
+    """The thread has checkpoints that SecureSaver did not write (a raw LangGraph saver wrote
+    them before it was wrapped): they are in clear, outside encryption, retention and deletion.
+    Never shown as an empty thread; bring them in with ``securesaver adopt``
+    (docs/guides/adopt.md)."""
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} has checkpoints in the inner saver that SecureSaver did not "
+            "write (a raw saver wrote them, unencrypted): they are not shown as an empty "
+            "thread. Seal them in place under their tenant with `securesaver adopt` "
+            "(docs/guides/adopt.md), or delete them with the raw saver")
+
+
 class InnerSaverError(SecureSaverError):
     """The inner saver failed on its own (a limitation or bug of that saver, raised by its
     code, not by decoding a stored row): not a sign of tampering. The original exception is

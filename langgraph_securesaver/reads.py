@@ -25,7 +25,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, DeltaChannelHistory
 
-from .errors import TamperedDataError
+from .errors import PARSE_ERRORS, TamperedDataError, UnsealedDataError
 from .gate import Denial, DeniedError
 from .inner_access import InnerAccess
 from .keys.crypto import TenantKeys
@@ -337,14 +337,34 @@ class ReadPath:
         """The stored row ``get_tuple`` reads (sync API): :meth:`lookup_steps`, the body
         the delta walk reads its target and fetched parents with."""
         inner = self.io.sync("get_tuple")
-        return run_steps(self.lookup_steps(ref, inner_config, self.locate_in()),
+        return run_steps(self.fetch_steps(ref, inner_config, self.locate_in()),
                          lambda _kind, config: inner.get_tuple(config))
 
     async def afetch(self, ref: ThreadRef, inner_config: RunnableConfig
                      ) -> CheckpointTuple | None:
         """:meth:`fetch` with the async API (no row lookup on the loop)."""
-        return await arun_steps(self.lookup_steps(ref, inner_config),
+        return await arun_steps(self.fetch_steps(ref, inner_config),
                                 lambda _kind, config: self.io.call("get_tuple", config))
+
+    def fetch_steps(self, ref: ThreadRef, inner_config: RunnableConfig,
+                    locate_in: BaseCheckpointSaver | None = None
+                    ) -> Steps[CheckpointTuple | None]:
+        """:meth:`lookup_steps`; when the thread has nothing SecureSaver wrote, one more
+        lookup under the caller's own thread id: rows a raw saver wrote there before it was
+        wrapped raise UnsealedDataError instead of reading as an empty thread."""
+        tup = yield from self.lookup_steps(ref, inner_config, locate_in)
+        if (tup is not None or (inner_config.get("configurable") or {}).get("checkpoint_id")
+                or looks_tagged(ref.thread_id)):  # never probe another tenant's inner ids
+            return tup
+        raw_config: RunnableConfig = {"configurable": {
+            "thread_id": ref.thread_id, "checkpoint_ns": ref.checkpoint_ns}}
+        try:
+            raw = yield ("get_tuple", raw_config)
+        except PARSE_ERRORS:  # a raw row the strict serializer refuses: it is there
+            raw = True
+        if raw is not None:
+            raise UnsealedDataError(ref.thread_id)
+        return None
 
     def locate_in(self) -> BaseCheckpointSaver | None:
         """Where sync reads look a refused row up (a sync-only SQLite/Postgres saver)."""
@@ -508,6 +528,13 @@ class DeltaWalk:
                 entry["seed"] = self.seeds[ch]
             out[ch] = entry
         return out
+
+
+def looks_tagged(thread_id: str) -> bool:
+    """Whether a thread id has the form of a tenant-tagged inner id ("t" + 24 hex + ":")."""
+    head, sep, _ = thread_id.partition(":")
+    return bool(sep) and len(head) == 25 and head[0] == "t" and all(
+        c in "0123456789abcdef" for c in head[1:])
 
 
 def parent_id(tup: CheckpointTuple) -> str | None:
