@@ -539,9 +539,8 @@ def _registry_for(inner: BaseCheckpointSaver, registry: Registry | str | None) -
         return Registry(f"sqlite:///{path}")
     raise ConfigurationError(
         f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
-        "wrapped tenant keys and must be as durable as the checkpoints (the same database "
-        "or one backed up with it; any SQLAlchemy database SecureSaver supports: SQLite, "
-        "PostgreSQL, MySQL/MariaDB)")
+        "wrapped tenant keys and must be as durable as the checkpoints: a SQLite file or a "
+        "PostgreSQL database backed up with them (docs/savers.md)")
 
 
 def _redactor_for(redaction: Any) -> Any:

@@ -314,7 +314,7 @@ async def test_missing_registry_message_names_what_works(tmp_path: Path) -> None
     env = lmdb.open(str(tmp_path / "l"), max_dbs=8)
     with pytest.raises(ConfigurationError) as refused:
         SecureSaver(LMDBSaver(env), keyring=Keyring.generate(), redaction=None)
-    assert "from_url" not in str(refused.value) and "MySQL" in str(refused.value)
+    assert "from_url" not in str(refused.value) and "PostgreSQL" in str(refused.value)
     env.close()
 
 

@@ -185,6 +185,7 @@ def open_saver(url: str, keyring: Any) -> Iterator[Any]:
     from ..saver import SecureSaver
     check_url(url)
     try:
+        require_checkpoint_tables(url)
         with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as saver:
             yield saver
     except typer.Exit:
@@ -193,6 +194,30 @@ def open_saver(url: str, keyring: Any) -> Iterator[Any]:
         raise fail(str(exc)) from None
     except database_errors() as exc:
         raise db_error(exc) from None
+
+
+def require_checkpoint_tables(url: str) -> None:
+    """Refuse a database without the inner saver's tables (a registry-only file of a
+    deployment whose checkpoints live in MySQL, Redis, LMDB or object storage): a command there
+    would report on nothing, as if clean, and create empty tables. Nothing is created."""
+    import sqlalchemy as sa
+
+    from ..audit.db import AuditDatabase
+    from ..registry.schema import create_registry_engine
+    from ..storage.backends import registry_url_for
+    engine = create_registry_engine(registry_url_for(url))
+    try:
+        inspector = sa.inspect(engine)
+        missing = [t for t in AuditDatabase.inner_tables(engine.dialect.name)
+                   if not inspector.has_table(t)]
+    finally:
+        engine.dispose()
+    if missing:
+        raise fail(
+            f"this database holds no checkpoint tables ({', '.join(missing)} missing): it is "
+            "not where the checkpoints are, so this command would see nothing and report it "
+            "as clean. The securesaver commands act on SQLite and PostgreSQL deployments; for "
+            "another saver use the SecureSaver API in-process (docs/savers.md)")
 
 
 def database_errors() -> tuple[type[BaseException], ...]:

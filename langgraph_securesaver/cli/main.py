@@ -387,7 +387,7 @@ def __getattr__(name: str) -> Any:
 
 
 # operations commands live in their own module and register themselves on `app`
-from . import ops, subjects, summaries  # noqa: E402,F401
+from . import adopt, ops, subjects, summaries  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m` runs this file as __main__, a second copy of the module: use the real one

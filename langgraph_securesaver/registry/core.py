@@ -44,6 +44,7 @@ from .schema import (  # noqa: F401 - the schema names are importable from here
     _thread_ref,
     adopt_idempotency_macs,
     chain_heads,
+    check_registry_dialect,
     create_registry_engine,
     engine_lock,
     events,
@@ -73,6 +74,7 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
 
     def __init__(self, engine: Engine | str) -> None:
         self.engine = create_registry_engine(engine) if isinstance(engine, str) else engine
+        check_registry_dialect(self.engine)
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False
