@@ -45,7 +45,7 @@ from .offthread import to_thread
 from .seal import SealedCodec, _DetachedParent
 from .services import SaverServices
 from .steps import Steps, arun_steps, run_steps
-from .tenancy import ThreadRef, inner_thread_id, thread_prefix
+from .tenancy import ThreadRef, inner_thread_id, looks_tagged, thread_prefix
 
 DELTA_FIRST_PAGE = 16
 DELTA_MAX_PAGE = 1024
@@ -528,13 +528,6 @@ class DeltaWalk:
                 entry["seed"] = self.seeds[ch]
             out[ch] = entry
         return out
-
-
-def looks_tagged(thread_id: str) -> bool:
-    """Whether a thread id has the form of a tenant-tagged inner id ("t" + 24 hex + ":")."""
-    head, sep, _ = thread_id.partition(":")
-    return bool(sep) and len(head) == 25 and head[0] == "t" and all(
-        c in "0123456789abcdef" for c in head[1:])
 
 
 def parent_id(tup: CheckpointTuple) -> str | None:

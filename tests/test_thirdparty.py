@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import operator
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,26 +31,7 @@ from langgraph_securesaver import (
 
 from .boundary_helpers import ext_value
 from .graph_helpers import MARKERS, found_markers
-from .servers import MariaDb, RedisServer, start_mariadb, start_redis
 from .thirdparty_savers import ASYNC_ONLY, SAVERS, open_saver
-
-
-@pytest.fixture(scope="session")
-def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDb]:
-    server = start_mariadb(tmp_path_factory.mktemp("mariadb"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def servers_for(name: str, request: pytest.FixtureRequest) -> dict[str, Any]:

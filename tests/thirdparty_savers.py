@@ -43,8 +43,9 @@ class Backend:
 
 
 def _mysql_rows(url: str) -> bytes:
-    import pymysql
     from urllib.parse import urlsplit
+
+    import pymysql
     u = urlsplit(url)
     conn = pymysql.connect(host=u.hostname, port=u.port, user=u.username or "root",
                            database=u.path.lstrip("/"))

@@ -47,7 +47,8 @@ def adopt(
 
     Exit codes: 0 done (or nothing to adopt), 2 could not run.
     """
-    from ..ops.adopt import adopt_threads, raw_thread_ids
+    from ..inner_access import raw_thread_ids
+    from ..ops.adopt import adopt_threads
     from ..storage.backends import open_sync_inner
     tenant = tenant_arg(tenant) or tenant
     threads = [thread_arg(t) or t for t in thread] if thread else None

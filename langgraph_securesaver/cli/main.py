@@ -20,6 +20,7 @@ from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as 
     EXIT_FOUND,
     EXIT_OK,
     KeyringOption,
+    SaverOption,
     UrlOption,
     app,
     check_url,
@@ -133,6 +134,7 @@ def prune(
         "--active-grace", metavar="DURATION",
         help="Skip threads written this recently (a run may be in flight); 0s skips none.")]
     = "2m",
+    saver_spec: SaverOption = None,
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
 
@@ -174,7 +176,7 @@ def prune(
     out = common.err_console if as_json else common.console
     failed = False
     try:
-        with open_saver(url, ring) as saver:
+        with open_saver(url, ring, saver_spec) as saver:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
             while True:

@@ -17,6 +17,7 @@ from .common import (
     EXIT_FOUND,
     EXIT_OK,
     KeyringOption,
+    SaverOption,
     UrlOption,
     app,
     check_url,
@@ -56,6 +57,7 @@ def forget_subject(
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")]
     = False,
+    saver_spec: SaverOption = None,
 ) -> None:
     """Delete every thread recorded for a subject (keys destroyed: crypto-erasure), their
     store items and, with --identifier, those values in the tenant's other threads; one
@@ -81,7 +83,7 @@ def forget_subject(
         None if store_namespace == "none" else tuple(store_namespace.split(".")))
     check_url(url)
     ring = load_keyring(keyring)
-    with open_saver(url, ring) as saver:
+    with open_saver(url, ring, saver_spec) as saver:
         known = set(saver.registry.tenants())
         unknown = [t for t in named if t not in known]
         if unknown:

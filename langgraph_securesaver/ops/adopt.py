@@ -23,10 +23,11 @@ from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from ..inner_access import raw_thread_ids
 from ..tenancy import tenant_scope, validate_tenant
 from .copying import _copy_plan
 
-__all__ = ["AdoptReport", "adopt_threads", "raw_thread_ids"]
+__all__ = ["AdoptReport", "adopt_threads"]
 
 
 @dataclass
@@ -39,17 +40,6 @@ class AdoptReport:
     def as_dict(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "adopted": [
             {"thread_id": t, "checkpoints": n} for t, n in self.adopted.items()]}
-
-
-def raw_thread_ids(raw: BaseCheckpointSaver) -> list[str]:
-    """Thread ids the raw saver holds that SecureSaver did not write."""
-    from ..reads import looks_tagged
-    seen: set[str] = set()
-    for tup in raw.list(None):
-        thread = str(tup.config["configurable"]["thread_id"])
-        if not looks_tagged(thread):
-            seen.add(thread)
-    return sorted(seen)
 
 
 def adopt_threads(saver: Any, raw: BaseCheckpointSaver, tenant: str,
