@@ -212,8 +212,10 @@ def open_saver(url: str, keyring: Any, saver: str | None = None) -> Iterator[Any
     check_url(url)
     try:
         if saver is not None:
-            yield SecureSaver(inner_from_spec(saver), keyring=keyring or NoKeys(),
-                              registry=url, redaction=None)
+            opened_saver = SecureSaver(inner_from_spec(saver), keyring=keyring or NoKeys(),
+                                       registry=url, redaction=None)
+            opened_saver.registry.setup()  # its tables only: the inner saver is the user's
+            yield opened_saver
             return
         require_checkpoint_tables(url)
         with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as opened:
