@@ -14,8 +14,9 @@ the backends share. Each backend's implementation is in :mod:`.ops_memory`,
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -110,16 +111,37 @@ class StorageOps:
         return CALLER_LOOP.get() is not None and self.has_async_api()
 
     def has_async_api(self) -> bool:
-        """Whether the saver implements the async API itself (SQLite's and Postgres's sync
-        savers do not: their ops are native)."""
-        return self._has("aget_tuple")
+        """Whether the saver implements the async API itself (SqliteSaver and PostgresSaver
+        define async methods that only refuse; as inner_access.is_sync_only)."""
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        sync_only: tuple[type, ...] = (SqliteSaver,)
+        try:
+            from langgraph.checkpoint.postgres import PostgresSaver
+            sync_only += (PostgresSaver,)
+        except ImportError:
+            pass
+        return not isinstance(self.inner, sync_only) and self._has("aget_tuple")
+
+    def either(self, make_async: Callable[[], Any], run_sync: Callable[[], Any]) -> Any:
+        """In async mode, the saver's async method on the caller's loop; a saver whose async
+        methods only refuse (plainredis's sync RedisSaver raises NotImplementedError) is
+        reached through its sync ones. Otherwise the sync ones."""
+        if self.async_mode():
+            try:
+                return self.bridge(make_async())
+            except UnsupportedBySaverError:
+                raise
+            except NotImplementedError:
+                if isinstance(getattr(self.inner, "loop", None), asyncio.AbstractEventLoop):
+                    raise  # async-only: there is no sync API to fall back to
+        return run_sync()
 
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
-        if self.async_mode():
-            return self.bridge(self.akeep_latest(inner_ids))
-        if not self._has("prune"):
-            raise self._unsupported("prune(strategy='keep_latest')")
-        self.inner.prune(inner_ids, strategy="keep_latest")
+        def run_sync() -> None:
+            if not self._has("prune"):
+                raise self._unsupported("prune(strategy='keep_latest')")
+            self.inner.prune(inner_ids, strategy="keep_latest")
+        self.either(lambda: self.akeep_latest(inner_ids), run_sync)
 
     async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
         if not self._has("aprune"):
@@ -134,10 +156,11 @@ class StorageOps:
 
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
         self.check_delete_thread()
-        if self.async_mode():
-            return self.bridge(self.adelete_threads(inner_ids))
-        for tid in inner_ids:
-            self.inner.delete_thread(tid)
+
+        def run_sync() -> None:
+            for tid in inner_ids:
+                self.inner.delete_thread(tid)
+        self.either(lambda: self.adelete_threads(inner_ids), run_sync)
 
     async def adelete_threads(self, inner_ids: Sequence[str]) -> None:
         self.check_delete_thread()
@@ -153,10 +176,11 @@ class StorageOps:
 
     def count_checkpoints(self, inner_id: str) -> int:
         """How many checkpoints a thread holds (for deletion receipts)."""
-        if self.async_mode():
-            return int(self.bridge(self.acount_checkpoints(inner_id)))
-        with refusing(inner_id, "(listing)"):
-            return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
+        def run_sync() -> int:
+            with refusing(inner_id, "(listing)"):
+                return sum(1 for _ in self.inner.list(
+                    {"configurable": {"thread_id": inner_id}}))
+        return int(self.either(lambda: self.acount_checkpoints(inner_id), run_sync))
 
     async def acount_checkpoints(self, inner_id: str) -> int:
         with refusing(inner_id, "(listing)"):
@@ -176,15 +200,16 @@ class StorageOps:
         not read at all (retention is not an integrity check; ``scan --verify`` is). This
         fallback, for savers without native SQL, reads ``get_tuple``, which decodes those
         too."""
-        if self.async_mode():
-            return dict(self.bridge(self.alatest_checkpoint_times(list(inner_ids))))
-        out: dict[str, float | None] = {}
-        for tid in inner_ids:
-            config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
-            with refusing(tid):
-                tup = self.inner.get_tuple(config)
-            out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
-        return out
+        def run_sync() -> dict[str, float | None]:
+            out: dict[str, float | None] = {}
+            for tid in inner_ids:
+                config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+                with refusing(tid):
+                    tup = self.inner.get_tuple(config)
+                out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+            return out
+        return dict(self.either(lambda: self.alatest_checkpoint_times(list(inner_ids)),
+                                run_sync))
 
     def storage_identity(self) -> tuple[Any, ...] | None:
         """What names the inner tables (cluster + database + table oids on PostgreSQL, the
@@ -222,10 +247,8 @@ class StorageOps:
         known: bool | None = self.__dict__.get("_lists_all")
         if known is None:
             try:
-                if self.async_mode():
-                    self.bridge(self._aprobe_list())
-                else:
-                    next(iter(self.inner.list(None, limit=1)), None)
+                self.either(self._aprobe_list,
+                            lambda: next(iter(self.inner.list(None, limit=1)), None))
                 known = True
             except (TypeError, AttributeError, ValueError, KeyError, NotImplementedError):
                 known = False
