@@ -37,6 +37,7 @@ from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .errors import (
     ConfigurationError,
 )
+from .evidence.api import EvidenceOperations
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
 from .inner_access import InnerAccess
 from .keys.crypto import KeyManager
@@ -88,7 +89,7 @@ DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 
 
-class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
+class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseCheckpointSaver):
     """Wrap ``inner`` so every value, write and metadata field is encrypted per tenant.
 
     Args:
@@ -223,7 +224,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             {} if self.redactor is not None else None)
         opened = self._reads.open_checked(self.codec, keys, ref, tup, known)
         self._writes.remember_tokens(ref, tup)
-        return named_tup(self._pii.restore(keys, opened, known), config, ref.tenant)
+        return named_tup(self._pii.restore_in_turn(keys, opened, known), config, ref.tenant)
 
     def list(
         self,
@@ -254,7 +255,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                 listed = self._reads.open_listed(self.codec, keys, tenant, tup, rows.drain)
                 if listed is None:
                     continue
-                yield named_tup(self._pii.restore(keys, *listed), config, tenant)
+                yield named_tup(self._pii.restore_in_turn(keys, *listed), config, tenant)
                 yielded += 1
                 if limit is not None and yielded >= limit:
                     return

@@ -12,12 +12,12 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavailable
 from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider, encryption_context
 from langgraph_securesaver.keys.crypto import wrap_context
 from langgraph_securesaver.keys.keyring import WrappedKey
 from langgraph_securesaver.keys.material import SecretBytes
+from tests.fake_agent import build_chat_graph
 
 from .provider_helpers import cfg as _cfg
 from .provider_helpers import open_saver as _saver

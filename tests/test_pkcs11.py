@@ -18,12 +18,12 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavailable
 from langgraph_securesaver.keys.crypto import wrap_context
 from langgraph_securesaver.keys.keyring import WrappedKey
 from langgraph_securesaver.keys.material import SecretBytes
 from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
+from tests.fake_agent import build_chat_graph
 
 from .hsm_helpers import PIN_TOKEN, PIN_VAR, TOKEN, spy_counts, spy_path
 from .provider_helpers import cfg as _cfg
