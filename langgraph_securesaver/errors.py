@@ -136,12 +136,6 @@ class UnsealedDataError(SecureSaverError):
             "(docs/guides/adopt.md), or delete them with the raw saver")
 
 
-class InnerSaverError(SecureSaverError):
-    """The inner saver failed on its own (a limitation or bug of that saver, raised by its
-    code, not by decoding a stored row): not a sign of tampering. The original exception is
-    chained; its message is not repeated (it may quote stored values)."""
-
-
 class UnsupportedFilterError(SecureSaverError, ValueError):
     """list(filter=...) used a protected metadata key in a way the blind index cannot answer."""
 
