@@ -13,6 +13,8 @@ if TYPE_CHECKING:
         SecureSaverError,
         TamperedDataError,
         TenantRequired,
+        UnsealedDataError,
+        UnsupportedBySaverError,
         UnsupportedFilterError,
     )
     from .idempotency import (
@@ -45,8 +47,9 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "TenantKeys": "keys.crypto",
     **dict.fromkeys(("AccessDenied", "AsyncOnlySaverError", "ConfigurationError",
-                     "DeltaChannelPruneError", "KeyringMismatch", "KeyringRequired",
-                     "SecureSaverError", "TamperedDataError", "TenantRequired",
+                     "DeltaChannelPruneError", "KeyringMismatch",
+                     "KeyringRequired", "SecureSaverError", "TamperedDataError",
+                     "TenantRequired", "UnsealedDataError", "UnsupportedBySaverError",
                      "UnsupportedFilterError"),
                     "errors"),
     **dict.fromkeys(("IdempotencyConflict", "IdempotencyKeyReused", "IdempotencyPolicy",
@@ -102,6 +105,8 @@ __all__ = [
     "TamperedDataError",
     "TenantKeys",
     "TenantRequired",
+    "UnsealedDataError",
+    "UnsupportedBySaverError",
     "UnsupportedFilterError",
     "WrappedKey",
     "__version__",

@@ -117,6 +117,25 @@ class AsyncOnlySaverError(SecureSaverError, TypeError):
     """A synchronous call reached an inner saver that only works asynchronously."""
 
 
+class UnsupportedBySaverError(SecureSaverError, NotImplementedError):
+    """The inner saver cannot do this operation (its API lacks it and SecureSaver has no
+    native implementation for it); refused before anything changed (docs/savers.md)."""
+
+
+class UnsealedDataError(SecureSaverError):
+    """The thread has checkpoints that SecureSaver did not write (a raw LangGraph saver wrote
+    them before it was wrapped): they are in clear, outside encryption, retention and deletion.
+    Never shown as an empty thread; bring them in with ``securesaver adopt``
+    (docs/guides/adopt.md)."""
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} has checkpoints in the inner saver that SecureSaver did not "
+            "write (a raw saver wrote them, unencrypted): they are not shown as an empty "
+            "thread. Seal them in place under their tenant with `securesaver adopt` "
+            "(docs/guides/adopt.md), or delete them with the raw saver")
+
+
 class UnsupportedFilterError(SecureSaverError, ValueError):
     """list(filter=...) used a protected metadata key in a way the blind index cannot answer."""
 

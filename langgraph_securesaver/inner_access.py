@@ -19,7 +19,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from .errors import AsyncOnlySaverError, TamperedDataError
 from .offthread import to_thread
-from .tenancy import ThreadRef, outer_thread_id
+from .tenancy import ThreadRef, looks_tagged, outer_thread_id
 
 T = TypeVar("T")
 
@@ -111,6 +111,16 @@ class InnerAccess:
         if thread is None:
             return None
         return ThreadRef(tenant, thread, str(conf.get("checkpoint_ns", "") or ""))
+
+
+def raw_thread_ids(raw: BaseCheckpointSaver) -> list[str]:
+    """Thread ids a saver holds that SecureSaver did not write (a raw saver wrote them)."""
+    seen: set[str] = set()
+    for tup in raw.list(None):
+        thread = str(tup.config["configurable"]["thread_id"])
+        if not looks_tagged(thread):
+            seen.add(thread)
+    return sorted(seen)
 
 
 def accepted_params(method: Callable[..., Any]) -> frozenset[str]:

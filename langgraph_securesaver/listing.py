@@ -30,8 +30,8 @@ def named_refusal(ref: ThreadRef, tup: CheckpointTuple, exc: TamperedDataError
     conf = tup.config.get("configurable") or {}
     return TamperedDataError(
         f"checkpoint {str(conf.get('checkpoint_id'))!r} of tenant {ref.tenant!r} thread "
-        f"{ref.thread_id!r} namespace {str(conf.get('checkpoint_ns', '') or '')!r} (the "
-        f"checkpoints row and its writes/blobs) was refused: {exc}")
+        f"{ref.thread_id!r} namespace {str(conf.get('checkpoint_ns', '') or '')!r} (as the "
+        f"inner saver stores it, with its pending writes) was refused: {exc}")
 
 
 def row_ref(ref: ThreadRef, tup: CheckpointTuple) -> ThreadRef:
@@ -63,8 +63,7 @@ def refused_row(ref: ThreadRef, inner_config: RunnableConfig,
     row = locate_refused(locate_in, str(conf.get("thread_id", ref.inner_id)), ns, cid)
     return (f"tenant {ref.tenant!r} thread {ref.thread_id!r} namespace {ns!r} "
             + (f"checkpoint {cid!r}" if cid else "(latest checkpoint)")
-            + (f": {row}" if row else " (inner tables: checkpoints, checkpoint_blobs, "
-               "writes)"))
+            + (f": {row}" if row else " (in the inner saver's storage)"))
 
 
 def locate_refused(inner: BaseCheckpointSaver | None, thread_id: str, ns: str,

@@ -25,7 +25,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, DeltaChannelHistory
 
-from .errors import TamperedDataError
+from .errors import PARSE_ERRORS, TamperedDataError, UnsealedDataError
 from .gate import Denial, DeniedError
 from .inner_access import InnerAccess
 from .keys.crypto import TenantKeys
@@ -45,7 +45,7 @@ from .offthread import to_thread
 from .seal import SealedCodec, _DetachedParent
 from .services import SaverServices
 from .steps import Steps, arun_steps, run_steps
-from .tenancy import ThreadRef, thread_prefix
+from .tenancy import ThreadRef, inner_thread_id, looks_tagged, thread_prefix
 
 DELTA_FIRST_PAGE = 16
 DELTA_MAX_PAGE = 1024
@@ -264,6 +264,8 @@ class ReadPath:
         if one_thread:
             return self.io.listing(inner, config, filter=filter, before=before, limit=limit)
         ids = self.services.storage.thread_ids(thread_prefix(tenant))
+        if ids is None and not self.services.storage.lists_across_threads():
+            ids = self.registered_ids(tenant)
         if ids is None:
             return self.io.listing(inner, None, filter=filter, before=before)
         return newest_first([builtins.list(inner.list(
@@ -280,6 +282,8 @@ class ReadPath:
         if one_thread:
             return self.io.inner.alist(config, filter=filter, before=before, limit=limit)
         ids = await self.services.storage.athread_ids(thread_prefix(tenant))
+        if ids is None and not await self.services.storage.alists_across_threads():
+            ids = await to_thread(self.registered_ids, tenant)
         if ids is None:
             return self.io.inner.alist(None, filter=filter, before=before)
         per_thread: builtins.list[builtins.list[CheckpointTuple]] = []
@@ -288,6 +292,12 @@ class ReadPath:
                 {"configurable": {"thread_id": tid}}, filter=filter, before=before,
                 limit=limit)])
         return newest_first(per_thread)
+
+    def registered_ids(self, tenant: str) -> builtins.list[str]:
+        """The tenant's inner thread ids as the registry knows them (for savers that cannot
+        list across threads)."""
+        return [inner_thread_id(tenant, row.thread_id)
+                for row in self.services.registry.list_threads(tenant)]
 
     # opening stored tuples (shared by reads): one body, a sync and an async runner ---------
     def listed_steps(self, codec: SealedCodec, keys: TenantKeys, tenant: str,
@@ -327,14 +337,34 @@ class ReadPath:
         """The stored row ``get_tuple`` reads (sync API): :meth:`lookup_steps`, the body
         the delta walk reads its target and fetched parents with."""
         inner = self.io.sync("get_tuple")
-        return run_steps(self.lookup_steps(ref, inner_config, self.locate_in()),
+        return run_steps(self.fetch_steps(ref, inner_config, self.locate_in()),
                          lambda _kind, config: inner.get_tuple(config))
 
     async def afetch(self, ref: ThreadRef, inner_config: RunnableConfig
                      ) -> CheckpointTuple | None:
         """:meth:`fetch` with the async API (no row lookup on the loop)."""
-        return await arun_steps(self.lookup_steps(ref, inner_config),
+        return await arun_steps(self.fetch_steps(ref, inner_config),
                                 lambda _kind, config: self.io.call("get_tuple", config))
+
+    def fetch_steps(self, ref: ThreadRef, inner_config: RunnableConfig,
+                    locate_in: BaseCheckpointSaver | None = None
+                    ) -> Steps[CheckpointTuple | None]:
+        """:meth:`lookup_steps`; when the thread has nothing SecureSaver wrote, one more
+        lookup under the caller's own thread id: rows a raw saver wrote there before it was
+        wrapped raise UnsealedDataError instead of reading as an empty thread."""
+        tup = yield from self.lookup_steps(ref, inner_config, locate_in)
+        if (tup is not None or (inner_config.get("configurable") or {}).get("checkpoint_id")
+                or looks_tagged(ref.thread_id)):  # never probe another tenant's inner ids
+            return tup
+        raw_config: RunnableConfig = {"configurable": {
+            "thread_id": ref.thread_id, "checkpoint_ns": ref.checkpoint_ns}}
+        try:
+            raw = yield ("get_tuple", raw_config)
+        except PARSE_ERRORS:  # a raw row the strict serializer refuses: it is there
+            raw = True
+        if raw is not None:
+            raise UnsealedDataError(ref.thread_id)
+        return None
 
     def locate_in(self) -> BaseCheckpointSaver | None:
         """Where sync reads look a refused row up (a sync-only SQLite/Postgres saver)."""

@@ -73,7 +73,7 @@ from .services import SaverServices
 from .steps import arun_steps, run_steps
 from .storage.ops import DELTA_METADATA_KEYS
 from .storage.ops_select import ops_for
-from .storage.strict_serde import install_strict_serde
+from .storage.strict_decoding import apply_strict, strict_plan
 from .tenancy import (
     ThreadRef,
     current_tenant_scope,
@@ -158,7 +158,8 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
         keyring = _keyring_of(keyring)
         if not isinstance(keyring, KeyProvider):
             raise ConfigurationError("keyring must implement the KeyProvider protocol")
-        install_strict_serde(inner)  # the inner saver decodes only what SecureSaver stores
+        # decoding only what SecureSaver stores, applied last (a failed constructor changes nothing)
+        strict = strict_plan(inner)
         self.inner = inner
         self.keyring = keyring
         self.registry = _registry_for(inner, registry)
@@ -188,6 +189,7 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
         self._reads = ReadPath(self.services, self._io)
         self.services.read_latest = lambda ref: self._reads.latest_checked(self.codec, ref)
         self._writes = WritePath(self.services, self._io)
+        apply_strict(strict)
 
     @property
     def codec(self) -> SealedCodec:
@@ -315,11 +317,9 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
         threads.delete_threads(self.services, tenant, [str(thread_id)], "delete_thread")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints and writes of these runs, in the caller's tenant only
-        (a ``runs_deleted`` event is recorded). A thread left without a checkpoint is marked
-        ``emptied``; the retention sweep deletes it, key included, once it stayed empty and
-        unwritten for its grace (docs/erasure.md): a run writing the same thread meanwhile
-        (LangGraph Server's rollback) keeps its checkpoints and key."""
+        """Delete these runs' checkpoints and writes in the caller's tenant (a ``runs_deleted``
+        event). A thread left empty is marked ``emptied``; the retention sweep deletes it, key
+        included, after its grace (docs/erasure.md; a run writing it meanwhile keeps it)."""
         tenant = self._gate.resolve_tenant("delete_for_runs")
         run_ids = _str_list(run_ids, "run_ids")
         if not run_ids:
@@ -333,16 +333,16 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
                                    threads_emptied=len(emptied))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy a thread of the caller's tenant to a new thread id, each checkpoint decrypted and
-        sealed again for the target (ciphertexts are bound to their thread). Refuses a target that
-        has checkpoints; rerunning after a crash completes the copy.
-        """
+        """Copy a thread of the caller's tenant (every namespace) to a new thread id, each
+        checkpoint opened and sealed again for the target (ciphertexts are bound to their thread).
+        Refuses a target that has checkpoints; rerunning after a crash completes the copy."""
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = self._gate.resolve_tenant("copy_thread", thread_id=str(source_thread_id))
         copy_subject(self.services, tenant, source_thread_id, target_thread_id)
         with _tenant_pinned(tenant):
             copied = run_steps(
-                copying.copy_steps(tenant, source_thread_id, target_thread_id),
+                copying.copy_steps(tenant, source_thread_id, target_thread_id,
+                                   self.registry.namespaces(tenant, source_thread_id)),
                 copying.serving({"get_tuple": self.get_tuple, "list": lambda c: list(self.list(c)),
                                  "put": self.put, "put_writes": self.put_writes}))
         self.registry.record_event("thread_copied", tenant=tenant, thread_id=target_thread_id,
@@ -483,12 +483,13 @@ class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseChec
         source_thread_id, target_thread_id = _copy_ids(source_thread_id, target_thread_id)
         tenant = await self._gate.aresolve_tenant("copy_thread", thread_id=str(source_thread_id))
         await to_thread(copy_subject, self.services, tenant, source_thread_id, target_thread_id)
+        namespaces = await to_thread(self.registry.namespaces, tenant, source_thread_id)
 
         async def alist(config: RunnableConfig) -> builtins.list[CheckpointTuple]:
             return [t async for t in self.alist(config)]
         with _tenant_pinned(tenant):
             copied = await arun_steps(
-                copying.copy_steps(tenant, source_thread_id, target_thread_id),
+                copying.copy_steps(tenant, source_thread_id, target_thread_id, namespaces),
                 copying.serving({"get_tuple": self.aget_tuple, "list": alist, "put": self.aput,
                                  "put_writes": self.aput_writes}))
         await to_thread(
@@ -557,8 +558,8 @@ def _registry_for(inner: BaseCheckpointSaver, registry: Registry | str | None) -
         return Registry(f"sqlite:///{path}")
     raise ConfigurationError(
         f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
-        "wrapped tenant keys and must be as durable as the checkpoints (usually the same "
-        "database; SecureSaver.from_url does this for you)")
+        "wrapped tenant keys and must be as durable as the checkpoints: a SQLite file or a "
+        "PostgreSQL database backed up with them (docs/savers.md)")
 
 
 def _redactor_for(redaction: Any) -> Any:

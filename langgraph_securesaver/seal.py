@@ -9,7 +9,6 @@ and key rotation.
 from __future__ import annotations
 
 import builtins
-import itertools
 import json
 import re
 import struct
@@ -356,14 +355,11 @@ class SealedCodec:
 
         * no sealed idx twice (a copied row);
         * every idx a stored write's call claimed is present (a dropped write; an upsert
-          replaces a row at the same idx, it never removes one);
-        * the savers return ``writes_sort_key`` order of the stored (task path, idx), so swapped
-          idx values put sealed keys out of order: the sealed (task path, idx) of the task's
-          regular writes strictly increases in the returned order (a regular row's stored path
-          is always its sealed one), and when all of the task's writes were sealed with one
-          path (every write LangGraph makes), the sealed idx of all of them does. (A special
-          write upserted by a call naming another path keeps its first path on PostgreSQL;
-          reads return the sealed order, so moving such a row changes nothing returned.)
+          replaces a row at the same idx, it never removes one).
+
+        No order of the returned rows is assumed (the base API promises none: LMDB returns
+        idx -3 before -4): they are returned in the order of their *sealed* (task path, task
+        id, idx), so a row moved or renumbered in storage changes nothing a reader sees.
 
         A task whose every write was deleted looks like a task that never saved (re-run)."""
         rows = tup.pending_writes or []
@@ -371,30 +367,19 @@ class SealedCodec:
             return []
         parsed = []
         order: dict[str, builtins.list[int]] = {}
-        paths: dict[str, builtins.set[str]] = {}
         claimed: dict[str, builtins.set[int]] = {}
-        regular: dict[str, tuple[str, int]] = {}
         for row in rows:
             task_id, ch, tok = row
             path, idx, n, specials, body = self.split_write(
                 keys.open(tok, self.write_aad(ref, cid, task_id, ch)))
-            if idx >= 0:
-                if task_id in regular and (path, idx) <= regular[task_id]:
-                    raise TamperedDataError(
-                        f"pending writes of task {task_id!r} are duplicated or reordered")
-                regular[task_id] = (path, idx)
             order.setdefault(task_id, []).append(idx)
-            paths.setdefault(task_id, builtins.set()).add(path)
             claimed.setdefault(task_id, builtins.set()).update(_call_indexes(n, specials))
             parsed.append((path, task_id, idx, ch, body))
         for task_id, idxs in order.items():
             present = builtins.set(idxs)
             if len(present) != len(idxs):
                 raise TamperedDataError(
-                    f"pending writes of task {task_id!r} are duplicated or reordered")
-            if len(paths[task_id]) == 1 and any(a >= b for a, b in itertools.pairwise(idxs)):
-                raise TamperedDataError(
-                    f"pending writes of task {task_id!r} are duplicated or reordered")
+                    f"a pending write of task {task_id!r} is stored twice (a copied row)")
             if not claimed[task_id] <= present:
                 raise TamperedDataError(f"a pending write of task {task_id!r} was dropped")
         parsed.sort(key=lambda p: (p[0], p[1], p[2]))

@@ -169,8 +169,22 @@ class SaverServices:
             await to_thread(self.storage.flush_deleted)
         await to_thread(self.registry.flush_deleted)
 
+    def note_namespace(self, ref: ThreadRef) -> None:
+        """Record a subgraph namespace the first time this process writes it (copy_thread
+        reads them: :mod:`.registry.namespaces`)."""
+        if not ref.checkpoint_ns:
+            return
+        seen = self.__dict__.setdefault("_namespaces", {})
+        if ref.checkpoint_ns in seen.get((ref.tenant, ref.thread_id), ()):
+            return
+        self.registry.note_namespaces(ref.tenant, ref.thread_id, [ref.checkpoint_ns])
+        if len(seen) > 100_000:
+            seen.clear()
+        seen.setdefault((ref.tenant, ref.thread_id), set()).add(ref.checkpoint_ns)
+
     def forget_thread(self, tenant: str, thread_id: str) -> None:
         """Drop what this process caches about a deleted thread."""
+        self.__dict__.get("_namespaces", {}).pop((tenant, thread_id), None)
         self._touched.pop((tenant, thread_id), None)
         self.tokens.forget_thread(tenant, thread_id)
         self.subjects.forget_cached(tenant, thread_id)

@@ -198,6 +198,14 @@ def inner_thread_id(tenant: str, thread_id: str) -> str:
     return thread_prefix(tenant) + thread_id
 
 
+def looks_tagged(thread_id: str) -> bool:
+    """Whether a thread id has the form of a tenant-tagged inner id (``tenant_tag`` + ":"):
+    one SecureSaver wrote, not a raw saver."""
+    head, sep, _ = thread_id.partition(":")
+    return bool(sep) and len(head) == 25 and head[0] == "t" and all(
+        c in "0123456789abcdef" for c in head[1:])
+
+
 def outer_thread_id(tenant: str, inner_id: str) -> str | None:
     """The caller's thread id for an inner id, or None if it belongs to another tenant."""
     prefix = thread_prefix(tenant)

@@ -119,6 +119,7 @@ class WritePath:
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
+        self.services.note_namespace(ref)
         return sealed, md
 
     async def aseal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,

@@ -162,6 +162,27 @@ def kms_alias(kms_endpoint: object) -> str:
 
 
 
+# --- MariaDB and Redis started by the tests, on ports of their own (tests/servers.py) -------
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from .servers import start_mariadb
+    server = start_mariadb(tmp_path_factory.mktemp("mariadb"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from .servers import start_redis
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # --- a real PKCS#11 token (SoftHSM2, initialised here for this test run) ----------------------
 @pytest.fixture(scope="session")
 def softhsm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:

@@ -170,11 +170,13 @@ EDITS: dict[str, Callable[[Raw, str], None]] = {
     "clear_key_removed": _clear_key_removed, "clear_key_altered": _clear_key_altered,
     "clear_key_added": _clear_key_added, "blind_index_copied": _blind_index_copied,
     "blind_index_removed": _blind_index_removed, "write_duplicated": _write_duplicated,
-    "write_dropped": _write_dropped, "writes_reordered": _writes_reordered,
+    "write_dropped": _write_dropped,
 }
-# moving a write to another task path only changes the order in which *other tasks'* writes
-# sort: reads return writes in sealed order (harmless); the scan still reports the move
-SCAN_ONLY = {"write_moved_to_other_path": _write_moved_to_other_path}
+# moving a write to another task path, or swapping two writes' idx, only changes the order in
+# which the inner saver returns them (the base API promises no order; LMDB returns idx -3
+# before -4): reads return writes in sealed order (harmless); the scan still reports the move
+SCAN_ONLY = {"write_moved_to_other_path": _write_moved_to_other_path,
+             "writes_reordered": _writes_reordered}
 
 
 def _populate(url: str, ring: Keyring) -> dict[str, Any]:

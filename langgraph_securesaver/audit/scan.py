@@ -498,6 +498,13 @@ def _store_count(engine: Any) -> int:
     return count_store_rows(engine) if has_store_table(engine) else 0
 
 
+def native_storage(saver: SaverLike) -> bool:
+    """Whether SecureSaver knows the inner saver's storage (InMemory, SQLite, PostgreSQL):
+    the scan reads those tables itself; any other saver is scanned through its API."""
+    from ..storage.ops import StorageOps
+    return type(saver.services.storage) is not StorageOps
+
+
 def scan(saver: SaverLike, *, keyring: Any = None, verify: bool = False,
          allowlist: Iterable[str] | None = None, redactor: Any = None, page: int = 500,
          progress: Callable[[int, int], None] | None = None) -> ScanReport:
@@ -510,5 +517,8 @@ def scan(saver: SaverLike, *, keyring: Any = None, verify: bool = False,
     Operator only: refused inside a tenant scope (it reads every tenant's rows).
     """
     saver.services.gate.admin_tenant("scan", operator_only=True)
+    if not native_storage(saver):  # MySQL, Redis, LMDB, object storage, your own
+        from .api_scan import scan_through_api
+        return scan_through_api(saver, progress=progress)
     return Scanner(saver, keyring=keyring, verify=verify, allowlist=allowlist,
                    redactor=redactor, page=page, progress=progress).run()

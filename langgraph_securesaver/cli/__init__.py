@@ -6,7 +6,7 @@ langgraph_securesaver.cli`` runs it too).
 - :mod:`.main` -- ``keygen``, ``demo``, ``prune``, ``shred-tenant``, ``recover``; it loads
   :mod:`.ops` (``audit``, ``scan``, ``rotate-keys``, ``events``; the audit's tables printed by
   :mod:`.audit_tables`, the events by :mod:`.events`), :mod:`.subjects` (``forget-subject``)
-  and :mod:`.summaries` (``summaries``).
+  :mod:`.summaries` (``summaries``) and :mod:`.adopt` (``adopt``).
 - :mod:`.demo` -- the demo graph with a scripted chat model (the examples use it);
   :mod:`.demo_run` -- ``securesaver demo``.
 - :mod:`.recover` -- ``securesaver recover`` as a function.

@@ -218,22 +218,80 @@ UrlOption = Annotated[str, typer.Option("--url", metavar="URL",
                                               "postgresql://user@host/db.")]
 
 
+SaverOption = Annotated[str | None, typer.Option(
+    "--saver", metavar="MODULE:FACTORY",
+    help="The inner saver of a deployment whose checkpoints are not in --url (MySQL, Redis, "
+    "LMDB, object storage, your own): FACTORY() in MODULE returns it, set up; --url is then "
+    "the registry's database (docs/savers.md).")]
+
+
+def inner_from_spec(spec: str) -> Any:
+    """The saver ``module:factory`` names, made by calling the factory (exit 2 otherwise)."""
+    import importlib
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise fail(f"--saver {spec!r}: use MODULE:FACTORY (a function returning the saver)")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise fail(f"--saver {spec!r}: {type(exc).__name__}: {exc}") from None
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    inner = factory()
+    if not isinstance(inner, BaseCheckpointSaver):
+        raise fail(f"--saver {spec!r} returned a {type(inner).__name__}, not a LangGraph saver")
+    return inner
+
+
 @contextmanager
-def open_saver(url: str, keyring: Any) -> Iterator[Any]:
+def open_saver(url: str, keyring: Any, saver: str | None = None) -> Iterator[Any]:
     """A SecureSaver on an existing database for an operations command; exit 2 with one line
-    if the URL or the database is unusable (also when that surfaces half-way)."""
+    if the URL or the database is unusable (also when that surfaces half-way). ``saver``
+    (``--saver MODULE:FACTORY``): the inner saver comes from that factory and ``url`` is the
+    registry's database."""
     from ..keys.keyring import NoKeys
     from ..saver import SecureSaver
     check_url(url)
     try:
-        with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as saver:
-            yield saver
+        if saver is not None:
+            opened_saver = SecureSaver(inner_from_spec(saver), keyring=keyring or NoKeys(),
+                                       registry=url, redaction=None)
+            opened_saver.registry.setup()  # its tables only: the inner saver is the user's
+            yield opened_saver
+            return
+        require_checkpoint_tables(url)
+        with SecureSaver.from_url(url, keyring=keyring or NoKeys(), redaction=None) as opened:
+            yield opened
     except typer.Exit:
         raise
     except SecureSaverError as exc:
         raise fail(exc) from None
     except database_errors() as exc:
         raise db_error(exc) from None
+
+
+def require_checkpoint_tables(url: str) -> None:
+    """Refuse a database without the inner saver's tables (a registry-only file of a
+    deployment whose checkpoints live in MySQL, Redis, LMDB or object storage): a command there
+    would report on nothing, as if clean, and create empty tables. Nothing is created."""
+    import sqlalchemy as sa
+
+    from ..audit.db import AuditDatabase
+    from ..registry.schema import create_registry_engine
+    from ..storage.backends import registry_url_for
+    engine = create_registry_engine(registry_url_for(url))
+    try:
+        inspector = sa.inspect(engine)
+        missing = [t for t in AuditDatabase.inner_tables(engine.dialect.name)
+                   if not inspector.has_table(t)]
+    finally:
+        engine.dispose()
+    if missing:
+        raise fail(
+            f"this database holds no checkpoint tables ({', '.join(missing)} missing): it is "
+            "not where the checkpoints are, so this command would see nothing and report it "
+            "as clean. If your checkpoints are in another saver, name it with --saver "
+            "MODULE:FACTORY (scan, prune, forget-subject) or use the SecureSaver API "
+            "in-process (docs/savers.md)")
 
 
 def database_errors() -> tuple[type[BaseException], ...]:
@@ -253,11 +311,11 @@ def database_errors() -> tuple[type[BaseException], ...]:
 
 # opening for the operations commands (audit, scan, events, rotate-keys) ---------------------
 @contextmanager
-def opened(url: str, ring: Any) -> Iterator[Any]:
+def opened(url: str, ring: Any, saver: str | None = None) -> Iterator[Any]:
     """A SecureSaver on ``url`` for an operations command; exit 2 with the reason if the
     database is missing or unusable (also when that surfaces half-way)."""
-    with open_saver(url, ring) as saver:
-        yield saver
+    with open_saver(url, ring, saver) as opened_saver:
+        yield opened_saver
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as 
     EXIT_FOUND,
     EXIT_OK,
     KeyringOption,
+    SaverOption,
     UrlOption,
     app,
     check_url,
@@ -133,6 +134,7 @@ def prune(
     = "2m",
     document: evidence.OutOption = None,
     signing: evidence.SigningKeyOption = None,
+    saver_spec: SaverOption = None,
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
     --out writes each sweep's report and receipts as a document (--signing-key signs it).
@@ -173,7 +175,7 @@ def prune(
     signal.signal(signal.SIGINT, _stop)
     failed = False
     try:
-        with open_saver(url, ring) as saver:
+        with open_saver(url, ring, saver_spec) as saver:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
             while True:
@@ -374,7 +376,7 @@ def __getattr__(name: str) -> Any:
 
 
 # operations commands live in their own module and register themselves on `app`
-from . import evidence, ops, subjects, summaries  # noqa: E402,F401
+from . import adopt, evidence, ops, subjects, summaries  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m` runs this file as __main__, a second copy of the module: use the real one

@@ -34,6 +34,7 @@ from .common import (
     EXIT_OK,
     MAX_ROWS_SHOWN,
     KeyringOption,
+    SaverOption,
     UrlOption,
     app,
     echo_json,
@@ -279,10 +280,12 @@ def scan(
         help="A metadata key your saver stores in clear (repeatable).")]
     = None,
     output: FormatOption = OutputFormat.table,
+    saver_spec: SaverOption = None,
 ) -> None:
     """Check the raw tables at rest: nothing unencrypted, no personal data or secrets in clear
     columns, every ciphertext under a known key. Violations name the kind and place, never
-    the value.
+    the value. With --saver (checkpoints in another saver): every stored checkpoint is read
+    back through that saver and authenticated (needs the keyring).
 
     Exit codes: 0 clean, 1 violations found, 2 could not run.
     """
@@ -293,8 +296,11 @@ def scan(
     if verify and ring is None:
         raise fail("--verify decrypts every ciphertext: pass --keyring or set "
                    "SECURESAVER_MASTER_KEY")
+    if saver_spec is not None and ring is None:
+        raise fail("--saver scans through the saver's API, which opens every checkpoint: "
+                   "pass --keyring or set SECURESAVER_MASTER_KEY")
     allow = set(DEFAULT_METADATA_ALLOWLIST) | set(allow_metadata or ())
-    with opened(url, ring) as saver:
+    with opened(url, ring, saver_spec) as saver:
         try:
             with progress_bar("scan", quiet=output is OutputFormat.json) as advance:
                 report = run_scan(saver, keyring=ring, verify=verify, allowlist=allow,

@@ -17,6 +17,7 @@ from .common import (
     EXIT_FOUND,
     EXIT_OK,
     KeyringOption,
+    SaverOption,
     UrlOption,
     app,
     check_url,
@@ -58,6 +59,7 @@ def forget_subject(
     = False,
     out: evidence.OutOption = None,
     signing: evidence.SigningKeyOption = None,
+    saver_spec: SaverOption = None,
 ) -> None:
     """Delete every thread recorded for a subject (keys destroyed: crypto-erasure), their
     store items and, with --identifier, those values in the tenant's other threads; one
@@ -85,7 +87,7 @@ def forget_subject(
     key = evidence.signing_key(signing, out)
     check_url(url)
     ring = load_keyring(keyring)
-    with open_saver(url, ring) as saver:
+    with open_saver(url, ring, saver_spec) as saver:
         known = set(saver.registry.tenants())
         unknown = [t for t in named if t not in known]
         if unknown:

@@ -9,7 +9,7 @@ checkpointer contract only (every copied checkpoint is read, verified and re-sea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -19,20 +19,33 @@ from ..errors import ConfigurationError
 from ..steps import Steps
 
 
-def copy_steps(tenant: str, source: str, target: str) -> Steps[int]:
+def copy_steps(tenant: str, source: str, target: str,
+               namespaces: Iterable[str] = ()) -> Steps[int]:
     """Copy every checkpoint (oldest first) and its pending writes from ``source`` to
-    ``target`` of ``tenant``; returns the number of checkpoints copied."""
+    ``target`` of ``tenant``; returns the number of checkpoints copied. ``namespaces``: the
+    subgraph namespaces the source was written in (:mod:`..registry.namespaces`), listed one
+    by one too, for savers whose listing of a thread returns its root namespace only."""
     src: RunnableConfig = {"configurable": {"thread_id": source, "tenant_id": tenant}}
     dst: RunnableConfig = {"configurable": {"thread_id": target, "tenant_id": tenant}}
     if (yield ("get_tuple", dst)) is not None:
         raise ConfigurationError(f"copy_thread target {target!r} already has checkpoints")
-    tuples = yield ("list", src)
-    for tup in reversed(tuples):
+    tuples = list(reversed((yield ("list", src))))
+    seen = {_key(t) for t in tuples}
+    for ns in namespaces:
+        listed = yield ("list", {"configurable": {**src["configurable"], "checkpoint_ns": ns}})
+        tuples += [t for t in reversed(listed) if _key(t) not in seen]
+        seen |= {_key(t) for t in listed}
+    for tup in tuples:
         for cfg, ckpt, md, versions, writes in _copy_plan(tup, dst):
             saved = yield ("put", (cfg, ckpt, md, versions))
             for task_id, task_writes in writes.items():
                 yield ("put_writes", (saved, task_writes, task_id))
     return len(tuples)
+
+
+def _key(tup: Any) -> tuple[str, str]:
+    conf = tup.config["configurable"]
+    return str(conf.get("checkpoint_ns", "")), str(conf["checkpoint_id"])
 
 
 def serving(methods: Mapping[str, Callable[..., Any]]) -> Callable[[str, Any], Any]:

@@ -145,7 +145,7 @@ def _get_tuple_refusal(services: SaverServices, ref: ThreadRef) -> TamperedDataE
     config: RunnableConfig = {"configurable": {"thread_id": ref.inner_id,
                                                "checkpoint_ns": ""}}
     try:
-        if services.async_only:
+        if services.storage.async_mode():
             with decoding(ref, config):
                 services.storage.bridge(services.inner.aget_tuple(config))
         else:
@@ -173,7 +173,7 @@ def inner_thread_ids(services: SaverServices, tenant: str) -> builtins.list[str]
         return sorted({i[len(prefix):] for i in ids if i.startswith(prefix)})
     seen: set[str] = set()
     inner = services.inner
-    if services.async_only:   # (a row that does not parse: TamperedDataError, as list())
+    if services.storage.async_mode():  # (a row that does not parse: TamperedDataError)
         async def collect() -> builtins.list[Any]:
             return [t async for t in ARows(inner.alist(None), tenant)]
         rows: Any = services.storage.bridge(collect())

@@ -27,6 +27,7 @@ from .schema import (
     policies,
     tenant_keys,
     thread_keys,
+    thread_namespaces,
     thread_subjects,
     threads,
 )
@@ -261,6 +262,9 @@ class RegistryClaims(RegistryBase):
                 conn.execute(thread_subjects.delete().where(   # the subject goes with it
                     thread_subjects.c.tenant == tenant,
                     thread_subjects.c.thread_id == thread_id))
+                conn.execute(thread_namespaces.delete().where(
+                    thread_namespaces.c.tenant == tenant,
+                    thread_namespaces.c.thread_id == thread_id))
                 self._insert_receipt(conn, receipt)
         return bool(done) or claim_token is None
 

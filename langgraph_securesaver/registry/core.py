@@ -28,6 +28,7 @@ from .claims import RegistryClaims
 from .denials import flush_for
 from .direct_reads import DirectReads
 from .integrity import RegistryIntegrity
+from .namespaces import RegistryNamespaces
 from .schema import (  # noqa: F401 - the schema names are importable from here
     _ADOPTED,
     _V2_COLUMNS,
@@ -43,6 +44,7 @@ from .schema import (  # noqa: F401 - the schema names are importable from here
     _thread_ref,
     adopt_idempotency_macs,
     chain_heads,
+    check_registry_dialect,
     create_registry_engine,
     engine_lock,
     events,
@@ -67,11 +69,12 @@ logger = logging.getLogger(__name__)
 
 
 class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
-               RegistryVerification):
+               RegistryVerification, RegistryNamespaces):
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
 
     def __init__(self, engine: Engine | str) -> None:
         self.engine = create_registry_engine(engine) if isinstance(engine, str) else engine
+        check_registry_dialect(self.engine)
         self.dialect = self.engine.dialect.name
         self._setup_lock = threading.Lock()
         self._is_setup = False

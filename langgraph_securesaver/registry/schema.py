@@ -110,6 +110,17 @@ threads = sa.Table(
     sa.Column("activity_mac", sa.String(64), nullable=True),
 )
 
+# the checkpoint namespaces (subgraphs) a thread was written in: copy_thread reads them on
+# savers whose listing of a thread returns its root namespace only (LMDB, objectstorage)
+thread_namespaces = sa.Table(
+    "securesaver_thread_namespaces", metadata,
+    sa.Column("ns_key", sa.String(64), primary_key=True),  # sha256(tenant, thread, ns)
+    sa.Column("tenant", sa.String(255), nullable=False),
+    sa.Column("thread_id", sa.String(512), nullable=False),
+    sa.Column("checkpoint_ns", sa.Text, nullable=False),
+    sa.Index("ix_securesaver_thread_namespaces_thread", "tenant", "thread_id"),
+)
+
 policies = sa.Table(
     "securesaver_policies", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),  # "*" = the saver default
@@ -343,7 +354,24 @@ def create_registry_engine(url: str) -> Engine:
         # on more: beyond pool_size a connection is closed when it is returned (PostgreSQL
         # forks a backend for each new one), beyond pool_size + max_overflow a thread waits
         return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=22)
-    raise ConfigurationError(f"unsupported registry URL {url!r}: use sqlite:/// or postgresql://")
+    raise ConfigurationError(
+        f"unsupported registry URL {_scheme(url)!r}: the registry runs on SQLite or PostgreSQL "
+        "(sqlite:///path.db, postgresql://...); MySQL/MariaDB lack the UPDATE ... RETURNING "
+        "its claims and chains use (docs/savers.md). A MySQL or Redis deployment keeps its "
+        "registry in a SQLite file or a PostgreSQL database backed up with the checkpoints")
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0] + "://..." if "://" in url else "<not a URL>"
+
+
+def check_registry_dialect(engine: Engine) -> None:
+    """Refuse, before any table is created, an engine the registry cannot run on."""
+    if engine.dialect.name not in ("sqlite", "postgresql"):
+        raise ConfigurationError(
+            f"the registry cannot run on {engine.dialect.name}: it runs on SQLite or "
+            "PostgreSQL (MySQL/MariaDB lack the UPDATE ... RETURNING its claims and chains "
+            "use); nothing was created (docs/savers.md)")
 
 
 def scrub_wal(engine: Engine) -> None:

@@ -105,10 +105,13 @@ class RegistryThreads(RegistryBase):
 
     def forget_thread(self, tenant: str, thread_id: str) -> None:
         """Drop a deleted thread's registry and subject rows (no receipt)."""
-        from .schema import thread_subjects
+        from .schema import thread_namespaces, thread_subjects
         with self.begin() as conn:
             conn.execute(threads.delete().where(
                 threads.c.tenant == tenant, threads.c.thread_id == thread_id))
+            conn.execute(thread_namespaces.delete().where(
+                thread_namespaces.c.tenant == tenant,
+                thread_namespaces.c.thread_id == thread_id))
             conn.execute(thread_subjects.delete().where(
                 thread_subjects.c.tenant == tenant, thread_subjects.c.thread_id == thread_id))
 

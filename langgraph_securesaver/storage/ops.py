@@ -14,14 +14,16 @@ the backends share. Each backend's implementation is in :mod:`.ops_memory`,
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from ..errors import refusing_rows
+from ..errors import AsyncOnlySaverError, UnsupportedBySaverError, refusing_rows
+from ..offthread import CALLER_LOOP
 from .sql import (
     PG_BATCH_DELETE,
     PG_IDENTITY,
@@ -80,7 +82,11 @@ def registry_identity(engine: Any) -> tuple[Any, ...] | None:
 
 
 class StorageOps:
-    """Fallback: use the inner saver's own implementation if it has one."""
+    """Fallback for any other saver: its own API, in the caller's mode. Called from the async
+    API (in a worker thread of :func:`..offthread.to_thread`), it drives the saver's async
+    methods on the caller's loop when the saver has them (AsyncRedisSaver has no sync ones);
+    from the sync API, its sync methods. What the base API cannot do (delete some checkpoints
+    of a thread) is refused with :class:`UnsupportedBySaverError` before anything changes."""
 
     def __init__(self, inner: BaseCheckpointSaver) -> None:
         self.inner = inner
@@ -88,28 +94,76 @@ class StorageOps:
     def _has(self, name: str) -> bool:
         return getattr(type(self.inner), name, None) is not getattr(BaseCheckpointSaver, name)
 
-    def _unsupported(self, what: str) -> NotImplementedError:
-        return NotImplementedError(
-            f"{type(self.inner).__name__} does not implement {what}, and SecureSaver has no "
-            "native implementation for it; use InMemorySaver, SQLite or Postgres savers, or "
-            f"implement {what} on your saver"
-        )
+    def _unsupported(self, what: str, why: str = "the BaseCheckpointSaver API deletes whole "
+                     "threads only") -> UnsupportedBySaverError:
+        return UnsupportedBySaverError(
+            f"{type(self.inner).__name__} does not implement {what}, and SecureSaver cannot do "
+            f"it another way ({why}); nothing was changed. Savers with native support: "
+            "InMemorySaver, SQLite and PostgreSQL savers, or a saver that implements "
+            f"{what} (docs/savers.md)")
+
+    def async_mode(self) -> bool:
+        """Whether to reach the saver through its async API: it is async-only, or this is
+        the async API's worker and the saver has async methods of its own."""
+        import asyncio
+        if isinstance(getattr(self.inner, "loop", None), asyncio.AbstractEventLoop):
+            return True  # async-only, bound to its loop (as inner_access.is_async_only)
+        return CALLER_LOOP.get() is not None and self.has_async_api()
+
+    def has_async_api(self) -> bool:
+        """Whether the saver implements the async API itself (SqliteSaver and PostgresSaver
+        define async methods that only refuse; as inner_access.is_sync_only)."""
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        sync_only: tuple[type, ...] = (SqliteSaver,)
+        try:
+            from langgraph.checkpoint.postgres import PostgresSaver
+            sync_only += (PostgresSaver,)
+        except ImportError:
+            pass
+        return not isinstance(self.inner, sync_only) and self._has("aget_tuple")
+
+    def either(self, make_async: Callable[[], Any], run_sync: Callable[[], Any]) -> Any:
+        """In async mode, the saver's async method on the caller's loop; a saver whose async
+        methods only refuse (plainredis's sync RedisSaver raises NotImplementedError) is
+        reached through its sync ones. Otherwise the sync ones."""
+        if self.async_mode():
+            try:
+                return self.bridge(make_async())
+            except UnsupportedBySaverError:
+                raise
+            except NotImplementedError:
+                if isinstance(getattr(self.inner, "loop", None), asyncio.AbstractEventLoop):
+                    raise  # async-only: there is no sync API to fall back to
+        return run_sync()
 
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
-        if not self._has("prune"):
-            raise self._unsupported("prune(strategy='keep_latest')")
-        self.inner.prune(inner_ids, strategy="keep_latest")
+        def run_sync() -> None:
+            if not self._has("prune"):
+                raise self._unsupported("prune(strategy='keep_latest')")
+            self.inner.prune(inner_ids, strategy="keep_latest")
+        self.either(lambda: self.akeep_latest(inner_ids), run_sync)
 
     async def akeep_latest(self, inner_ids: Sequence[str]) -> None:
         if not self._has("aprune"):
-            raise self._unsupported("aprune(strategy='keep_latest')")
+            raise self._unsupported("prune(strategy='keep_latest')")
         await self.inner.aprune(inner_ids, strategy="keep_latest")
 
+    def check_delete_thread(self) -> None:
+        """Refuse, before anything changes, a saver that cannot delete a thread."""
+        if not (self._has("delete_thread") or self._has("adelete_thread")):
+            raise self._unsupported("delete_thread", "it is the only way to delete through the "
+                                    "BaseCheckpointSaver API")
+
     def delete_threads(self, inner_ids: Sequence[str]) -> None:
-        for tid in inner_ids:
-            self.inner.delete_thread(tid)
+        self.check_delete_thread()
+
+        def run_sync() -> None:
+            for tid in inner_ids:
+                self.inner.delete_thread(tid)
+        self.either(lambda: self.adelete_threads(inner_ids), run_sync)
 
     async def adelete_threads(self, inner_ids: Sequence[str]) -> None:
+        self.check_delete_thread()
         for tid in inner_ids:
             await self.inner.adelete_thread(tid)
 
@@ -122,8 +176,16 @@ class StorageOps:
 
     def count_checkpoints(self, inner_id: str) -> int:
         """How many checkpoints a thread holds (for deletion receipts)."""
+        def run_sync() -> int:
+            with refusing(inner_id, "(listing)"):
+                return sum(1 for _ in self.inner.list(
+                    {"configurable": {"thread_id": inner_id}}))
+        return int(self.either(lambda: self.acount_checkpoints(inner_id), run_sync))
+
+    async def acount_checkpoints(self, inner_id: str) -> int:
         with refusing(inner_id, "(listing)"):
-            return sum(1 for _ in self.inner.list({"configurable": {"thread_id": inner_id}}))
+            return len([t async for t in self.inner.alist(
+                {"configurable": {"thread_id": inner_id}})])
 
     def count_checkpoints_many(self, inner_ids: Sequence[str]) -> dict[str, int]:
         return {tid: self.count_checkpoints(tid) for tid in inner_ids}
@@ -138,13 +200,16 @@ class StorageOps:
         not read at all (retention is not an integrity check; ``scan --verify`` is). This
         fallback, for savers without native SQL, reads ``get_tuple``, which decodes those
         too."""
-        out: dict[str, float | None] = {}
-        for tid in inner_ids:
-            config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
-            with refusing(tid):
-                tup = self.inner.get_tuple(config)
-            out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
-        return out
+        def run_sync() -> dict[str, float | None]:
+            out: dict[str, float | None] = {}
+            for tid in inner_ids:
+                config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+                with refusing(tid):
+                    tup = self.inner.get_tuple(config)
+                out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+            return out
+        return dict(self.either(lambda: self.alatest_checkpoint_times(list(inner_ids)),
+                                run_sync))
 
     def storage_identity(self) -> tuple[Any, ...] | None:
         """What names the inner tables (cluster + database + table oids on PostgreSQL, the
@@ -175,6 +240,46 @@ class StorageOps:
     async def athread_ids(self, prefix: str) -> list[str] | None:
         return self.thread_ids(prefix)
 
+    def lists_across_threads(self) -> bool:
+        """Whether ``list(None)`` works on this saver (ObjectStorageSaver requires a thread id
+        and fails with its own TypeError): probed once, with ``limit=1``. Where it does not,
+        SecureSaver lists a tenant's threads from its registry instead."""
+        known: bool | None = self.__dict__.get("_lists_all")
+        if known is None:
+            try:
+                self.either(self._aprobe_list,
+                            lambda: next(iter(self.inner.list(None, limit=1)), None))
+                known = True
+            except (TypeError, AttributeError, ValueError, KeyError, NotImplementedError):
+                known = False
+            except Exception:  # noqa: BLE001 - it listed (a row it refused is not our question)
+                known = True
+            self.__dict__["_lists_all"] = known
+        return known
+
+    async def alists_across_threads(self) -> bool:
+        known: bool | None = self.__dict__.get("_lists_all")
+        if known is None:
+            try:
+                await self._aprobe_list()
+                known = True
+            except (TypeError, AttributeError, ValueError, KeyError, NotImplementedError):
+                known = False
+            except Exception:  # noqa: BLE001 - as lists_across_threads
+                known = True
+            self.__dict__["_lists_all"] = known
+        return known
+
+    async def _aprobe_list(self) -> None:
+        rows = self.inner.alist(None, limit=1)
+        try:
+            async for _ in rows:
+                break
+        finally:
+            aclose = getattr(rows, "aclose", None)
+            if callable(aclose):
+                await aclose()
+
     def flush_deleted(self) -> None:
         """After a deletion batch: empty what keeps deleted rows (SQLite: the WAL); best effort."""
 
@@ -182,14 +287,34 @@ class StorageOps:
         self.flush_deleted()
 
     def bridge(self, coro: Any) -> Any:
-        """Run an async-only saver's coroutine from a worker thread on the saver's own loop."""
+        """Run a coroutine of the saver's from a worker thread: on the saver's own loop
+        (async-only savers bound to one), else on the loop of the async call this worker
+        serves."""
         import asyncio
         loop = getattr(self.inner, "loop", None)
-        if loop is None or not loop.is_running():
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            loop = CALLER_LOOP.get()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or not loop.is_running() or running is loop:
             coro.close()
-            raise NotImplementedError(
+            raise AsyncOnlySaverError(
                 f"{type(self.inner).__name__} is async-only: use the async API from its loop")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    async def alatest_checkpoint_times(self, inner_ids: Sequence[str]
+                                       ) -> dict[str, float | None]:
+        """:meth:`latest_checkpoint_times` through the saver's async API (this fallback reads
+        ``aget_tuple``; the SQLite and PostgreSQL savers read the checkpoint rows only)."""
+        out: dict[str, float | None] = {}
+        for tid in inner_ids:
+            config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
+            with refusing(tid):
+                tup = await self.inner.aget_tuple(config)
+            out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
+        return out
 
 
 def checkpoint_epoch(ts: Any) -> float | None:
@@ -207,6 +332,9 @@ class AsyncOnlyOps(StorageOps):
     async def acount_checkpoints(self, inner_id: str) -> int:
         raise NotImplementedError
 
+    def async_mode(self) -> bool:
+        return True
+
     def keep_latest(self, inner_ids: Sequence[str]) -> None:
         self.bridge(self.akeep_latest(inner_ids))
 
@@ -221,15 +349,3 @@ class AsyncOnlyOps(StorageOps):
 
     def latest_checkpoint_times(self, inner_ids: Sequence[str]) -> dict[str, float | None]:
         return dict(self.bridge(self.alatest_checkpoint_times(list(inner_ids))))
-
-    async def alatest_checkpoint_times(self, inner_ids: Sequence[str]
-                                       ) -> dict[str, float | None]:
-        """:meth:`StorageOps.latest_checkpoint_times` on the saver's loop (this fallback reads
-        ``aget_tuple``; the SQLite and PostgreSQL savers read the checkpoint rows only)."""
-        out: dict[str, float | None] = {}
-        for tid in inner_ids:
-            config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
-            with refusing(tid):
-                tup = await self.inner.aget_tuple(config)
-            out[tid] = None if tup is None else checkpoint_epoch(tup.checkpoint.get("ts"))
-        return out

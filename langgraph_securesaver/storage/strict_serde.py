@@ -19,7 +19,8 @@ bytes). :class:`StrictSerializer` encodes and decodes exactly that:
   is refused without looking at the bytes.
 
 Every refusal is a :class:`~langgraph_securesaver.errors.TamperedDataError` that never quotes
-the stored bytes.
+the stored bytes. Which serializers of an inner saver it replaces, and which savers are refused
+because their decoding cannot be made strict, is :mod:`.strict_decoding`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..errors import TamperedDataError
 
-__all__ = ["StrictSerializer", "Unevaluated", "inspect_msgpack", "install_strict_serde",
-           "safe_tag"]
+__all__ = ["StrictSerializer", "Unevaluated", "inspect_msgpack", "safe_tag"]
 
 _MSGPACK_OPTIONS = ormsgpack.OPT_NON_STR_KEYS
 _TAG_RE = re.compile(r"^[A-Za-z0-9_+.\-]{1,32}$")
@@ -119,10 +119,3 @@ def inspect_msgpack(raw: bytes) -> Any:
                                  option=_MSGPACK_OPTIONS)
     except (ValueError, TypeError, ormsgpack.MsgpackDecodeError):
         raise TamperedDataError("a stored msgpack row does not parse (altered bytes)") from None
-
-
-def install_strict_serde(inner: Any) -> None:
-    """Give ``inner`` (a LangGraph saver) the strict serializer, replacing whatever it had."""
-    if isinstance(getattr(inner, "serde", None), StrictSerializer):
-        return
-    inner.serde = StrictSerializer()
