@@ -99,10 +99,11 @@ class WritePath:
         ``aput`` runs it in one worker thread): touch the thread's registry row when due,
         redact and seal, and store new PII originals before their tokens reach storage.
 
-        The touch comes first: it clears an ``emptied`` mark and moves the thread's last
-        activity before the thread key is fetched for sealing, so the retention sweep's
-        fenced delete of an emptied thread either sees this write coming (and keeps the
-        thread) or has committed before the key is read (and this write gets a new key)."""
+        The touch comes first: it clears an ``emptied`` mark, moves the thread's last
+        activity and takes the write lease on the thread's key before the key is fetched for
+        sealing, so a deletion either sees this write coming (the sweep keeps the thread; a
+        delete waits for the lease) or has committed before the key is read (and this write
+        gets a new key). The lease is checked again last (docs/key-lifecycle.md)."""
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
         if not paced:
             self.wait_turn(ref)
@@ -111,6 +112,7 @@ class WritePath:
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
+        self.services.check_lease(ref)   # the key is still the thread's, long enough
         return sealed, md
 
     async def aseal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
@@ -180,6 +182,7 @@ class WritePath:
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
+        self.services.check_lease(ref)
         return sealed
 
     def bind_subject(self, keys: TenantKeys, ref: ThreadRef, operation: str) -> None:

@@ -22,7 +22,7 @@ from typing import Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..errors import TamperedDataError
+from ..errors import KeyGoneError, TamperedDataError
 from .keyring import KeyProvider, WrappedKey
 from .material import SecretBytes
 from .tokens import (  # noqa: F401 - the token format is importable from here as before
@@ -295,7 +295,13 @@ class KeyManager:
             if not rows:
                 if not create:
                     return None
-                self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
+                generation = self._provider_generation
+                try:
+                    self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
+                except KeyGoneError:   # wrapped under a version being retired: reload, retry
+                    if not self._reload_provider(generation):
+                        raise
+                    self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
                 rows = self.store.load_key_rows(tenant)  # another process may have won the race
             keys = self._unwrap(tenant, rows)
             self._cache[tenant] = keys

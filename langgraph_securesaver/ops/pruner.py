@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING
 
 from ..audit import summaries
 from ..errors import TamperedDataError
+from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE
 from ..registry.core import ThreadRow, _thread_ref
 from ..retention import PruneReport
 from ..services import SaverServices
@@ -82,7 +83,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 DEFAULT_LEASE = 300.0
-DEFAULT_ACTIVE_GRACE = 120.0
 # how far ahead a writer's clock may run for its checkpoint time to count as a write (now)
 CLOCK_SKEW = 300.0
 
@@ -466,7 +466,11 @@ class Sweep(BatchDeletion, EmptiedSweep):
                            "checkpoints_kept": after, "policy_source": row.policy_source}})
             self.report.pruned_to_latest.append(key)
             return
-        self.registry.mark_state(row, "deleting")
+        if row.state != "deleting" and not self.registry.mark_state(row, "deleting"):
+            # a write holds a lease on its key: the first sweep after it ran out decides
+            self.registry.extend_claim(row, min(self.lease, self.active_grace))
+            self.report.skipped_active.append(key)
+            return
         counts = threads.purge_thread_storage(self.services, ref)
         if self.registry.finish_deleted(row.tenant, row.thread_id, {
                 "tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",

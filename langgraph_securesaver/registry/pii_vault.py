@@ -257,6 +257,7 @@ class PiiVault:
         with self.registry.begin() as conn:
             if key_rows:   # random names: a conflict is an error, never a silent reuse
                 conn.execute(pii_keys.insert(), key_rows)
+                scoped.check_new_rows(conn, key_rows)   # under a KEK that stays
             self.registry._insert_ignore(conn, pii_vault, rows)
             got = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
                 pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(ours)))).all()
