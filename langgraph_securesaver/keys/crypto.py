@@ -68,6 +68,8 @@ class ScopedKeySource(Protocol):
 
     def key(self, tenant: str, scope: str, name: str, create: bool) -> AESGCM | None: ...
 
+    def refreshed(self, tenant: str, scope: str, name: str) -> AESGCM | None: ...
+
 
 class _NoncePool:
     """Random 96-bit GCM nonces from the OS CSPRNG, drawn 4 KiB at a time.
@@ -205,6 +207,17 @@ class TenantKeys:
         nonce = token[start:start + NONCE_BYTES]
         try:
             return aes.decrypt(nonce, token[start + NONCE_BYTES:], aad)
+        except InvalidTag:
+            pass
+        # a cached thread key another process replaced (deleted the thread, wrote it again):
+        # the key row read once more, the ciphertext tried under it
+        scoped = aad_scope(aad) if version == THREAD_KEY_VERSION else None
+        fresh = None if scoped is None or self.threads is None else self.threads.refreshed(
+            self.tenant, scoped[0], scoped[2])
+        try:
+            if fresh is None:
+                raise InvalidTag
+            return fresh.decrypt(nonce, token[start + NONCE_BYTES:], aad)
         except InvalidTag:
             raise TamperedDataError(
                 "ciphertext failed authentication: it was altered, or moved from another tenant, "

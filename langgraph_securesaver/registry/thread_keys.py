@@ -169,6 +169,20 @@ class ThreadKeyStore:
             return False
         return True
 
+    def refreshed(self, tenant: str, scope: str, name: str) -> AESGCM | None:
+        """After a ciphertext failed to open under the cached key of ``name``: its key row read
+        again, when that is another key than the cached one (another process deleted the
+        thread and wrote it again); None otherwise. At most once a second per key, so
+        forged ciphertexts cannot turn reads into registry reads."""
+        k = (scope, tenant, name)
+        hit = self._cache.get(k)
+        if hit is None or time.monotonic() - hit[0] < 1.0:
+            return None
+        self._drop([k])
+        aes = self.key(tenant, scope, name, False)
+        new = self._cache.get(k)
+        return None if aes is None or new is None or new[2] == hit[2] else aes
+
     def cached(self, tenant: str, thread_id: str) -> bool:
         """Whether the thread's key is in this process's cache (and fresh)."""
         hit = self._cache.get((THREAD, tenant, thread_id))
