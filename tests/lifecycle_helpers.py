@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = [sys.executable, "-m", "tests.scripts.lifecycle_writer"]
-CLI = [sys.executable, "-c", "from langgraph_securesaver.cli import ops; ops.app()"]
+CLI = [sys.executable, "-m", "langgraph_securesaver.cli"]
 
 
 def env() -> dict[str, str]:
@@ -240,7 +240,7 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
     def prune() -> None:
         start = time.time()
         done = cli("prune", "--url", url, "--keyring", str(ring_path), "--active-grace", "0s",
-                   "--format", "json")
+                   "--json")
         deletions.add(None, start, time.time())
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         report.threads_pruned += len(json.loads(done.stdout)["deleted"])

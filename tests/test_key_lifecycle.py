@@ -153,7 +153,7 @@ def test_the_pruner_beside_a_running_service_never_loses_a_turn(url: str, tmp_pa
         while time.monotonic() < deadline:
             start = time.time()
             done = cli("prune", "--url", url, "--keyring", str(ring_path), "--active-grace",
-                       "0s", "--format", "json")
+                       "0s", "--json")
             deletions.add(None, start, time.time())
             assert done.returncode == 0, done.stdout + done.stderr
             deleted += len(json.loads(done.stdout)["deleted"])
@@ -178,7 +178,7 @@ def test_the_pruner_with_its_defaults_skips_a_thread_being_written(url: str,
     try:
         writers.wait_for(4)
         time.sleep(1.5)                                   # every thread has expired
-        done = cli("prune", "--url", url, "--keyring", str(ring_path), "--format", "json")
+        done = cli("prune", "--url", url, "--keyring", str(ring_path), "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         report = json.loads(done.stdout)
         assert report["deleted"] == [] and report["skipped_active"], report
