@@ -212,12 +212,12 @@ class TenantKeys:
         # a cached thread key another process replaced (deleted the thread, wrote it again):
         # the key row read once more, the ciphertext tried under it
         scoped = aad_scope(aad) if version == THREAD_KEY_VERSION else None
-        fresh = None if scoped is None or self.threads is None else self.threads.refreshed(
+        renewed = None if scoped is None or self.threads is None else self.threads.refreshed(
             self.tenant, scoped[0], scoped[2])
         try:
-            if fresh is None:
+            if renewed is None:
                 raise InvalidTag
-            return fresh.decrypt(nonce, token[start + NONCE_BYTES:], aad)
+            return renewed.decrypt(nonce, token[start + NONCE_BYTES:], aad)
         except InvalidTag:
             raise TamperedDataError(
                 "ciphertext failed authentication: it was altered, or moved from another tenant, "

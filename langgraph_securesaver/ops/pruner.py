@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 
 from ..audit import summaries
 from ..errors import TamperedDataError
-from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE
+from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE, LEASE_FENCE
 from ..registry.core import ThreadRow, _thread_ref
 from ..retention import PruneReport
 from ..services import SaverServices
@@ -468,7 +468,7 @@ class Sweep(BatchDeletion, EmptiedSweep):
             return
         if row.state != "deleting" and not self.registry.mark_state(row, "deleting"):
             # a write holds a lease on its key: the first sweep after it ran out decides
-            self.registry.extend_claim(row, min(self.lease, self.active_grace))
+            self.registry.extend_claim(row, LEASE_FENCE)
             self.report.skipped_active.append(key)
             return
         counts = threads.purge_thread_storage(self.services, ref)

@@ -62,8 +62,7 @@ pii_vault = sa.Table(
     # the keyed HMAC of the normalized value (redaction.make_token under the tenant's index
     # key): how a value finds its entry; NULL on rows written before public tokens
     sa.Column("lookup", sa.String(128), nullable=True),
-    sa.Index("ux_securesaver_pii_vault_lookup", "tenant", "lookup", unique=True),
-)
+    sa.Index("ux_securesaver_pii_vault_lookup", "tenant", "lookup", unique=True))
 
 pii_refs = sa.Table(
     "securesaver_pii_refs", metadata,
@@ -236,9 +235,9 @@ class PiiVault:
                         thread_id: str | None = None) -> dict[str, str]:
         """Insert-or-read-existing: our new entries, or the ones a concurrent writer won with.
 
-        One registry transaction: the entries' own key rows, the sealed values and (with
-        ``thread_id``) the thread's references to them commit together; the keys of entries
-        another writer won with are deleted in it again."""
+        One registry transaction: the entries' own key rows (under a live KEK), the sealed
+        values and (with ``thread_id``) the thread's references to them commit together; the
+        keys of entries another writer won with are deleted in it again."""
         tenant, now = keys.tenant, time.time()
         ours = {e.token: public_token_for(e.token) for e in entries}
         scoped: Any = self.entry_keys
@@ -257,7 +256,7 @@ class PiiVault:
         with self.registry.begin() as conn:
             if key_rows:   # random names: a conflict is an error, never a silent reuse
                 conn.execute(pii_keys.insert(), key_rows)
-                scoped.check_new_rows(conn, key_rows)   # under a KEK that stays
+                scoped.check_new_rows(conn, key_rows)
             self.registry._insert_ignore(conn, pii_vault, rows)
             got = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
                 pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(ours)))).all()
