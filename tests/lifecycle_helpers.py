@@ -215,7 +215,7 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
     prefix = f"r{number}-"
     pool = [f"{prefix}t{i}" for i in range(8)]
     base = {"url": url, "keyring": str(ring_path), "prefix": prefix, "max_age": 2,
-            "shuffle": True, "seed": seed}
+            "shuffle": True, "seed": seed, "pace": 0.05}
     writers.start(**base, tenant="ten0", threads=pool, new_every=5, mode="sync")
     writers.start(**base, tenant="ten1", threads=pool, new_every=5, mode="async")
     writers.start(**{**base, "prefix": prefix + "s-"}, tenant="ten0",
@@ -265,13 +265,13 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
         report.threads_deleted += done.threads.get("ten0", 0)
 
     try:
-        writers.wait_for(15)
+        writers.wait_for(12)
         steps = [rotate_killed, prune, delete_one, delete_one, forget, prune]
         rng.shuffle(steps)
         for step in steps:
             step()
             time.sleep(rng.uniform(0.0, 1.0))
-        writers.wait_for(len(writers.ok()) + 20)   # after every destroyer: must all read back
+        writers.wait_for(len(writers.ok()) + 15)   # after every destroyer: must all read back
     finally:
         writers.finish()
     assert writers.failed() == [], writers.failed()[:5]

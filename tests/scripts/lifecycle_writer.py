@@ -9,7 +9,8 @@ thread ``<prefix>n<N>``: a new thread key each time; 0 for never), ``prefix``, `
 log), ``stop`` (a file: stop when it exists), ``mode`` ("sync" or "async"), ``subject``
 (optional: writes under ``subject_scope``), ``max_age`` (optional seconds: a
 ``RetentionPolicy(max_age=...)``), ``burst`` and ``gap`` (optional: after ``burst`` turns,
-idle ``gap`` seconds with every key still cached).
+idle ``gap`` seconds with every key still cached), ``pace`` (optional seconds between
+turns otherwise).
 
 Every settings of the saver are the defaults, except redaction (off: not what is tested).
 The log has one line per turn: ``ok <thread> <text> <start> <end>`` for a turn that returned
@@ -68,7 +69,8 @@ class Turns:
 
     def pause(self) -> float:
         burst, gap = int(self.spec.get("burst") or 0), float(self.spec.get("gap") or 0)
-        return gap if burst and self.n % burst == 0 else 0.0
+        pace = float(self.spec.get("pace") or 0)
+        return gap if burst and self.n % burst == 0 else pace
 
     def stopped(self) -> bool:
         return Path(self.spec["stop"]).exists()
