@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.lifecycle_helpers import Deletions, Turn, new_keyring, stress_round  # noqa: E402
+from tests.lifecycle_helpers import Deletions, new_keyring, stress_round  # noqa: E402
 
 
 def pg_schema_url(base: str) -> tuple[str, str]:
@@ -79,13 +79,13 @@ def main() -> int:
             rows += run(backend, args.rounds, args.pg_url, Path(tmp))
     for backend in backends:
         mine = [r for r in rows if r["backend"] == backend]
-        turns: list[Turn] = []
         print(f"{backend}: {len(mine)} rounds, all checks passed; turns returned "
               f"{sum(r['turns_ok'] for r in mine)}, refused before storing (KeyGoneError, "
               f"retried) {sum(r['turns_refused'] for r in mine)}, threads deleted "
               f"{sum(r['threads_deleted'] for r in mine)}, pruned "
               f"{sum(r['threads_pruned'] for r in mine)}, rotations SIGKILLed "
-              f"{sum(r['rotation_killed'] for r in mine)}, lost turns 0{'' if turns else ''}")
+              f"{sum(r['rotation_killed'] for r in mine)}, protected turns read back "
+              f"{mine[-1]['protected_checked'] if mine else 0}, lost turns 0")
     print(f"total {time.monotonic() - started:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")

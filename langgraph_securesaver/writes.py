@@ -25,7 +25,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, KeyGoneError
 from .gate import Denial
 from .inner_access import InnerAccess
 from .keys.crypto import TenantKeys
@@ -107,7 +107,8 @@ class WritePath:
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
         if not paced:
             self.wait_turn(ref)
-        with self._activity(ref), write_scope(ref.tenant):   # one redaction budget
+        continues = bool((config.get("configurable") or {}).get("checkpoint_id"))
+        with self._activity(ref, continues), write_scope(ref.tenant):   # one redaction budget
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
@@ -151,11 +152,17 @@ class WritePath:
         return getattr(policy, "write_budget", None)
 
     @contextmanager
-    def _activity(self, ref: ThreadRef) -> Iterator[None]:
+    def _activity(self, ref: ThreadRef, continues: bool) -> Iterator[None]:
         """Around the sealing of a write: the thread's registry row touched first when due
-        (see :meth:`seal_put`); :meth:`settle` after the inner saver's call."""
-        if self.services.touch_due(ref):
-            self.services.touch(ref)
+        (see :meth:`seal_put`); :meth:`settle` after the inner saver's call. A write that
+        continues a checkpoint (``continues``: a put with a parent, pending writes) on a
+        thread whose key changed since this process cached it continues a thread that was
+        deleted meanwhile (its parent and blobs are gone): KeyGoneError, nothing stored; the
+        retry reads the thread afresh."""
+        if self.services.touch_due(ref) and not self.services.touch(ref) and continues:
+            raise KeyGoneError(
+                f"thread {ref.thread_id!r} of tenant {ref.tenant!r} was deleted since this turn "
+                "read it; nothing was stored: retry the turn (it starts the thread afresh)")
         yield
 
     def settle(self, ref: ThreadRef) -> None:
@@ -177,7 +184,7 @@ class WritePath:
         self.bind_subject(keys, ref, "put_writes")
         if not paced:
             self.wait_turn(ref)
-        with self._activity(ref), write_scope(ref.tenant):
+        with self._activity(ref, True), write_scope(ref.tenant):
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")
