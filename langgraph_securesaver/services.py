@@ -186,7 +186,8 @@ class SaverServices:
                                    within=lease)
         if len(self._touched) > 100_000:
             self._touched.clear()
-        self._touched[(ref.tenant, ref.thread_id)] = started
+        if same[0]:   # no lease on a key this process does not hold yet: touched again
+            self._touched[(ref.tenant, ref.thread_id)] = started
         return same[0]
 
     def flush_deleted(self) -> None:

@@ -110,6 +110,9 @@ class ThreadKeyStore:
         self._kek_lock = threading.Lock()
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
+        #: (scope, tenant, name) -> created_at of the key this process last read or made
+        #: for it (outlives the cache entry: what :meth:`confirm` compares)
+        self._born: dict[tuple[str, str, str], float] = {}
         #: called with (scope, tenant, name) whenever a key is read from the registry (a
         #: cold or expired cache entry): what others cache per thread is re-read with it
         self.on_load: list[Callable[[str, str, str], None]] = []
@@ -149,6 +152,7 @@ class ThreadKeyStore:
             with self._lock:
                 self._cache[k] = (time.monotonic(), aes, row[2])
                 self._cache.move_to_end(k)
+                self._remember_born(k, row[2])
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
             return aes
@@ -157,17 +161,25 @@ class ThreadKeyStore:
         """In the transaction of a write's lease (the thread's registry touch): drop the cached
         key of the thread unless it is still the thread's key row (deleted, or deleted and
         created again by another process since it was cached). The write then seals under
-        the key it reads or creates after this. False when a cached key was dropped."""
+        the key it reads or creates after this. False while the key this process last used
+        for the thread (cached or not) is not the thread's key row: until the process
+        reads or creates the thread's current key, writes that continue what it read before
+        are refused (``WritePath._activity``)."""
         k = (THREAD, tenant, thread_id)
-        hit = self._cache.get(k)
-        if hit is None:
+        known = self._born.get(k)
+        if known is None:
             return True
         born = conn.execute(sa.select(thread_keys.c.created_at).where(
             thread_keys.c.tenant == tenant, thread_keys.c.thread_id == thread_id)).scalar()
-        if born is None or float(born) != hit[2]:
-            self._drop([k])
+        if born is None or float(born) != known:
+            self._drop([k])   # the key this process last used is not the thread's any more
             return False
         return True
+
+    def _remember_born(self, k: tuple[str, str, str], born: float) -> None:
+        if len(self._born) > 4 * self.cache_size:
+            self._born.clear()
+        self._born[k] = born
 
     def refreshed(self, tenant: str, scope: str, name: str) -> AESGCM | None:
         """After a ciphertext failed to open under the cached key of ``name``: its key row read
