@@ -155,7 +155,7 @@ class WritePath:
     def _activity(self, ref: ThreadRef, continues: bool) -> Iterator[None]:
         """Around the sealing of a write: the thread's registry row touched first when due
         (see :meth:`seal_put`); :meth:`settle` after the inner saver's call. A write that
-        continues a checkpoint (``continues``: a put with a parent, pending writes) on a
+        continues a checkpoint (``continues``: a put with a parent) on a
         thread whose key changed since this process cached it continues a thread that was
         deleted meanwhile (its parent and blobs are gone): KeyGoneError, nothing stored; the
         retry reads the thread afresh."""
@@ -184,7 +184,9 @@ class WritePath:
         self.bind_subject(keys, ref, "put_writes")
         if not paced:
             self.wait_turn(ref)
-        with self._activity(ref, True), write_scope(ref.tenant):
+        # pending writes continue a checkpoint whose put may be running beside them (LangGraph
+        # stores both at once); writes of a checkpoint that is gone are never read
+        with self._activity(ref, False), write_scope(ref.tenant):
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")
