@@ -144,12 +144,12 @@ def test_the_pruner_beside_a_running_service_never_loses_a_turn(url: str, tmp_pa
     ring_path = new_database(url, tmp_path)
     writers = Writers(tmp_path / "stop")
     writers.start(url=url, keyring=str(ring_path), tenant="acme", threads=["t0", "t1"],
-                  mode=mode, max_age=1, burst=4, gap=LEASE_FENCE + 2)
+                  mode=mode, max_age=1, burst=4, gap=LEASE_FENCE + 6)
     deletions = Deletions()
     deleted = 0
     try:
         writers.wait_for(4)
-        deadline = time.monotonic() + 3 * (LEASE_FENCE + 2) + 6
+        deadline = time.monotonic() + 3 * (LEASE_FENCE + 6)
         while time.monotonic() < deadline:
             start = time.time()
             done = cli("prune", "--url", url, "--keyring", str(ring_path), "--active-grace",
