@@ -1,7 +1,12 @@
 """Noisy neighbour: a victim tenant's turn latency while a hostile tenant on the same process
-(a) writes huge many-part messages, (b) floods refused cross-tenant reads, (c) writes a value
-of 100,000 strings -- each phase against the victim alone, interleaved, async, default
-settings (redaction on, the default budget and worker pool).
+(a) writes many-part messages (500 and 2,000 parts of 2 KB), (b) sends 6 concurrent writes of
+~200 K characters each (every one under the budget), (c) writes a value of 100,000 strings,
+(d) reads back a checkpoint of 1,000,000 short strings again and again, (e) floods refused
+cross-tenant reads of one target, (f) sprays refused reads over a new made-up target each
+time -- each phase against the victim alone, interleaved, async, default settings
+(redaction on, the default budget, scheduler and worker pool). Then (``--legit``) a
+legitimate ~310 K-character search result of the victim beside 8 concurrent writes of a
+loaded neighbour: stored in full, redacted, never refused?
 
 Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
 raw AsyncPostgresSaver, throughput ratio (``--concurrent``), once with a new e-mail address in
@@ -11,9 +16,9 @@ every turn and once in every fifth (``--pii-every``, the mix of benchmarks/saver
                                          [--concurrent 16] [--turns 12] [--pii-every 1,5]
                                          [--only 500,denial]
 
-Targets: victim median <= 1.5x and p95 <= 2x alone; every hostile write returns (withheld or
-refused) in <= 2 s; <= 10 access_denied rows per 8 s of flood, counts exact; 16 conversations
->= 0.9x raw throughput. The load average is printed with the figures: the machine is shared.
+Targets: victim median <= 1.5x and p95 <= 2x alone; no stored value holds a WITHHELD marker;
+<= 10 access_denied rows per 8 s of flood or spray, counts exact; the legitimate write stored
+in full with no refusal; 16 conversations >= 0.6x raw throughput. The load average is printed with the figures: the machine is shared.
 """
 
 from __future__ import annotations
@@ -42,10 +47,6 @@ try:  # absent before the worker pool existed (the script also runs against olde
     from langgraph_securesaver.redaction.pool import shared_pool
 except ImportError:  # pragma: no cover
     shared_pool = None  # type: ignore[assignment]
-try:  # absent before cool-downs existed
-    from langgraph_securesaver.redaction.budget import COOL_DOWNS
-except ImportError:  # pragma: no cover
-    COOL_DOWNS = None  # type: ignore[assignment]
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 WITHHELD = "<WITHHELD:masked>"
@@ -112,6 +113,22 @@ def parts_message(rng: random.Random, count: int) -> HumanMessage:
         for _ in range(count)])
 
 
+def search_result(rng: random.Random, records: int = 200) -> str:
+    """A JSON tool output of ``records`` records (~1 K characters each) with an e-mail and a
+    phone number each: 200 records ~205 K characters, 300 ~310 K."""
+    import json
+    pool = blocks(rng)
+    salt = rng.randrange(10**6)
+    return json.dumps([{"id": i, "email": f"person.{salt}.{i}@example.com",
+                        "phone": f"+1 415 555 {1000 + i % 9000:04d}",
+                        "snippet": rng.choice(pool)[:950]} for i in range(records)])
+
+
+def big_write(rng: random.Random) -> dict[str, Any]:
+    from langchain_core.messages import ToolMessage
+    return {"messages": [ToolMessage(search_result(rng), tool_call_id="call-1")]}
+
+
 def many_strings(rng: random.Random, count: int = 100_000) -> list[str]:
     salt = rng.randrange(10**6)
     return [f"row {salt}-{i} call 415-555-{i % 10000:04d}" for i in range(count)]
@@ -169,14 +186,39 @@ async def hostile_writes(saver: SecureSaver, make: Callable[[random.Random], dic
             out.setdefault("stored", []).append(cfg)
 
 
-async def deny_flood(saver: SecureSaver, stop: asyncio.Event, out: dict[str, Any]) -> None:
-    cfg = {"configurable": {"thread_id": "t-victim", "tenant_id": "victim"}}
+async def deny_flood(saver: SecureSaver, stop: asyncio.Event, out: dict[str, Any],
+                     spray: bool = False) -> None:
+    """Refused cross-tenant reads of the victim, or (``spray``) of a new made-up tenant each
+    time."""
     with tenant_scope("mallory"):
         while not stop.is_set():
+            target = f"made-up-{uuid.uuid4().hex[:12]}" if spray else "victim"
+            cfg = {"configurable": {"thread_id": "t-victim", "tenant_id": target}}
             try:
                 await saver.aget_tuple(cfg)
             except AccessDenied:
                 out["raised"] = out.get("raised", 0) + 1
+
+
+_BIG_READ: dict[str, Any] = {}
+
+
+async def hostile_reads(saver: SecureSaver, stop: asyncio.Event, out: dict[str, Any]) -> None:
+    """A checkpoint of 1,000,000 short strings (stored once, for free: the pre-filter passes
+    them), read back again and again."""
+    cfg = {"configurable": {"thread_id": "mallory-big", "tenant_id": "mallory",
+                            "checkpoint_ns": ""}}
+    if id(saver) not in _BIG_READ:
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"rows": [f"r{i % 1000}" for i in range(1_000_000)]}
+        cp["channel_versions"] = {"rows": 1}
+        await saver.aput(cfg, cp, MD, {"rows": 1})
+        _BIG_READ[id(saver)] = cfg
+    while not stop.is_set():
+        start = time.perf_counter()
+        await saver.aget_tuple(cfg)
+        out.setdefault("durations", []).append(time.perf_counter() - start)
+        out.setdefault("outcomes", []).append("read")
 
 
 async def disturbed(victim: Victim, turns: int, min_seconds: float,
@@ -218,10 +260,16 @@ async def run_backend(backend: str, rounds: int, turns: int, workdir: Path,
             s, lambda r: {"messages": [parts_message(r, 500)]}, stop, out)],
         "2,000 parts x 2 KB": lambda s: lambda stop, out: [hostile_writes(
             s, lambda r: {"messages": [parts_message(r, 2000)]}, stop, out)],
+        "6 concurrent 200 K writes": lambda s: lambda stop, out: [
+            hostile_writes(s, big_write, stop, out) for _ in range(6)],
         "denial flood (2 tasks)": lambda s: lambda stop, out: [deny_flood(s, stop, out),
                                                               deny_flood(s, stop, out)],
+        "denial spray (made-up targets)": lambda s: lambda stop, out: [
+            deny_flood(s, stop, out, spray=True), deny_flood(s, stop, out, spray=True)],
         "100,000 strings": lambda s: lambda stop, out: [hostile_writes(
             s, lambda r: {"rows": many_strings(r)}, stop, out)],
+        "1,000,000-string read back": lambda s: lambda stop, out: [
+            hostile_reads(s, stop, out)],
     }
     if only:
         scenarios = {k: v for k, v in scenarios.items()
@@ -237,11 +285,6 @@ async def run_backend(backend: str, rounds: int, turns: int, workdir: Path,
                 alone_first = r % 2 == 0
                 if alone_first:
                     alone = await victim.run(turns)
-                if COOL_DOWNS is not None:
-                    # every phase meets a hostile tenant out of its cool-down: its first
-                    # over-budget write costs the whole budget (it would be flattered by
-                    # a cool-down left over from the phase before)
-                    COOL_DOWNS.clear()
                 since = time.time()
                 lat, out, ran = await disturbed(victim, turns,
                                                 8.0 if name.startswith("denial") else 0.0,
@@ -389,6 +432,45 @@ async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> Non
           f"serving process CPU per turn {ep:.1f} ms")
 
 
+async def legit_beside_load(backend: str, workdir: Path, neighbours: int = 8) -> bool:
+    """The victim's legitimate ~310 K-character search result, written while a loaded
+    neighbour sends ``neighbours`` concurrent writes (each under half the budget): stored in
+    full (read back equal), redacted in storage, never refused? Prints the outcome."""
+    from langchain_core.messages import ToolMessage
+    rng = random.Random(7)
+    blocks(rng)
+    doc = search_result(rng, 300)
+    async with secure(backend, workdir) as saver:
+        stop = asyncio.Event()
+        out: dict[str, Any] = {}
+        loud = [asyncio.ensure_future(hostile_writes(saver, big_write, stop, out))
+                for _ in range(neighbours)]
+        await asyncio.sleep(0.2)
+        cfg = {"configurable": {"thread_id": "legit", "tenant_id": "victim",
+                                "checkpoint_ns": ""}}
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"messages": [ToolMessage(doc, tool_call_id="search-1")]}
+        cp["channel_versions"] = {"messages": 1}
+        start = time.perf_counter()
+        try:
+            await saver.aput(cfg, cp, MD, {"messages": 1})
+            outcome = "stored"
+        except Exception as exc:  # a refusal is the failure measured here
+            outcome = f"refused ({type(exc).__name__})"
+        took = time.perf_counter() - start
+        stop.set()
+        await asyncio.gather(*loud)
+        tup = await saver.aget_tuple(cfg)
+        whole = tup is not None and tup.checkpoint["channel_values"]["messages"][0].content == doc
+    ok = outcome == "stored" and whole
+    print(f"\n[{backend}] legitimate {len(doc):,}-character write beside {neighbours} concurrent "
+          f"neighbour writes: {outcome} in {took:.1f} s, read back "
+          f"{'in full' if whole else 'NOT in full'}; neighbour writes "
+          f"{ {o: out.get('outcomes', []).count(o) for o in set(out.get('outcomes', []))} }; "
+          f"{load()}")
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -403,7 +485,11 @@ def main() -> None:
                              "benchmark's mix)")
     parser.add_argument("--only", default="",
                         help="run only the phases whose names hold one of these words "
-                             "(comma-separated: 500, 2,000, denial, 100,000)")
+                             "(comma-separated: 500, 2,000, 200 K, denial, spray, 100,000, "
+                             "1,000,000)")
+    parser.add_argument("--legit", action="store_true",
+                        help="also write a legitimate 310 K search result beside a loaded "
+                             "neighbour (stored in full?)")
     args = parser.parse_args()
     started = time.perf_counter()
     print(load())
@@ -415,6 +501,8 @@ def main() -> None:
         for backend in [b for b in args.backends.split(",") if b]:
             by_backend[backend] = asyncio.run(run_backend(backend, args.rounds, args.victim_turns,
                                                           Path(tmp), args.only))
+            if args.legit:
+                asyncio.run(legit_beside_load(backend, Path(tmp)))
     if args.concurrent:
         for every in [int(e) for e in args.pii_every.split(",") if e]:
             asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds),

@@ -66,7 +66,10 @@ SETS = {"template": DATA / "pii_eval.jsonl", "independent": DATA / "independent_
 OPTIONAL = ("upstream", "thirdparty-dev", "thirdparty", "thirdparty-fresh")
 ENFORCED = ("independent", "holdout", "thirdparty", "thirdparty-fresh")
 CLAIMED = ("API_SECRET", "CN_MOBILE", "CN_RESIDENT_ID", "CREDIT_CARD", "CRYPTO",
-           "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS", "PHONE_NUMBER", "US_SSN")
+           "EMAIL_ADDRESS", "IBAN_CODE", "IP_ADDRESS", "PHONE_NUMBER", "US_SSN",
+           # national IDs (redaction/id_recognizers.py): no gold rows in the committed sets yet
+           "BR_CPF", "DE_TAX_ID", "ES_NIE", "ES_NIF", "FR_NIR", "IN_AADHAAR", "IN_PAN",
+           "IT_FISCAL_CODE", "KR_RRN", "NL_BSN", "PL_PESEL", "UK_NINO")
 FAMILY = {"CN_MOBILE": "PHONE", "PHONE_NUMBER": "PHONE"}
 RECALL_TARGET, KIND_FLOOR, FP_TARGET = 0.99, 0.97, 0.01
 

@@ -18,13 +18,13 @@ import os
 import sys
 from pathlib import Path
 
+from _fake_model import FakeChatModel, example_workspace
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
 from langgraph_securesaver import Keyring, KeyringMismatch, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import ScriptedChatModel, example_workspace
 
-model = ScriptedChatModel()
+model = FakeChatModel()   # needs no network or API key
 
 
 async def chat(state: MessagesState) -> dict:

@@ -3,7 +3,8 @@
 Shows: ``keyring.add_version()`` + ``saver.rewrap_keys()`` (fast: data keys are re-sealed, no
 data is rewritten), ``saver.master_versions_in_use()``, ``saver.rotate_data_key(tenant)`` for
 new writes, and ``saver.rotate_keys(reencrypt=True, retire_old=True)``, which re-encrypts every
-stored ciphertext online and forgets master versions nothing uses. Old checkpoints stay
+ciphertext still sealed under an older tenant data key (each thread's own key needs no
+rewrite) and forgets master versions nothing uses. Old checkpoints stay
 readable at every step. The same from the shell:
 
     securesaver rotate-keys --url sqlite:///rotation.db --keyring keyring.json \
@@ -14,10 +15,10 @@ Run:  python examples/key_rotation.py
       ./.securesaver-examples/key_rotation/, removed and recreated on every run)
 """
 
+from _fake_model import chat_graph, example_workspace
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph, example_workspace
 
 
 def main() -> None:
@@ -28,7 +29,7 @@ def main() -> None:
     keyring = Keyring.from_file(ring_path)
     config = {"configurable": {"thread_id": "t-1", "tenant_id": "acme"}}
     with SecureSaver.from_url(f"sqlite:///{db}", keyring=keyring) as saver:
-        graph = build_chat_graph(saver)
+        graph = chat_graph(saver)
         graph.invoke({"messages": [HumanMessage("written under master v1")]}, config)
         print("in use:", saver.master_versions_in_use())
 
@@ -41,8 +42,12 @@ def main() -> None:
         graph.invoke({"messages": [HumanMessage("written under data key v2")]}, config)
 
         report = saver.rotate_keys(reencrypt=True, retire_old=True)   # 4. all at once, online
-        print("re-encrypted rows:", sum(report.reencrypt.rewritten.values()),
-              "retired master versions:", report.retired, "ok:", report.ok)
+        # each thread is sealed under its own key (wrapped by the tenant's key-encryption key):
+        # those rows are current and need no rewrite; `reencrypt` rewrites only rows sealed
+        # directly under an older tenant data key (thread_keys=False, or an older format)
+        print("rows already under their thread's key:", report.reencrypt.already_current,
+              "rewritten:", sum(report.reencrypt.rewritten.values()))
+        print("retired master versions:", report.retired, "ok:", report.ok)
         state = graph.get_state(config)
         print("still readable:", [m.content for m in state.values["messages"]][::2])
     print("keyring versions now:", Keyring.from_file(ring_path).versions())

@@ -11,16 +11,13 @@ Run:  python examples/quickstart_sqlite.py
 
 from pathlib import Path
 
+from _fake_model import FakeChatModel, example_workspace  # a model that needs no API key
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import (
-    ScriptedChatModel,  # a chat model that needs no API key
-    example_workspace,
-)
 
-model = ScriptedChatModel()
+model = FakeChatModel()
 
 
 def build(checkpointer: SecureSaver):

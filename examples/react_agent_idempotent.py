@@ -1,28 +1,27 @@
-"""A prebuilt ReAct agent whose tool list is wrapped for idempotency.
+"""LangChain's agent (``langchain.agents.create_agent``) with idempotent tool calls.
 
-Shows: ``create_react_agent(model, tools=idempotent_tool_node(tools), checkpointer=saver)``.
-The model asks for two tools in one message; the payment call fails once (a network error)
-and the run stops. Resuming re-runs the tool step, but the e-mail that was already sent is
-replayed from the idempotency store instead of being sent again, and the payment API receives
-the same idempotency key on both attempts. (``langchain.agents.create_agent`` takes the same
-kind of tool list: pass it the wrapped ToolNode.)
+Shows: ``create_agent(model, tools, middleware=[IdempotentTools()], checkpointer=saver)``,
+where the middleware hands each tool call to ``IdempotentToolCalls`` (the same wrapper
+``idempotent_tool_node(tools)`` puts in a LangGraph ``ToolNode``). The model asks for two tools
+in one message; the payment call fails once (a network error) and the run stops. Resuming
+re-runs the failed call only: the e-mail is not sent again, and the payment API receives the
+same idempotency key on both attempts, so it charges once.
 
 Run:  python examples/react_agent_idempotent.py
       (from any directory; its database and keyring go to
       ./.securesaver-examples/react_agent_idempotent/, removed and recreated on every run)
 """
 
-import warnings
-
+from _fake_model import example_workspace
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
-from langgraph.prebuilt import create_react_agent
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.cli.demo import example_workspace
-from langgraph_securesaver.idempotency import current_idempotency_key, idempotent_tool_node
+from langgraph_securesaver.idempotency import IdempotentToolCalls, current_idempotency_key
 
 SENT: list[str] = []            # what the outside world saw
 CHARGES: list[str] = []         # idempotency keys the payment API received
@@ -44,6 +43,20 @@ def charge_card(amount: int) -> str:
         FAIL_NEXT_CHARGE.pop()
         raise ConnectionError("payment API timed out")
     return f"charged {amount}"
+
+
+class IdempotentTools(AgentMiddleware):
+    """Every tool call of the agent through IdempotentToolCalls (its store: the saver)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = IdempotentToolCalls()
+
+    def wrap_tool_call(self, request, handler):
+        return self.calls.wrap(request, handler)
+
+    async def awrap_tool_call(self, request, handler):
+        return await self.calls.awrap(request, handler)
 
 
 class TwoToolModel(BaseChatModel):
@@ -73,12 +86,8 @@ def main() -> None:
     db = workspace.path / "agent.db"
     config = {"configurable": {"thread_id": "order-42", "tenant_id": "acme"}}
     with SecureSaver.from_url(f"sqlite:///{db}", keyring=workspace.keyring) as saver:
-        with warnings.catch_warnings():      # create_react_agent is deprecated upstream
-            warnings.simplefilter("ignore")
-            # version="v1": both tool calls run as one task, so a failure re-runs the sibling
-            agent = create_react_agent(TwoToolModel(),
-                                       tools=idempotent_tool_node([send_email, charge_card]),
-                                       checkpointer=saver, version="v1")
+        agent = create_agent(TwoToolModel(), tools=[send_email, charge_card],
+                             middleware=[IdempotentTools()], checkpointer=saver)
         try:
             agent.invoke({"messages": [("user", "charge me and mail the receipt")]}, config,
                          durability="sync")

@@ -1,12 +1,13 @@
-"""A prebuilt ReAct agent with long-term memory in a SecureStore next to its SecureSaver.
+"""LangChain's agent (``create_agent``) with memory in a SecureStore beside its SecureSaver.
 
-Shows: ``secure_pair(url)`` (a saver and a store on one SQLite file, sharing keys, registry and
-redactor) and ``create_react_agent(model, tools, checkpointer=saver, store=store)``. A scripted
-model (no network) has the agent remember a fact about the user in one thread and recall it in
-another; a second tenant recalls nothing; the database file holds none of the fact, and the
-e-mail address in it reaches the embedder only as a redaction token. By default every run starts
-clean under ./.securesaver-examples/react_agent_store/; given DB_PATH, the database and its
-keyring beside it (DB_PATH.keyring.json) are kept, and a second run recalls both runs' facts.
+Shows: ``secure_pair(url)`` (a saver and a store on one SQLite file, sharing keys, registry
+and redactor) and LangChain's ``create_agent(model, tools, checkpointer=saver, store=store)``.
+A scripted model (no network) has the agent remember a fact about the user in one thread and
+recall it in another; a second tenant recalls nothing; the database file holds none of the
+fact, and the e-mail address in it reaches the embedder only as a redaction token. By default
+every run starts clean under ./.securesaver-examples/react_agent_store/; given DB_PATH, the
+database and its keyring beside it (DB_PATH.keyring.json) are kept, and a second run recalls
+both runs' facts.
 
 Run:  python examples/react_agent_store.py [DB_PATH]
 """
@@ -14,19 +15,19 @@ Run:  python examples/react_agent_store.py [DB_PATH]
 import hashlib
 import sys
 import uuid
-import warnings
 from pathlib import Path
 from typing import Annotated
 
+from _fake_model import example_workspace
+from langchain.agents import create_agent
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
-from langgraph.prebuilt import InjectedStore, create_react_agent
+from langgraph.prebuilt import InjectedStore
 from langgraph.store.base import BaseStore
 
 from langgraph_securesaver import Keyring, tenant_scope
-from langgraph_securesaver.cli.demo import example_workspace
 from langgraph_securesaver.store import secure_pair
 
 FACT = "prefers invoices by e-mail to mo.rahimi@example.net, never on Fridays"
@@ -97,10 +98,8 @@ def main(db: str | None = None) -> None:
     index = {"dims": 32, "embed": embed, "fields": ["text"]}
     with secure_pair(f"sqlite:///{db}", keyring=Keyring.from_file(ring_path),
                      index=index) as (saver, store):
-        with warnings.catch_warnings():      # create_react_agent is deprecated upstream
-            warnings.simplefilter("ignore")
-            agent = create_react_agent(MemoryModel(), tools=[remember, recall],
-                                       checkpointer=saver, store=store)
+        agent = create_agent(MemoryModel(), tools=[remember, recall], checkpointer=saver,
+                             store=store)
 
         def ask(tenant: str, thread: str, text: str) -> str:
             with tenant_scope(tenant):

@@ -19,10 +19,10 @@ Run:  python examples/retention_pruner.py
 import asyncio
 import time
 
+from _fake_model import chat_graph, example_workspace
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import RetentionPolicy, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import build_chat_graph, example_workspace
 
 DAY = 86400.0
 
@@ -48,7 +48,7 @@ async def main() -> None:
     async with SecureSaver.afrom_url(f"sqlite:///{db}", keyring=workspace.keyring,
                                      retention=default) as saver:
         await saver.aset_tenant_retention("globex", RetentionPolicy(idle_ttl="30d"))
-        graph = build_chat_graph(saver)
+        graph = chat_graph(saver)
         for tenant, thread in (("acme", "a-1"), ("globex", "g-1"), ("globex", "g-2")):
             await graph.ainvoke({"messages": [HumanMessage(f"hello from {thread}")]},
                                 {"configurable": {"thread_id": thread, "tenant_id": tenant}})

@@ -22,6 +22,7 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from _fake_model import FakeChatModel, example_workspace
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 from starlette.applications import Starlette
@@ -30,7 +31,6 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import ScriptedChatModel, example_workspace
 
 TOKENS = {"token-acme": "acme", "token-globex": "globex"}   # your identity provider, really
 # where the served app keeps its data (kept between runs, with its keyring beside it);
@@ -38,7 +38,7 @@ TOKENS = {"token-acme": "acme", "token-globex": "globex"}   # your identity prov
 DATA = Path.cwd() / ".securesaver-examples" / "starlette_app"
 SETTINGS = {"url": os.environ.get("SECURESAVER_URL", f"sqlite:///{DATA / 'app.db'}"),
             "keyring": str(DATA / "keyring.json")}
-model = ScriptedChatModel()
+model = FakeChatModel()   # needs no network or API key
 
 
 class TenantMiddleware:

@@ -27,6 +27,8 @@ class KeyringRequired(ConfigurationError):
     """No keyring was given and none could be found in the environment."""
 
     def __init__(self, detail: str = "") -> None:
+        #: what was missing, without the Python API hint (the CLI words its own hint)
+        self.detail = detail
         super().__init__(
             "SecureSaver needs a keyring: pass keyring=Keyring.from_file(path) or set "
             f"{ENV_VAR}. Create one with `securesaver keygen --out keyring.json`."

@@ -25,8 +25,8 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from .keys.crypto import TenantKeys
 from .keys.material import SecretBytes
-from .offthread import to_thread
 from .redaction.budget import current_spend
+from .redaction.scheduler import aredaction_job, redaction_job
 from .redaction.translate import TokenTranslator
 from .registry.pii_vault import PiiVault
 from .storage.ops import DELTA_METADATA_KEYS
@@ -179,7 +179,7 @@ class PiiLayer:
                     value, lookup, originals={t: originals[t] for t in in_bytes if t in originals},
                     owned=True)
             # what the tenant reads back was paid for when stored: writing it again after a
-            # restart (cold caches) must not spend, and so withhold, the new write's budget
+            # restart (cold caches) must not spend the new write's budget, and so be refused
             self.redactor.remember_read(out, channel=ch, token_key=token_key)
             return out
 
@@ -192,12 +192,18 @@ class PiiLayer:
                     if tup.metadata else tup.metadata)
         return tup._replace(checkpoint=checkpoint, pending_writes=writes, metadata=metadata)
 
+    def restore_in_turn(self, keys: TenantKeys, tup: CheckpointTuple,
+                        known: Mapping[str, builtins.set[str] | None] | None = None
+                        ) -> CheckpointTuple:
+        """:meth:`restore` as a job of the tenant on the redaction scheduler (sync API)."""
+        if self.redactor is None:
+            return tup
+        return redaction_job(keys.tenant, self.restore, keys, tup, known)
+
     async def arestore(self, keys: TenantKeys, tup: CheckpointTuple,
                         known: Mapping[str, builtins.set[str] | None] | None = None
                         ) -> CheckpointTuple:
         if self.redactor is None:
             return tup
-        tokens = self.tokens_in(tup, known)
-        # every token's original looked up off the event loop; restoring is then CPU only
-        found = await to_thread(self.vault.lookup, keys, tokens) if tokens else {}
-        return self.restore(keys, tup, known, prefetched=found)
+        # finding the tokens, looking them up and restoring: a job of the tenant's, off the loop
+        return await aredaction_job(keys.tenant, self.restore, keys, tup, known)

@@ -389,7 +389,7 @@ class ReadPath:
         if ref is not None:
             await self.services.awarm_thread_key(tenant, ref.thread_id)
         return await arun_steps(self.listed_steps(codec, keys, tenant, tup),
-                                self.aopening(release))
+                                self.aopening(release), to_thread)
 
     def open_checked(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                      tup: CheckpointTuple, known: Known | None,
@@ -401,8 +401,9 @@ class ReadPath:
                             release: Callable[[], Awaitable[None]] | None = None
                             ) -> CheckpointTuple:
         await self.services.awarm_thread_key(ref.tenant, ref.thread_id)
+        # decryption (and its integrity checks) off the event loop
         return await arun_steps(self.open_steps(codec, keys, ref, tup, known),
-                                self.aopening(release))
+                                self.aopening(release), to_thread)
 
     def opening(self, release: Callable[[], None] | None) -> Callable[[str, Any], Any]:
         """The sync I/O of :meth:`open_steps` (``release`` frees the caller's listing)."""

@@ -37,7 +37,9 @@ from .connect import DEFAULT, KeyringArg, UrlConstructors, _keyring_of
 from .errors import (
     ConfigurationError,
 )
+from .evidence.api import EvidenceOperations
 from .gate import Denial, DeniedError, TenantGate, thread_id_of
+from .idempotency.recovery_lease import check_fence, fence_of
 from .inner_access import InnerAccess
 from .keys.crypto import KeyManager
 from .keys.keyring import KeyProvider
@@ -73,6 +75,7 @@ from .storage.ops import DELTA_METADATA_KEYS
 from .storage.ops_select import ops_for
 from .storage.strict_serde import install_strict_serde
 from .tenancy import (
+    ThreadRef,
     current_tenant_scope,
     thread_prefix,
     validate_tenant,
@@ -88,7 +91,23 @@ DEFAULT_METADATA_ALLOWLIST: frozenset[str] = frozenset(
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 
 
-class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
+def _fenced(saver: SecureSaver, ref: ThreadRef, config: RunnableConfig) -> ThreadRef:
+    """A recoverer's write (its config carries its lease's fencing token) is refused once the
+    lease changed hands (``RecoveryLeaseLost``, nothing stored); any other write passes."""
+    token = fence_of(config)
+    if token is not None:
+        check_fence(saver, ref.tenant, ref.thread_id, token)
+    return ref
+
+
+async def _afenced(saver: SecureSaver, ref: ThreadRef, config: RunnableConfig) -> ThreadRef:
+    token = fence_of(config)
+    if token is not None:
+        await to_thread(check_fence, saver, ref.tenant, ref.thread_id, token)
+    return ref
+
+
+class SecureSaver(UrlConstructors, SaverOperations, EvidenceOperations, BaseCheckpointSaver):
     """Wrap ``inner`` so every value, write and metadata field is encrypted per tenant.
 
     Args:
@@ -221,7 +240,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
             {} if self.redactor is not None else None)
         opened = self._reads.open_checked(self.codec, keys, ref, tup, known)
         self._writes.remember_tokens(ref, tup)
-        return named_tup(self._pii.restore(keys, opened, known), config, ref.tenant)
+        return named_tup(self._pii.restore_in_turn(keys, opened, known), config, ref.tenant)
 
     def list(
         self,
@@ -252,7 +271,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                 listed = self._reads.open_listed(self.codec, keys, tenant, tup, rows.drain)
                 if listed is None:
                     continue
-                yield named_tup(self._pii.restore(keys, *listed), config, tenant)
+                yield named_tup(self._pii.restore_in_turn(keys, *listed), config, tenant)
                 yielded += 1
                 if limit is not None and yielded >= limit:
                     return
@@ -264,7 +283,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
         """Store a checkpoint: redact, serialize and seal every channel value and the metadata,
         then hand the ciphertext to the inner saver. Returns the inner saver's config (with
         ``tenant_id`` only when the caller's config had it)."""
-        ref = self._gate.resolve_ref(config, "put")
+        ref = _fenced(self, self._gate.resolve_ref(config, "put"), config)
         inner = self._io.sync("put")
         keys = self.services.tenant_keys(ref.tenant)
         sealed, md = self._writes.seal_put(self.codec, keys, ref, config, checkpoint, metadata,
@@ -277,7 +296,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
                    task_id: str, task_path: str = "") -> None:
         """Store a task's pending writes, each redacted and sealed, bound to its checkpoint,
         task, task path and index."""
-        ref = self._gate.resolve_ref(config, "put_writes")
+        ref = _fenced(self, self._gate.resolve_ref(config, "put_writes"), config)
         inner = self._io.sync("put_writes")
         keys = self.services.tenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
@@ -412,7 +431,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
         """Async twin of :meth:`put`; never blocks the event loop."""
-        ref = await self._gate.aresolve_ref(config, "put")
+        ref = await _afenced(self, await self._gate.aresolve_ref(config, "put"), config)
         keys = await self.services.atenant_keys(ref.tenant)
         # redaction, serialization, sealing and the registry rows: one hop off the event loop
         sealed, md = await self._writes.aseal_put(self.codec, keys, ref, config, checkpoint,
@@ -425,7 +444,7 @@ class SecureSaver(UrlConstructors, SaverOperations, BaseCheckpointSaver):
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
         """Async twin of :meth:`put_writes`; never blocks the event loop."""
-        ref = await self._gate.aresolve_ref(config, "put_writes")
+        ref = await _afenced(self, await self._gate.aresolve_ref(config, "put_writes"), config)
         keys = await self.services.atenant_keys(ref.tenant)
         optional = self._io.optional("put_writes", task_path=task_path)
         path = optional.get("task_path", "")  # as the inner saver stores it

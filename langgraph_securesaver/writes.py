@@ -30,7 +30,8 @@ from .gate import Denial
 from .inner_access import InnerAccess
 from .keys.crypto import TenantKeys
 from .offthread import to_thread
-from .redaction.budget import COOL_DOWNS, WriteBudget, write_scope
+from .redaction.budget import write_scope
+from .redaction.scheduler import aredaction_job, redaction_job
 from .seal import SealedCodec
 from .services import SaverServices
 from .tenancy import ThreadRef
@@ -93,8 +94,17 @@ class WritePath:
 
     def seal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                  config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                 new_versions: ChannelVersions, paced: bool = False
-                 ) -> tuple[Checkpoint, dict[str, Any]]:
+                 new_versions: ChannelVersions) -> tuple[Checkpoint, dict[str, Any]]:
+        """:meth:`sealed_put`, as a job of the tenant on the redaction scheduler when
+        redaction is on (fair between tenants; see :mod:`.redaction.scheduler`)."""
+        if self.pii.redactor is None:
+            return self.sealed_put(codec, keys, ref, config, checkpoint, metadata, new_versions)
+        return redaction_job(ref.tenant, self.sealed_put, codec, keys, ref, config, checkpoint,
+                             metadata, new_versions)
+
+    def sealed_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                   config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> tuple[Checkpoint, dict[str, Any]]:
         """Everything a put does before the inner saver's call (CPU work and registry rows;
         ``aput`` runs it in one worker thread): touch the thread's registry row when due,
         redact and seal, and store new PII originals before their tokens reach storage.
@@ -105,10 +115,8 @@ class WritePath:
         delete waits for the lease) or has committed before the key is read (and this write
         gets a new key). The lease is checked again last (docs/key-lifecycle.md)."""
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
-        if not paced:
-            self.wait_turn(ref)
         continues = bool((config.get("configurable") or {}).get("checkpoint_id"))
-        with self._activity(ref, continues), write_scope(ref.tenant):   # one redaction budget
+        with self._activity(ref, continues), write_scope():   # one redaction budget
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
@@ -120,36 +128,22 @@ class WritePath:
                         config: RunnableConfig, checkpoint: Checkpoint,
                         metadata: CheckpointMetadata, new_versions: ChannelVersions
                         ) -> tuple[Checkpoint, dict[str, Any]]:
-        """:meth:`seal_put` in one hop off the event loop, after the tenant's turn was awaited
-        on the loop (a write paced by a cool-down holds no thread while it waits)."""
-        await self.await_turn(ref)
-        return await to_thread(self.seal_put, codec, keys, ref, config, checkpoint, metadata,
-                               new_versions, paced=True)
+        """:meth:`seal_put` in one hop off the event loop."""
+        if self.pii.redactor is None:
+            return await to_thread(self.sealed_put, codec, keys, ref, config, checkpoint,
+                                   metadata, new_versions)
+        return await aredaction_job(ref.tenant, self.sealed_put, codec, keys, ref, config,
+                                    checkpoint, metadata, new_versions)
 
     async def aseal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                            config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                            task_id: str, task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """:meth:`seal_writes` as :meth:`aseal_put`."""
-        await self.await_turn(ref)
-        return await to_thread(self.seal_writes, codec, keys, ref, config, writes, task_id,
-                               task_path, paced=True)
-
-    def wait_turn(self, ref: ThreadRef) -> None:
-        """Before a write of a tenant in its redaction cool-down: wait for its turn, or be
-        refused (see ``WriteBudget.spacing``)."""
-        budget = self._write_budget()
-        if budget is not None:
-            COOL_DOWNS.wait_turn(ref.tenant, budget)
-
-    async def await_turn(self, ref: ThreadRef) -> None:
-        """:meth:`wait_turn` without holding a thread."""
-        budget = self._write_budget()
-        if budget is not None:
-            await COOL_DOWNS.await_turn(ref.tenant, budget)
-
-    def _write_budget(self) -> WriteBudget | None:
-        policy = getattr(self.pii.redactor, "policy", None)  # None: redaction off
-        return getattr(policy, "write_budget", None)
+        if self.pii.redactor is None:
+            return await to_thread(self.sealed_writes, codec, keys, ref, config, writes,
+                                   task_id, task_path)
+        return await aredaction_job(ref.tenant, self.sealed_writes, codec, keys, ref, config,
+                                    writes, task_id, task_path)
 
     @contextmanager
     def _activity(self, ref: ThreadRef, continues: bool) -> Iterator[None]:
@@ -179,14 +173,21 @@ class WritePath:
 
     def seal_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
                     config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                    task_path: str = "", paced: bool = False) -> builtins.list[tuple[str, Any]]:
-        """The put_writes counterpart of :meth:`seal_put`."""
+                    task_path: str = "") -> builtins.list[tuple[str, Any]]:
+        """:meth:`sealed_writes` as :meth:`seal_put` runs :meth:`sealed_put`."""
+        if self.pii.redactor is None:
+            return self.sealed_writes(codec, keys, ref, config, writes, task_id, task_path)
+        return redaction_job(ref.tenant, self.sealed_writes, codec, keys, ref, config, writes,
+                             task_id, task_path)
+
+    def sealed_writes(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
+                      config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                      task_path: str = "") -> builtins.list[tuple[str, Any]]:
+        """The put_writes counterpart of :meth:`sealed_put`."""
         self.bind_subject(keys, ref, "put_writes")
-        if not paced:
-            self.wait_turn(ref)
         # pending writes continue a checkpoint whose put may be running beside them (LangGraph
         # stores both at once); writes of a checkpoint that is gone are never read
-        with self._activity(ref, False), write_scope(ref.tenant):
+        with self._activity(ref, False), write_scope():
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")

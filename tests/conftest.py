@@ -16,7 +16,6 @@ import pytest
 
 from langgraph_securesaver import Keyring
 from langgraph_securesaver.cli.common import get_console
-from langgraph_securesaver.redaction.budget import COOL_DOWNS
 
 from .boundary_helpers import Raw
 
@@ -51,13 +50,6 @@ def require_postgres() -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true requires PostgreSQL: {_PG_REASON}")
     pytest.skip(_PG_REASON)
-
-
-@pytest.fixture(autouse=True)
-def _no_cool_down_from_an_earlier_test() -> None:
-    """A tenant's redaction cool-down (a write past its budget) is per process: a test never
-    starts inside one left by another test run by the same worker."""
-    COOL_DOWNS.clear()
 
 
 @pytest.fixture
@@ -126,6 +118,26 @@ def moto_server() -> Iterator[int]:
         server.stop()
 
 
+def _point_boto3_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """boto3's usual environment (AWS_ENDPOINT_URL, credentials, region) aimed at ``url``."""
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_KMS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def _new_kms_alias() -> str:
+    """A new KMS key behind a new alias (moto's state is shared by the session)."""
+    import boto3
+    kms = boto3.client("kms")
+    key = kms.create_key(Description="securesaver test")["KeyMetadata"]["KeyId"]
+    alias = f"alias/securesaver-{uuid.uuid4().hex[:12]}"
+    kms.create_alias(AliasName=alias, TargetKeyId=key)
+    return alias
+
+
 @pytest.fixture
 def kms_endpoint(moto_server: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """A counting proxy in front of the server; boto3 is configured through its usual
@@ -133,12 +145,7 @@ def kms_endpoint(moto_server: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     from .kms_helpers import CountingProxy
     proxy = CountingProxy(moto_server)
     proxy.start()
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_KMS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    _point_boto3_at(monkeypatch, proxy.url)
     try:
         yield proxy
     finally:
@@ -148,11 +155,7 @@ def kms_endpoint(moto_server: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 @pytest.fixture
 def kms_alias(kms_endpoint: object) -> str:
     """A new KMS key behind a new alias (moto's state is shared by the session)."""
-    import boto3
-    kms = boto3.client("kms")
-    key = kms.create_key(Description="securesaver test")["KeyMetadata"]["KeyId"]
-    alias = f"alias/securesaver-{uuid.uuid4().hex[:12]}"
-    kms.create_alias(AliasName=alias, TargetKeyId=key)
+    alias = _new_kms_alias()
     kms_endpoint.reset()  # type: ignore[attr-defined]
     return alias
 
@@ -183,6 +186,25 @@ def softhsm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 def pkcs11_url(softhsm: object) -> str:
     """A pkcs11:// URL naming a new AES key (its own label) in the test token."""
     return softhsm.new_key_url()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module", params=["keyring", "aws-kms", "pkcs11"])
+def module_key_provider(request: pytest.FixtureRequest) -> Iterator[object]:
+    """As ``key_provider``, one per module and provider: for modules that build one database
+    per provider and hand each test a copy of it (the tests' own attacks differ, the
+    seeded conversation does not)."""
+    if request.param == "keyring":
+        yield Keyring.generate()
+        return
+    if request.param == "pkcs11":
+        from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
+        yield Pkcs11KeyProvider.from_url(request.getfixturevalue("softhsm").new_key_url())
+        return
+    from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _point_boto3_at(monkeypatch,
+                        f"http://127.0.0.1:{request.getfixturevalue('moto_server')}")
+        yield AwsKmsKeyProvider(_new_kms_alias())
 
 
 @pytest.fixture(params=["keyring", "aws-kms", "pkcs11"])

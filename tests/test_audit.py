@@ -16,10 +16,10 @@ from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_sco
 from langgraph_securesaver.audit.inventory import AGE_BUCKETS, audit, events
 from langgraph_securesaver.cli import main as cli_module
 from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.cli.ops import parse_when
 from langgraph_securesaver.keys.crypto import THREAD_KEY_VERSION
+from tests.fake_agent import build_chat_graph
 
 runner = CliRunner()
 EMAIL = "li.na@example.com"

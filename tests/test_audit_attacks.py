@@ -535,7 +535,7 @@ def test_awkward_tenants_and_thread_ids_and_a_non_c_collation(pg_url: str, redac
     (code points), whichever tenant is asked for."""
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
     ring = build(pg_url, redactor)
     with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:

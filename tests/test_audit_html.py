@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from langgraph_securesaver import Keyring, SecureSaver, tenant_scope
 from langgraph_securesaver.audit.report_html import PALETTE
 from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
+from tests.fake_agent import build_chat_graph
 
 runner = CliRunner()
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

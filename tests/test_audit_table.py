@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, tenant_scope
 from langgraph_securesaver.cli import main as cli_module
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
+from tests.fake_agent import build_chat_graph
 
 runner = CliRunner()
 UUID = "6df46436-3525-4994-9e08-200fd169c427"

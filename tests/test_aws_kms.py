@@ -12,12 +12,12 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.errors import ConfigurationError, KeyProviderUnavailable
 from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider, encryption_context
 from langgraph_securesaver.keys.crypto import wrap_context
 from langgraph_securesaver.keys.keyring import WrappedKey
 from langgraph_securesaver.keys.material import SecretBytes
+from tests.fake_agent import build_chat_graph
 
 from .provider_helpers import cfg as _cfg
 from .provider_helpers import open_saver as _saver
@@ -98,6 +98,9 @@ def test_rotation_to_a_new_kms_key_and_retirement(tmp_path: Path, kms_alias: str
         assert boto3.client("kms").describe_key(KeyId=kms_alias)["KeyMetadata"][
             "KeyId"] == new_key
         assert {r.master_version for r in saver.registry.load_key_rows("acme")} == {new_key}
+        assert report.retired == [old_key]
+        assert _key_state(old_key) == "Enabled"     # retiring stops using it, nothing more
+        saver.destroy_master_key(old_key)           # destroying is explicit, by name
         assert _key_state(old_key) == "PendingDeletion"
         saver.keys.forget()
         assert "before rotation" in _texts(saver, "acme", "t")

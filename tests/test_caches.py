@@ -9,8 +9,8 @@ from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.caches import TokenCache
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.tenancy import ThreadRef, inner_thread_id
+from tests.fake_agent import build_chat_graph
 
 
 def test_unchanged_channels_reuse_the_stored_token(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
+from tests.fake_agent import build_chat_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -124,12 +124,16 @@ def events_db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_events_exit_0_when_nothing_matches(events_db: str) -> None:
-    for args in (["--kind", "no_such_kind"], ["--since", "2999-01-01"],
-                 ["--kind", "no_such_kind", "--format", "json"]):
+    """A known kind or tenant with no entry is exit 0; a name the database does not know is
+    exit 2 (tests/test_cli_newcomer.py)."""
+    for args in (["--kind", "tenant_shredded"], ["--since", "2999-01-01"],
+                 ["--kind", "tenant_shredded", "--format", "json"]):
         result = runner.invoke(app, ["events", "--url", events_db, *args])
         assert result.exit_code == 0, (args, result.output)
     assert "no entries match" in runner.invoke(
-        app, ["events", "--url", events_db, "--kind", "none"]).output
+        app, ["events", "--url", events_db, "--kind", "thread_copied"]).output
+    assert runner.invoke(app, ["events", "--url", events_db, "--kind",
+                               "no_such_kind"]).exit_code == 2
 
 
 def test_events_verify_failure_is_still_exit_1(tmp_path: Path) -> None:

@@ -289,7 +289,7 @@ def _detached_thread(saver: SecureSaver) -> dict:
     is its parent, reached by the walk's listing)."""
     from langchain_core.messages import HumanMessage
 
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
 
     graph = build_chat_graph(saver)
     conf = {"configurable": {"thread_id": "d", "tenant_id": "acme"}}
@@ -429,7 +429,7 @@ def test_delta_history_refuses_an_ancestor_whose_parent_link_was_removed() -> No
     from langchain_core.messages import HumanMessage
 
     from langgraph_securesaver import TamperedDataError
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
 
     inner = InMemorySaver()
     saver = SecureSaver(inner, keyring=Keyring.generate(), redaction=None)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README_MAX_LINES = 250
+README_MAX_LINES = 180
 
 JOURNAL_PHRASES: dict[str, str] = {
     "issue number": r"\bissues? ?#?\d+",
@@ -121,6 +121,102 @@ def test_every_markdown_link_into_the_repository_resolves() -> None:
             if not (path.parent / target).exists():
                 missing.append(f"{path.relative_to(ROOT)} -> {target}")
     assert not missing, missing
+
+
+def test_the_getting_started_snippet_runs_as_written(tmp_path: Path, monkeypatch) -> None:
+    """The first graph of docs/getting-started.md defines everything it uses (``builder``
+    too) and runs in a directory holding only a keyring file."""
+    from langgraph_securesaver import Keyring
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    snippet = page.split("## The first graph", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    Keyring.generate().save(tmp_path / "keyring.json")
+    scope: dict[str, object] = {}
+    exec(compile(snippet, "getting-started.md", "exec"), scope)
+    assert scope["threads"]
+
+
+def test_configuration_lists_every_securesaver_option() -> None:
+    import inspect
+
+    from langgraph_securesaver import SecureSaver
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8")
+    options = [n for n, p in inspect.signature(SecureSaver.__init__).parameters.items()
+               if p.kind is p.KEYWORD_ONLY]
+    missing = [n for n in options if f"| `{n}` |" not in page]
+    assert options and not missing, missing
+
+
+PUBLIC_SUBPACKAGES = ("store", "redaction", "idempotency", "server", "evidence")
+
+
+def test_the_api_reference_lists_every_public_name() -> None:
+    """docs/reference/api.md has a ``:::`` entry for every name of the package's ``__all__``
+    and of its public subpackages' (under the top-level path when it is the same object)."""
+    import importlib
+    page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^::: (langgraph_securesaver[\w.]*)$", page, re.M))
+    top = importlib.import_module("langgraph_securesaver")
+    missing = [n for n in top.__all__ if n != "__version__"
+               and f"langgraph_securesaver.{n}" not in listed]
+    for sub in PUBLIC_SUBPACKAGES:
+        module = importlib.import_module(f"langgraph_securesaver.{sub}")
+        for n in module.__all__:
+            same = n in top.__all__ and getattr(top, n) is getattr(module, n)
+            if f"langgraph_securesaver.{sub}.{n}" not in listed and not (
+                    same and f"langgraph_securesaver.{n}" in listed):
+                missing.append(f"{sub}.{n}")
+    assert not missing, missing
+    for name in ("SecureStore", "secure_pair", "asecure_pair", "Redactor", "IdempotencyStore",
+                 "idempotent_tool_node"):
+        assert re.search(rf"^::: langgraph_securesaver(\.\w+)?\.{name}$", page, re.M), name
+
+
+def test_the_api_reference_renders_google_docstrings_without_sphinx_roles() -> None:
+    """The docstrings are Google style (``Args:``): the site parses them as such, and the
+    Sphinx roles they use to name objects become inline code instead of literal text."""
+    import sys
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "docstring_style: google" in config and "docstring_style: sphinx" not in config
+    assert "tools/griffe_roles.py:SphinxRolesAsCode" in config
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from griffe_roles import plain_roles
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert plain_roles("a :class:`~.keys.keyring.Keyring` or :func:`.tenancy.tenant_scope`, "
+                       ":meth:`SecureSaver.prune`") == \
+        "a `Keyring` or `tenancy.tenant_scope`, `SecureSaver.prune`"
+    api = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    internal = re.search(r"filters: \[.*\]", api).group(0)
+    assert "gate_class" in internal and "keys" in internal
+
+
+REPO_URL = "https://github.com/langgraph-securesaver/langgraph-securesaver/"
+
+
+def test_readme_links_work_on_the_package_index() -> None:
+    """The README is also the package index page, where a relative link resolves against the
+    index, not the repository: every link is absolute, and every link into this repository
+    (``blob/main/PATH``, ``tree/main/PATH``) names a file or folder that exists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    targets += re.findall(r"^\[[^]]+\]:\s*(\S+)", readme, re.M)
+    assert targets
+    relative = [t for t in targets if "://" not in t and not t.startswith("#")]
+    assert not relative, relative
+    missing = [t for t in targets if t.startswith(REPO_URL)
+               and not (ROOT / re.sub(r"^(blob|tree)/main/", "", t[len(REPO_URL):])
+                        .split("#")[0]).exists()]
+    assert not missing, missing
+    used = set(re.findall(r"\]\[([^]]+)\]", readme))
+    defined = set(re.findall(r"^\[([^]]+)\]:", readme, re.M))
+    assert used <= defined, used - defined
+
+
+def test_pyproject_urls_match_the_readme_links() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'Repository = "{REPO_URL.rstrip("/")}"' in text
 
 
 # --- every public name documented --------------------------------------------------------------

@@ -19,10 +19,10 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.crypto import ENTRY, THREAD, TenantKeys, aad_scope
 from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import tenant_scope
+from tests.fake_agent import build_chat_graph
 
 EMAIL_T1 = "alice.deleted@example.com"
 EMAIL_T2 = "bob.forgotten@example.com"

@@ -7,6 +7,7 @@ tests/test_server.py."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 COVERED_HERE = {"quickstart_sqlite.py", "async_postgres_service.py", "starlette_app.py",
                 "react_agent_idempotent.py", "retention_pruner.py", "key_rotation.py",
-                "react_agent_store.py"}
+                "react_agent_store.py", "fastapi_postgres.py"}
 COVERED_BY_TEST_SERVER = {"langgraph_server"}
 
 
@@ -47,6 +48,7 @@ def _comparable(out: str) -> set[str]:
 def _run_once(name: str, cwd: Path, *args: str, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SECURESAVER_")}
     environ.update(env)
+    environ["PYTHONWARNINGS"] = "error::DeprecationWarning"   # no example on a deprecated API
     environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=600)
@@ -58,6 +60,20 @@ def test_every_example_is_tested() -> None:
     present = {p.name for p in EXAMPLES.iterdir() if not p.name.startswith((".", "_"))
                and p.name != "README.md"}
     assert present == COVERED_HERE | COVERED_BY_TEST_SERVER
+
+
+def test_examples_use_the_current_agent_api_and_their_own_fake_model() -> None:
+    """No example imports the package's internals (its demo's scripted model), silences a
+    warning, or builds on the deprecated ``create_react_agent``; the agent examples use
+    ``langchain.agents.create_agent``."""
+    sources = {p.relative_to(EXAMPLES).as_posix(): p.read_text(encoding="utf-8")
+               for p in EXAMPLES.rglob("*.py")}
+    for name, text in sources.items():
+        assert not re.search(r"^\s*(from|import) langgraph_securesaver\.cli", text, re.M), name
+        assert "catch_warnings" not in text and "simplefilter" not in text, name
+        assert "create_react_agent" not in text, name
+    assert {n for n, t in sources.items() if "from langchain.agents import create_agent" in t} \
+        >= {"react_agent_idempotent.py", "react_agent_store.py"}
 
 
 @pytest.mark.parametrize("name", sorted(COVERED_HERE))
@@ -143,6 +159,9 @@ def test_key_rotation(tmp_path: Path) -> None:
     assert "in use: {'1': 5}" in out
     assert "after rewrap: {'2': 5}" in out
     assert "retired master versions: ['1', '2'] ok: True" in out
+    # with per-thread keys nothing needs rewriting, and the example says so (not "0 rows")
+    assert "rows already under their thread's key: " in out and "rewritten: 0" in out
+    assert "re-encrypted rows: 0" not in out
     assert "still readable: ['written under master v1', 'written under data key v2']" in out
     assert "keyring versions now: ['3']" in out
 
@@ -164,3 +183,26 @@ def test_react_agent_store(tmp_path: Path) -> None:
     second = _run_once("react_agent_store.py", kept, str(kept / "memory.db"))
     assert first.count("prefers invoices") == 1 and second.count("prefers invoices") == 2
     assert "fact on disk: False" in second
+
+
+@pytest.mark.postgres
+def test_fastapi_postgres_recipe(tmp_path: Path, pg_url: str) -> None:
+    """The production recipe: FastAPI, async PostgreSQL, SecureSaver and SecureStore, tenants
+    from the token, an idempotent tool, the pruner as cron runs it -- twice in a row."""
+    from tests.conftest import drop_pg_schema, new_pg_schema
+    schema = new_pg_schema()
+    try:
+        out = run_example("fastapi_postgres.py", tmp_path, "--demo",
+                          SECURESAVER_EXAMPLE_SCHEMA=schema)
+    finally:
+        drop_pg_schema(schema)
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert lines["no token"] == "401"
+    assert lines["refund, first try"] == "503"
+    assert lines["refund, retried"] == "done: refunded A-17"
+    assert lines["provider calls"] == "2 refunds made: 1"       # one refund, one key
+    assert lines["globex reads t1"] == "{'messages': []}"
+    assert lines["acme memories"] == "['invoices to li.wei@example.com']"
+    assert lines["globex memories"] == "[]"
+    assert lines["e-mail stored in clear"] == "False"
+    assert lines["pruner exit code"] == "0 threads deleted: 0 stderr bytes: 0"

@@ -14,11 +14,11 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.keys.crypto import BOUND
 from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import inner_thread_id
+from tests.fake_agent import build_chat_graph
 
 BACKENDS = ["sqlite", "postgres"]
 runner = CliRunner()

@@ -18,7 +18,7 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 
 INSECURE_ENV_VAR = "SECURESAVER_ALLOW_INSECURE_KEYRING"
 

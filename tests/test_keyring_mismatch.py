@@ -15,8 +15,8 @@ from langgraph_securesaver import (
     SecureSaver,
     TamperedDataError,
 )
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
+from tests.fake_agent import build_chat_graph
 
 CFG = {"configurable": {"thread_id": "t-1", "tenant_id": "acme"}}
 

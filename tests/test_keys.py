@@ -17,9 +17,9 @@ from langgraph_securesaver import (
     SecureSaver,
     TamperedDataError,
 )
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.crypto import token_key_version
 from langgraph_securesaver.tenancy import inner_thread_id
+from tests.fake_agent import build_chat_graph
 
 
 def _cfg(thread: str, tenant: str) -> dict:

@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                                  "redaction/"})),
     ("audit and idempotency", frozenset({"audit/", "idempotency/"})),
     ("operations", frozenset({"ops/"})),
-    ("checkpointer", frozenset({"saver", "connect", "store/", "server/"})),
+    ("checkpointer", frozenset({"saver", "connect", "store/", "server/", "evidence/"})),
     ("cli", frozenset({"cli/"})),
     # the facades: the package and the idempotency package re-export names of every layer; the
     # old module paths LangGraph Server configurations name re-export the server package's

@@ -10,7 +10,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_support_graph
+from tests.fake_agent import build_support_graph
 
 from .graph_helpers import INT_MARKER, MARKERS, found_markers, sqlite_files_bytes, turns
 

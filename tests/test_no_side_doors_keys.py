@@ -32,7 +32,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.errors import SecureSaverError
 from langgraph_securesaver.keys.crypto import (
     ENTRY,
@@ -44,6 +43,7 @@ from langgraph_securesaver.keys.crypto import (
 from langgraph_securesaver.keys.keyring import WrappedKey
 from langgraph_securesaver.keys.material import SecretBytes
 from langgraph_securesaver.registry.integrity import RESERVED_TENANT
+from tests.fake_agent import build_chat_graph
 
 from .secrecy_helpers import REPORTERS, Secrets, capture, chain, forms, leaks
 

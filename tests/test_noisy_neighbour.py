@@ -29,7 +29,7 @@ from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_sco
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.redaction import RedactionError, RedactionPolicy, Redactor
 from langgraph_securesaver.redaction import pool as pool_mod
-from langgraph_securesaver.redaction.budget import COOL_DOWNS, WriteBudget, write_scope
+from langgraph_securesaver.redaction.budget import WriteBudget, write_scope
 from langgraph_securesaver.registry.denials import DenialLog
 from tests.scripts.budget_restart import tool_output
 
@@ -79,29 +79,39 @@ def _storage_bytes(path: Path) -> bytes:
 
 @pytest.fixture(autouse=True)
 def _in_process_pool() -> Any:
-    """Each test gets a fresh process pool (and the default one back afterwards), and no
-    tenant starts in a cool-down left by an earlier test."""
-    COOL_DOWNS.clear()
+    """Each test gets a fresh process pool (and the default one back afterwards)."""
     yield
     pool_mod.configure_pool()
-    COOL_DOWNS.clear()
 
 
 # --------------------------------------------------------------------------------------------
 # the budget of one write
 # --------------------------------------------------------------------------------------------
-def test_the_excess_past_the_parts_budget_is_withheld_and_never_returned() -> None:
+def test_a_write_past_the_parts_budget_is_refused_and_nothing_is_returned() -> None:
     pool_mod.configure_pool(0)
     redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=5)))
     values = [f"note {i}: write to user{i}@example.com" for i in range(12)]
-    out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
-    assert out[5:] == [WITHHELD] * 7
-    assert all("<EMAIL_ADDRESS:" in v for v in out[:5])
-    assert {e.value for e in vault} == {f"user{i}@example.com" for i in range(5)}
-    # a new write has a budget of its own: the same strings go through
-    again, _ = redactor.redact_value(values[5:10], channel="messages", token_key=KEY)
-    assert WITHHELD not in again
+    with pytest.raises(RedactionError, match="budget") as info:
+        redactor.redact_value(values, channel="messages", token_key=KEY)
+    assert "user1" not in str(info.value) and "example" not in str(info.value)
+    # a new write has a budget of its own: five strings go through, whole
+    again, vault = redactor.redact_value(values[5:10], channel="messages", token_key=KEY)
+    assert all("<EMAIL_ADDRESS:" in v for v in again) and len(vault) == 5
 
+
+def test_each_string_is_charged_once_whatever_the_caches_hold() -> None:
+    """Costs are deterministic: a string analyzed in a batch and looked up again by the walk
+    is charged once, even when no cache keeps the batch's result (as when other tenants'
+    load evicts it). On main it was charged twice and half the write withheld."""
+    pool_mod.configure_pool(0)
+    values = [f"note {i}: write to user{i}@example.com" for i in range(300)]
+    for cache_size in (0, 16_384):
+        redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=300)),
+                            cache_size=cache_size)
+        with write_scope() as spend:
+            out, vault = redactor.redact_value(values, channel="rows", token_key=KEY)
+        assert spend.parts == 300 and spend.chars == sum(map(len, values))
+        assert WITHHELD not in out and len(vault) == 300
 
 def test_a_list_of_strings_analyzed_in_batches_gives_each_string_its_own_tokens() -> None:
     """The strings of one list go to the analyzer in batches: every string comes out as it
@@ -160,23 +170,12 @@ def test_a_custom_analyzer_is_never_batched() -> None:
     assert all(v.startswith("<EMPLOYEE_ID:") for v in out)
 
 
-def test_a_write_refused_before_any_analysis_starts_no_cool_down() -> None:
-    """A string over max_chars is withheld before any analysis: it costs nothing, so it must
-    not let one caller throttle its whole tenant."""
-    pool_mod.configure_pool(0)
-    redactor = Redactor()
-    with write_scope("acme"):
-        out, _ = redactor.redact_value(["x" * 2_000_001], channel="rows", token_key=KEY)
-    assert out == [WITHHELD]
-    assert COOL_DOWNS.factor("acme", 0.1) == 1.0
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_value_of_many_strings_past_the_budget_withholds_its_tail(tmp_path: Path,
-                                                                    mode: str) -> None:
+def test_a_value_of_many_strings_past_the_budget_is_refused_whole(tmp_path: Path,
+                                                                  mode: str) -> None:
     """A value of 100,000 short strings with a phone number each, default settings: the
-    analyzed head keeps its strings (tokenized, restored for the owner), every string of the
-    tail is withheld, and none of the tail reaches storage."""
+    write is refused with RedactionError, and nothing of it -- no head, no marker -- is
+    stored (on main its head was kept and its tail silently withheld)."""
     db = tmp_path / "agent.db"
     rows = [f"row SECRETROW{i:06d}X call 415-555-{i % 10000:04d}" for i in range(100_000)]
     cp = empty_checkpoint()
@@ -186,22 +185,19 @@ def test_a_value_of_many_strings_past_the_budget_withholds_its_tail(tmp_path: Pa
     md: Any = {"source": "input", "step": -1, "parents": {}}
     if mode == "sync":
         with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
-            saver.put(cfg, cp, md, {"rows": 1})
-            tup = saver.get_tuple(cfg)
+            with pytest.raises(RedactionError, match="budget"):
+                saver.put(cfg, cp, md, {"rows": 1})
+            assert saver.get_tuple(cfg) is None
     else:
         async def run() -> Any:
             async with SecureSaver.afrom_url(f"sqlite:///{db}",
                                              keyring=Keyring.generate()) as saver:
-                await saver.aput(cfg, cp, md, {"rows": 1})
+                with pytest.raises(RedactionError, match="budget"):
+                    await saver.aput(cfg, cp, md, {"rows": 1})
                 return await saver.aget_tuple(cfg)
-        tup = asyncio.run(run())
-    stored = tup.checkpoint["channel_values"]["rows"]
-    kept = [i for i, r in enumerate(stored) if r != WITHHELD]
-    assert kept and kept == list(range(len(kept)))  # the head, in order
-    assert len(kept) < len(rows)
-    assert all(stored[i] == rows[i] for i in kept)
+        assert asyncio.run(run()) is None
     raw = _storage_bytes(db)
-    for i in range(len(kept), len(rows), 997):
+    for i in range(0, len(rows), 997):
         assert f"SECRETROW{i:06d}X".encode() not in raw
 
 
@@ -211,158 +207,27 @@ def test_a_write_scope_is_one_budget_for_every_channel() -> None:
     with write_scope():
         first, _ = redactor.redact_value(["a1@example.com", "a2@example.com"], channel="a",
                                          token_key=KEY)
-        second, _ = redactor.redact_value(["b1@example.com", "b2@example.com"], channel="b",
-                                          token_key=KEY)
-    assert WITHHELD not in first and second[1] == WITHHELD and second[0] != WITHHELD
+        with pytest.raises(RedactionError, match="budget"):
+            redactor.redact_value(["b1@example.com", "b2@example.com"], channel="b",
+                                  token_key=KEY)
+    assert WITHHELD not in first
 
 
-def test_the_raise_policy_refuses_the_write() -> None:
+def test_a_string_past_its_time_budget_refuses_the_write() -> None:
+    """The per-string time budget (a hostile string that is slow to analyze) refuses the
+    write; it never withholds part of it in silence."""
     pool_mod.configure_pool(0)
-    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=5,
-                                                                 on_exceed="raise")))
-    values = [f"user{i}@example.com" for i in range(12)]
-    with pytest.raises(RedactionError, match="budget") as info:
-        redactor.redact_value(values, channel="messages", token_key=KEY)
-    assert "user1" not in str(info.value) and "example" not in str(info.value)
-
-
-def test_the_time_budget_withholds_what_is_left() -> None:
-    pool_mod.configure_pool(0)
-    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(time_budget=0.001)))
+    redactor = Redactor()
     ticks = iter(range(10**6))
-    redactor._cpu_clock = lambda: float(next(ticks))  # each analysis "takes" a CPU second
-    redactor._clock = lambda: 0.0  # and no wall time (a loaded machine cannot interfere)
-    values = [f"user{i}@example.com" for i in range(4)]
-    out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
-    assert out[0] != WITHHELD and out[1:] == [WITHHELD] * 3  # the first spends it all
-    assert [e.value for e in vault] == ["user0@example.com"]
-    # a string that runs into the write's deadline (a wall clock a second per call) is
-    # withheld as the write's excess, not as a string over its own budget
-    wall = iter(range(10**6))
-    redactor._clock = lambda: float(next(wall))
-    fresh = [f"other{i}@example.com" for i in range(4)]  # not cached
-    out, vault = redactor.redact_value(fresh, channel="messages", token_key=KEY)
-    assert out == [WITHHELD] * 4 and vault == []
-
-
-class _LoadedMachine:
-    """A fake machine where every analysis takes 0.1 CPU seconds and 2 wall seconds (a load
-    of 20): the wall clock moves only when the CPU clock is read."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def wall(self) -> float:
-        return self.now
-
-    def cpu(self) -> float:
-        cpu = self.now / 10  # read before and after an analysis: 0.1 CPU s, 2 wall s
-        self.now += 1.0
-        return cpu
-
-
-@pytest.mark.parametrize("on_exceed", ["mask", "raise"])
-def test_the_wall_clock_deadline_applies_once_the_write_used_real_cpu(on_exceed: str) -> None:
-    """On a loaded machine the CPU budget alone stretches to many wall seconds: past
-    ``wall_after`` CPU seconds the write also has ``wall_budget`` wall seconds of analysis.
-    Below ``wall_after`` (every real turn) load alone never withholds anything."""
-    pool_mod.configure_pool(0)
-    budget = WriteBudget(time_budget=100.0, wall_budget=3.0, wall_after=0.25,
-                         on_exceed=on_exceed)
-    redactor = Redactor(RedactionPolicy(write_budget=budget, time_budget=60.0))
-    machine = _LoadedMachine()
-    redactor._cpu_clock = machine.cpu
-    redactor._clock = machine.wall
-    values = [f"user{i}@example.com" for i in range(6)]
-    if on_exceed == "raise":
-        with pytest.raises(RedactionError, match="wall time") as info:
-            redactor.redact_value(values, channel="messages", token_key=KEY)
-        assert "example" not in str(info.value)
-        return
-    out, vault = redactor.redact_value(values, channel="messages", token_key=KEY)
-    # 0.1, 0.2, 0.3 CPU s (2, 4, 6 wall s, far past 3): the first three go through
-    assert all("<EMAIL_ADDRESS:" in v for v in out[:3]) and out[3:] == [WITHHELD] * 3
-    assert {e.value for e in vault} == {f"user{i}@example.com" for i in range(3)}
-    # the same load with the deadline applying only past 100 CPU s: nothing withheld
-    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(
-        time_budget=100.0, wall_budget=3.0, wall_after=100.0), time_budget=60.0))
-    machine = _LoadedMachine()
-    lenient._cpu_clock = machine.cpu
-    lenient._clock = machine.wall
-    out, _ = lenient.redact_value(values, channel="messages", token_key=KEY)
-    assert WITHHELD not in out and machine.now > 10
-
-
-def test_a_tenant_past_its_budget_gets_a_tenth_of_it_for_the_cool_down() -> None:
-    """A write that ran past its budget starts its tenant's cool-down: that tenant's next
-    over-budget write is refused after a tenth of the budget's work, its small writes and chat
-    turns still go through, and another tenant's writes keep the full budget."""
-    pool_mod.configure_pool(0)
-    # the first write analyzes all 50 strings it may: more than half a bound's work
-    redactor = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50)))
-    values = [f"note {i}: write to user{i}@example.com" for i in range(200)]
-
-    def write(tenant: str, value: Any) -> Any:
-        with write_scope(tenant):
-            return redactor.redact_value(value, channel="rows", token_key=KEY)[0]
-
-    first = write("mallory", values)
-    assert first[:50] == [v for v in first[:50] if WITHHELD not in v] and first[50] == WITHHELD
-    # the next over-budget write is refused, not withheld: a tenth of max_parts, then no more
-    with pytest.raises(RedactionError, match="cool-down") as refused:
-        write("mallory", [v + " again" for v in values])
-    assert "example" not in str(refused.value)
-    small = write("mallory", values[100:105])  # within a tenth of max_parts
-    assert len(small) == 5 and WITHHELD not in small
-    turn = write("mallory", ["please mail ann@example.org the summary"])
-    assert turn != [WITHHELD] and "<EMAIL_ADDRESS:" in turn[0]
-    other = write("victim", [v + " other" for v in values])
-    assert len([v for v in other if v != WITHHELD]) == 50
-    # a budget without a cool-down never penalizes
-    lenient = Redactor(RedactionPolicy(write_budget=WriteBudget(max_parts=50, cool_down=0)))
-    with write_scope("eve"):
-        lenient.redact_value(values, channel="rows", token_key=KEY)
-    with write_scope("eve"):
-        out, _ = lenient.redact_value([v + "!" for v in values], channel="rows", token_key=KEY)
-    assert len([v for v in out if v != WITHHELD]) == 50
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_hostile_write_starts_a_cool_down_with_default_settings(tmp_path: Path,
-                                                                  mode: str) -> None:
-    """Default settings: a 2,000-part message runs past the budget and starts its tenant's
-    cool-down; the tenant's next chat turn in it is still stored whole, and another tenant
-    is not in one."""
-    db = tmp_path / "agent.db"
-    hostile = _checkpoint([HumanMessage(content=_hostile_parts(2000))])
-    turn = _checkpoint([HumanMessage("please mail ann@example.org the summary")])
-    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
-        _put(saver, mode, _cfg("h", "mallory"), hostile)
-        assert COOL_DOWNS.factor("mallory", 0.1) == 0.1
-        assert COOL_DOWNS.factor("victim", 0.1) == 1.0
-        tup = _put(saver, mode, _cfg("c", "mallory"), turn)
-        # the next hostile write in the cool-down is refused: nothing of it is stored
-        again = _checkpoint([HumanMessage(content=_hostile_parts(2000, seed=5))])
-        with pytest.raises(RedactionError, match="cool-down"):
-            _put(saver, mode, _cfg("h2", "mallory"), again)
-        assert saver.get_tuple(_cfg("h2", "mallory")) is None
-    assert tup.checkpoint["channel_values"]["messages"][0].content == (
-        "please mail ann@example.org the summary")
-    assert b"SECRETPART01999X" not in _storage_bytes(db)
-
-
-def test_the_cool_down_ends() -> None:
-    budget = WriteBudget(max_parts=50, cool_down=0.2)
-    COOL_DOWNS.start("mallory", budget.cool_down)
-    assert COOL_DOWNS.factor("mallory", budget.penalty) == budget.penalty
-    time.sleep(0.25)
-    assert COOL_DOWNS.factor("mallory", budget.penalty) == 1.0
+    redactor._clock = lambda: float(next(ticks)) * 100  # every look at the clock: 100 s
+    with pytest.raises(RedactionError, match="time budget") as info:
+        redactor.redact_value(["write to alice@example.com"], channel="messages",
+                              token_key=KEY)
+    assert "alice" not in str(info.value)
 
 
 def test_budget_settings_are_checked() -> None:
-    for bad in ({"max_chars": 10}, {"max_parts": 0}, {"time_budget": 0},
-                {"on_exceed": "ignore"}, {"wall_budget": 0}, {"wall_after": -1},
-                {"cool_down": -1}, {"penalty": 0}, {"penalty": 1.5}):
+    for bad in ({"max_chars": 10}, {"max_parts": 0}):
         with pytest.raises(Exception, match="budget"):
             WriteBudget(**bad)
     with pytest.raises(Exception, match="WriteBudget"):
@@ -370,62 +235,31 @@ def test_budget_settings_are_checked() -> None:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_hostile_message_is_withheld_with_default_settings(tmp_path: Path,
-                                                             mode: str) -> None:
-    """2,000 parts of ~2 KB, each with an e-mail: past the default budget of a write (4 MB
-    of text to analyze against 600,000 characters) the rest is withheld, and none of it
-    reaches storage, the vault or the read."""
+def test_a_hostile_message_is_refused_with_default_settings(tmp_path: Path, mode: str) -> None:
+    """2,000 parts of ~2 KB, each with an e-mail (4 MB of text to analyze against 600,000
+    characters): refused with RedactionError, on a busy machine as on a quiet one; nothing
+    of it reaches storage or the vault, and the same tenant's next chat turn is stored whole
+    (no cool-down)."""
     db = tmp_path / "agent.db"
-    parts = _hostile_parts(2000)
-    cfg = _cfg("t", "mallory")
-    if mode == "sync":
-        with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
-            tup = _put(saver, mode, cfg, _checkpoint([HumanMessage(content=parts)]))
-            inventory = saver.pii_inventory("mallory")
-    else:
-        async def run() -> Any:
-            async with SecureSaver.afrom_url(f"sqlite:///{db}",
-                                             keyring=Keyring.generate()) as saver:
-                md: Any = {"source": "input", "step": -1, "parents": {}}
-                await saver.aput(cfg, _checkpoint([HumanMessage(content=parts)]), md,
-                                 {"messages": 1})
-                return await saver.aget_tuple(cfg), await saver.apii_inventory("mallory")
-        tup, inventory = asyncio.run(run())
-    stored = tup.checkpoint["channel_values"]["messages"][0].content
-    withheld = [i for i, p in enumerate(stored) if p["text"] == WITHHELD]
-    kept = [i for i, p in enumerate(stored) if p["text"] != WITHHELD]
-    assert withheld and withheld == list(range(len(kept), 2000))  # the excess, in order
-    for i in kept:  # analyzed parts: redacted on the way in, restored for the owner
-        assert stored[i]["text"] == parts[i]["text"]
-    assert inventory == {("mallory", "t"): {"EMAIL_ADDRESS": len(kept)}}
-    dump = json.dumps(stored)
-    raw = _storage_bytes(db)
-    for i in withheld[:: max(1, len(withheld) // 50)]:
-        marker = f"SECRETPART{i:05d}X"
-        assert marker not in dump and marker.encode() not in raw
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_raise_policy_stores_nothing_of_a_hostile_write(tmp_path: Path, mode: str) -> None:
-    db = tmp_path / "agent.db"
-    policy = RedactionPolicy(write_budget=WriteBudget(on_exceed="raise"))
-    cfg = _cfg("t", "mallory")
-    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate(),
-                              redaction=Redactor(policy)) as saver:
+    hostile = _checkpoint([HumanMessage(content=_hostile_parts(2000))])
+    turn = _checkpoint([HumanMessage("please mail ann@example.org the summary")])
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=Keyring.generate()) as saver:
         with pytest.raises(RedactionError, match="budget"):
-            _put(saver, mode, cfg, _checkpoint([HumanMessage(content=_hostile_parts(2000))]))
-        assert saver.get_tuple(cfg) is None
+            _put(saver, mode, _cfg("h", "mallory"), hostile)
+        assert saver.get_tuple(_cfg("h", "mallory")) is None
         assert saver.pii_inventory("mallory") == {}
-    assert b"SECRETPART01999X" not in _storage_bytes(db)
+        tup = _put(saver, mode, _cfg("c", "mallory"), turn)
+    assert tup.checkpoint["channel_values"]["messages"][0].content == (
+        "please mail ann@example.org the summary")
+    raw = _storage_bytes(db)
+    assert b"SECRETPART01999X" not in raw and b"SECRETPART00000X" not in raw
 
 
 @pytest.mark.parametrize("size", ["200 KB document", "100 KB tool output", "CRM search"])
 def test_a_real_turn_stays_far_from_the_default_budget(size: str) -> None:
-    """Real turns, default settings: nothing is withheld, no cool-down starts, and each uses
-    at most half of the character and string bounds -- a margin that does not depend on the
-    machine's speed or load (the CI machine once needed 0.5 CPU s for what takes 0.1 s here;
-    a write of a real turn must never meet a time bound first). Its CPU time is printed for
-    the record, not asserted."""
+    """Real turns, default settings: each uses at most half of the character and string
+    bounds -- counted deterministically, so the margin does not depend on the machine's
+    speed or load."""
     pool_mod.configure_pool(0)
     rng = random.Random(3)
     if size == "200 KB document":
@@ -438,16 +272,12 @@ def test_a_real_turn_stays_far_from_the_default_budget(size: str) -> None:
               "note": _filler(rng, 80)} for i in range(700)]))
     else:
         value = HumanMessage(content=tool_output(7))
-    started = time.thread_time()
-    with write_scope("acme") as spend:
+    with write_scope() as spend:
         out, _ = Redactor().redact_value([value], channel="messages", token_key=KEY)
-    print(f"{size}: {spend.chars} chars, {spend.parts} strings, "
-          f"{time.thread_time() - started:.2f} CPU s")
-    assert WITHHELD not in out[0].content and spend.exceeded is None
+    assert WITHHELD not in out[0].content
     budget = WriteBudget()
     assert 0 < 2 * spend.chars <= budget.max_chars
     assert 2 * spend.parts <= budget.max_parts
-    assert COOL_DOWNS.factor("acme", budget.penalty) == 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,8 +307,7 @@ def test_a_write_failing_while_a_batch_is_in_flight_leaves_the_worker_clean(
     pids = pool.pids()
     hostile = HumanMessage(content=_hostile_parts(60, size=1500, seed=3))  # ~90,000 chars
     if failure == "refused":
-        strict = Redactor(RedactionPolicy(write_budget=WriteBudget(on_exceed="raise",
-                                                                   max_chars=50_000)))
+        strict = Redactor(RedactionPolicy(write_budget=WriteBudget(max_chars=50_000)))
         with pytest.raises(RedactionError, match="budget"):
             strict.redact_value([hostile], channel="messages", token_key=KEY)
     else:

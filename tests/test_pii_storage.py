@@ -13,8 +13,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.tenancy import ThreadRef, inner_thread_id, tenant_scope
+from tests.fake_agent import build_chat_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 EMAIL = "li.na@example.com"

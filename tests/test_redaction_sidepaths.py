@@ -28,7 +28,6 @@ from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.idempotency import mark_recoverable, run_once
 from langgraph_securesaver.redaction import (
     RedactionError,
@@ -36,7 +35,7 @@ from langgraph_securesaver.redaction import (
     Redactor,
     make_token,
 )
-from langgraph_securesaver.redaction.budget import COOL_DOWNS
+from tests.fake_agent import build_chat_graph
 
 from .conftest import drop_pg_schema, new_pg_schema, pg_url_in, require_postgres
 
@@ -273,41 +272,30 @@ class _JumpingClock:
         return self.now
 
 
-def _overrunning(on_timeout: str) -> Redactor:
-    redactor = Redactor(RedactionPolicy(on_timeout=on_timeout))
+def _overrunning() -> Redactor:
+    redactor = Redactor(RedactionPolicy())
     redactor._clock = _JumpingClock()
     return redactor
 
 
-def test_a_budget_overrun_withholds_the_whole_value() -> None:
-    redactor = _overrunning("mask")
+def test_a_budget_overrun_refuses_the_value_and_never_withholds_in_silence() -> None:
     text = f"write to {PLANTED['error']} about card {CARD}"
-    result = redactor.redact(text)
-    assert result.text == "<WITHHELD:masked>"
-    assert [e.kind for e in result.entities] == ["WITHHELD"]
-    out, vault = redactor.redact_value({"a": [text, {"b": text}]}, channel="c",
-                                       token_key=b"k" * 32)
-    assert out == {"a": ["<WITHHELD:masked>", {"b": "<WITHHELD:masked>"}]} and vault == []
+    with pytest.raises(RedactionError, match="time budget") as info:
+        _overrunning().redact(text)
+    assert PLANTED["error"] not in str(info.value) and CARD not in str(info.value)
     with pytest.raises(RedactionError, match="time budget"):
-        _overrunning("raise").redact(text)
+        _overrunning().redact_value({"a": [text, {"b": text}]}, channel="c",
+                                    token_key=b"k" * 32)
 
 
-def test_a_budget_overrun_never_stores_the_value_in_clear(tmp_path: Path) -> None:
+def test_a_budget_overrun_never_stores_the_value(tmp_path: Path) -> None:
     text = f"write to {PLANTED['error']} about card {CARD}"
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    with SecureSaver.from_url(url, keyring=Keyring.generate(),
-                              redaction=_overrunning("mask")) as saver:
-        build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _config("t"))
-        content = saver.get_tuple(_config("t")).checkpoint["channel_values"]["messages"][0]
-        assert content.content == "<WITHHELD:masked>"
-    # the overrun started the tenant's cool-down, whose smaller write budget would mask
-    # (on_exceed) before the string's own time budget raises (on_timeout)
-    COOL_DOWNS.clear()
-    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite-raise'}",
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}",
                               keyring=Keyring.generate(),
-                              redaction=_overrunning("raise")) as saver:
+                              redaction=_overrunning()) as saver:
         with pytest.raises(RedactionError):
             build_chat_graph(saver).invoke({"messages": [HumanMessage(text)]}, _config("u"))
+        assert saver.get_tuple(_config("u")) is None
     assert PLANTED["error"].encode() not in _raw_sqlite(tmp_path)
     assert CARD.encode() not in _raw_sqlite(tmp_path)
 

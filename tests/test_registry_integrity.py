@@ -23,7 +23,6 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint
@@ -36,6 +35,7 @@ from langgraph_securesaver.registry.core import SCHEMA_VERSION, normalize_url
 from langgraph_securesaver.registry.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
+from tests.fake_agent import build_chat_graph
 
 from .boundary_helpers import Calls, execute_fingerprinted_refund
 

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.retention import RetentionPolicy, parse_duration
 from langgraph_securesaver.tenancy import inner_thread_id, tenant_scope
+from tests.fake_agent import build_chat_graph
 
 HOUR = 3600.0
 

@@ -17,11 +17,11 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
+from tests.fake_agent import build_chat_graph
 
 WORKER = [sys.executable, "-m", "tests.scripts.prune_worker"]
 ROOT = Path(__file__).resolve().parents[1]

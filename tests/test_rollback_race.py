@@ -24,9 +24,9 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.ops.pruner import Sweep
 from langgraph_securesaver.tenancy import tenant_scope
+from tests.fake_agent import build_chat_graph
 
 OLD_RUN = "11111111-1111-4111-8111-111111111111"
 NEW_RUN = "22222222-2222-4222-8222-222222222222"

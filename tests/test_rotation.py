@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.ops.rotation import reencrypt, rotate_keys, unfinished_job
 from langgraph_securesaver.storage.raw_tables import raw_tables_for
+from tests.fake_agent import build_chat_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -17,9 +17,9 @@ from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.audit.scan import scan
 from langgraph_securesaver.cli import main as cli_module
 from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
-from langgraph_securesaver.cli.demo import build_support_graph
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.tenancy import inner_thread_id, tenant_tag
+from tests.fake_agent import build_support_graph
 
 runner = CliRunner()
 

@@ -753,7 +753,7 @@ async def _direct_reads(server: Server, alice_thread: str, rolled_thread: str) -
 # tenant resolution without a server
 # --------------------------------------------------------------------------------------------
 def _graph(saver: Any) -> Any:
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
     return build_chat_graph(saver)
 
 

@@ -20,7 +20,7 @@ from langgraph_securesaver.audit import summaries
 from langgraph_securesaver.audit.inventory import audit
 from langgraph_securesaver.audit.scan import scan
 from langgraph_securesaver.audit.sql import AuditDatabase
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 
 from .boundary_helpers import Raw
 
@@ -73,7 +73,7 @@ _WRITER = textwrap.dedent("""
     import sys
     from langchain_core.messages import HumanMessage
     from langgraph_securesaver import Keyring, SecureSaver
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
     url, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with SecureSaver.from_url(url, keyring=Keyring.from_file(path), redaction=None,
                               activity_resolution=%r) as saver:

@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import AsyncOnlySaverError, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 
 
 def _cfg(thread: str) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import uuid
 from pathlib import Path
@@ -10,19 +11,21 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.crypto import is_token
 from langgraph_securesaver.tenancy import inner_thread_id
+from tests.fake_agent import build_chat_graph
 
 
 def _cfg(thread: str, tenant: str = "acme") -> dict:
     return {"configurable": {"thread_id": thread, "tenant_id": tenant}}
 
 
-@pytest.fixture
-def saver(tmp_path: Path, key_provider: object):
-    """Over each key provider (Keyring, AWS KMS): tampering is caught the same way."""
-    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=key_provider,
+@pytest.fixture(scope="module")
+def seeded(module_key_provider: object, tmp_path_factory: pytest.TempPathFactory
+           ) -> tuple[Path, object]:
+    """Two tenants, two threads each, two turns each: written once per key provider."""
+    db = tmp_path_factory.mktemp("tamper-seed") / "db.sqlite"
+    with SecureSaver.from_url(f"sqlite:///{db}", keyring=module_key_provider,
                               redaction=None) as s:
         graph = build_chat_graph(s)
         for tenant in ("acme", "globex"):
@@ -30,6 +33,18 @@ def saver(tmp_path: Path, key_provider: object):
                 for text in ("first message", "second message"):
                     graph.invoke({"messages": [HumanMessage(f"{tenant}/{thread}: {text}")]},
                                  _cfg(thread, tenant))
+    return db, module_key_provider
+
+
+@pytest.fixture
+def saver(tmp_path: Path, seeded: tuple[Path, object]):
+    """Over each key provider (Keyring, AWS KMS, PKCS#11): tampering is caught the same way.
+    Each test attacks its own copy of the seeded database, through a new saver."""
+    db, provider = seeded
+    for part in db.parent.glob(db.name + "*"):
+        shutil.copy(part, tmp_path / part.name)
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / db.name}", keyring=provider,
+                              redaction=None) as s:
         yield s
 
 

@@ -17,7 +17,7 @@ from langgraph_securesaver import (
     TenantRequired,
     tenant_scope,
 )
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 
 
 def _cfg(thread: str, tenant: str | None = None) -> dict:

@@ -24,11 +24,11 @@ from langgraph_securesaver import (
     SecureSaver,
     tenant_scope,
 )
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.crypto import KeyManager, TenantKeys, row_context
 from langgraph_securesaver.keys.keyring import NoKeys, WrappedKey
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import MAX_THREAD_ID_LENGTH, inner_thread_id, thread_prefix
+from tests.fake_agent import build_chat_graph
 
 EMAIL = "li.na@example.com"
 PHONE = "+1 415 555 0137"
@@ -133,6 +133,7 @@ NAMING_ACME: list[tuple[str, tuple, dict]] = [
     ("pii_inventory", ("acme",), {}),
     ("forget_pii", ("acme",), {"kind": "EMAIL_ADDRESS"}),
     ("forget_subject", ("dana",), {"identifiers": [EMAIL], "tenants": ["acme"]}),
+    ("export_subject", ("dana",), {"tenants": ["acme"]}),
     ("set_tenant_retention", ("acme", RetentionPolicy(legal_hold=True)), {}),
     ("rotate_data_key", ("acme",), {}),
     ("events", (), {"tenant": "acme"}),
@@ -147,6 +148,7 @@ OPERATOR_ONLY: list[tuple[str, tuple, dict]] = [
     ("rotate_keys", (), {}),
     ("rewrap_keys", (), {}),
     ("master_versions_in_use", (), {}),
+    ("destroy_master_key", ("1",), {}),
     ("erasure_epoch", (), {}),
     ("set_default_retention", (None,), {}),
 ]

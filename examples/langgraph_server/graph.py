@@ -6,15 +6,45 @@ with ``Command(resume=...)``.
 The server compiles it with the checkpointer from langgraph.json (SecureSaver).
 """
 
+import re
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import interrupt
 
-from langgraph_securesaver.cli.demo import ScriptedChatModel, lookup_order
+_ORDER = re.compile(r"order\s+([A-Z]{2,}-[A-Z0-9-]+)", re.IGNORECASE)
+
+
+@tool
+def lookup_order(order_id: str) -> str:
+    """Look up an order's shipping status."""
+    return f"Order {order_id} shipped yesterday."
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Replace by your model: looks an order up when one is named, else acknowledges."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
+        last = messages[-1]
+        if isinstance(last, ToolMessage):
+            reply = AIMessage(content=f"Here is what I found: {last.content}")
+        elif order := _ORDER.search(str(last.content)):
+            reply = AIMessage(content="", tool_calls=[{
+                "name": "lookup_order", "args": {"order_id": order.group(1)},
+                "id": f"call_{len(messages)}"}])
+        else:
+            reply = AIMessage(content="Thanks, noted.")
+        return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
 class State(TypedDict, total=False):

@@ -255,6 +255,23 @@ def _about(report: Any, ctx: ReportContext) -> Iterator[str]:
         f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
 
 
+def _banner(problems: Sequence[str], ctx: ReportContext) -> str:
+    """The verdict at the top: every problem and every failed check; "no problems" only when
+    nothing failed, and then it says what was not checked."""
+    failed = [f"{label}: FAIL (see Verification below)" for label, part in
+              (("Checkpoints at rest", ctx.scan), ("Registry integrity", ctx.registry))
+              if part is not None and not part.get("ok")]
+    if problems or failed:
+        return ('<div class="problems" id="verdict"><b>Problems</b><ul>' + "".join(
+            f"<li>{_e(p)}</li>" for p in [*problems, *failed]) + "</ul></div>")
+    inventory = "every stored thread is registered, and none is past its expiry"
+    if ctx.scan is None and ctx.registry is None:
+        return (f'<div class="verdict skip" id="verdict"><b>No inventory problems</b>: '
+                f"{inventory}. {_e(ctx.not_verified)}</div>")
+    return (f'<div class="ok" id="verdict">No problems: {inventory}, and every verification '
+            "below passed.</div>")
+
+
 def _verification(ctx: ReportContext) -> Iterator[str]:
     yield "<h2>Verification</h2>"
     if ctx.scan is None and ctx.registry is None:
@@ -306,8 +323,17 @@ def _trail(title: str, anchor: str, entries: list[Any], empty: str,
         [(_e(str(e.as_dict()["at"]).replace("T", " ").replace("+00:00", " UTC")), "d"),
          (_e(e.kind), ""), (_e(e.tenant or "—"), ""), (_e(e.thread_id or "—"), ""),
          (_e(e.actor or "—"), ""),
-         (_e(", ".join(f"{k}: {v}" for k, v in sorted((e.detail or {}).items()))), "")]
+         (", ".join(f"{_e(k)}: {_detail_value(k, v)}"
+                    for k, v in sorted((e.detail or {}).items())), "")]
         for e in shown))
+
+
+def _detail_value(key: str, value: Any) -> str:
+    """A trail detail for the page: times (``expired_at``, ``erased_under``...) as dates."""
+    if (str(key).endswith(("_at", "_under")) and isinstance(value, (int, float))
+            and not isinstance(value, bool)):
+        return _dt(float(value))
+    return _e(value)
 
 
 LEGEND = (
@@ -387,12 +413,7 @@ def _page(report: Any, shown: Sequence[ThreadAudit], total_threads: int, overdue
            '<div class="tiles">' + "".join(
                f'<div class="tile"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v in tiles)
            + "</div>"]
-    if report.problems:
-        out.append('<div class="problems"><b>Problems</b><ul>' + "".join(
-            f"<li>{_e(p)}</li>" for p in report.problems) + "</ul></div>")
-    else:
-        out.append('<div class="ok">No problems: every stored thread is registered, and none '
-                   "is past its expiry.</div>")
+    out.append(_banner(report.problems, ctx))
     out += [*_about(report, ctx), *_verification(ctx)]
     legend = '<div class="legend">' + "".join(
         f'<span><i style="background:{c}"></i>{_e(t)}</span>' for t, c in colors.items()) + "</div>"

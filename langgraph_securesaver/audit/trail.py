@@ -35,6 +35,38 @@ class TrailEntry:
                 "source": self.source, "id": self.ref}
 
 
+#: Every event kind the library records (``securesaver events --kind`` accepts these, the
+#: receipt forms below, and any kind found in the database). tests/test_cli_newcomer.py checks
+#: that every kind written in the source is listed.
+EVENT_KINDS = frozenset({
+    "access_denied", "data_key_rotated", "key_rotation_finished", "key_rotation_started",
+    "keys_rewrapped", "master_keys_retired", "pii_forgotten", "retention_changed",
+    "retention_sweep", "runs_deleted", "subject_forgotten", "tenant_shredded",
+    "thread_copied"})
+#: the actions of deletion receipts (``--kind receipt:ACTION``)
+RECEIPT_ACTIONS = frozenset({"deleted", "forgotten", "pruned", "rollback", "shredded"})
+
+
+def known_kind(kind: str) -> bool:
+    """Whether ``--kind`` names something the trail can hold (not whether any is recorded)."""
+    if kind == "receipt" or kind.startswith("receipt:"):
+        return kind == "receipt" or kind.split(":", 1)[1] in RECEIPT_ACTIONS
+    return kind in EVENT_KINDS
+
+
+def recorded(saver: SaverLike | AuditDatabase, *, kind: str | None = None,
+             tenant: str | None = None) -> bool:
+    """Whether the database holds any event or receipt of ``kind`` / about ``tenant``
+    (what tells an unknown name from a period without entries)."""
+    registry = saver.registry
+    if kind is None or not kind.startswith("receipt"):
+        if registry.count_events(kind=kind, tenant=tenant):
+            return True
+    if kind is None or kind.startswith("receipt"):
+        return bool(registry.count_receipts(tenant=tenant))
+    return False
+
+
 def _admin_tenant(saver: SaverLike | AuditDatabase, operation: str, tenant: Any) -> str | None:
     """The scope rule of whatever the trail reads (a saver's tenant gate, or the operator-only
     rule of an AuditDatabase)."""

@@ -82,9 +82,22 @@ def echo_json(data: Any, **options: Any) -> None:
     typer.echo(json_safe(json.dumps(data, default=str, **options)))
 
 
-def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
+def reason(exc: BaseException) -> str:
+    """An exception as the CLI words it: the library's message, except that a missing keyring
+    names the CLI's own flags, not the Python API's ``keyring=`` argument."""
+    from ..errors import KeyringRequired
+    if isinstance(exc, KeyringRequired):
+        hint = (f"no keyring: pass --keyring PATH|URL or set {ENV_VAR} (create one with "
+                "`securesaver keygen --out keyring.json`)")
+        return hint + (f": {exc.detail}" if exc.detail else "")
+    return str(exc)
+
+
+def fail(message: str | BaseException, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
     """Print ONE line on stderr (never wrapped, never markup, control characters escaped)
-    and return the exit to raise."""
+    and return the exit to raise. An exception is worded by :func:`reason`."""
+    if isinstance(message, BaseException):
+        message = reason(message)
     line = " ".join(str(message).split())
     get_console(stderr=True).print(f"[bold red]error:[/] {shown(line)}", soft_wrap=True,
                                    highlight=False)
@@ -117,7 +130,7 @@ def thread_arg(value: str | None, what: str = "--thread") -> str | None:
     try:
         return validate_thread_id(value, what)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
 
 
 def check_url(url: str) -> str | None:
@@ -129,7 +142,7 @@ def check_url(url: str) -> str | None:
     try:
         path = sqlite_path(url)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     if path is None and not url.startswith(("postgresql://", "postgres://",
                                             "postgresql+psycopg://")):
         raise fail(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
@@ -147,7 +160,17 @@ def load_keyring(path: str | Path | None) -> Any:
     try:
         return load_provider(path)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
+
+
+def env_keyring() -> Any:
+    """The keyring of ``$SECURESAVER_MASTER_KEY``, or None when the variable is unset or
+    empty. A value that is set but unusable (not base64, wrong length) is an error naming
+    that cause, never taken for "no keyring"."""
+    import os
+    if not os.environ.get(ENV_VAR, "").strip():
+        return None
+    return load_keyring(None)
 
 
 
@@ -159,10 +182,28 @@ class EscapingFormatter(logging.Formatter):
         return "\n".join(escape_controls(line) for line in super().format(record).split("\n"))
 
 
+def release() -> str:
+    """The installed version of the package."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("langgraph-securesaver")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "(not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"securesaver (langgraph-securesaver) {release()}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Log what the library does (INFO) on stderr; without it only "
-        "warnings and errors are logged.")] = False) -> None:
+        "warnings and errors are logged.")] = False,
+        version: Annotated[bool, typer.Option(
+            "--version", is_eager=True, callback=_print_version,
+            help="Print the version and exit.")] = False) -> None:
     """Set up logging for every command (``--verbose``: INFO)."""
     handler = logging.StreamHandler()
     handler.setFormatter(EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
@@ -190,7 +231,7 @@ def open_saver(url: str, keyring: Any) -> Iterator[Any]:
     except typer.Exit:
         raise
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     except database_errors() as exc:
         raise db_error(exc) from None
 
@@ -246,7 +287,7 @@ def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
     except typer.Exit:
         raise
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     except database_errors() as exc:
         raise db_error(exc) from None
     with opened(url, ring) as saver:

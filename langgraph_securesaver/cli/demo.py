@@ -1,6 +1,7 @@
 """A realistic multi-turn support agent with a scripted chat model (no network).
 
-Used by ``securesaver demo``, the benchmarks and the tests: a compiled LangGraph graph with a
+Used by ``securesaver demo`` and the benchmarks (the tests and the examples have their own
+models: tests/fake_agent.py, examples/_fake_model.py): a compiled LangGraph graph with a
 ``messages`` channel, a ToolNode, a str channel and an int channel, so every kind of state
 SecureSaver protects is exercised.
 """
@@ -10,8 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypedDict
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -22,9 +22,6 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
-
-if TYPE_CHECKING:
-    from ..keys.keyring import Keyring
 
 logger = logging.getLogger(__name__)
 
@@ -114,43 +111,3 @@ def build_chat_graph(checkpointer: BaseCheckpointSaver | None) -> Any:
     builder.add_edge(START, "chat")
     builder.add_edge("chat", END)
     return builder.compile(checkpointer=checkpointer)
-
-
-
-#: Where the examples keep their data, relative to the directory they are run from.
-EXAMPLES_DIR = ".securesaver-examples"
-
-
-class ExampleWorkspace(NamedTuple):
-    """An example's own data directory, the keyring file beside its data, and whether data
-    of a former run was removed to make it."""
-
-    path: Path
-    keyring: Keyring
-    removed: bool
-
-    def describe(self) -> str:
-        """One line for the example to print: where its data is and that it starts clean."""
-        return f"data: {self.path} ({'old run removed, ' if self.removed else ''}starting clean)"
-
-
-def example_workspace(name: str, *, root: str | Path | None = None) -> ExampleWorkspace:
-    """A fresh directory for example ``name`` (``./.securesaver-examples/<name>/`` unless
-    ``root`` is given) with a new keyring file in it.
-
-    Examples start clean on every run: data kept from one run to the next would need that
-    run's keyring, and would change what the example prints. Only this example's own
-    directory is removed, never a shared database.
-    """
-    import shutil
-
-    from ..keys.keyring import Keyring
-
-    base = Path(root) if root is not None else Path.cwd() / EXAMPLES_DIR
-    where = base / name
-    removed = where.exists()
-    if removed:
-        shutil.rmtree(where)
-    where.mkdir(parents=True)
-    Keyring.generate().save(where / "keyring.json")
-    return ExampleWorkspace(where, Keyring.from_file(where / "keyring.json"), removed)

@@ -1,4 +1,5 @@
-"""``securesaver demo``: two tenants, a paused-and-resumed tool call, and a raw-disk check.
+"""``securesaver demo``: two tenants, a paused-and-resumed tool call, redaction (a value
+replaced in storage, restored for its tenant), and a raw-disk check.
 
 Everything shown is measured during the run: the conversation strings are searched for in the
 SQLite files byte by byte, and the cross-tenant read is really attempted.
@@ -7,6 +8,7 @@ SQLite files byte by byte, and the cross-tenant read is really attempted.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage
@@ -16,7 +18,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from ..errors import AccessDenied, SecureSaverError
+from ..errors import ENV_VAR, AccessDenied
 from ..keys.keyring import Keyring
 from ..saver import SecureSaver
 from ..tenancy import tenant_scope
@@ -33,6 +35,7 @@ CONVERSATIONS = {
     ],
 }
 THREAD = "support-1"
+EMAIL = "alice.liu@acme-mail.com"
 
 
 def _config(tenant: str) -> RunnableConfig:
@@ -102,10 +105,10 @@ def _run(db: Path, keyring_path: Path | None, keep: bool, console: Console) -> b
             stale.unlink()
     ring_file = keyring_path
     if ring_file is None:
-        try:
+        if os.environ.get(ENV_VAR, "").strip():   # set but unusable: an error, not a new key
             ring = Keyring.from_env()
-            source = "SECURESAVER_MASTER_KEY"
-        except SecureSaverError:
+            source = ENV_VAR
+        else:
             ring_file = db.with_name(db.name + ".keyring.json")
             if not ring_file.exists():
                 Keyring.generate().save(ring_file)
@@ -119,13 +122,13 @@ def _run(db: Path, keyring_path: Path | None, keep: bool, console: Console) -> b
                             title="securesaver demo"))
 
     console.print("[bold]1. Two tenants talk to the support agent[/] (same thread id!)")
-    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+    with SecureSaver.from_url(url, keyring=ring) as saver:   # redaction on, as by default
         for tenant, texts in CONVERSATIONS.items():
             _talk(saver, tenant, texts, console)
 
     console.print("[bold]2. A new saver (as after a restart) resumes both threads[/]")
-    with SecureSaver.from_url(url, keyring=Keyring.load(ring_file) if ring_file else ring,
-                              redaction=None) as saver:
+    with SecureSaver.from_url(url, keyring=Keyring.load(ring_file) if ring_file else ring
+                              ) as saver:
         for tenant, texts in CONVERSATIONS.items():
             _resume(saver, tenant, texts, console)
         states = {t: saver.get_tuple(_config(t)) for t in CONVERSATIONS}
@@ -145,19 +148,36 @@ def _run(db: Path, keyring_path: Path | None, keep: bool, console: Console) -> b
             "alice" in str(m.content).lower() for m in own.checkpoint["channel_values"]["messages"])
         console.print(f"  globex's own '{THREAD}' holds only globex messages: {isolated}")
         denials = len(saver.registry.list_events(kind="access_denied"))
+        with tenant_scope("acme"):
+            restored = _first_message(saver)
 
-    console.print("[bold]4. What an attacker with the database file sees[/]")
+    console.print("[bold]4. Redaction: personal data is replaced before encryption[/]")
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as without_vault:
+        stored = _first_message(without_vault)   # decrypted, but the vault not consulted
+    console.print(f"  in storage (decrypted, vault not read): {escape(stored)}")
+    console.print(f"  acme reads back: {escape(restored)}")
+    redacted = (EMAIL not in stored and "<EMAIL_ADDRESS:" in stored
+                and EMAIL in restored)
+
+    console.print("[bold]5. What an attacker with the database file sees[/]")
     leaked = _secrets_on_disk(db)
     table = Table("check", "result")
     table.add_row("threads resumed after restart", _mark(resumed))
     table.add_row("cross-tenant read refused and recorded", _mark(denied and denials == 1))
     table.add_row("same thread id, separate tenants", _mark(isolated))
+    table.add_row("e-mail redacted in storage, restored for its tenant", _mark(redacted))
     table.add_row("conversation strings found in raw SQLite files",
                   "[green]none[/]" if not leaked else f"[red]{len(leaked)}: {leaked}[/]")
     console.print(table)
-    ok = resumed and denied and isolated and not leaked
+    ok = resumed and denied and isolated and redacted and not leaked
     console.print("[bold green]all checks passed[/]" if ok else "[bold red]a check failed[/]")
     return ok
+
+
+def _first_message(saver: SecureSaver) -> str:
+    """acme's first message as ``saver`` returns it."""
+    state = saver.get_tuple(_config("acme"))
+    return str(state.checkpoint["channel_values"]["messages"][0].content) if state else ""
 
 
 def _mark(ok: bool) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -30,6 +30,7 @@ from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as 
     load_keyring,
     main,
     open_saver,
+    progress_bar,
     shown,
     tenant_arg,
     thread_arg,
@@ -37,9 +38,6 @@ from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as 
 
 # rich.table and the keyring (cryptography) are imported where used: --help and the JSON
 # outputs need neither.
-if TYPE_CHECKING:
-    from ..keys.keyring import Keyring
-
 
 @app.command()
 def keygen(
@@ -69,7 +67,7 @@ def keygen(
     try:
         ring.save(out, overwrite=force)
     except ConfigurationError as exc:   # a symlink, or a file of other keys serving databases
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     common.console.print(f"wrote keyring [bold]{shown(out)}[/] (mode 0600, master version "
                          f"{ring.current_version})")
 
@@ -83,7 +81,7 @@ def _keygen_in_provider(url: str) -> None:
     try:
         made = Pkcs11KeyProvider.create_from_url(url)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     common.console.print(f"generated AES-256 key [bold]{shown(made.current_version)}[/] in "
                          f"token [bold]{shown(made.token_label)}[/] (non-extractable; it never "
                          "leaves the token)")
@@ -106,7 +104,7 @@ def demo(
                       console=common.console,
                       quiet_logs=not logging.getLogger().isEnabledFor(logging.INFO))
     except (SecureSaverError, ConfigurationError) as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     except OSError as exc:
         raise fail(f"{type(exc).__name__}: {exc}") from None
     raise typer.Exit(EXIT_OK if ok else EXIT_FOUND)
@@ -135,8 +133,11 @@ def prune(
              "cache the thread's key). Default: the key cache lifetime plus the activity "
              "resolution (6m). Threads whose key a write holds are skipped whatever this says.")]
     = None,
+    document: evidence.OutOption = None,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """Execute retention policies: delete or prune expired threads, leaving receipts.
+    --out writes each sweep's report and receipts as a document (--signing-key signs it).
 
     Needs the keyring: it verifies the MACs of the retention rows, and authenticates the
     latest checkpoint of a thread whose time would keep it (a forged time keeps nothing).
@@ -146,8 +147,6 @@ def prune(
     """
     import signal
     import threading
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from ..keys.keyring import NoKeys
     from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE
@@ -159,14 +158,15 @@ def prune(
         grace = DEFAULT_ACTIVE_GRACE if active_grace is None else (
             parse_duration(active_grace, what="--active-grace", allow_zero=True) or 0.0)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     if interval is not None and interval <= 0:
         raise fail("--every must be a positive duration (e.g. 10m)")
-    ring: Any = load_keyring(keyring) if keyring else _env_keyring_or_none() or NoKeys()
+    ring: Any = load_keyring(keyring) if keyring else common.env_keyring() or NoKeys()
     if isinstance(ring, NoKeys):  # checked before connecting: nothing is touched
         raise fail("prune needs the keyring (--keyring PATH or $SECURESAVER_MASTER_KEY): it "
                    "verifies the MACs of the retention rows and authenticates the checkpoints "
                    "whose time would keep a thread, before it deletes anything")
+    documents = evidence.PruneDocuments(signing, document)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -175,24 +175,19 @@ def prune(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    out = common.err_console if as_json else common.console
     failed = False
     try:
         with open_saver(url, ring) as saver:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
             while True:
-                with Progress(TextColumn("[bold]retention sweep"), BarColumn(),
-                              MofNCompleteColumn(), console=out, transient=True) as bar:
-                    task = bar.add_task("sweep", total=None)
-
-                    def advance(done: int, total: int, bar: Any = bar, task: Any = task) -> None:
-                        bar.update(task, completed=done, total=total)
-
+                # the bar is drawn on a terminal's stderr only: cron gets nothing on stderr
+                with progress_bar("retention sweep") as advance:
                     report = saver.prune_expired(limit=limit, dry_run=dry_run, tenant=tenant,
                                                  should_stop=stop.is_set, progress=advance,
                                                  active_grace=grace)
                 failed = failed or not report.ok
+                documents.write(saver.registry, report)
                 if as_json:
                     echo_json(report.as_dict(), indent=2)
                 else:
@@ -202,18 +197,10 @@ def prune(
     except typer.Exit:
         raise
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     except database_errors() as exc:  # an unreachable database or a broken registry
         raise db_error(exc) from None
     raise typer.Exit(EXIT_FOUND if failed else EXIT_OK)
-
-
-def _env_keyring_or_none() -> Keyring | None:
-    from ..keys.keyring import Keyring
-    try:
-        return Keyring.from_env()
-    except SecureSaverError:
-        return None
 
 
 def _print_report(report: Any) -> None:
@@ -252,7 +239,7 @@ def shred_tenant(
     try:
         validate_actor(requested_by, "--requested-by")
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     check_url(url)
     ring = load_keyring(keyring)
     with open_saver(url, ring) as saver:
@@ -329,14 +316,14 @@ def recover(
                               worker_id=worker_id, use_async=use_async or None,
                               redaction=None)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     except (ImportError, AttributeError) as exc:
         raise fail(f"cannot load graph {graph!r}: {exc}") from None
     except database_errors() as exc:
         raise db_error(exc) from None
     summary = {"worker": report.worker_id, "examined": report.examined,
                "resumed": len(report.resumed), "failed": len(report.failed),
-               "dead_lettered": len(report.dead_lettered)}
+               "dead_lettered": len(report.dead_lettered), "yielded": len(report.yielded)}
     if as_json:
         echo_json(summary, indent=2)
     else:
@@ -357,7 +344,7 @@ def _dead_letters(url: str, keyring: str | None, tenant: str | None, rearm: str 
         letters, rearmed = dead_letters_main(url, keyring=str(keyring) if keyring else None,
                                              tenant=tenant, rearm=rearm, redaction=None)
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     except database_errors() as exc:
         raise db_error(exc) from None
     rows = [{"tenant": d.tenant, "thread_id": d.thread_id, "attempts": d.attempts,
@@ -391,7 +378,7 @@ def __getattr__(name: str) -> Any:
 
 
 # operations commands live in their own module and register themselves on `app`
-from . import ops, subjects, summaries  # noqa: E402,F401
+from . import evidence, ops, subjects, summaries  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m` runs this file as __main__, a second copy of the module: use the real one

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -26,8 +25,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ENV_VAR, SecureSaverError
-from . import common
+from ..errors import SecureSaverError
+from . import common, evidence
 from .audit_tables import print_audit
 from .common import (
     EXIT_CANNOT_RUN,
@@ -74,13 +73,7 @@ def _keyring_or_none(path: str | None) -> Any:
     nothing of the keyring (nor cryptography) is imported: ``audit`` and ``events`` need none."""
     if path is not None:
         return load_keyring(path)
-    if not os.environ.get(ENV_VAR, "").strip():
-        return None
-    from ..keys.keyring import Keyring
-    try:
-        return Keyring.from_env()
-    except SecureSaverError:
-        return None
+    return common.env_keyring()
 
 
 def _echo_json(data: Any) -> None:
@@ -145,12 +138,16 @@ def audit(
     recount: Annotated[bool, typer.Option(
         "--recount", help="Read every stored row instead of the maintained summaries (slower "
         "on large databases; also lists stored threads without a registry row).")] = False,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """What is held per tenant and thread: since when, until when, how much, under which
     keys, which personal data; threads past their expiry are flagged.
 
     Large databases are answered from the maintained summaries (`securesaver summaries`
     refreshes them; `scan --verify` checks them against the stored rows).
+
+    With --format json the report is one JSON document (threads one per line, then the
+    tenants, problems and ok).
 
     With --format html the report is one self-contained page for an auditor: the database
     and library version, the verification results (with --keyring: scan --verify and events
@@ -166,15 +163,18 @@ def audit(
     ring = _keyring_or_none(keyring)
     period = (parse_when(since, what="--since"), parse_when(until, what="--until"))
     source = "recount" if recount else "auto"
+    key = evidence.signing_key(signing, out)
+    if key is not None and output is AuditFormat.table:
+        raise fail("--signing-key signs --format json or html")
     if output is not AuditFormat.table:
-        _stream_audit(url, ring, tenant, output, out, period, source)
+        _stream_audit(url, ring, tenant, output, out, period, source, key)
     with opened_for_audit(url, ring) as saver:
         try:
             with progress_bar("audit") as advance:
                 report = run_audit(saver, tenant=tenant, progress=advance, source=source)
             epoch = erasure_epoch_of(saver.registry, ring) if ring is not None else None
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     print_audit(report)
     if epoch is not None and epoch["erasures_pending"]:
         held = ", ".join(epoch["held_masters"])
@@ -184,9 +184,16 @@ def audit(
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
+def _document(out: Path, kind: str, key: Any) -> Any:
+    """``--out FILE``, signed with ``key`` when given (the signing code, and the
+    cryptography it needs, load only when a file is written)."""
+    from ..evidence.signing import signed_file
+    return signed_file(out, kind, key)
+
+
 def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
                   out: Path | None, period: tuple[float | None, float | None],
-                  source: str = "auto") -> None:
+                  source: str = "auto", key: Any = None) -> None:
     """json / html: written while the database is read (memory stays flat); always exits."""
     import sys
 
@@ -196,7 +203,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
         try:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
-            with (out.open("w", encoding="utf-8") if out is not None
+            with (_document(out, f"audit-{output.value}", key) if out is not None
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
                     from ..audit.report_html import write_html
@@ -205,7 +212,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
                 else:
                     summary = audit_stream(saver, target, tenant=tenant, source=source)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     if out is not None:
         common.err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes)")
     verified = context is None or all(
@@ -218,8 +225,6 @@ def _report_context(url: str, ring: Any, tenant: str | None,
     """What the HTML report states beyond the inventory: the database's identity, the library
     version, ``scan --verify`` and ``events --verify`` (with a keyring), and the receipts and
     refused reads of the period."""
-    from importlib.metadata import PackageNotFoundError, version
-
     import sqlalchemy as sa
 
     from ..audit.report_html import HTML_MAX_TRAIL, ReportContext
@@ -227,11 +232,7 @@ def _report_context(url: str, ring: Any, tenant: str | None,
     from ..audit.trail import latest
     from ..registry.schema import meta_table
     since, until = period
-    try:
-        release = version("langgraph-securesaver")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        release = "(not installed)"
-    context = ReportContext(version=release, period=period)
+    context = ReportContext(version=common.release(), period=period)
     with opened_for_audit(url, ring) as light:
         registry = light.registry
         context.database = registry.engine.url.render_as_string(hide_password=True)
@@ -253,7 +254,7 @@ def _report_context(url: str, ring: Any, tenant: str | None,
                 context.scan = run_scan(saver, keyring=ring, verify=True).as_dict()
             context.registry = saver.registry.verify_integrity().as_dict()
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     return context
 
 
@@ -299,7 +300,7 @@ def scan(
                 report = run_scan(saver, keyring=ring, verify=verify, allowlist=allow,
                                   progress=advance)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     if output is OutputFormat.json:
         _echo_json(report.as_dict())
     else:
@@ -389,7 +390,7 @@ def rotate_keys(
                         batch_size=batch_size, max_rate=max_rate,
                         progress=lambda _stage, d, t: advance(d, t), should_stop=stop.is_set)
             except SecureSaverError as exc:
-                raise fail(str(exc)) from None
+                raise fail(exc) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -398,6 +399,33 @@ def rotate_keys(
     else:
         _print_rotation(report, keyring)
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
+
+
+@app.command("destroy-master-key")
+def destroy_master_key(
+    url: UrlOption,
+    keyring: Annotated[str, typer.Option(
+        "--keyring", metavar="URL", help="The key provider URL (aws-kms://... or "
+        "pkcs11://...).")],
+    key: Annotated[str, typer.Option(
+        "--key", metavar="VERSION", help="The master version to destroy, by name: the KMS "
+        "key id, or the PKCS#11 key label (rotate-keys --retire-old names it).")],
+) -> None:
+    """Destroy a provider master key that `rotate-keys --retire-old` stopped using (KMS:
+    schedule its deletion; PKCS#11: destroy the key object). Never implied by retiring: a
+    restored copy of this database shares its id and keys, so check first that no other
+    database, original or copy, still uses the key.
+
+    Exit codes: 0 destroyed, 2 refused or could not run.
+    """
+    ring = load_keyring(keyring)
+    with opened(url, ring) as saver:
+        try:
+            saver.destroy_master_key(key)
+        except SecureSaverError as exc:
+            raise fail(str(exc)) from None
+    common.console.print(f"master key {shown(key)} destroyed at the key provider")
+    raise typer.Exit(EXIT_OK)
 
 
 def _print_rotation(report: Any, keyring: str) -> None:
@@ -470,11 +498,14 @@ def events(
         "--save-anchor", metavar="FILE",
         help="With --verify: write the verified chain heads to this file.",
         dir_okay=False)] = None,
+    out: evidence.OutOption = None,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """The audit trail: security events (denied access, key operations, retention changes)
     and deletion receipts, oldest first.
 
-    Exit codes: 0 done (also when nothing matched), 2 could not run. With --verify: 0 every
+    Exit codes: 0 done (also when nothing matched), 2 could not run (also: --kind or
+    --tenant names nothing this database knows). With --verify: 0 every
     row verifies, 1 something does not (each broken row named), 2 could not run. In a
     terminal narrower than 120 columns each entry is printed as a block instead of a table
     row; --format json has every field.
@@ -488,14 +519,36 @@ def events(
         raise fail("--kind must be an event kind of at most 64 characters")
     start = parse_when(since, what="--since")
     end = parse_when(until, what="--until")
+    key = evidence.signing_key(signing, out)
+    if out is not None and output is not OutputFormat.json:
+        raise fail("--out writes the listing as JSON: add --format json")
     with opened_for_audit(url, _keyring_or_none(keyring)) as saver:
+        if out is not None:
+            evidence.sign_events(saver, {
+                "tenant": tenant, "thread_id": thread, "kind": kind, "since": start,
+                "until": end, "limit": limit}, key, out)
+            raise typer.Exit(EXIT_OK)
         entries = list_entries(saver, tenant=tenant, thread_id=thread, kind=kind, since=start,
                                until=end, limit=limit)
+        if not entries:
+            _refuse_unknown(saver, tenant, kind)
     if output is OutputFormat.json:
         _echo_json([e.as_dict() for e in entries])
     else:
         print_events(entries)
     raise typer.Exit(EXIT_OK)
+
+
+def _refuse_unknown(saver: Any, tenant: str | None, kind: str | None) -> None:
+    """Nothing matched: exit 2 if that is because ``--kind`` or ``--tenant`` names nothing
+    this database knows (a typo must not read as "no such event happened")."""
+    from ..audit.trail import EVENT_KINDS, RECEIPT_ACTIONS, known_kind, recorded
+    if kind is not None and not known_kind(kind) and not recorded(saver, kind=kind):
+        raise fail(f"unknown --kind {kind!r}: an event kind ({', '.join(sorted(EVENT_KINDS))}), "
+                   "receipt, or receipt:" + "|".join(sorted(RECEIPT_ACTIONS)))
+    if (tenant is not None and tenant not in saver.registry.tenants()
+            and not recorded(saver, tenant=tenant)):
+        raise fail(f"unknown tenant {tenant!r}: it has no threads, keys or trail entries here")
 
 
 def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
@@ -518,7 +571,7 @@ def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
         try:
             report = saver.registry.verify_integrity(anchor=mark)
         except KeyringRequired as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
         except TamperedDataError as exc:  # the registry MAC key row itself is gone or forged
             from ..registry.core import IntegrityReport
             report = IntegrityReport({}, [("securesaver_tenant_keys", "purpose=registry",

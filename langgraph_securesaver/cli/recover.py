@@ -72,9 +72,10 @@ async def _arecover_main(url: str, graph_ref: str, *, keyring: str | None, older
 
 
 def _log_sweep(report: RecoveryReport) -> None:
-    logger.info("recovery sweep by %s: examined %s, resumed %s, failed %s, dead-lettered %s",
-                report.worker_id, report.examined, len(report.resumed), len(report.failed),
-                len(report.dead_lettered))
+    logger.info("recovery sweep by %s: examined %s, resumed %s, failed %s, dead-lettered %s, "
+                "yielded to the user's turn %s", report.worker_id, report.examined,
+                len(report.resumed), len(report.failed), len(report.dead_lettered),
+                len(report.yielded))
 
 
 def dead_letters_main(url: str, *, keyring: str | None = None, tenant: str | None = None,

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from ..errors import SecureSaverError
-from . import common
+from . import common, evidence
 from .common import (
     EXIT_FOUND,
     EXIT_OK,
@@ -56,10 +56,13 @@ def forget_subject(
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")]
     = False,
+    out: evidence.OutOption = None,
+    signing: evidence.SigningKeyOption = None,
 ) -> None:
     """Delete every thread recorded for a subject (keys destroyed: crypto-erasure), their
     store items and, with --identifier, those values in the tenant's other threads; one
-    receipt with counts, never values. Irreversible.
+    receipt with counts, never values. Irreversible. --out writes the receipt, with its
+    chain position, as a document (--signing-key signs it).
 
     Exit codes: 0 done (also when nothing of the subject was stored), 1 aborted at the
     prompt, 2 could not run (bad arguments, unknown tenant, no keyring, no database).
@@ -74,11 +77,12 @@ def forget_subject(
             subject = validate_subject(subject, "--subject")
         validate_actor(requested_by, "--requested-by")
     except SecureSaverError as exc:
-        raise fail(str(exc)) from None
+        raise fail(exc) from None
     if subject is None and not values:
         raise fail("name a --subject, or at least one --identifier")
     namespace: object = ... if store_namespace is None else (
         None if store_namespace == "none" else tuple(store_namespace.split(".")))
+    key = evidence.signing_key(signing, out)
     check_url(url)
     ring = load_keyring(keyring)
     with open_saver(url, ring) as saver:
@@ -98,7 +102,13 @@ def forget_subject(
         try:
             report = saver.forget_subject(subject, **options)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
+        if out is not None:   # the receipt, with its chain position
+            from ..evidence.chains import receipts_by_id
+            evidence.write_document(out, "forget-subject", key, {
+                "format": "securesaver-forget-subject/1", "tenants": report.tenants,
+                "counts": report.detail,
+                "receipts": receipts_by_id(saver.registry, [report.receipt_id])})
     if as_json:
         echo_json({"tenants": report.tenants, "counts": report.detail})
         raise typer.Exit(EXIT_OK)

@@ -43,6 +43,6 @@ def refresh_summaries(
             with progress_bar("summaries") as advance:
                 n = summaries.refresh(source, tenant=tenant, progress=advance)
         except SecureSaverError as exc:
-            raise fail(str(exc)) from None
+            raise fail(exc) from None
     common.err_console.print(f"{n} thread summaries refreshed")
     raise typer.Exit(EXIT_OK)

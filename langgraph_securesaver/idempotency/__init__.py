@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         IdempotencyOutcomeUnknown,
         IdempotencyStoreUnavailable,
         NoIdempotencyContext,
+        RecoveryLeaseLost,
     )
     from .keys import KeyScope, canonical_json, strip_task_ids
     from .policy import IdempotencyPolicy
@@ -74,6 +75,7 @@ _EXPORTS: dict[str, str] = {
     "IdempotencyError": "errors",
     "IdempotencyKeyReused": "errors",
     "IdempotencyLeaseLost": "errors",
+    "RecoveryLeaseLost": "errors",
     "IdempotencyOutcomeUnknown": "errors",
     "IdempotencyStoreUnavailable": "errors",
     "NoIdempotencyContext": "errors",
@@ -143,6 +145,7 @@ __all__ = [
     "KeyScope",
     "NoIdempotencyContext",
     "Outcome",
+    "RecoveryLeaseLost",
     "RecoveryReport",
     "amark_recoverable",
     "arecover_stalled",

@@ -32,6 +32,12 @@ class IdempotencyLeaseLost(IdempotencyConflict):
     """
 
 
+class RecoveryLeaseLost(IdempotencyError):
+    """A recoverer's checkpoint write was refused: the thread's recovery lease changed hands
+    (the user's next turn, or another recoverer, took it). Nothing of the write was stored;
+    the recoverer stops and the run that holds the lease now wins."""
+
+
 class IdempotencyOutcomeUnknown(IdempotencyError):
     """The key is in state ``unknown``: an attempt may or may not have taken effect.
 

@@ -9,6 +9,12 @@ process, checks the latest checkpoint (pending tasks, no pending interrupt, the 
 floor from the last recorded activity), resumes it with ``graph.invoke(None, config)``, caps
 the attempts, and records the threads that keep failing as dead letters. The side effects of
 a resumed run are protected by the idempotency keys of its tools.
+
+The user's turn wins over a recoverer: a new opt-in takes the lease whoever holds it, and the
+resumed run's checkpoint writes carry its lease's fencing token, which the saver checks
+(:func:`.recovery_lease.check_fence`): the recoverer's next write is refused, it stops and
+reports the thread as ``yielded``. In the other order (a new turn on a stalled thread, whose
+remaining tasks LangGraph then drops) the opt-in records a dead letter and logs a warning.
 """
 
 from __future__ import annotations
@@ -29,14 +35,16 @@ from ..errors import ConfigurationError, TamperedDataError
 from ..keys.crypto import associated_data
 from ..offthread import to_thread
 from .context import CONFIG_KEY_CHECKPOINTER
-from .errors import NoIdempotencyContext
+from .errors import NoIdempotencyContext, RecoveryLeaseLost
 from .recovery_lease import (
     ARMED,
     DEAD,
     DEFAULT_LEASE,
     DONE,
+    FENCE,
     Lease,
     claim,
+    fence_of,
     held_by_this_process,
     held_here,
     hold,
@@ -67,6 +75,8 @@ class RecoveryReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
     finished: list[tuple[str, str]] = field(default_factory=list)  # nothing left to run
+    #: the lease changed hands mid-resume (the user's next turn took it): stopped writing
+    yielded: list[tuple[str, str]] = field(default_factory=list)
     skipped_busy: int = 0      # another worker holds the lease
     skipped_recent: int = 0    # activity newer than older_than
     skipped_waiting: int = 0   # waiting on an interrupt (human input)
@@ -130,7 +140,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     liveness): no recoverer resumes the thread while it runs here. Called inside a node, the
     lease is given back when the run ends (finished, failed or interrupted); called before
     ``invoke``, when :func:`release_recoverable` is called (or :func:`recoverable_run` exits)
-    or the process ends. Inside a run this process already holds (a recoverer's resume, or a
+    or the process ends. Inside a run that holds the lease (the recoverer's resume itself, or a
     run opted in before ``invoke``) it changes nothing: attempts, state and fencing token stay.
     """
     if config is None:
@@ -143,7 +153,7 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
     ref = sv.services.gate.resolve_ref(config, "mark_recoverable")
     store = IdempotencyStore.for_saver(sv)
     loop = _run_loop(config)
-    if not held_by_this_process(store, ref.tenant, ref.thread_id):
+    if not _runs_here(store, ref.tenant, ref.thread_id, config):
         keys = store.tenant_keys(ref.tenant)
         extras = sv.services.pii.redact_for_store(
             keys, ref.thread_id, _scalar_configurable(config.get("configurable") or {}),
@@ -153,12 +163,55 @@ def mark_recoverable(config: RunnableConfig | None = None, *,
                            _conf_aad(ref.tenant, ref.thread_id))
         held = opt_in(store, ref.tenant, ref.thread_id, sealed,
                       f"{default_owner()}:{uuid.uuid4().hex[:6]}", lease)
+        if held.superseded:
+            _report_superseded(store, held)
         if loop is not None:  # released when this run's loop exits, however it ends
             _on_exit(loop.stack, held)
         elif "__pregel_call" in (config.get("configurable") or {}):
             logger.warning("mark_recoverable: the run's end cannot be observed in this "
                            "LangGraph version; thread %r stays leased until "
                            "release_recoverable() or the process ends", ref.thread_id)
+
+
+def _runs_here(store: IdempotencyStore, tenant: str, thread_id: str,
+               config: RunnableConfig) -> bool:
+    """Does this run hold the thread's lease already (its own opt-in, or the resume it is)? A
+    recoverer's lease held in this process counts only for that resume: a user's turn served
+    by the same process takes the lease over like one from any other process."""
+    held = held_here(store, tenant, thread_id)
+    if held is not None and held.kind == "recovery":
+        return fence_of(config) == held.token
+    return held_by_this_process(store, tenant, thread_id)
+
+
+#: the error type of the dead letter a new turn on a stalled thread records
+SUPERSEDED = "StalledRunSuperseded"
+
+
+def _report_superseded(store: IdempotencyStore, held: Lease) -> None:
+    """A new turn opted in while the thread's previous run had stalled: LangGraph will drop
+    that run's remaining tasks when this turn's input arrives, and no recoverer will resume
+    them. Never silent: a warning, and a dead letter ``securesaver recover --dead-letters``
+    lists."""
+    logger.warning("thread %s/%s: a new turn started while its previous run had stalled; "
+                   "that run's remaining tasks will not be run (dead letter %s)",
+                   held.tenant, held.thread_id, SUPERSEDED)
+    text = ("a new turn started while the thread's previous run had not ended (its process "
+            "gone without giving the lease back, or its last resume failed); LangGraph drops "
+            "that run's remaining tasks when the new input arrives: recovery will not run them")
+    _dead_letter(store, held, SUPERSEDED, text, 0)
+
+
+def _dead_letter(store: IdempotencyStore, held: Lease, error_type: str, text: str,
+                 attempts: int) -> None:
+    keys = store.tenant_keys(held.tenant)
+    letter = uuid.uuid4().hex
+    with store._begin("recording a dead letter") as conn:
+        conn.execute(_D.insert().values(
+            letter_id=letter, tenant=held.tenant, thread_id=held.thread_id, at=store._now,
+            attempts=attempts, worker=held.owner, error_type=error_type[:255],
+            error=keys.seal(text.encode("utf-8", "replace"),
+                            _error_aad(held.tenant, held.thread_id, letter))))
 
 
 def _on_exit(stack: Any, held: Lease) -> None:
@@ -330,7 +383,9 @@ def _resume_config(store: IdempotencyStore, claimed: Lease) -> RunnableConfig:
         raise _ForgedOptIn(f"securesaver_recoverable row refused: {exc}") from None
     if store.services is not None:  # tokenized PII back for the owning tenant
         extras = store.services.pii.restore_for_store(keys, extras)
-    return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten}}
+    # FENCE: the saver refuses this run's writes once the lease changes hands
+    return {"configurable": {**extras, "thread_id": thread_id, "tenant_id": ten,
+                             FENCE: claimed.token}}
 
 
 class _ForgedOptIn(TamperedDataError):
@@ -381,12 +436,25 @@ def _recover_one(graph: Any, store: IdempotencyStore, claimed: Lease, config: Ru
         return
     try:
         graph.invoke(None, config, durability=durability)
+    except RecoveryLeaseLost:
+        _yield(claimed, report)
+        return
     except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
         _record_failure(store, claimed, exc, attempts, max_attempts, report)
         return
     after = graph.get_state(config)
     claimed.release(DONE if not after.next else ARMED, last_error=None)
     report.resumed.append(ident)
+
+
+def _yield(claimed: Lease, report: RecoveryReport) -> None:
+    """The lease changed hands mid-resume and the saver refused this run's next write: stop,
+    leave the row to its new holder (not even an attempt is recorded), and report it."""
+    claimed.abandon()
+    report.yielded.append((claimed.tenant, claimed.thread_id))
+    logger.warning("recovery of %s/%s stopped: its lease was taken by another run (the "
+                   "thread's next turn); that run's checkpoints are the thread's latest",
+                   claimed.tenant, claimed.thread_id)
 
 
 def _record_failure(store: IdempotencyStore, claimed: Lease, exc: Exception, attempts: int,
@@ -400,14 +468,7 @@ def _record_failure(store: IdempotencyStore, claimed: Lease, exc: Exception, att
     sealed = keys.seal(text.encode("utf-8", "replace"),
                        _error_aad(claimed.tenant, claimed.thread_id, "last"))
     if attempts >= max_attempts:
-        letter = uuid.uuid4().hex
-        with store._begin("recording a dead letter") as conn:
-            conn.execute(_D.insert().values(
-                letter_id=letter, tenant=claimed.tenant, thread_id=claimed.thread_id,
-                at=store._now, attempts=attempts, worker=claimed.owner,
-                error_type=type(exc).__name__[:255],
-                error=keys.seal(text.encode("utf-8", "replace"),
-                                _error_aad(claimed.tenant, claimed.thread_id, letter))))
+        _dead_letter(store, claimed, type(exc).__name__, text, attempts)
         claimed.release(DEAD, last_error=sealed)
         report.dead_lettered.append(ident)
         logger.error("thread %s/%s dead-lettered after %s attempts: %s", *ident, attempts,
@@ -459,6 +520,9 @@ async def _arecover_one(graph: Any, store: IdempotencyStore, claimed: Lease,
         return
     try:  # the lease is renewed by this process's lease thread, off the event loop
         await graph.ainvoke(None, config, durability=durability)
+    except RecoveryLeaseLost:
+        _yield(claimed, report)
+        return
     except Exception as exc:  # noqa: BLE001 - any failure of the run counts as an attempt
         await to_thread(_record_failure, store, claimed, exc, attempts, max_attempts,
                                 report)

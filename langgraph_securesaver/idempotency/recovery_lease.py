@@ -7,7 +7,9 @@ idempotency claim (host id, pid and start time, random id, PostgreSQL session lo
 ``liveness.py``) and a heartbeat renews the lease on the DATABASE clock while the run goes on.
 A recoverer takes a lease only when it is free, expired on the database clock, or its holder is
 dead; a live holder keeps it, whatever any clock says. Taking a lease always raises the fencing
-token, so a stale holder's later writes match no row.
+token, so a stale holder's later writes match no row, and a recoverer's checkpoint writes
+carry the token of its lease (:data:`FENCE`): the saver refuses them once the lease has
+changed hands (:func:`check_fence`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
+from .errors import RecoveryLeaseLost
 from .liveness import (
     Liveness,
     is_running_here,
@@ -30,6 +33,9 @@ from .liveness import (
 from .schema import HOLDER_COLUMNS, recoverable_threads
 from .store import IdempotencyStore
 
+if TYPE_CHECKING:
+    from ..services import SaverLike
+
 logger = logging.getLogger("langgraph_securesaver.idempotency.recovery")
 
 _R = recoverable_threads
@@ -38,6 +44,10 @@ ARMED, DONE, DEAD = "armed", "done", "dead"
 LEASE_KEY = "__recovery__"
 #: seconds a lease lasts without renewal (renewed every third of it while its holder runs)
 DEFAULT_LEASE = 300.0
+#: the configurable key of a recoverer's run: the fencing token of its lease. LangGraph hands
+#: the run's configurable to every ``put`` / ``put_writes``; keys starting with ``__`` are
+#: never copied into checkpoint metadata nor into the sealed opt-in configurable.
+FENCE = "__securesaver_recovery_fence__"
 
 
 def _ident(tenant: str, thread_id: str, token: int) -> tuple[str, str, str, int]:
@@ -72,6 +82,7 @@ class Lease:
     active_at: float | None = None  # last activity before this lease was taken
     now: float | None = None        # the database clock when it was taken
     ended: bool = field(default=False)
+    superseded: bool = False        # (an opt-in) the previous run had stalled, see opt_in
 
     def where(self) -> list[sa.ColumnElement[bool]]:
         return [_R.c.tenant == self.tenant, _R.c.thread_id == self.thread_id,
@@ -198,11 +209,34 @@ def hold(lease: Lease) -> None:
     _holds.add(lease)
 
 
+def fence_of(config: Any) -> int | None:
+    """The fencing token a recoverer's run config carries, or None (any other run)."""
+    token = ((config or {}).get("configurable") or {}).get(FENCE)
+    return token if isinstance(token, int) and not isinstance(token, bool) else None
+
+
+def check_fence(saver: SaverLike, tenant: str, thread_id: str, token: int) -> None:
+    """Refuse a recoverer's write once its lease changed hands (:class:`RecoveryLeaseLost`).
+
+    Checked just before the write reaches the inner saver (any saver, so not in its
+    transaction): a write that passed the check before the lease moved still lands, but its
+    checkpoint id was made before the new holder's run began, so the new run's checkpoints
+    are the thread's latest."""
+    store = IdempotencyStore.for_saver(saver)
+    with store._begin("checking a recovery lease") as conn:
+        current = conn.execute(sa.select(_R.c.fencing_token).where(
+            _R.c.tenant == tenant, _R.c.thread_id == thread_id)).scalar()
+    if current is None or int(current) != token:
+        raise RecoveryLeaseLost(
+            f"the recovery lease of thread {thread_id!r} changed hands (fencing token "
+            f"{token} is stale): this recoverer's write was refused and it stops")
+
+
 # --------------------------------------------------------------------------------------------
 def _select(store: IdempotencyStore, tenant: str, thread_id: str) -> Any:
     with store._begin("reading a recovery row") as conn:
         return conn.execute(sa.select(
-            _R.c.state, _R.c.owner, _R.c.fencing_token, _R.c.lease_expires_at,
+            _R.c.state, _R.c.owner, _R.c.fencing_token, _R.c.lease_expires_at, _R.c.last_error,
             _R.c.active_at, _R.c.updated_at, _R.c.created_at, store._now.label("now"),
             *(_R.c[name] for name in HOLDER_COLUMNS)).where(
                 _R.c.tenant == tenant, _R.c.thread_id == thread_id)).first()
@@ -277,15 +311,29 @@ def _upsert_values(store: IdempotencyStore, sealed: bytes, owner: str,
             **holder_values(store)}
 
 
+def stalled(store: IdempotencyStore, row: Any, tenant: str, thread_id: str) -> bool:
+    """Did the thread's previous run stop without ending, its remaining tasks waiting for a
+    recoverer? Its holder went away with the lease (expired, or its process is gone), or a
+    recoverer's failed attempt left it armed for the next one."""
+    if row is None or row.state != ARMED:
+        return False
+    if row.owner is None:
+        return row.last_error is not None
+    expired = row.lease_expires_at is not None and float(row.lease_expires_at) < float(row.now)
+    return expired or holder_liveness(store, tenant, thread_id, row) == "dead"
+
+
 def opt_in(store: IdempotencyStore, tenant: str, thread_id: str, sealed: bytes, owner: str,
            lease: float = DEFAULT_LEASE) -> Lease:
     """A new opt-in by the process about to run the thread: armed, attempts reset, and the
-    lease taken for this process (fencing token + 1, whoever held it)."""
+    lease taken for this process (fencing token + 1, whoever held it: a recoverer still
+    resuming the thread has its next checkpoint write refused). ``superseded`` on the lease
+    says the thread's previous run had stalled (:func:`stalled`): LangGraph drops its
+    remaining tasks when the new turn's input arrives, so the caller reports it."""
     for _ in range(20):
-        with store._begin("reading a recovery row") as conn:
-            seen = conn.execute(sa.select(_R.c.fencing_token).where(
-                _R.c.tenant == tenant, _R.c.thread_id == thread_id)).scalar()
-        token = 1 if seen is None else int(seen) + 1
+        row = _select(store, tenant, thread_id)
+        seen = None if row is None else int(row.fencing_token)
+        token = 1 if seen is None else seen + 1
         ident = _ident(tenant, thread_id, token)
         register_running(ident)
         values = _upsert_values(store, sealed, owner, lease)
@@ -302,7 +350,8 @@ def opt_in(store: IdempotencyStore, tenant: str, thread_id: str, sealed: bytes, 
             unregister_running(ident)
             raise
         if done:
-            got = Lease(store, tenant, thread_id, token, owner, lease, "run")
+            got = Lease(store, tenant, thread_id, token, owner, lease, "run",
+                        superseded=stalled(store, row, tenant, thread_id))
             hold(got)
             return got
         unregister_running(ident)

@@ -7,12 +7,20 @@ CloudTrail records whose key was used and a wrapped key copied to another tenant
 decrypt. Unwrapping is ``kms:Decrypt`` with the same context; SecureSaver caches the result
 (``KeyManager.ttl``), so KMS is called once per tenant key and cache lifetime, never per turn.
 
-Rotation points the alias at a new KMS key and rewraps the key rows; retiring a version is
-``ScheduleKeyDeletion`` of its KMS key. KMS *automatic* rotation is not used: it keeps every
-old backing key for as long as the KMS key exists, so nothing a backup holds ever becomes
-unreadable. Shredding a tenant rewraps every other tenant under a new KMS key and schedules
-the deletion of the old ones (one KMS key per database, not per tenant: a KMS key costs
-about $1 a month).
+Rotation points the alias at a new KMS key and rewraps the key rows; retiring a version only
+stops using its KMS key here. Destroying it (``ScheduleKeyDeletion``) is a separate, explicit
+step naming the key (:meth:`AwsKmsKeyProvider.destroy_version`, ``securesaver
+destroy-master-key``): a restored copy of a database shares its database id and its KMS keys,
+so nothing a copy does on its own may destroy a key its original still uses. KMS *automatic*
+rotation is not used: it keeps every old backing key for as long as the KMS key exists, so
+nothing a backup holds ever becomes unreadable. Shredding a tenant rewraps every other tenant
+under a new KMS key and schedules the deletion of the old ones (one KMS key per database, not
+per tenant: a KMS key costs about $1 a month).
+
+Key material never reaches a log: botocore logs every request and response body at DEBUG
+(``Encrypt``'s plaintext, ``Decrypt``'s result), so while this provider's client makes a call,
+the DEBUG and INFO records of the AWS SDK's own loggers (botocore, boto3, urllib3) from that
+thread are dropped (:class:`_QuietWire`); the application's other AWS calls log as configured.
 
 boto3 is imported only when this provider is built (``pip install langgraph-securesaver[aws]``);
 credentials, region defaults and the endpoint come from boto3's own configuration
@@ -26,6 +34,8 @@ import logging
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -94,7 +104,8 @@ class AwsKmsKeyProvider:
         self._client = client if client is not None else _client(region)
         self._lock = threading.RLock()
         self._seen: set[str] = set()
-        self._retired: set[str] = set()
+        self._retired: set[str] = set()     # no longer used here
+        self._destroyed: set[str] = set()   # scheduled for deletion by this process
         self._current = ""
         self._resolved_at = -float("inf")
         self._resolve()
@@ -148,7 +159,7 @@ class AwsKmsKeyProvider:
 
     def versions(self) -> list[str]:
         with self._lock:
-            return sorted(self._seen - self._retired)
+            return sorted(self._seen - self._retired - self._destroyed)
 
     def shredded_from(self, version: str) -> bool:
         return False
@@ -201,15 +212,28 @@ class AwsKmsKeyProvider:
         """Nothing to save: KMS holds the state."""
 
     def retire_version(self, version: str) -> None:
-        """Schedule the deletion of a KMS key (after ``deletion_days``; until then KMS
-        refuses to use it and the deletion can be cancelled)."""
+        """Stop using a KMS key here (no key row of this database is wrapped under it). The
+        key itself is left alone: another database, or the original this one was restored
+        from, may still use it. Destroying it is :meth:`destroy_version`, named explicitly."""
         if version == self.current_version:
             raise ConfigurationError(
                 "cannot retire the current KMS key; add a new version first")
+        with self._lock:
+            self._retired.add(version)
+        logger.warning("KMS key %s is no longer used by this database; it is NOT scheduled "
+                       "for deletion (once no other database uses it: securesaver "
+                       "destroy-master-key --key %s)", version, version)
+
+    def destroy_version(self, version: str) -> None:
+        """Schedule the deletion of the KMS key ``version`` (after ``deletion_days``; until
+        then KMS refuses to use it and the deletion can be cancelled). Never the current
+        key."""
+        if version == self.current_version:
+            raise ConfigurationError("cannot destroy the current KMS key")
         self._call("ScheduleKeyDeletion", self._client.schedule_key_deletion, KeyId=version,
                    PendingWindowInDays=self.deletion_days)
         with self._lock:
-            self._retired.add(version)
+            self._destroyed.add(version)
         logger.warning("KMS key %s scheduled for deletion in %d days", version,
                        self.deletion_days)
 
@@ -219,9 +243,10 @@ class AwsKmsKeyProvider:
         key (``shred_tenant`` does); backups taken before are then unreadable for every
         tenant unless restored with the live registry's key rows."""
         current = self.current_version
-        for version in self.versions():
-            if version != current:
-                self.retire_version(version)
+        with self._lock:   # retired versions too: backups may hold rows wrapped under them
+            older = sorted(self._seen - self._destroyed - {current})
+        for version in older:
+            self.destroy_version(version)
 
     # the databases this provider serves (tags on its KMS keys) ------------------------------
     def record_database(self, database_id: str, label: str) -> None:
@@ -273,9 +298,10 @@ class AwsKmsKeyProvider:
         plaintext = params.pop("Plaintext", None)
         error: Exception | None = None
         try:
-            if plaintext is not None:
-                return method(Plaintext=plaintext.reveal(), **params)
-            return method(**params)
+            with _quiet_wire():
+                if plaintext is not None:
+                    return method(Plaintext=plaintext.reveal(), **params)
+                return method(**params)
         except Exception as exc:  # noqa: BLE001 - classified below, frames discarded
             error = _classify(operation, exc, params.get("KeyId", ""), tenant)
         raise error
@@ -284,6 +310,50 @@ class AwsKmsKeyProvider:
         return f"AwsKmsKeyProvider(key={self.key!r}, current={self._current!r})"
 
     __str__ = __repr__
+
+
+#: the AWS SDK's loggers: botocore logs request and response bodies (key material) at DEBUG
+_WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer")
+
+
+class _QuietWire(logging.Filter):
+    """Drops the SDK's DEBUG and INFO records emitted by a thread while it runs this module's
+    KMS call (a logger's filter runs in the thread that logs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calling = threading.local()
+        self.installed = 0     # the size of the logger registry when last installed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not getattr(self.calling, "on", False)
+
+    def install(self) -> None:
+        """On every SDK logger that exists (a logger's filters do not cover its children);
+        again whenever new loggers appeared (botocore creates some on first use)."""
+        names = logging.Logger.manager.loggerDict
+        if len(names) == self.installed:
+            return
+        for name in [*_WIRE_LOGGERS, *list(names)]:
+            if name.split(".", 1)[0] in _WIRE_LOGGERS:
+                found = logging.getLogger(name)
+                if self not in found.filters:
+                    found.addFilter(self)
+        self.installed = len(names)
+
+
+_QUIET = _QuietWire()
+
+
+@contextmanager
+def _quiet_wire() -> Iterator[None]:
+    _QUIET.install()
+    _QUIET.calling.on = True
+    try:
+        yield
+    finally:
+        _QUIET.calling.on = False
+        _QUIET.install()      # loggers botocore created during the call
 
 
 def _classify(operation: str, exc: Exception, key_id: str, tenant: str | None) -> Exception:
@@ -316,9 +386,12 @@ def _client(region: str | None) -> Any:
     config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
                     read_timeout=15)
     try:
-        return boto3.session.Session().client("kms", region_name=region, config=config)
+        client = boto3.session.Session().client("kms", region_name=region, config=config)
     except Exception as exc:  # noqa: BLE001 - e.g. NoRegionError
         problem = type(exc).__name__
+    else:
+        _QUIET.install()      # the loggers the client's modules just created
+        return client
     raise ConfigurationError(
         f"cannot create a KMS client ({problem}): set ?region= or AWS_DEFAULT_REGION")
 

@@ -15,6 +15,7 @@ The file's text is read and written as :class:`~.material.SecretText`.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import tempfile
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from ..errors import ConfigurationError, KeyringRequired
 from .material import Refusal, SecretText, refusing_outside
+
+logger = logging.getLogger(__name__)
 
 #: set to 1/true/yes to load keyring files whatever their mode and owner (see module doc)
 INSECURE_ENV_VAR = "SECURESAVER_ALLOW_INSECURE_KEYRING"
@@ -56,20 +59,23 @@ def _where(path: Path) -> str:
     return str(path) if real == Path(os.path.abspath(path)) else f"{path} (-> {real})"
 
 
-def check_permissions(path: Path, st: os.stat_result) -> None:
-    """Refuse a keyring file group/others can read or write, or another user owns."""
+def check_permissions(path: Path, st: os.stat_result, what: str = "keyring file") -> None:
+    """Refuse a keyring file (or another file of key material, ``what``) group or others can
+    read or write (whatever the other bits), or another user owns."""
     mode = stat.S_IMODE(st.st_mode)
     hint = (f"; or, if this is a read-only secret mount you cannot chmod (e.g. a Kubernetes "
             f"secret volume), opt out with allow_insecure_permissions=True or "
             f"{INSECURE_ENV_VAR}=1")
-    if mode & 0o077:
+    if mode & 0o066:     # any read or write bit of group or others: 0640, 0644, 0660, 0602...
+        can = " and ".join(word for word, bits in (("read", 0o044), ("write", 0o022))
+                           if mode & bits)
         raise ConfigurationError(
-            f"keyring file {_where(path)} has mode {mode:04o}: group or others can "
-            f"{'read' if mode & 0o044 else 'write'} it; run `chmod 600 {path}`{hint}")
+            f"{what} {_where(path)} has mode {mode:04o}: group or others can "
+            f"{can} it; run `chmod 600 {path}`{hint}")
     geteuid = getattr(os, "geteuid", None)
     if geteuid is not None and st.st_uid != geteuid():
         raise ConfigurationError(
-            f"keyring file {_where(path)} (mode {mode:04o}) is owned by uid {st.st_uid}, not "
+            f"{what} {_where(path)} (mode {mode:04o}) is owned by uid {st.st_uid}, not "
             f"by this process's user (uid {geteuid()}); `chown` it{hint}")
 
 
@@ -94,11 +100,16 @@ def _read(path: Path, allow_insecure: bool) -> tuple[SecretText, tuple[int, int,
             raise Refusal(f"keyring {path} is a directory, not a keyring file")
         if not stat.S_ISREG(st.st_mode):
             raise Refusal(f"keyring {path} is not a regular file")
-        if not allow_insecure:
-            try:
-                check_permissions(path, st)
-            except ConfigurationError as exc:
+        try:
+            check_permissions(path, st)
+        except ConfigurationError as exc:
+            if not allow_insecure:
                 raise Refusal(str(exc)) from None
+            # opted out: loaded, but never without a word (the path and mode are no secret)
+            logger.warning("loading keyring file %s although group or others can use it or "
+                           "another user owns it (mode %04o, owner uid %d): permission check "
+                           "disabled by allow_insecure_permissions / %s", path,
+                           stat.S_IMODE(st.st_mode), st.st_uid, INSECURE_ENV_VAR)
         if st.st_size > _MAX_FILE_BYTES:
             raise Refusal(f"keyring file {path} is {st.st_size} bytes; not a keyring file")
         return SecretText(_decode(_read_all(fd), path)), _stamp(st)

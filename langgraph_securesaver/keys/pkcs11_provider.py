@@ -2,17 +2,27 @@
 
 Each master version is one AES-256 secret-key object in the token, found by its label: the
 configured label is version 1, rotation adds ``<label>.v2``, ``<label>.v3`` and so on, and the
-current version is the highest one present (re-read every ``label_ttl`` seconds, so processes
-follow a rotation done elsewhere). A data key is wrapped by ``C_Encrypt`` with ``CKM_AES_GCM``
-*inside the token*, the tenant and the key row's associated data as GCM's additional data, so
-a wrapped key copied to another tenant, purpose or version does not decrypt. Unwrapping is
-``C_Decrypt``; SecureSaver caches the result (``KeyManager.ttl``), so the token is used once per
-tenant key and cache lifetime, never per turn. The HSM key is never read: keys this provider
-creates are ``CKA_SENSITIVE`` and not ``CKA_EXTRACTABLE``, and an extractable key is refused.
+current version is the highest one this provider made (re-read every ``label_ttl`` seconds, so
+processes follow a rotation done elsewhere). A key is adopted only if the token generated it
+(``CKA_LOCAL``: an imported key, whose value someone knows, never is) and carries in ``CKA_ID``
+the key check value recorded when this provider made it (AES-GCM of a fixed block under the
+key, bound to its label): a key another tool generated, or a relabelled one, is ignored and
+logged. A rotation's new key is the highest version there is (versions are parsed without a
+digit limit), so it always becomes current.
 
-Retiring a version and shredding a tenant destroy key objects (``C_DestroyObject``): immediate
-and final, and in the HSM's own audit log. Which databases depend on the keys is recorded in
-the token as data objects, so shredding is refused while another database uses them.
+A data key is wrapped by ``C_Encrypt`` with ``CKM_AES_GCM`` *inside the token*, the tenant and
+the key row's associated data as GCM's additional data, so a wrapped key copied to another
+tenant, purpose or version does not decrypt. Unwrapping is ``C_Decrypt``, cached by SecureSaver
+(``KeyManager.ttl``): the token is used once per tenant key and cache lifetime, never per turn.
+Keys this provider creates are ``CKA_SENSITIVE``, not ``CKA_EXTRACTABLE``; others are refused.
+
+Retiring a version only stops using its key object here: a restored copy of a database shares
+its database id and its token, so nothing a copy does on its own may destroy a key its
+original still uses. Destroying a version is a separate, explicit step naming it
+(:meth:`Pkcs11KeyProvider.destroy_version`, ``securesaver destroy-master-key``), as is
+shredding a tenant: ``C_DestroyObject``, immediate and final, in the HSM's own audit log. The
+databases using the keys are recorded in the token as data objects; shredding is refused while
+another database uses them.
 
 PKCS#11 login belongs to the process, not to a session: every provider of a process shares one
 pool of sessions (and one login) per module and token. A module that fails (token removed, a
@@ -39,6 +49,7 @@ from typing import Any
 from ..errors import ConfigurationError, KeyProviderUnavailable, TamperedDataError
 from .keyring import WrappedKey
 from .material import SecretBytes
+from .pkcs11_custody import check_value, generated_here, made_here
 from .pkcs11_errors import MissingKeyObject, error_kind, fresh_error
 from .pkcs11_pool import PinSource, SessionEntry, error_name, load_pkcs11, module_pool
 from .pkcs11_url import DEFAULT_SESSIONS, parse_pkcs11_url
@@ -49,7 +60,7 @@ logger = logging.getLogger(__name__)
 _FORMAT = b"\x01"
 _IV_BYTES = 12
 _AAD_PREFIX = b"securesaver/pkcs11/v1\x00"
-_GENERATION = re.compile(r"\.v([1-9][0-9]{0,8})")
+_GENERATION = re.compile(r"\.v([1-9][0-9]*)")
 #: data objects recording the databases a label family serves
 _APPLICATION = "langgraph-securesaver"
 _DB_PREFIX = "securesaver-db:"
@@ -97,6 +108,8 @@ class Pkcs11KeyProvider:
         self._token = self._module.token(token_label)
         self._lock = threading.RLock()
         self._versions: list[str] = []
+        self._highest = 0                   # the highest generation of any family label
+        self._retired: set[str] = set()     # versions this process stopped using
         self._current = ""
         self._resolved_at = -float("inf")
 
@@ -216,7 +229,8 @@ class Pkcs11KeyProvider:
             "altered row")
 
     def _key(self, entry: SessionEntry, label: str) -> Any:
-        """The secret-key object labelled ``label`` (cached per session)."""
+        """The secret-key object labelled ``label`` (cached per session); only a key the token
+        generated (``CKA_LOCAL``) is used."""
         found = entry.keys.get(label)
         if found is not None:
             return found
@@ -231,6 +245,8 @@ class Pkcs11KeyProvider:
             raise ConfigurationError(
                 f"token {self.token_label!r} holds {len(keys)} secret keys labelled {label!r}; "
                 "labels must be unique")
+        if not keys[0][pkcs11.Attribute.LOCAL]:
+            raise MissingKeyObject(label)   # imported: as if absent (see _local)
         entry.keys[label] = keys[0]
         return keys[0]
 
@@ -249,27 +265,34 @@ class Pkcs11KeyProvider:
         return self.key_label if generation == 1 else f"{self.key_label}.v{generation}"
 
     def _scan(self) -> list[str]:
-        """The labels of this family's key objects in the token, oldest first; checks the
-        current one is a usable, non-extractable AES key."""
+        """The labels of this family's adopted key objects in the token, oldest first (see
+        the module docstring); checks the current one is a usable, non-extractable AES key
+        made by this provider. Keys not adopted are logged and never used; a key in the family
+        that could leave the token is refused."""
         pkcs11 = load_pkcs11()
         attr = pkcs11.Attribute
 
         def work(entry: SessionEntry) -> list[str]:
             self._count("FindObjects")
-            found: dict[str, int] = {}
+            found: dict[str, list[Any]] = {}
             for obj in entry.session.get_objects({attr.CLASS: pkcs11.ObjectClass.SECRET_KEY}):
-                label = obj.label
-                if self._family(label) is not None:
-                    found[label] = found.get(label, 0) + 1
-            twice = sorted(label for label, n in found.items() if n > 1)
+                if self._family(obj.label) is not None:
+                    found.setdefault(obj.label, []).append(obj)
+            twice = sorted(label for label, objs in found.items() if len(objs) > 1)
             if twice:
                 raise ConfigurationError(
                     f"token {self.token_label!r} holds several secret keys labelled "
                     f"{', '.join(map(repr, twice))}; labels must be unique")
             labels = sorted(found, key=lambda lb: self._family(lb) or 0)
-            if labels:
-                self._check_key(self._key(entry, labels[-1]), labels[-1])
-            return labels
+            self._highest = (self._family(labels[-1]) or 0) if labels else 0
+            adopted = []
+            for label in labels:
+                key = found[label][0]
+                if generated_here(key, label, self.token_label):
+                    self._check_key(key, label)
+                    if made_here(key, label, self.token_label, self._count):
+                        adopted.append(label)
+            return adopted
 
         labels: list[str] = self._run("FindObjects", work)
         return labels
@@ -294,13 +317,13 @@ class Pkcs11KeyProvider:
         if not labels:
             raise ConfigurationError(
                 f"token {self.token_label!r} holds no AES key labelled {self.key_label!r} (or "
-                f"{self.key_label}.vN): create it with `securesaver keygen --keyring URL` or "
-                "the HSM's own tools")
+                f"{self.key_label}.vN) made by this provider: create it with `securesaver "
+                "keygen --keyring URL`")
         with self._lock:
             if self._current and self._current != labels[-1]:
                 logger.info("PKCS#11 key %s: current version is now %s", self.key_label,
                             labels[-1])
-            self._versions = labels
+            self._versions = [lb for lb in labels if lb not in self._retired or lb == labels[-1]]
             self._current = labels[-1]
             self._resolved_at = _now()
         return self._current
@@ -356,6 +379,11 @@ class Pkcs11KeyProvider:
                 f"a data key of tenant {tenant!r} names master version {version!r}, which is "
                 f"not a version of PKCS#11 key {self.key_label!r}: another provider's row, or "
                 "an altered one")
+        if not self._adopted(version):
+            raise TamperedDataError(
+                f"a data key of tenant {tenant!r} names PKCS#11 key {version!r}, which is not "
+                "a key this provider made and holds (destroyed, imported, another tool's, or "
+                "relabelled)")
         if len(blob) < 1 + _IV_BYTES + 16 or blob[:1] != _FORMAT:
             raise TamperedDataError(
                 f"a data key of tenant {tenant!r} is not a PKCS#11-wrapped key (altered row)")
@@ -370,15 +398,25 @@ class Pkcs11KeyProvider:
         out: bytes = self._run("Decrypt", work, tenant=tenant, version=version)
         return out
 
+    def _adopted(self, version: str) -> bool:
+        """Is ``version`` a key this provider adopted (re-read once when it is not known)?"""
+        with self._lock:
+            if version in self._versions or version in self._retired:
+                return True
+        self._resolve()
+        with self._lock:
+            return version in self._versions
+
     # rotation and shredding -------------------------------------------------------------------
     def add_version(self) -> str:
         """Generate a new AES-256 key in the token (``<label>.vN``, non-extractable) and make
         it current."""
         self._resolve()
-        generation = max((self._family(v) or 0) for v in self.versions()) + 1
-        label = self._label(generation)
+        label = self._label(self._highest + 1)   # above every label of the family
         self._generate(label)
-        self._resolve()
+        if self._resolve() != label:
+            raise ConfigurationError(
+                f"PKCS#11 key {label} was generated but did not become current")
         logger.info("PKCS#11 key %s generated on token %s", label, self.token_label)
         return label
 
@@ -388,12 +426,13 @@ class Pkcs11KeyProvider:
 
         def work(entry: SessionEntry) -> None:
             self._count("GenerateKey")
-            entry.session.generate_key(
+            key = entry.session.generate_key(
                 pkcs11.KeyType.AES, 256, label=label, store=True,
                 capabilities=pkcs11.MechanismFlag.ENCRYPT | pkcs11.MechanismFlag.DECRYPT,
                 template={attr.TOKEN: True, attr.PRIVATE: True, attr.SENSITIVE: True,
                           attr.EXTRACTABLE: False, attr.WRAP: False, attr.UNWRAP: False,
                           attr.SIGN: False, attr.VERIFY: False, attr.DERIVE: False})
+            key[attr.ID] = check_value(key, label, self._count)   # recorded as it is made
 
         self._run("GenerateKey", work)
 
@@ -419,11 +458,26 @@ class Pkcs11KeyProvider:
         """Nothing to save: the token holds the state."""
 
     def retire_version(self, version: str) -> None:
-        """Destroy the key object of ``version`` (``C_DestroyObject``: immediate and final;
-        every data key still wrapped under it becomes unreadable)."""
+        """Stop using ``version`` here (no key row of this database is wrapped under it). The
+        key object stays in the token: another database, or the original this one was
+        restored from, may still use it. Destroying it is :meth:`destroy_version`."""
         if version == self.current_version:
             raise ConfigurationError(
                 "cannot retire the current PKCS#11 key; add a new version first")
+        if self._family(version) is None:
+            raise ConfigurationError(f"{version!r} is not a version of {self.key_label!r}")
+        with self._lock:
+            self._retired.add(version)
+            self._versions = [v for v in self._versions if v != version]
+        logger.warning("PKCS#11 key %s is no longer used by this database; it is NOT "
+                       "destroyed (once no other database uses it: securesaver "
+                       "destroy-master-key --key %s)", version, version)
+
+    def destroy_version(self, version: str) -> None:
+        """Destroy the key object of ``version`` (``C_DestroyObject``: immediate and final;
+        every data key still wrapped under it becomes unreadable). Never the current key."""
+        if version == self.current_version:
+            raise ConfigurationError("cannot destroy the current PKCS#11 key")
         if self._family(version) is None:
             raise ConfigurationError(f"{version!r} is not a version of {self.key_label!r}")
 
@@ -435,6 +489,7 @@ class Pkcs11KeyProvider:
 
         self._run("DestroyObject", work)
         with self._lock:
+            self._retired.discard(version)
             self._versions = [v for v in self._versions if v != version]
         logger.warning("PKCS#11 key %s destroyed on token %s", version, self.token_label)
 
@@ -444,9 +499,9 @@ class Pkcs11KeyProvider:
         (``shred_tenant`` does); backups taken before are then unreadable for every tenant
         unless restored with the live registry's key rows."""
         current = self.current_version
-        for version in self.versions():
+        for version in self._scan():   # retired versions too: backups may use them
             if version != current:
-                self.retire_version(version)
+                self.destroy_version(version)
 
     # the databases this family serves (data objects in the token) -----------------------------
     def _db_label(self, database_id: str) -> str:

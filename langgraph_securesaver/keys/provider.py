@@ -28,7 +28,7 @@ class KeyProvider(Protocol):
     :class:`TamperedDataError` for every failure, including an unknown master version. The
     raw key ``unwrap`` returns is held by SecureSaver as
     :class:`~langgraph_securesaver.keys.material.SecretBytes` at once; an adapter should not
-    keep it in a local of a frame that can raise (see docs/keys.md).
+    keep it in a local of a frame that can raise (see docs/concepts/keys.md).
 
     Optional: ``reload() -> bool`` re-reads the provider's source; SecureSaver calls it (at
     most every ``KeyManager.reload_interval`` seconds) when a key row names a master version

@@ -275,6 +275,15 @@ class SaverOperations:
         """Async twin of :meth:`erasure_epoch`, run in a worker thread."""
         return await to_thread(self.erasure_epoch)
 
+    def destroy_master_key(self, version: str) -> None:
+        """Destroy a provider's master key (KMS: schedule its deletion; PKCS#11: destroy the
+        key object), named explicitly: retiring only stops using it. Operator only."""
+        keys.destroy_master_key(self.services, version)
+
+    async def adestroy_master_key(self, version: str) -> None:
+        """Async twin of :meth:`destroy_master_key`, run in a worker thread."""
+        await to_thread(self.destroy_master_key, version)
+
     def master_versions_in_use(self) -> dict[str, int]:
         """How many key rows each master version still wraps (retire a version at zero).
         Operator only."""

@@ -95,5 +95,29 @@ def master_versions_in_use(services: SaverServices) -> dict[str, int]:
     return counts
 
 
+def destroy_master_key(services: SaverServices, version: str) -> None:
+    """Destroy the provider key ``version`` (a KMS key, an HSM key object): the explicit step
+    that retiring never takes for a provider key, since a restored copy of a database shares
+    its id and its keys. Refused for the current version, while a key row here is wrapped
+    under it, and while the provider records another database."""
+    services.gate.admin_tenant("destroy_master_key", operator_only=True)
+    ring: Any = services.keyring
+    destroy = getattr(ring, "destroy_version", None)
+    if not callable(destroy):
+        raise ConfigurationError(
+            f"{type(ring).__name__} holds no provider keys to destroy (a keyring file's "
+            "versions are removed by rotate_keys(retire_old=True))")
+    if version == ring.current_version:
+        raise ConfigurationError(f"master version {version} is current: rotate first")
+    in_use = master_versions_in_use(services).get(version, 0)
+    if in_use:
+        raise ConfigurationError(
+            f"master version {version} still wraps {in_use} key row(s) of this database")
+    require_sole_database(services, "destroying a master key")
+    destroy(version)
+    services.registry.record_event("master_key_destroyed", version=version)
+    logger.warning("master key %s destroyed at the key provider", version)
+
+
 def erasure_epoch(services: SaverServices) -> dict[str, Any]:
     return erasure_epoch_of(services.registry, services.keyring)

@@ -9,6 +9,7 @@ Knows the services of a saver (gate, keys, subject labels, vault, registry); not
 from __future__ import annotations
 
 import builtins
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class SubjectErasure:
     store_items: dict[str, int] = field(default_factory=dict)
     #: every count of the receipt, per tenant
     detail: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the id of the one receipt written (``securesaver forget-subject --signing-key`` signs it)
+    receipt_id: str = ""
 
     @property
     def total_threads(self) -> int:
@@ -61,13 +64,15 @@ def forget_subject(services: SaverServices, subject: str | None = None, *,
     subject = None if subject is None else validate_subject(subject, "the subject")
     values = identifier_list(identifiers, allow_empty=subject is not None)
     namespace = _namespace(store_namespace, subject)
-    names = _tenants(services, tenants)
+    names = subject_tenants(services, tenants)
     per: dict[str, dict[str, int]] = {}
     for tenant in names:
         per[tenant] = _forget_in_tenant(services, tenant, subject, values, namespace)
     services.flush_deleted()
     when = erased_under(services)
+    receipt_id = uuid.uuid4().hex
     services.registry.add_receipt(
+        receipt_id=receipt_id,
         tenant=names[0] if len(names) == 1 else "", thread_id=None, action="forgotten",
         reason="forget_subject", requested_by=requested_by,
         detail={"by_subject": subject is not None, "identifiers": len(values),
@@ -80,7 +85,8 @@ def forget_subject(services: SaverServices, subject: str | None = None, *,
     return SubjectErasure(
         tenants=names, threads={t: c["threads"] for t, c in per.items()},
         pii_values={t: c["pii_values"] + c["values_erased"] for t, c in per.items()},
-        store_items={t: c["store_items"] for t, c in per.items()}, detail=per)
+        store_items={t: c["store_items"] for t, c in per.items()}, detail=per,
+        receipt_id=receipt_id)
 
 
 def _forget_in_tenant(services: SaverServices, tenant: str, subject: str | None,
@@ -92,7 +98,7 @@ def _forget_in_tenant(services: SaverServices, tenant: str, subject: str | None,
     if keys is None:
         return counts
     if subject is not None:
-        thread_ids = services.subjects.threads_of(keys, subject)
+        thread_ids = subject_threads(services, tenant, subject)
         for thread_id in thread_ids:       # the one deletion path: keys go with the data
             purged = purge_thread_storage(services, ThreadRef(tenant, thread_id))
             services.registry.forget_thread(tenant, thread_id)
@@ -139,17 +145,25 @@ def _namespace(store_namespace: Any, subject: str | None) -> tuple[str, ...] | N
     return labels or None
 
 
-def _tenants(services: SaverServices, tenants: Iterable[str] | None) -> builtins.list[str]:
-    """The tenants the call acts for (the admin scope rule: the operator names tenants or
-    gets every tenant; a tenant scope acts for itself only)."""
+def subject_tenants(services: SaverServices, tenants: Iterable[str] | None,
+                    operation: str = "forget_subject") -> builtins.list[str]:
+    """The tenants a subject operation (forgetting, exporting) acts for (the admin scope
+    rule: the operator names tenants or gets every tenant; a tenant scope acts for itself
+    only)."""
     gate = services.gate
     if tenants is None:
-        scoped = gate.admin_tenant("forget_subject", None)
+        scoped = gate.admin_tenant(operation, None)
         return [scoped] if scoped is not None else services.registry.tenants()
     if isinstance(tenants, (str, bytes)):
-        raise ConfigurationError("forget_subject(tenants=...) takes a list of tenant ids")
-    return sorted({gate.admin_tenant("forget_subject", validate_tenant(t)) or t
-                   for t in tenants})
+        raise ConfigurationError(f"{operation}(tenants=...) takes a list of tenant ids")
+    return sorted({gate.admin_tenant(operation, validate_tenant(t)) or t for t in tenants})
+
+
+def subject_threads(services: SaverServices, tenant: str, subject: str) -> builtins.list[str]:
+    """The thread ids recorded for ``subject`` in ``tenant`` (none when the tenant has no
+    keys here): what forgetting deletes and exporting reads."""
+    keys = services.keys.keys_for(tenant, create=False)
+    return [] if keys is None else services.subjects.threads_of(keys, subject)
 
 
 def copy_subject(services: SaverServices, tenant: str, source: str, target: str) -> None:

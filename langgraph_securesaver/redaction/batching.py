@@ -1,5 +1,5 @@
 """Analysis in batches: the many strings of one list or JSON document in a few analyzer
-calls, and a list's tail withheld in one step once the write's budget is spent.
+calls.
 
 One analyzer call costs ~0.3 ms of fixed overhead (and, in a worker, a round trip), so a
 value of thousands of short strings analyzed one by one spends its whole budget on overhead.
@@ -13,20 +13,15 @@ value, its NER read a neighbour).
 from __future__ import annotations
 
 import bisect
-import logging
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .caches import Cache, Cached
 from .offload import BudgetedDetection, InFlight
-from .tokens import mask_marker
 from .types import Entity
-from .view import BATCH_SEP, WITHHELD, looks_like_json, may_have_pii
+from .view import BATCH_SEP, looks_like_json, may_have_pii
 from .walker import Walker
-
-logger = logging.getLogger(__name__)
-_WITHHELD_MARKER = mask_marker(WITHHELD)
 
 
 class BatchedAnalysis(BudgetedDetection):
@@ -41,47 +36,16 @@ class BatchedAnalysis(BudgetedDetection):
     def _redact_str_list(self, strings: Sequence[str], depth: int,
                          on_str: Callable[[str, int, bool], str], call: Any) -> Sequence[str]:
         """The strings of one list (tuple, set): the uncached ones are analyzed in batches
-        first (one analyzer call per ``max_chars`` characters, not one per string); once the
-        write's budget is spent and its policy masks, every string of the rest of the list
-        that no earlier analysis answered is withheld in one step, without being looked at
-        (a cache lookup each), and a list reached after the budget was spent is withheld
-        whole."""
-        spend = call.spend
-        bulk = (call.free is None and spend.budget is not None
-                and spend.budget.on_exceed == "mask")
-        if bulk and spend.exceeded is not None:
-            # the whole list is past the budget: withheld whole, without a look
-            call.chars += sum(map(len, strings))
-            self._withheld_many(len(strings), call, spend.exceeded)
-            return [_WITHHELD_MARKER] * len(strings)
+        first (one analyzer call per ``max_chars`` characters, not one per string)."""
         if call.free is None:
             self._prefetch_strings(strings, call)
-        out: list[str] = []
-        for i, s in enumerate(strings):
-            if bulk and spend.exceeded is not None:
-                rest = strings[i:]
-                ctx = call.ctx
-                hits = []
-                for at in range(0, len(rest), 4096):  # the GIL handed over between chunks
-                    hits += self._text_cache.get_many([(ctx, r) for r in rest[at:at + 4096]])
-                    self._share_the_gil(spend)
-                tail = [_WITHHELD_MARKER] * len(rest)
-                for n in [n for n, hit in enumerate(hits) if hit is not None]:
-                    tail[n] = on_str(rest[n], depth, False)  # answered by an earlier analysis
-                withheld = hits.count(None)
-                call.chars += sum(map(len, rest))
-                self._withheld_many(withheld, call, spend.exceeded)
-                out.extend(tail)
-                break
-            out.append(on_str(s, depth, False))
+        out = [on_str(s, depth, False) for s in strings]
         return strings if all(map(operator.is_, out, strings)) else out
 
     def _prefetch_strings(self, strings: Iterable[str], call: Any) -> None:
         """Batch the analysis of the uncached strings of a list (see
         :meth:`_analyze_in_batches`)."""
         limit = call.policy.max_chars // 4
-        if call.spend.exceeded is not None:
-            return  # past the write's budget: nothing more is analyzed
         self._analyze_in_batches(
             (s for s in strings
              if (s and len(s) <= limit and not looks_like_json(s)
@@ -89,16 +53,15 @@ class BatchedAnalysis(BudgetedDetection):
                  and (self._custom_analyzer or may_have_pii(s)))), call)
 
     def _analyze_in_batches(self, texts: Iterable[str], call: Any) -> None:
-        """Analyze ``texts`` in batches of up to ``max_chars`` characters, in order, until
-        the write's budget is spent: a batch is charged its characters, its analysis time and
-        one part per string, and holds no more strings than the write has parts left. What a
-        tenant read back (``call.unbilled``) is analyzed whatever the write has spent."""
+        """Analyze ``texts`` in batches of up to ``max_chars`` characters, in order; each
+        string is charged to the write once (RedactionError past its budget). What a tenant
+        read back (``call.unbilled``) is not charged."""
         if self._custom_analyzer:
             return  # a user's recognizers (anchors, NER, context words) may read across strings
         # one batch in flight: while a worker analyzes batch k+1, this thread finishes batch k
         flight: tuple[list[str], InFlight] | None = None
         try:
-            for batch in self._batches(texts, call):
+            for batch in self._batches(texts, call.policy.max_chars):
                 prev, flight = flight, None  # _next_batch collects or drops it
                 flight = self._next_batch(batch, call, prev)
             if flight is not None:
@@ -109,27 +72,18 @@ class BatchedAnalysis(BudgetedDetection):
                 self._abandon_detect(flight[1])
 
     @staticmethod
-    def _batches(texts: Iterable[str], call: Any) -> Iterator[list[str]]:
-        """``texts`` cut into batches of up to ``max_chars`` characters and no more strings
-        than the write has parts left (read as each batch is cut, after the one before was
-        admitted); stops once the write's budget is spent. A lone last string is left to be
-        analyzed on its own."""
-        limit = call.policy.max_chars
-        spend = call.spend
-        free = call.unbilled > 0
+    def _batches(texts: Iterable[str], limit: int) -> Iterator[list[str]]:
+        """``texts`` cut into batches of up to ``limit`` characters. A lone last string is
+        left to be analyzed on its own."""
         batch: list[str] = []
         size = 0
-        room = 1 << 62 if free else spend.parts_left()
         for s in texts:
-            if batch and (size + len(s) + len(BATCH_SEP) > limit or len(batch) >= room):
-                if not free and (spend.exceeded is not None or room <= 0):
-                    return
+            if batch and size + len(s) + len(BATCH_SEP) > limit:
                 yield batch
                 batch, size = [], 0
-                room = 1 << 62 if free else spend.parts_left()
             batch.append(s)
             size += len(s) + len(BATCH_SEP)
-        if len(batch) > 1 and (free or (spend.exceeded is None and len(batch) <= room)):
+        if len(batch) > 1:
             yield batch
 
     def _next_batch(self, texts: list[str], call: Any,
@@ -140,7 +94,7 @@ class BatchedAnalysis(BudgetedDetection):
         returns the new batch if a worker took it (None if it was analyzed here)."""
         found = self._end_detect(flight[1]) if flight is not None else None
         begun = self._begin_detect(BATCH_SEP.join(texts), call.policy, call.spend,
-                                   call.unbilled > 0, len(texts))
+                                   call.unbilled > 0, texts)
         if flight is not None and found is not None:
             try:
                 self._finish_batch(flight[0], found, call)
@@ -153,25 +107,10 @@ class BatchedAnalysis(BudgetedDetection):
         self._finish_batch(texts, begun, call)
         return None
 
-    def _withheld_many(self, count: int, call: Any, reason: str) -> None:
-        """Account for ``count`` strings withheld at once past the write's budget."""
-        if not count:
-            return
-        call.analyzed += count
-        call.withheld += count
-        with call.spend.lock:
-            call.spend.withheld += count
-            first = call.spend.withheld == count
-        if first:
-            logger.warning("redaction of %d strings hit the %s; each was withheld (masked)",
-                           count, reason)
-
     def _prefetch(self, parsed: Any, call: Any, depth: int) -> None:
         """Analyze the uncached strings of ``parsed`` (a parsed JSON document, a message's
         content parts) in a few batched analyzer calls (one call per string costs ~0.3 ms of
         fixed overhead, and a round trip to a worker), filling the cache."""
-        if call.spend.exceeded is not None and not call.unbilled:
-            return  # past the write's budget: nothing more is analyzed
         pending: dict[str, None] = {}
 
         def on_str(s: str, _depth: int, is_key: bool) -> str:
@@ -186,11 +125,9 @@ class BatchedAnalysis(BudgetedDetection):
         if len(pending) >= 2:
             self._analyze_in_batches(pending, call)
 
-    def _finish_batch(self, texts: list[str], found: dict[tuple[str, int, int], float] | str,
+    def _finish_batch(self, texts: list[str], found: dict[tuple[str, int, int], float],
                       call: Any) -> None:
         """Split the detections of a batch onto its strings and cache each string's result."""
-        if isinstance(found, str):
-            return  # nothing cached: each string is then analyzed on its own, with its budget
         starts: list[int] = []
         pos = 0
         for text in texts:
@@ -208,4 +145,3 @@ class BatchedAnalysis(BudgetedDetection):
                 i += 1
         for text, raw in zip(texts, per_text, strict=True):
             self._store_plain(text, self._finish(text, raw, call.policy), call)
-            self._share_the_gil(call.spend)  # a batch can hold thousands of detections

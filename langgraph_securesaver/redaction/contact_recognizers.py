@@ -34,8 +34,10 @@ def _offline_tld() -> tldextract.TLDExtract:
 
 
 _LOCAL = r"A-Za-z0-9._%+\-"
+# an apostrophe inside the local part ("o'connor@", "dan.o'brien@"; RFC 5322 atext), never
+# first or last (a quote around an address is not part of it)
 _EMAIL_RX = (
-    rf"(?<![{_LOCAL}])[{_LOCAL}]{{1,64}}@"
+    rf"(?<![{_LOCAL}])(?:[{_LOCAL}]{{1,64}}'(?=[{_LOCAL}]))?[{_LOCAL}]{{1,64}}@"
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.){1,30}[A-Za-z][A-Za-z0-9\-]{0,23}"
     r"(?![A-Za-z0-9\-]|\.[A-Za-z0-9])"
 )
@@ -156,9 +158,14 @@ class CnMobileRecognizer(LinearRecognizer):
 # --------------------------------------------------------------------------------------------
 # Phone numbers validated by phonenumbers, one parse per candidate and region
 # --------------------------------------------------------------------------------------------
+# an extension after a number: "x5924", " ext. 12", " extension 7", " #205" (Faker writes
+# "+1-212-555-0147x1234", "+49(0)30 901820x77"): part of the number's span
+_EXTENSION = r"(?:[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6})?"
+_EXT_TAIL = re.compile(r"[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6}$")
 _PHONE_CANDIDATE = re.compile(
-    r"(?<![0-9A-Za-z+])(?:\+|00)?(?:\([0-9]{1,4}\)[ .\-]?)?[0-9](?:[ .\-]{0,2}[0-9]|"
-    r"[ .\-]?\([0-9]{1,4}\)[ .\-]?[0-9]){5,17}(?![0-9A-Za-z]|[.\-][0-9])", re.ASCII)
+    r"(?<![0-9A-Za-z+])(?P<n>(?:\+|00)?(?:\([0-9]{1,4}\)[ .\-]?)?[0-9](?:[ .\-]{0,2}[0-9]|"
+    r"[ .\-]?\([0-9]{1,4}\)[ .\-]?[0-9]){5,17})" + _EXTENSION +
+    r"(?![0-9A-Za-z]|[.\-][0-9])", re.ASCII)
 
 
 _NON_DIGITS = re.compile(r"[^0-9]+")
@@ -200,7 +207,7 @@ class LinearPhoneRecognizer(LinearRecognizer):
 
         results: list[RecognizerResult] = []
         for m in _PHONE_CANDIDATE.finditer(text):
-            value = m.group(0)
+            value = m.group("n")  # the number; its span includes the extension
             digits = sum(c.isdigit() for c in value)
             if not 7 <= digits <= 15:
                 continue
@@ -249,14 +256,14 @@ def _phone_label_near(view: str, start: int) -> bool:
 
 
 def _validate_nanp(m: re.Match[str], view: str) -> float | None:
-    digits = [c for c in m.group(0) if c.isdigit()]
+    digits = [c for c in _EXT_TAIL.sub("", m.group(0)) if c.isdigit()]
     if len(set(digits)) < 3:
         return None
     return 0.45 if _phone_label_near(view, m.start()) else 0.4
 
 
 def _validate_gb(m: re.Match[str], view: str) -> float | None:
-    value = m.group(0)
+    value = _EXT_TAIL.sub("", m.group(0))
     digits = [c for c in value if c.isdigit()]
     if len(digits) not in (10, 11) or len(set(digits)) < 3:
         return None
@@ -270,14 +277,11 @@ def _validate_plain10(m: re.Match[str], view: str) -> float | None:
 
 
 def _validate_intl(m: re.Match[str], view: str) -> float | None:
-    digits = [c for c in m.group(0) if c.isdigit()]
+    digits = [c for c in _EXT_TAIL.sub("", m.group(0)) if c.isdigit()]
     if not 8 <= len(digits) <= 15 or len(set(digits)) < 4:
         return None
     return 0.45 if _phone_label_near(view, m.start()) else 0.4
 
-
-# an extension after a NANP number: "x5924", " ext. 12", " extension 7", " #205"
-_EXTENSION = r"(?:[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6})?"
 
 
 class PhoneShapeRecognizer(LinearRecognizer):
@@ -293,13 +297,13 @@ class PhoneShapeRecognizer(LinearRecognizer):
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_nanp),
         rx("intl_plus",
            r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
-           r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
+           + _EXTENSION + r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
         rx("gb_344",
            r"(?<![0-9A-Za-z+.\-/])0[1-9][0-9](?P<s>[ \-])[0-9]{4}(?P=s)[0-9]{4}"
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("gb_grouped",
            r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{2,4}) ?[0-9]{3}[ \-]?"
-           r"[0-9]{3,4}(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
+           r"[0-9]{3,4}" + _EXTENSION + r"(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("plain10_labelled", r"(?<![0-9A-Za-z+.\-])[2-9][0-9]{9}(?![0-9A-Za-z]|[.\-][0-9])",
            0.6, _validate_plain10),
     )

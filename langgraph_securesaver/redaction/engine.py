@@ -27,6 +27,7 @@ from presidio_analyzer.predefined_recognizers import (
 )
 
 from .errors import RedactionError
+from .id_recognizers import NATIONAL_ID_KINDS, NationalIdRecognizer
 from .recognizers import (
     ApiSecretRecognizer,
     CnMobileRecognizer,
@@ -46,7 +47,7 @@ DEFAULT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "CN")
 DEFAULT_NER_ENTITIES: tuple[str, ...] = ("PERSON", "LOCATION")
 
 # Entity kinds the default engine can report.
-PATTERN_ENTITIES: tuple[str, ...] = (
+PATTERN_ENTITIES: tuple[str, ...] = tuple(sorted((
     "API_SECRET",
     "CN_MOBILE",
     "CN_RESIDENT_ID",
@@ -57,7 +58,8 @@ PATTERN_ENTITIES: tuple[str, ...] = (
     "IP_ADDRESS",
     "PHONE_NUMBER",
     "US_SSN",
-)
+    *NATIONAL_ID_KINDS,
+)))
 
 
 def default_recognizers(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
@@ -84,6 +86,7 @@ def default_recognizers(phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
         CnResidentIdRecognizer(supported_language=language),
         CnMobileRecognizer(supported_language=language),
         ApiSecretRecognizer(supported_language=language),
+        NationalIdRecognizer(supported_language=language),
     ]
 
 

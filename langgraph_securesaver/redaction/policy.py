@@ -46,7 +46,6 @@ DEFAULT_HARD_MAX_CHARS = 2_000_000
 DEFAULT_MAX_DEPTH = 100
 DEFAULT_TIME_BUDGET = 2.0
 DEFAULT_MAX_DETECTIONS = 5_000
-ON_TIMEOUT = ("mask", "raise")
 
 
 def _default_actions() -> dict[str, Action]:
@@ -74,16 +73,14 @@ class RedactionPolicy:
         hard_max_chars: text longer than this is refused with ``RedactionError``.
         max_depth: nesting deeper than this is refused with ``RedactionError``.
         time_budget: seconds of analysis allowed per ``max_chars`` characters of one string
-            (at least one unit). A string whose analysis runs longer is withheld, never
-            stored in clear: see ``on_timeout``.
-        on_timeout: ``"mask"`` (default) replaces the whole string by ``<WITHHELD:masked>``;
-            ``"raise"`` refuses the write with ``RedactionError``.
-        max_detections: a single string with more raw detections than this (a hostile
-            input: e.g. tens of thousands of key headers) is withheld the same way, which
-            bounds the work and the garbage one value can cause.
+            (at least one unit). A write holding a string whose analysis runs longer is
+            refused with ``RedactionError``; nothing of it is stored.
+        max_detections: a write holding a single string with more raw detections than this
+            (a hostile input: e.g. tens of thousands of key headers) is refused the same way,
+            which bounds the work and the garbage one value can cause.
         write_budget: bounds on the analysis of one whole write (see :mod:`.budget`); the
             top-level policy's applies (channel overrides do not change it). Not part of the
-            fingerprint: it changes what is withheld, never what a string redacts to.
+            fingerprint: it decides what is refused, never what a string redacts to.
     """
 
     actions: Mapping[str, Action] = field(default_factory=_default_actions)
@@ -95,7 +92,6 @@ class RedactionPolicy:
     hard_max_chars: int = DEFAULT_HARD_MAX_CHARS
     max_depth: int = DEFAULT_MAX_DEPTH
     time_budget: float = DEFAULT_TIME_BUDGET
-    on_timeout: str = "mask"
     max_detections: int = DEFAULT_MAX_DETECTIONS
     write_budget: WriteBudget = field(default_factory=WriteBudget)
 
@@ -125,8 +121,6 @@ class RedactionPolicy:
             raise ConfigurationError("max_depth must be between 1 and 400")
         if not 0.0 < float(self.time_budget) <= 3600.0:
             raise ConfigurationError("time_budget must be > 0 and at most 3600 seconds")
-        if self.on_timeout not in ON_TIMEOUT:
-            raise ConfigurationError(f"on_timeout must be one of {ON_TIMEOUT}")
         object.__setattr__(self, "time_budget", float(self.time_budget))
         if int(self.max_detections) < 100:
             raise ConfigurationError("max_detections must be at least 100")
@@ -194,7 +188,6 @@ class RedactionPolicy:
             "hard_max_chars": self.hard_max_chars,
             "max_depth": self.max_depth,
             "time_budget": repr(self.time_budget),
-            "on_timeout": self.on_timeout,
             "max_detections": self.max_detections,
         }
         raw = json.dumps(doc, sort_keys=True, ensure_ascii=True).encode("ascii")
@@ -215,4 +208,4 @@ class RedactionPolicy:
                 f" channels={chans}, allowlist={sorted(self.allowlist)}, "
                 f"score_threshold={self.score_threshold}, max_chars={self.max_chars}, "
                 f"hard_max_chars={self.hard_max_chars}, max_depth={self.max_depth}, "
-                f"time_budget={self.time_budget}, on_timeout={self.on_timeout})")
+                f"time_budget={self.time_budget})")

@@ -44,7 +44,11 @@ DEFAULT_OFFLOAD_AFTER = 16_000  # characters a write analyzes in-process before 
 START_TIMEOUT = 120.0  # seconds a new worker may take to build its engine
 RETRY_START = 60.0  # seconds before starting workers again after one failed to start
 GRACE = 5.0  # seconds past a request's own deadline before its worker counts as stuck
-TAKE_WAIT = 0.05  # seconds a write waits for a busy worker before analyzing in-process
+TAKE_WAIT = 0.05  # seconds a lone redaction waits for a busy worker before analyzing here
+# seconds a large write waits for a busy worker before analyzing in-process: its analysis
+# stays off the serving process (and its GIL) while the workers catch up; the scheduler
+# bounds how many writes of one tenant wait at once (redaction/scheduler.py)
+QUEUE_WAIT = 30.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -217,12 +221,14 @@ class RedactionPool:
         request = self.send(text, params, seconds)
         return None if request is None else self.answer(request)
 
-    def send(self, text: str, params: dict[str, Any], seconds: float) -> Request | None:
+    def send(self, text: str, params: dict[str, Any], seconds: float,
+             wait: float = TAKE_WAIT) -> Request | None:
         """Hand ``text`` to a free worker and return at once (the first half of
         :meth:`detect`): the caller does other work -- finishing the previous batch -- while
         the worker analyzes, then collects the answer with :meth:`answer`, which it must
-        (:meth:`abandon` on an error path). None when no worker is free."""
-        worker = self._take(min(seconds, TAKE_WAIT))
+        (:meth:`abandon` on an error path). None when no worker is free within ``wait``
+        seconds (the caller then analyzes in-process)."""
+        worker = self._take(wait)
         if worker is None:
             return None
         if worker.proc.poll() is not None:  # died while idle: nothing was sent to it

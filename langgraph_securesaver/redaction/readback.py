@@ -2,8 +2,8 @@
 
 A checkpoint's values were redacted (and paid for) when they were stored. After a restart
 the redactor's caches are cold, and the next write of a long conversation analyzes every
-old message again; if that analysis counted against the budget of the write, old messages
-would be withheld in the new checkpoint (conversation state lost). So :class:`ReadBack`
+old message again; if that analysis counted against the budget of the write, the turn after a
+restart would be refused (the conversation could not go on). So :class:`ReadBack`
 remembers, per message object handed out by a read, the exact string objects of its
 content, and the redactor analyzes those strings without charging the write's budget.
 

@@ -90,6 +90,9 @@ CANDIDATE_RE = re.compile(
     r"|[A-Za-z0-9_\-+/=]{20,}"
     r"|sk[-_]|rk_|AKIA|ASIA|gh[pousr]_|github_pat_|gl[a-z]{1,5}-|hf_|npm_|SG\.|eyJ|BEGIN|"
     r"xox[abposre]-|AIza|://"
-    r"|(?i:bearer|basic|secret|passw|pwd|api[_-]?key|token|aws|accountkey|sig=)",
+    r"|(?i:bearer|basic|secret|passw|pwd|api[_-]?key|token|aws|accountkey|sig=)"
+    # national IDs with letters (UK NINO, IT codice fiscale, IN PAN; see .id_recognizers)
+    r"|[A-Z]{2} ?[0-9]{2} ?[0-9]{2} ?[0-9]{2} ?[A-Z]|[A-Z]{6}[0-9LMNPQRSTUV]{2}[A-Z]"
+    r"|[A-Z]{5}[0-9]{4}[A-Z]",
     re.ASCII,
 )

@@ -63,10 +63,6 @@ from .view import (  # noqa: F401 - public names re-exported (defined here befor
 from .walker import Walker
 
 logger = logging.getLogger(__name__)
-_WITHHELD_MARKER = mask_marker(WITHHELD)
-#: past a write's budget, a string longer than this that no earlier analysis answered is
-#: withheld without the pre-filter's look (shorter ones -- keys, labels -- still get it)
-PAST_BUDGET_LOOK = 64
 
 # --------------------------------------------------------------------------------------------
 # Per-call state
@@ -75,7 +71,7 @@ class _Call:
     """State of one call: context, policy, key, collected vault entries and counters."""
 
     __slots__ = ("analyzed", "chars", "ctx", "found", "free", "hits", "key", "policy", "scopes",
-                 "seen", "spend", "unbilled", "withheld")
+                 "seen", "spend", "unbilled")
 
     def __init__(self, ctx: bytes, key: SecretBytes, policy: RedactionPolicy,
                  spend: Spend) -> None:
@@ -91,7 +87,6 @@ class _Call:
         self.found: list[Entity] = []
         self.free: dict[int, str] | None = None  # strings read back (see .readback), by id
         self.unbilled = 0  # > 0 while redacting one of them: analysis not charged
-        self.withheld = 0  # strings withheld in bulk past the write's budget (not in found)
 
     def add(self, entries: Sequence[VaultEntry]) -> None:
         top = self.scopes[-1]
@@ -224,7 +219,7 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
 
         Without ``token_key`` tokens use a random key made once per ``Redactor``: they are
         stable within the process and meaningless outside it. A ``SecretBytes`` key is never
-        held raw in a frame of the redactor (docs/keys.md)."""
+        held raw in a frame of the redactor (docs/concepts/keys.md)."""
         if not isinstance(text, str):
             raise TypeError(f"redact() takes a str, not {type(text).__name__}")
         policy = self.policy.for_channel(channel)
@@ -286,7 +281,7 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
 
     def _flush(self, call: _Call) -> None:
         self._stats.record(seen=call.seen, hits=call.hits, analyzed=call.analyzed,
-                           chars=call.chars, entities=call.found, withheld=call.withheld)
+                           chars=call.chars, entities=call.found)
 
     def _walker(self, call: _Call) -> Walker:
         walker: Walker
@@ -453,38 +448,10 @@ class Redactor(BatchedAnalysis, NumberRedaction, Restoration):
         if hit is not None:
             call.hits += 1
             return hit
-        spend = call.spend
-        spent, budget = spend.exceeded, spend.budget
-        if spent is not None:
-            self._share_the_gil(spend)
-            if (len(s) > PAST_BUDGET_LOOK and not call.unbilled and budget is not None
-                    and budget.on_exceed == "mask"):
-                with spend.lock:
-                    spend.withheld += 1
-                return self._withheld(s, call, spent)  # past the budget: not pre-filtered
         if not self._custom_analyzer and not may_have_pii(s):
             return Cached(s, (), ())
         found = self._budgeted_detect(s, call.policy, call.spend, call.unbilled > 0)
-        if isinstance(found, str):
-            return self._withheld(s, call, found)
         return self._store_plain(s, self._finish(s, found, call.policy), call)
-
-    def _withheld(self, s: str, call: _Call, reason: str) -> Cached:
-        """The analysis of ``s`` ran past the policy's time budget: never return it in clear."""
-        call.analyzed += 1
-        call.chars += len(s)
-        if call.policy.on_timeout == "raise" and not reason.startswith("write budget"):
-            raise RedactionError(
-                f"redaction of a {len(s)}-character string ran past the time budget "
-                f"({call.policy.time_budget} s per {call.policy.max_chars} characters) or found "
-                f"more than max_detections={call.policy.max_detections}; it was not stored")
-        if not reason.startswith("write budget") or call.spend.withheld <= 1:  # once a write
-            logger.warning("redaction of a %d-character string hit the %s; the whole value "
-                           "was withheld (masked)", len(s), reason)
-        marker = _WITHHELD_MARKER
-        entity = Entity(WITHHELD, 0, len(s), 1.0, reason)  # text: why, never the value
-        call.found.append(entity)
-        return Cached(marker, (), (entity,))  # not cached: a later call may finish in time
 
     def _store_plain(self, s: str, entities: list[Entity], call: _Call) -> Cached:
         out, vault = self._apply(s, entities, call.policy, call.key)

@@ -38,6 +38,14 @@ def _mixed(m: re.Match[str], view: str) -> float | None:
     return 0.9 if _HAS_DIGIT.search(body) and _HAS_ALPHA.search(body) else None
 
 
+def _connection_password(m: re.Match[str], view: str) -> float | None:
+    """A connection string's password: not an empty, templated or masked value."""
+    value = m.group("v").strip("{} \t")
+    if not value or value.startswith(("$", "%", "<")) or set(value) <= set("*x?."):
+        return None
+    return 0.85
+
+
 def _mixed_group(score: float) -> Validator:
     def validate(m: re.Match[str], view: str) -> float | None:
         return score if _random_looking(m.group("v")) else None
@@ -129,6 +137,51 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
     rx("bearer", r"(?<![A-Za-z])(?:Bearer|bearer|BEARER|Basic|token|Token)[ \t]{1,4}"
        r"(?P<v>[A-Za-z0-9._~+/\-]{16,}=*)(?![A-Za-z0-9._~+/=\-])", 0.85, _mixed_group(0.85),
        "v", needles=("bearer", "basic", "token"), fold_case=True),
+    # The password of a connection string (ODBC, ADO.NET, JDBC properties):
+    # "...;Uid=sa;Pwd=Winter2024!;", "Password=hunter2;", "PWD={with;braces}" -- the value
+    # right after "=", up to the next ";", quote, "&" or space.
+    rx("connection_password", r"(?<![A-Za-z0-9_])(?i:pwd|password|passwd)="
+       r"(?P<v>\{[^}\r\n]{1,128}\}|[^\s;\"'{}&][^\s;\"'&]{0,127})", 0.85,
+       _connection_password, "v", needles=("pwd=", "passw"), fold_case=True),
+    # Prefixed keys of common providers (shapes as in public rule sets such as gitleaks').
+    rx("provider_prefixed", r"(?<![A-Za-z0-9_\-])(?:"
+       r"shp(?:at|ca|pa|ss|ua)_[a-fA-F0-9]{32}"            # Shopify
+       r"|SK[0-9a-fA-F]{32}"                                # Twilio API key
+       r"|key-[0-9a-zA-Z]{32}"                              # Mailgun
+       r"|[0-9a-f]{32}-us[0-9]{1,2}"                        # Mailchimp
+       r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}"             # Square
+       r"|EAAA[0-9A-Za-z_\-]{60}"                           # Square access token
+       r"|do[opr]_v1_[a-f0-9]{64}"                          # DigitalOcean
+       r"|dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}"  # Doppler
+       r"|dapi[a-f0-9]{32}(?:-[0-9])?"                      # Databricks
+       r"|lin_api_[A-Za-z0-9]{40}"                          # Linear
+       r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}"                   # Postman
+       r"|NRAK-[A-Z0-9]{27}"                                # New Relic user key
+       r"|gl(?:c|sa)_[A-Za-z0-9_+/]{32,400}={0,2}"          # Grafana
+       r"|pscale_(?:tkn|pw|oauth)_[A-Za-z0-9=\-_.]{32,64}"   # PlanetScale
+       r"|pul-[a-f0-9]{40}"                                 # Pulumi
+       r"|sntr[ysu]_[A-Za-z0-9_+/=]{40,}"                   # Sentry
+       r"|hv[sb]\.[A-Za-z0-9_\-]{24,}"                      # HashiCorp Vault
+       r"|AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}"  # age
+       r"|LTAI[A-Za-z0-9]{20}"                              # Alibaba Cloud
+       r"|ATATT3[A-Za-z0-9_\-=]{186}"                       # Atlassian
+       r"|dt0c01\.[A-Z0-9]{24}\.[A-Z0-9]{64}"                # Dynatrace
+       r"|FLWSECK(?:_TEST)?-[a-h0-9]{32}-X"                 # Flutterwave
+       r"|rubygems_[a-f0-9]{48}"                            # RubyGems
+       r"|pnu_[A-Za-z0-9]{36}"                              # Prefect
+       r"|shippo_(?:live|test)_[a-f0-9]{40}"                # Shippo
+       r"|ntn_[0-9]{11}[A-Za-z0-9]{35}"                     # Notion
+       r"|secret_[A-Za-z0-9]{43}"                           # Notion (older)
+       r"|pat[A-Za-z0-9]{14}\.[a-f0-9]{64}"                  # Airtable
+       r"|xai-[A-Za-z0-9]{80}"                              # xAI
+       r"|gsk_[A-Za-z0-9]{52}"                              # Groq
+       r"|r8_[A-Za-z0-9]{37}"                               # Replicate
+       r"|(?:sk|pk)_(?:live|test)_[A-Za-z0-9]{24,99}"       # Stripe-style (Clerk, Paystack)
+       r")(?![A-Za-z0-9_\-])", 0.9, _mixed, needles=(
+           "shp", "SK", "key-", "-us", "sq0", "EAAA", "_v1_", "dp.", "dapi", "lin_api_",
+           "PMAK-", "NRAK-", "glc_", "glsa_", "pscale_", "pul-", "sntr", "hvs.", "hvb.",
+           "AGE-SECRET", "LTAI", "ATATT3", "dt0c01.", "FLWSECK", "rubygems_", "pnu_",
+           "shippo_", "ntn_", "secret_", "pat", "xai-", "gsk_", "r8_", "k_live_", "k_test_")),
     # The password in a URL's user-info: scheme://user:password@host
     rx("url_password", r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{1,20}://"
        r"[A-Za-z0-9._%~!$&'()*+,;=\-]{0,64}:(?P<v>[^\s:/@]{1,128})@", 0.9, None, "v",

@@ -49,7 +49,7 @@ class TokenTranslator:
             return s if out == s else out
 
         def on_str_list(strings: Sequence[str], depth: int) -> Sequence[str]:
-            # each distinct string once (a withheld list is one marker repeated)
+            # each distinct string once (a list often repeats a string)
             changed = {s: out for s in set(strings) if (out := on_str(s, depth, False)) is not s}
             if not changed:
                 return strings

@@ -66,7 +66,7 @@ class RedactionStats:
             self._reset_unlocked()
 
     def record(self, *, seen: int = 0, hits: int = 0, analyzed: int = 0, chars: int = 0,
-               entities: Sequence[Entity] = (), withheld: int = 0) -> None:
+               entities: Sequence[Entity] = ()) -> None:
         """Count one redaction call (the redactor calls this once per call, under the lock)."""
         with self._lock:
             self.values_seen += seen
@@ -75,8 +75,6 @@ class RedactionStats:
             self.chars_analyzed += chars
             for e in entities:
                 self.entities_found[e.kind] += 1
-            if withheld:  # strings withheld in bulk past a write's budget
-                self.entities_found["WITHHELD"] += withheld
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:

@@ -215,7 +215,11 @@ SECRET_OVERLAP = 4096
 # Tie-breakers when detections overlap: higher score, then longer span, then this priority.
 PRIORITY = {API_SECRET: 9, "CN_RESIDENT_ID": 8, "CREDIT_CARD": 7, "IBAN_CODE": 7,
             "EMAIL_ADDRESS": 6, "CN_MOBILE": 6, "US_SSN": 5, "IP_ADDRESS": 5, "CRYPTO": 5,
-            "PHONE_NUMBER": 3}
+            "PHONE_NUMBER": 3,
+            # national IDs (checksummed, or after their name): over a card of the same digits
+            **dict.fromkeys(("BR_CPF", "DE_TAX_ID", "ES_NIE", "ES_NIF", "FR_NIR", "IN_AADHAAR",
+                             "IN_PAN", "IT_FISCAL_CODE", "KR_RRN", "NL_BSN", "PL_PESEL",
+                             "UK_NINO"), 8)}
 
 
 _JSON_WS = " \t\r\n"

@@ -153,8 +153,8 @@ class Walker:
         self._on_str = on_str
         self._on_number = on_number
         #: a list, tuple or set of plain strings only goes to this callback whole, so that
-        #: the strings of a large value can be analyzed (and, past a write's budget,
-        #: withheld) in bulk; same results as one ``on_str`` call per string
+        #: the strings of a large value can be analyzed in batches; same results as one
+        #: ``on_str`` call per string
         self._on_str_list = on_str_list
         #: the name of what is being walked: the nearest dictionary key or field name
         self.name: str | None = None

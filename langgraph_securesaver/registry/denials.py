@@ -1,11 +1,15 @@
-"""Refused cross-tenant attempts, coalesced: a flood costs the registry a few rows, not one
-row (and one lock of the target tenant's chain head) per attempt.
+"""Refused cross-tenant attempts, coalesced per actor: a flood costs the registry a few rows,
+not one row (and one lock of a chain head) per attempt, whatever targets it names.
 
-The first attempt of an (actor, target, operation) is written at once, as before. Further
-attempts of the same triple within ``window`` seconds are counted in memory and written as
-ONE ``access_denied`` event carrying ``count`` (the attempts it stands for), ``first_at`` and
-``last_at``, when the window closes; while the attempts go on, each window adds one such
-summary. Summing ``count`` over the events therefore gives the exact number of refused
+The first attempt of an (actor, operation) is written at once, in the target's chain. Further
+attempts of the same actor and operation within ``window`` seconds -- whichever targets they
+name, made-up ones included -- are counted in memory and written as ONE ``access_denied``
+event carrying ``count`` (the attempts it stands for), ``first_at`` and ``last_at``, when the
+window closes; while the attempts go on, each window adds one such summary. A summary whose
+attempts all named one target goes to that target's chain; one over several targets goes to
+the actor's own chain with ``distinct_targets`` and the first :data:`NAMED_TARGETS` names
+(a spray over made-up tenants starts no chains). Operations are a fixed set of names, so the
+rows per actor are bounded. Summing ``count`` over the events gives the exact number of refused
 attempts, across processes too (each process counts its own). Pending counts are flushed by a
 background thread, by :meth:`DenialLog.flush` (the saver's ``close``) and at interpreter
 exit; a summary that cannot be written is kept and retried, and logged as an error, never
@@ -26,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 5.0
 WRITE_ATTEMPTS = 3
+NAMED_TARGETS = 8     # target names a multi-target summary lists
+COUNTED_TARGETS = 1024  # distinct targets counted per summary (past it: "at least")
 
 # record(kind, tenant, thread_id, actor, detail) -> None (raises when it could not write)
 Recorder = Callable[[str, str, "str | None", str, dict[str, object]], None]
@@ -33,13 +39,20 @@ Recorder = Callable[[str, str, "str | None", str, dict[str, object]], None]
 
 @dataclass
 class _Open:
-    """The attempts of one (actor, target, operation) not written yet."""
+    """The attempts of one (actor, operation) not written yet."""
 
     window_end: float
     count: int = 0
     first_at: float = 0.0
     last_at: float = 0.0
     threads: set[str | None] = field(default_factory=set)
+    targets: dict[str, None] = field(default_factory=dict)  # insertion order, capped
+
+    def add_targets(self, targets: dict[str, None]) -> None:
+        for t in targets:
+            if len(self.targets) >= COUNTED_TARGETS:
+                return
+            self.targets[t] = None
 
 
 class DenialLog:
@@ -52,7 +65,7 @@ class DenialLog:
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._open: dict[tuple[str, str, str], _Open] = {}
+        self._open: dict[tuple[str, str], _Open] = {}
         self._flusher: threading.Thread | None = None
         self._flush_lock = threading.Lock()  # one writer of summaries at a time
         self.failing = False  # the last write to the registry failed
@@ -63,7 +76,7 @@ class DenialLog:
         """Count one refused attempt. True: it is the first of its window and the caller
         must write it now (:meth:`write_first`); False: it is counted for the summary."""
         now = self._clock()
-        key = (actor, target, operation)
+        key = (actor, operation)
         with self._lock:
             state = self._open.get(key)
             if state is None:
@@ -76,6 +89,7 @@ class DenialLog:
             state.last_at = now
             if len(state.threads) < 2:
                 state.threads.add(thread_id)
+            state.add_targets({target: None})
             return False
 
     def write_first(self, actor: str, target: str, operation: str,
@@ -91,9 +105,9 @@ class DenialLog:
     def defer(self, actor: str, target: str, operation: str, thread_id: str | None) -> None:
         """A first attempt that could not be written now: counted for the next summary."""
         now = self._clock()
-        self._requeue((actor, target, operation),
+        self._requeue((actor, operation),
                       _Open(window_end=now + self.window, count=1, first_at=now, last_at=now,
-                            threads={thread_id}))
+                            threads={thread_id}, targets={target: None}))
         with self._lock:
             self._ensure_flusher()
 
@@ -102,7 +116,7 @@ class DenialLog:
         the number of attempts written. A summary that fails is kept for the next flush."""
         with self._flush_lock:
             now = self._clock()
-            due: list[tuple[tuple[str, str, str], _Open]] = []
+            due: list[tuple[tuple[str, str], _Open]] = []
             with self._lock:
                 for key, state in list(self._open.items()):
                     if not everything and state.window_end > now:
@@ -124,12 +138,20 @@ class DenialLog:
         with self._lock:
             return sum(s.count for s in self._open.values())
 
-    def _write_summary(self, key: tuple[str, str, str], state: _Open) -> bool:
-        actor, target, operation = key
+    def _write_summary(self, key: tuple[str, str], state: _Open) -> bool:
+        actor, operation = key
         thread_id = next(iter(state.threads)) if len(state.threads) == 1 else None
         detail: dict[str, object] = {"operation": operation, "count": state.count,
                                      "first_at": state.first_at, "last_at": state.last_at,
                                      "coalesced": True}
+        if len(state.targets) == 1:
+            target = next(iter(state.targets))
+        else:  # several targets (made-up ones, maybe): the actor's own chain
+            target = actor
+            thread_id = None
+            detail["targets"] = list(state.targets)[:NAMED_TARGETS]
+            detail["distinct_targets"] = len(state.targets)
+            detail["distinct_targets_capped"] = len(state.targets) >= COUNTED_TARGETS
         failure: Exception | None = None
         for attempt in range(WRITE_ATTEMPTS):
             try:
@@ -140,12 +162,12 @@ class DenialLog:
                 failure = exc
                 time.sleep(0.05 * (attempt + 1))
         self.failing = True
-        logger.error("could not record %d coalesced access-denied attempts of tenant %r on "
-                     "tenant %r (%s); they are kept and retried", state.count, actor, target,
+        logger.error("could not record %d coalesced access-denied attempts of tenant %r "
+                     "(%s); they are kept and retried", state.count, actor,
                      type(failure).__name__)
         return False
 
-    def _requeue(self, key: tuple[str, str, str], state: _Open) -> None:
+    def _requeue(self, key: tuple[str, str], state: _Open) -> None:
         with self._lock:
             current = self._open.setdefault(key, _Open(window_end=self._clock() + self.window))
             if current.count == 0:
@@ -155,6 +177,7 @@ class DenialLog:
             current.count += state.count
             current.last_at = max(current.last_at, state.last_at)
             current.threads |= state.threads
+            current.add_targets(state.targets)
 
     def _ensure_flusher(self) -> None:  # called with the lock held
         if self._flusher is None or not self._flusher.is_alive():

@@ -231,6 +231,25 @@ class RegistryKeys(RegistryBase):
         return len(rows), problems
 
 
+def _retired_not_destroyed(conn: Any) -> list[str]:
+    """A key provider's versions retired here (events) and not destroyed since, by
+    ``destroy-master-key`` or a shred (which destroys every older version)."""
+    import json
+
+    from .schema import events
+    kinds = ("master_keys_retired", "master_key_destroyed", "tenant_shredded")
+    left: dict[str, None] = {}
+    for kind, detail in conn.execute(sa.select(events.c.kind, events.c.detail).where(
+            events.c.kind.in_(kinds)).order_by(events.c.id)):
+        if kind == "tenant_shredded":
+            left.clear()
+        elif kind == "master_key_destroyed":
+            left.pop(str(json.loads(detail).get("version")), None)
+        else:
+            left.update(dict.fromkeys(str(v) for v in json.loads(detail).get("versions", [])))
+    return list(left)
+
+
 def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
     """The pending erasure epoch: the master versions the keyring still holds, and how many
     erasures (deletion receipts, ``pii_forgotten`` events) were made under one of them -- the
@@ -240,6 +259,8 @@ def erasure_epoch_of(registry: Any, ring: Any) -> dict[str, Any]:
             if not getattr(ring, "shredded_from", lambda _v: False)(v)]
     pending = 0
     with registry.begin() as conn:
+        if getattr(ring, "persists_itself", False):   # a provider: retiring destroys nothing
+            held += [v for v in _retired_not_destroyed(conn) if v not in held]
         for version in held:
             mark = f'%"erased_under": "{version}"%'
             pending += int(conn.execute(sa.select(sa.func.count()).select_from(receipts).where(

@@ -259,12 +259,12 @@ class AuthTenantGate(TenantGate):
 
 class AuthTenantSaver(SecureSaver):
     """A :class:`SecureSaver` whose tenant is the LangGraph Server's authenticated user.
+    Every argument but the two below is SecureSaver's.
 
     Args:
         tenant_of: maps the server's user object to a tenant id (``None`` = no tenant).
         subject_of: maps it to the subject its threads are recorded for (``forget_subject``;
             default: the user's ``identity``; ``None`` from the mapping = no subject).
-        (every other argument is SecureSaver's)
     """
 
     gate_class = AuthTenantGate

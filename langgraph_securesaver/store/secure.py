@@ -21,6 +21,7 @@ from ..errors import ConfigurationError
 from ..keys.crypto import TenantKeys
 from ..keys.keyring import KeyProvider
 from ..offthread import to_thread
+from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
 from ..saver import DEFAULT, SecureSaver
 from ..tenancy import tenant_tag
@@ -133,8 +134,8 @@ class SecureStore(BaseStore):
         if not listed:
             return []
         tenant = self._services.gate.resolve_tenant("store")
-        plan = self._core.prepare(listed, tenant, self._keys(tenant, listed),
-                                  self._services.database_id())
+        plan = redaction_job(tenant, self._core.prepare, listed, tenant,
+                             self._keys(tenant, listed), self._services.database_id())
         texts, queries = plan.texts(), plan.query_texts()
         vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings else []
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
@@ -163,8 +164,10 @@ class SecureStore(BaseStore):
         redacts = self._core.pii.redactor is not None and self._writes(listed)
         queries_to_embed = self.embeddings is not None and any(
             isinstance(op, SearchOp) and op.query for op in listed)
-        plan = await self._run(redacts or queries_to_embed or len(listed) > _INLINE_OPS,
-                               self._core.prepare, listed, tenant, keys, database_id)
+        plan = await (aredaction_job(tenant, self._core.prepare, listed, tenant, keys,
+                                     database_id) if redacts else
+                      self._run(queries_to_embed or len(listed) > _INLINE_OPS,
+                                self._core.prepare, listed, tenant, keys, database_id))
         texts, queries = plan.texts(), plan.query_texts()
         vectors = await self.embeddings.aembed_documents(texts) \
             if texts and self.embeddings else []

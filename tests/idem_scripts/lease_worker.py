@@ -71,7 +71,7 @@ def sweep(url: str, keyring: str, stop: str | None) -> None:
         url = url.replace("sqlite:", "sqlite+aiosqlite:", 1).replace(
             "postgresql:", "postgresql+psycopg_async:", 1)
     total: dict[str, object] = {"sweeps": 0, "examined": 0, "resumed": [], "failed": [],
-                                "dead_lettered": [], "finished": [], "busy": 0,
+                                "dead_lettered": [], "finished": [], "yielded": [], "busy": 0,
                                 "recent": 0, "pid": os.getpid()}
     count = int(os.environ.get("LEASE_SWEEPS", "1"))
     while True:
@@ -86,15 +86,15 @@ def sweep(url: str, keyring: str, stop: str | None) -> None:
         total["examined"] = int(total["examined"]) + report.examined  # type: ignore[call-overload]
         total["busy"] = int(total["busy"]) + report.skipped_busy  # type: ignore[call-overload]
         total["recent"] = int(total["recent"]) + report.skipped_recent  # type: ignore[call-overload]
-        for name in ("resumed", "failed", "dead_lettered", "finished"):
-            total[name] += [list(x) for x in getattr(report, name)]  # type: ignore[operator]
+        for name in ("resumed", "failed", "dead_lettered", "finished", "yielded"):
+            total[name] += [list(x) for x in getattr(report, name, [])]  # type: ignore[operator]
         if stop is not None:  # progress for the test: one line per sweep
             with open(f"{stop}.{os.getpid()}.sweeps", "a") as fh:
                 fh.write(f"{report.skipped_busy}\n")
         if stop is None:
             print(json.dumps(total), flush=True)  # one line per sweep
             total.update(sweeps=0, examined=0, resumed=[], failed=[], dead_lettered=[],
-                         finished=[], busy=0, recent=0)
+                         finished=[], yielded=[], busy=0, recent=0)
         if last:
             break
         time.sleep(0.2)

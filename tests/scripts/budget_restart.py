@@ -4,7 +4,7 @@ usage: budget_restart.py DB KEYRING OUT MODE [sync|async]
 MODE "write": TURNS turns, each adding a large JSON tool output (default settings).
 MODE "turn": a fresh process takes one more turn of the conversation; OUT gets the state.
 MODE "hostile": a fresh process writes new content of the same size, in a new thread and by
-editing the read-back messages in place; OUT gets what was stored.
+editing the read-back messages in place; OUT gets what was stored, or "refused".
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.redaction.budget import COOL_DOWNS
+from langgraph_securesaver.redaction import RedactionError
 
 TURNS = 24
 RECORDS = 500  # ~120 KB of JSON per tool output
@@ -113,23 +113,29 @@ def main() -> int:
                 return hostile_checkpoint(msgs)
 
             conv = {"configurable": {**THREAD["configurable"], "checkpoint_ns": ""}}
-            # each attack on its own: the first one starts the tenant's cool-down, in which the
-            # second would be refused outright (tests/test_noisy_neighbour.py); here what counts
-            # is that content the tenant did not read back is charged to the write
+            # each attack on its own; OUT gets "refused" (RedactionError) or what was stored
             if flavour == "sync":
-                saver.put(fresh, hostile_checkpoint(new), md, {"messages": 1})
-                result["fresh"] = state_of(saver.get_tuple(fresh))
-                COOL_DOWNS.clear()
-                saver.put(conv, edit(saver.get_tuple(conv)), md, {"messages": 1})
-                result["edited"] = state_of(saver.get_tuple(conv))
+                for name, cfg, make in (("fresh", fresh, lambda: hostile_checkpoint(new)),
+                                        ("edited", conv,
+                                         lambda: edit(saver.get_tuple(conv)))):
+                    try:
+                        saver.put(cfg, make(), md, {"messages": 1})
+                        result[name] = state_of(saver.get_tuple(cfg))
+                    except RedactionError:
+                        result[name] = "refused"
             else:
                 async def attack() -> None:
-                    await saver.aput(fresh, hostile_checkpoint(new), md, {"messages": 1})
-                    result["fresh"] = state_of(await saver.aget_tuple(fresh))
-                    COOL_DOWNS.clear()
-                    await saver.aput(conv, edit(await saver.aget_tuple(conv)), md,
-                                     {"messages": 1})
-                    result["edited"] = state_of(await saver.aget_tuple(conv))
+                    try:
+                        await saver.aput(fresh, hostile_checkpoint(new), md, {"messages": 1})
+                        result["fresh"] = state_of(await saver.aget_tuple(fresh))
+                    except RedactionError:
+                        result["fresh"] = "refused"
+                    try:
+                        await saver.aput(conv, edit(await saver.aget_tuple(conv)), md,
+                                         {"messages": 1})
+                        result["edited"] = state_of(await saver.aget_tuple(conv))
+                    except RedactionError:
+                        result["edited"] = "refused"
                 asyncio.run(attack())
         with open(out, "w", encoding="utf-8") as fh:
             json.dump(result, fh)

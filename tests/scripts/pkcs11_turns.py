@@ -16,8 +16,8 @@ import sys
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
+from tests.fake_agent import build_chat_graph
 
 
 def main(db_url: str, provider_url: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
+from tests.fake_agent import build_chat_graph
 
 
 def _turn(n: int, tenant: str, threads: str) -> tuple[str, str, dict]:
