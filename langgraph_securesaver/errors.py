@@ -144,6 +144,16 @@ class DeltaChannelPruneError(SecureSaverError, NotImplementedError):
     """keep_latest was refused because the thread uses a DeltaChannel."""
 
 
+class KeyGoneError(SecureSaverError):
+    """The write could not be made readable, and nothing of it was stored: the key it would be
+    sealed under is being destroyed or was replaced by another process (the thread is being
+    deleted or pruned, or a key rotation retires the key-encryption key). Retryable: the next
+    attempt confirms the thread's live key, and a deleted thread starts afresh under a new key
+    (docs/key-lifecycle.md)."""
+
+    retryable = True
+
+
 class KeyProviderUnavailable(SecureSaverError):
     """The key provider (a KMS, an HSM) could not be reached or refused our credentials.
 

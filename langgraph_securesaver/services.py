@@ -21,10 +21,11 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .caches import TokenCache
-from .errors import ConfigurationError, TamperedDataError
+from .errors import ConfigurationError, KeyGoneError, TamperedDataError
 from .gate import TenantGate
 from .keys.crypto import KeyManager, TenantKeys
 from .keys.keyring import KeyProvider
+from .keys.lifecycle import WRITE_LEASE
 from .offthread import to_thread
 from .pii_layer import PiiLayer
 from .registry.core import Registry
@@ -140,9 +141,22 @@ class SaverServices:
 
     # thread activity ------------------------------------------------------------------------
     def touch_due(self, ref: ThreadRef) -> bool:
-        """Whether the thread's registry row is due an update (only :meth:`touch`, after the
-        update succeeded, marks it done: a failed touch is retried)."""
-        return self.touched_before(ref, self.activity_resolution)
+        """Whether the thread's registry row is due an update before a write: the activity
+        resolution passed, or this process's write lease on the thread's key has less than
+        half of :data:`WRITE_LEASE` left (only :meth:`touch`, after the update succeeded,
+        marks it done: a failed touch is retried)."""
+        return self.touched_before(ref, min(self.activity_resolution, WRITE_LEASE / 2))
+
+    def check_lease(self, ref: ThreadRef) -> None:
+        """Right before a sealed write goes to the inner saver: its lease must have at least
+        half of :data:`WRITE_LEASE` left, so it is stored before any destroyer of the key
+        stops waiting; a lease that ran short is confirmed again, and a key that changed
+        meanwhile means the write was sealed under a key that is going away: KeyGoneError,
+        nothing stored (docs/key-lifecycle.md)."""
+        if self.touch_due(ref) and not self.touch(ref):
+            raise KeyGoneError(
+                f"thread {ref.thread_id!r} of tenant {ref.tenant!r} was deleted while this write "
+                "was being sealed; nothing was stored: retry (it starts the thread afresh)")
 
     def touched_before(self, ref: ThreadRef, seconds: float) -> bool:
         """Whether this process last touched the thread's registry row more than ``seconds``
@@ -150,11 +164,31 @@ class SaverServices:
         last = self._touched.get((ref.tenant, ref.thread_id))
         return last is None or time.monotonic() - last > seconds
 
-    def touch(self, ref: ThreadRef) -> None:
-        self.registry.touch_thread(ref.tenant, ref.thread_id, policy=self.policy_for(ref.tenant))
+    def touch(self, ref: ThreadRef) -> bool:
+        """Move the thread's last activity and take a write lease on its key: in the same
+        transaction, refused (KeyGoneError) while a deletion fences the thread off, and the
+        cached key dropped unless it is still the thread's. False when it was dropped (what
+        was sealed under it must not be stored)."""
+        started = time.monotonic()   # the lease runs from before the registry saw it
+        same = [True]
+
+        def lease(conn: Any, state: str, _last: float) -> None:
+            if state == "deleting":
+                raise KeyGoneError(
+                    f"thread {ref.thread_id!r} of tenant {ref.tenant!r} is being deleted; "
+                    "nothing was stored: retry once the deletion is done (the thread then "
+                    "starts afresh under a new key)")
+            threads = self.keys.threads
+            if isinstance(threads, ThreadKeyStore):
+                same[0] = threads.confirm(conn, ref.tenant, ref.thread_id)
+
+        self.registry.touch_thread(ref.tenant, ref.thread_id, policy=self.policy_for(ref.tenant),
+                                   within=lease)
         if len(self._touched) > 100_000:
             self._touched.clear()
-        self._touched[(ref.tenant, ref.thread_id)] = time.monotonic()
+        if same[0]:   # no lease on a key this process does not hold yet: touched again
+            self._touched[(ref.tenant, ref.thread_id)] = started
+        return same[0]
 
     def flush_deleted(self) -> None:
         """End of a deletion batch: the storage and the registry drop what they still hold

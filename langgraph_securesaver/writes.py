@@ -25,7 +25,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, KeyGoneError
 from .gate import Denial
 from .inner_access import InnerAccess
 from .keys.crypto import TenantKeys
@@ -109,17 +109,20 @@ class WritePath:
         ``aput`` runs it in one worker thread): touch the thread's registry row when due,
         redact and seal, and store new PII originals before their tokens reach storage.
 
-        The touch comes first: it clears an ``emptied`` mark and moves the thread's last
-        activity before the thread key is fetched for sealing, so the retention sweep's
-        fenced delete of an emptied thread either sees this write coming (and keeps the
-        thread) or has committed before the key is read (and this write gets a new key)."""
+        The touch comes first: it clears an ``emptied`` mark, moves the thread's last
+        activity and takes the write lease on the thread's key before the key is fetched for
+        sealing, so a deletion either sees this write coming (the sweep keeps the thread; a
+        delete waits for the lease) or has committed before the key is read (and this write
+        gets a new key). The lease is checked again last (docs/key-lifecycle.md)."""
         self.bind_subject(keys, ref, "put")   # a refused subject costs no redaction
-        with self._activity(ref), write_scope():   # one redaction budget
+        continues = bool((config.get("configurable") or {}).get("checkpoint_id"))
+        with self._activity(ref, continues), write_scope():   # one redaction budget
             sealed, md, new_pii = self.prepare_put(codec, keys, ref, config, checkpoint,
                                                    metadata, new_versions)
         self.bind_subject(keys, ref, "put")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
         self.services.note_namespace(ref)
+        self.services.check_lease(ref)   # the key is still the thread's, long enough
         return sealed, md
 
     async def aseal_put(self, codec: SealedCodec, keys: TenantKeys, ref: ThreadRef,
@@ -144,11 +147,17 @@ class WritePath:
                                     writes, task_id, task_path)
 
     @contextmanager
-    def _activity(self, ref: ThreadRef) -> Iterator[None]:
+    def _activity(self, ref: ThreadRef, continues: bool) -> Iterator[None]:
         """Around the sealing of a write: the thread's registry row touched first when due
-        (see :meth:`seal_put`); :meth:`settle` after the inner saver's call."""
-        if self.services.touch_due(ref):
-            self.services.touch(ref)
+        (see :meth:`seal_put`); :meth:`settle` after the inner saver's call. A write that
+        continues a checkpoint (``continues``: a put with a parent) on a
+        thread whose key changed since this process cached it continues a thread that was
+        deleted meanwhile (its parent and blobs are gone): KeyGoneError, nothing stored; the
+        retry reads the thread afresh."""
+        if self.services.touch_due(ref) and not self.services.touch(ref) and continues:
+            raise KeyGoneError(
+                f"thread {ref.thread_id!r} of tenant {ref.tenant!r} was deleted since this turn "
+                "read it; nothing was stored: retry the turn (it starts the thread afresh)")
         yield
 
     def settle(self, ref: ThreadRef) -> None:
@@ -177,11 +186,14 @@ class WritePath:
                       task_path: str = "") -> builtins.list[tuple[str, Any]]:
         """The put_writes counterpart of :meth:`sealed_put`."""
         self.bind_subject(keys, ref, "put_writes")
-        with self._activity(ref), write_scope():
+        # pending writes continue a checkpoint whose put may be running beside them (LangGraph
+        # stores both at once); writes of a checkpoint that is gone are never read
+        with self._activity(ref, False), write_scope():
             sealed, new_pii = self.prepare_writes(codec, keys, ref, config, writes, task_id,
                                                   task_path)
         self.bind_subject(keys, ref, "put_writes")
         self.pii.vault.store(keys, ref.thread_id, new_pii)
+        self.services.check_lease(ref)
         return sealed
 
     def bind_subject(self, keys: TenantKeys, ref: ThreadRef, operation: str) -> None:

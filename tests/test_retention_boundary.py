@@ -39,6 +39,7 @@ from langgraph_securesaver import (
 )
 from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
 from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 
 from .boundary_helpers import Raw, inner_id
 
@@ -183,7 +184,7 @@ def test_cli_prune_exits_1_naming_the_row(database, tmp_path: Path) -> None:
             saver.put(parent, empty_checkpoint(), {"step": 1}, {})
     _garbage_body(raw, "bad")
     expected, _ = _get_tuple_refusal(url, ring)
-    time.sleep(2.2)  # the 1 s TTL has run out, and the 1 s grace
+    time.sleep(LEASE_FENCE + 0.2)  # the 1 s TTL has run out, the 1 s grace, the write lease
     result = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_path),
                                  "--active-grace", "1s", "--json"],
                            env={"SECURESAVER_MASTER_KEY": ""})

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
 from tests.fake_agent import build_chat_graph
@@ -133,7 +134,7 @@ def test_cli_prune_dry_run_json_then_real_run(tmp_path: Path) -> None:
     with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path), redaction=None,
                               retention=RetentionPolicy(idle_ttl=1)) as saver:
         _populate(saver, 3, 1)
-    time.sleep(1.1)
+    time.sleep(LEASE_FENCE + 0.1)   # idle past the TTL and the write lease on each key
     # without the keyring the pruner cannot verify the retention rows: it refuses to run
     keyless = runner.invoke(app, ["prune", "--url", url, "--json"],
                             env={"SECURESAVER_MASTER_KEY": ""})

@@ -128,10 +128,12 @@ def prune(
     limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N",
                                               help="At most this many threads per sweep.")]
     = None,
-    active_grace: Annotated[str, typer.Option(
+    active_grace: Annotated[str | None, typer.Option(
         "--active-grace", metavar="DURATION",
-        help="Skip threads written this recently (a run may be in flight); 0s skips none.")]
-    = "2m",
+        help="Skip threads written this recently (a run may be in flight, a process may still "
+             "cache the thread's key). Default: the key cache lifetime plus the activity "
+             "resolution (6m). Threads whose key a write holds are skipped whatever this says.")]
+    = None,
     document: evidence.OutOption = None,
     signing: evidence.SigningKeyOption = None,
     saver_spec: SaverOption = None,
@@ -149,12 +151,14 @@ def prune(
     import threading
 
     from ..keys.keyring import NoKeys
+    from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE
     from ..retention import parse_duration
 
     tenant = tenant_arg(tenant)
     try:
         interval = parse_duration(every, what="--every") if every else None
-        grace = parse_duration(active_grace, what="--active-grace", allow_zero=True) or 0.0
+        grace = DEFAULT_ACTIVE_GRACE if active_grace is None else (
+            parse_duration(active_grace, what="--active-grace", allow_zero=True) or 0.0)
     except SecureSaverError as exc:
         raise fail(exc) from None
     if interval is not None and interval <= 0:

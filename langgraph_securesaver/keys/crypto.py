@@ -22,7 +22,7 @@ from typing import Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..errors import TamperedDataError
+from ..errors import KeyGoneError, TamperedDataError
 from .keyring import KeyProvider, WrappedKey
 from .material import SecretBytes
 from .tokens import (  # noqa: F401 - the token format is importable from here as before
@@ -67,6 +67,8 @@ class ScopedKeySource(Protocol):
     sealing: bool
 
     def key(self, tenant: str, scope: str, name: str, create: bool) -> AESGCM | None: ...
+
+    def refreshed(self, tenant: str, scope: str, name: str) -> AESGCM | None: ...
 
 
 class _NoncePool:
@@ -206,6 +208,17 @@ class TenantKeys:
         try:
             return aes.decrypt(nonce, token[start + NONCE_BYTES:], aad)
         except InvalidTag:
+            pass
+        # a cached thread key another process replaced (deleted the thread, wrote it again):
+        # the key row read once more, the ciphertext tried under it
+        scoped = aad_scope(aad) if version == THREAD_KEY_VERSION else None
+        renewed = None if scoped is None or self.threads is None else self.threads.refreshed(
+            self.tenant, scoped[0], scoped[2])
+        try:
+            if renewed is None:
+                raise InvalidTag
+            return renewed.decrypt(nonce, token[start + NONCE_BYTES:], aad)
+        except InvalidTag:
             raise TamperedDataError(
                 "ciphertext failed authentication: it was altered, or moved from another tenant, "
                 "thread, namespace or checkpoint"
@@ -295,7 +308,13 @@ class KeyManager:
             if not rows:
                 if not create:
                     return None
-                self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
+                generation = self._provider_generation
+                try:
+                    self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
+                except KeyGoneError:   # wrapped under a version being retired: reload, retry
+                    if not self._reload_provider(generation):
+                        raise
+                    self.store.insert_key_rows(self._new_rows(tenant, [(DATA, 1), (INDEX, 1)]))
                 rows = self.store.load_key_rows(tenant)  # another process may have won the race
             keys = self._unwrap(tenant, rows)
             self._cache[tenant] = keys

@@ -16,7 +16,7 @@ from ..errors import ConfigurationError
 from ..keys.crypto import KEK
 from ..keys.tokens import LOOKUP
 from ..registry.pii_lookups import rekey
-from ..registry.thread_keys import ThreadKeyStore
+from ..registry.thread_keys import ThreadKeyStore, mark_retiring
 from ..registry.wrapped_keys import erasure_epoch_of
 from ..services import SaverServices
 from ..tenancy import validate_tenant
@@ -48,6 +48,9 @@ def rewrap_keys(services: SaverServices, *,
     services.gate.admin_tenant("rewrap_keys", operator_only=True)
     registry = services.registry
     current = services.keyring.current_version
+    # first: no process wraps a new key under another version from here on (the
+    # rewrap below then sees every key row that will ever name one)
+    mark_retiring(registry, current, list(services.keyring.versions()))
     tenants = registry.tenants_with_keys()
     done = 0
     for i, tenant in enumerate(tenants):

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING
 
 from ..audit import summaries
 from ..errors import TamperedDataError
+from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE, LEASE_FENCE
 from ..registry.core import ThreadRow, _thread_ref
 from ..retention import PruneReport
 from ..services import SaverServices
@@ -82,7 +83,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 DEFAULT_LEASE = 300.0
-DEFAULT_ACTIVE_GRACE = 120.0
 # how far ahead a writer's clock may run for its checkpoint time to count as a write (now)
 CLOCK_SKEW = 300.0
 
@@ -260,7 +260,7 @@ class Sweep(BatchDeletion, EmptiedSweep):
                 self.registry.touch_thread(row.tenant, row.thread_id, now=last)
                 self.report.survived.append(key)
                 release.append(row)
-            elif self._active(last):
+            elif self._active(last) or self._leased(row):
                 # keep the claim for the grace period only: not retried by this sweep, free
                 # for the first sweep after the run had time to finish
                 active.append(row)
@@ -268,7 +268,7 @@ class Sweep(BatchDeletion, EmptiedSweep):
             else:
                 doomed.append(row)
         self.registry.release_claims(release)
-        self.registry.extend_claims(active, min(self.lease, self.active_grace))
+        self.registry.extend_claims(active, self._grace_claim())
         for row in alone:
             self._process_safely(row)
         if doomed:
@@ -318,7 +318,7 @@ class Sweep(BatchDeletion, EmptiedSweep):
                 continue
             if self._alive(row, last):
                 self.report.survived.append(key)
-            elif self._active(last):
+            elif self._active(last) or self._leased(row):
                 self.report.skipped_active.append(key)
             elif row.strategy == "keep_latest":
                 self.report.would_prune.append(key)
@@ -344,6 +344,17 @@ class Sweep(BatchDeletion, EmptiedSweep):
         """Written after the registry last heard of it, and not idle by that write."""
         return (last is not None and row.idle_ttl is not None
                 and last + row.idle_ttl > self.now and last > row.last_activity)
+
+    def _leased(self, row: ThreadRow) -> bool:
+        """A write may hold a lease on the thread's key (its verified last activity is within
+        ``LEASE_FENCE``): skipped whatever ``active_grace`` says (docs/key-lifecycle.md); the
+        statement that deletes re-checks it."""
+        return row.last_activity > self.now - LEASE_FENCE
+
+    def _grace_claim(self) -> float:
+        """How long an active thread stays claimed: not retried by this sweep, free for the
+        first sweep after the grace (or the lease) ran out."""
+        return min(self.lease, max(self.active_grace, LEASE_FENCE))
 
     def _active(self, last: float | None) -> bool:
         """Written within ``active_grace``: a run may be in flight."""
@@ -447,10 +458,10 @@ class Sweep(BatchDeletion, EmptiedSweep):
                 self.report.survived.append(key)
                 self.registry.release_claim(row)
                 return
-            if self._active(latest):
+            if self._active(latest) or self._leased(row):
                 # keep the claim for the grace period only: not retried by this sweep, free
                 # for the first sweep after the run had time to finish
-                self.registry.extend_claim(row, min(self.lease, self.active_grace))
+                self.registry.extend_claim(row, self._grace_claim())
                 self.report.skipped_active.append(key)
                 return
         reason = deletion_reason(row, self.now)
@@ -466,7 +477,11 @@ class Sweep(BatchDeletion, EmptiedSweep):
                            "checkpoints_kept": after, "policy_source": row.policy_source}})
             self.report.pruned_to_latest.append(key)
             return
-        self.registry.mark_state(row, "deleting")
+        if row.state != "deleting" and not self.registry.mark_state(row, "deleting", self.now):
+            # a write holds a lease on its key: the first sweep after it ran out decides
+            self.registry.extend_claim(row, LEASE_FENCE)
+            self.report.skipped_active.append(key)
+            return
         counts = threads.purge_thread_storage(self.services, ref)
         if self.registry.finish_deleted(row.tenant, row.thread_id, {
                 "tenant": row.tenant, "thread_id": row.thread_id, "action": "deleted",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ..audit import summaries
+from ..keys.lifecycle import LEASE_FENCE
 from ..registry.core import Registry, ThreadRow, pairs_in
 from ..retention import PruneReport
 from ..services import SaverServices
@@ -126,12 +127,14 @@ class BatchDeletion:
         return gone
 
     def _release_rest(self, rows: list[ThreadRow], gone: list[tuple[str, str]]) -> None:
-        """Threads of the batch the final re-check kept (written, held or re-timed since the
-        claim): release their claims (fenced by the token, so a takeover is not undone)."""
+        """Threads of the batch the final re-check kept (written, held, re-timed since the
+        claim, or a write holds a lease on the key): their claims run out after the lease
+        fence (fenced by the token, so a takeover is not undone), so this sweep does not
+        claim them again and the first sweep after decides."""
         done = set(gone)
         rest = [r for r in rows if (r.tenant, r.thread_id) not in done]
         if rest:
-            self.registry.release_claims(rest)
+            self.registry.extend_claims(rest, LEASE_FENCE)
             self.report.survived.extend((r.tenant, r.thread_id) for r in rest)
 
     def _purge_companions(self, conn: Any, pairs: list[tuple[str, str]]

@@ -8,6 +8,7 @@ idempotency records) and leave a receipt. Knows the services of a saver; not the
 from __future__ import annotations
 
 import builtins
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from langchain_core.runnables import RunnableConfig
 
 from ..audit import summaries
 from ..errors import TamperedDataError
+from ..keys.lifecycle import LEASE_FENCE
 from ..listing import ARows, decoding, listing
 from ..registry.thread_keys import ThreadKeyStore
 from ..services import SaverServices
@@ -77,13 +79,29 @@ def keep_latest(services: SaverServices, tenant: str, thread_ids: Sequence[str])
 
 def purge_thread_storage(services: SaverServices, ref: ThreadRef) -> dict[str, int]:
     """Remove a thread's checkpoints, writes and blobs, and every record SecureSaver or its
-    companions keep for it. Idempotent: a crash half-way is finished by running it again."""
+    companions keep for it. Idempotent: a crash half-way is finished by running it again.
+
+    First the thread is fenced off (:func:`fence`): nothing is deleted while a write may still
+    store under its key."""
+    fence(services, ref)
     counts = {"checkpoints": services.storage.count_checkpoints(ref.inner_id)}
     services.storage.delete_threads([ref.inner_id])
     for name, purge in thread_purgers(services):
         counts[name] = purge(ref.tenant, ref.thread_id)
     summaries.drop(services.registry, ref.tenant, [ref.thread_id])
     return counts
+
+
+def fence(services: SaverServices, ref: ThreadRef) -> None:
+    """The destroyer's half of the key lifecycle (docs/key-lifecycle.md): mark the thread
+    ``deleting`` -- no process is granted a write lease on its key from then on -- and wait
+    until every lease granted before has run out (at most ``LEASE_FENCE`` after the thread's
+    last activity; no wait for a thread nobody wrote lately). A write that took its lease in
+    time is stored before the deletion starts, and deleted with the thread."""
+    last = services.registry.fence_thread(ref.tenant, ref.thread_id)
+    wait = last + LEASE_FENCE - time.time()
+    if wait > 0:
+        time.sleep(min(wait, LEASE_FENCE))
 
 
 def thread_purgers(services: SaverServices

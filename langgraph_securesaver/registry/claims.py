@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import TamperedDataError
+from ..keys.lifecycle import LEASE_FENCE
 from . import integrity as mac
 from .base import RegistryBase
 from .schema import (
@@ -40,6 +41,14 @@ def _by_token(rows: Sequence[ThreadRow]) -> dict[str, list[tuple[str, str]]]:
             out.setdefault(r.claim_token, []).append((r.tenant, r.thread_id))
     return out
 
+
+
+def unleased(now: float) -> Any:
+    """No write holds a lease on the thread's key at ``now``: its last activity (every lease
+    moves it) is more than ``LEASE_FENCE`` before (docs/key-lifecycle.md). Part of every
+    statement of the sweep that marks or deletes a thread; the sweep's ``now`` is taken when it
+    starts (earlier than the statement: stricter), or given by a test or backfill."""
+    return threads.c.last_activity < now - LEASE_FENCE
 
 class RegistryClaims(RegistryBase):
     """Claims, batches and fenced deletes of expired thread rows."""
@@ -131,12 +140,15 @@ class RegistryClaims(RegistryBase):
                 threads.c.claim_token == row.claim_token,
             ).values(claim_expires=time.time() + seconds))
 
-    def mark_state(self, row: ThreadRow, state: str) -> bool:
+    def mark_state(self, row: ThreadRow, state: str, now: float | None = None) -> bool:
+        """Set ``state`` on the row while claimed; ``deleting`` only while no write holds a
+        lease on the thread's key at ``now`` (:func:`unleased`). False when not set."""
+        where = [threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
+                 threads.c.claim_token == row.claim_token]
+        if state == "deleting":
+            where.append(unleased(time.time() if now is None else now))
         with self.begin() as conn:
-            return bool(conn.execute(threads.update().where(
-                threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
-                threads.c.claim_token == row.claim_token,
-            ).values(state=state)).rowcount)
+            return bool(conn.execute(threads.update().where(*where).values(state=state)).rowcount)
 
     # batches of claimed threads (one claim token per claim_expired call) ----------------------
     def _batch_where(self, token: str, pairs: Sequence[tuple[str, str]]) -> list[Any]:
@@ -179,8 +191,8 @@ class RegistryClaims(RegistryBase):
     def _still_due(now: float) -> Any:
         """The stored columns say the row is due (or a crashed pruner's batch): a cheap SQL
         filter; the decision is made on the MACed fields (``_refuse_undue``)."""
-        return sa.or_(threads.c.state == "deleting", sa.and_(
-            threads.c.expires_at <= now, threads.c.legal_hold.is_(False)))
+        return sa.and_(unleased(now), sa.or_(threads.c.state == "deleting", sa.and_(
+            threads.c.expires_at <= now, threads.c.legal_hold.is_(False))))
 
     def _refuse_undue(self, r: Any, now: float,
                       known: dict[tuple[str, str], ThreadRow] | None = None) -> None:

@@ -234,9 +234,9 @@ class PiiVault:
                         ) -> dict[str, str]:
         """Insert-or-read-existing: our new entries, or the ones a concurrent writer won with.
 
-        One registry transaction: the entries' own key rows, the sealed values and (with
-        ``thread_id``) the thread's references to them commit together; the keys of entries
-        another writer won with are deleted in it again."""
+        One registry transaction: the entries' own key rows (under a live KEK), the sealed
+        values and (with ``thread_id``) the thread's references to them commit together; the
+        keys of entries another writer won with are deleted in it again."""
         tenant, now = keys.tenant, time.time()
         ours = {e.token: public_token_for(e.token) for e in entries}
         scoped: Any = self.entry_keys
@@ -255,6 +255,7 @@ class PiiVault:
         with self.registry.begin() as conn:
             if key_rows:   # random names: a conflict is an error, never a silent reuse
                 conn.execute(pii_keys.insert(), key_rows)
+                scoped.check_new_rows(conn, key_rows)
             self.registry._insert_ignore(conn, pii_vault, rows)
             got = conn.execute(sa.select(pii_vault.c.lookup, pii_vault.c.token).where(
                 pii_vault.c.tenant == tenant, pii_vault.c.lookup.in_(list(ours)))).all()

@@ -23,7 +23,10 @@ tenant) has its own key in ``securesaver_pii_keys``, deleted with the value (``f
 or the last thread that used it being deleted).
 
 Unwrapped keys are cached per process (bounded LRU, re-read after ``ttl`` seconds), so a
-turn costs no registry read; the first turn of a cold thread reads (or creates) its row.
+turn costs no registry read; the first turn of a cold thread reads (or creates) its row. A
+write relies on a cached thread key only within its write lease (:meth:`confirm`), and no key
+row is inserted under a KEK that is going away: both checks sit in a registry transaction the
+write makes anyway (docs/key-lifecycle.md).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import sqlalchemy as sa
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..errors import TamperedDataError
+from ..errors import KeyGoneError, TamperedDataError
 from ..keys.crypto import (
     ENTRY,
     KEK,
@@ -54,9 +57,11 @@ from ..keys.crypto import (
     wrap_context,
 )
 from ..keys.keyring import WrappedKey
+from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
 from .core import Registry, pairs_in
 from .pii_lookups import LookupKeys
-from .schema import pii_keys, thread_keys
+from .schema import meta_table, pii_keys, tenant_keys, thread_keys
+from .wrapped_keys import retiring_versions
 
 logger = logging.getLogger(__name__)
 
@@ -70,22 +75,45 @@ def _as_bytes(table: sa.Table) -> Any:
     return sa.cast(table.c.wrapped, sa.LargeBinary).label("wrapped")
 
 
+def mark_retiring(registry: Registry, current: str, versions: Sequence[str]) -> None:
+    """Before a rotation moves keys to master version ``current``: record every other of
+    ``versions`` as retiring. From the commit on, no transaction inserts a key row under them
+    (:meth:`ThreadKeyStore.require_live_kek`, ``Registry.insert_key_rows``); one that read the
+    mark before holds its row lock until it commits, so what it inserted is visible to the
+    rewrap that follows."""
+    with registry.begin() as conn:
+        registry._insert_ignore(conn, meta_table, [{"key": RETIRING_MASTERS, "value": ""}])
+        old = conn.execute(sa.select(meta_table.c.value).where(
+            meta_table.c.key == RETIRING_MASTERS).with_for_update()).scalar()
+        keep = [v for v in str(old or "").split(",") if v and v != current]
+        keep += [str(v) for v in versions if str(v) != current and str(v) not in keep]
+        while len(",".join(keep)) > 250:   # the column's width: the oldest marks go first
+            keep.pop(0)
+        conn.execute(meta_table.update().where(meta_table.c.key == RETIRING_MASTERS).values(
+            value=",".join(keep)))
+
+
 class ThreadKeyStore:
     """Creates, unwraps, caches and destroys per-thread data keys (thread-safe)."""
 
     def __init__(self, keys: KeyManager, registry: Registry, *, cache_size: int = 20_000,
-                 ttl: float = 300.0, seal: bool = True) -> None:
+                 ttl: float = KEY_CACHE_TTL, seal: bool = True) -> None:
         self.sealing = seal
         self.keys = keys
         self.registry = registry
         self.cache_size = cache_size
         self.ttl = ttl
-        self._cache: OrderedDict[tuple[str, str, str], tuple[float, AESGCM]] = OrderedDict()
+        #: (scope, tenant, name) -> (loaded at, the key, its row's created_at: which key)
+        self._cache: OrderedDict[tuple[str, str, str], tuple[float, AESGCM, float]] = (
+            OrderedDict())
         #: (tenant, master version) -> (loaded at, the tenant's KEK under that version)
         self._keks: dict[tuple[str, str], tuple[float, AESGCM]] = {}
         self._kek_lock = threading.Lock()
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
+        #: (scope, tenant, name) -> created_at of the key this process last read or made
+        #: for it (outlives the cache entry: what :meth:`confirm` compares)
+        self._born: dict[tuple[str, str, str], float] = {}
         #: called with (scope, tenant, name) whenever a key is read from the registry (a
         #: cold or expired cache entry): what others cache per thread is re-read with it
         self.on_load: list[Callable[[str, str, str], None]] = []
@@ -114,7 +142,7 @@ class ThreadKeyStore:
                 if not create:
                     self._drop([k])
                     return None
-                row = self._create(scope, tenant, name)
+                row = self._create_retrying(scope, tenant, name)
                 if row is None:   # deleted between the insert and the read
                     return None
             kek = self.kek(tenant, row[0], create=False)
@@ -125,28 +153,83 @@ class ThreadKeyStore:
             aes = kek_unwrap(kek, row[1], thread_key_context(
                 self.registry.database_id(), tenant, name, scope))
             with self._lock:
-                self._cache[k] = (time.monotonic(), aes)
+                self._cache[k] = (time.monotonic(), aes, row[2])
                 self._cache.move_to_end(k)
+                self._remember_born(k, row[2])
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
             return aes
+
+    def confirm(self, conn: Any, tenant: str, thread_id: str) -> bool:
+        """In the transaction of a write's lease (the thread's registry touch): drop the cached
+        key of the thread unless it is still the thread's key row (deleted, or deleted and
+        created again by another process since it was cached). The write then seals under
+        the key it reads or creates after this. False while the key this process last used
+        for the thread (cached or not) is not the thread's key row: until the process
+        reads or creates the thread's current key, writes that continue what it read before
+        are refused (``WritePath._activity``)."""
+        k = (THREAD, tenant, thread_id)
+        known = self._born.get(k)
+        if known is None:
+            return True
+        born = conn.execute(sa.select(thread_keys.c.created_at).where(
+            thread_keys.c.tenant == tenant, thread_keys.c.thread_id == thread_id)).scalar()
+        if born is None or float(born) != known:
+            self._drop([k])   # the key this process last used is not the thread's any more
+            return False
+        return True
+
+    def _remember_born(self, k: tuple[str, str, str], born: float) -> None:
+        if len(self._born) > 4 * self.cache_size:
+            self._born.clear()
+        self._born[k] = born
+
+    def refreshed(self, tenant: str, scope: str, name: str) -> AESGCM | None:
+        """After a ciphertext failed to open under the cached key of ``name``: its key row read
+        again, when that is another key than the cached one (another process deleted the
+        thread and wrote it again); None otherwise. At most once a second per key, so
+        forged ciphertexts cannot turn reads into registry reads."""
+        k = (scope, tenant, name)
+        hit = self._cache.get(k)
+        if hit is None or time.monotonic() - hit[0] < 1.0:
+            return None
+        self._drop([k])
+        aes = self.key(tenant, scope, name, False)
+        new = self._cache.get(k)
+        return None if aes is None or new is None or new[2] == hit[2] else aes
 
     def cached(self, tenant: str, thread_id: str) -> bool:
         """Whether the thread's key is in this process's cache (and fresh)."""
         hit = self._cache.get((THREAD, tenant, thread_id))
         return hit is not None and time.monotonic() - hit[0] < self.ttl
 
-    def _load(self, scope: str, tenant: str, name: str) -> tuple[str, bytes] | None:
+    def _load(self, scope: str, tenant: str, name: str) -> tuple[str, bytes, float] | None:
         table, col = TABLES[scope]
         with self.registry.read() as conn:
             # CAST: text a database writer put there reads as bytes that fail to unwrap
-            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
+            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table),
+                                         table.c.created_at).where(
                 table.c.tenant == tenant, col == name)).first()
-        return None if row is None else (str(row[0]), bytes(row[1]))
+        return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
 
-    def _create(self, scope: str, tenant: str, name: str) -> tuple[str, bytes] | None:
+    def _create_retrying(self, scope: str, tenant: str, name: str
+                         ) -> tuple[str, bytes, float] | None:
+        """:meth:`_create`; when the KEK it used is going away (another process rotates), once
+        more after re-reading the KEKs and reloading the key provider (KeyGoneError if that
+        does not help: nothing was stored)."""
+        generation = self.keys._provider_generation
+        try:
+            return self._create(scope, tenant, name)
+        except KeyGoneError:
+            with self._kek_lock:
+                self._keks = {k: v for k, v in self._keks.items() if k[0] != tenant}
+            self.keys._reload_provider(generation)
+            return self._create(scope, tenant, name)
+
+    def _create(self, scope: str, tenant: str, name: str) -> tuple[str, bytes, float] | None:
         """Insert a new key row unless one exists, and read back the row that stands (another
-        process may have won the race), in one transaction."""
+        process may have won the race), in one transaction -- which also checks that the KEK
+        the new row names is live (:meth:`require_live_kek`), or rolls back."""
         table, col = TABLES[scope]
         version = self.keys.provider.current_version
         kek = self.kek(tenant, version, create=True)
@@ -158,9 +241,28 @@ class ThreadKeyStore:
             self.registry._insert_ignore(conn, table, [{
                 "tenant": tenant, col.name: name, "master_version": version,
                 "wrapped": blob, "created_at": time.time()}])
-            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table)).where(
+            row = conn.execute(sa.select(table.c.master_version, _as_bytes(table),
+                                         table.c.created_at).where(
                 table.c.tenant == tenant, col == name)).first()
-        return None if row is None else (str(row[0]), bytes(row[1]))
+            if row is not None and bytes(row[1]) == blob:   # ours: its KEK must stay
+                self.require_live_kek(conn, tenant, version)
+        return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
+
+    def require_live_kek(self, conn: Any, tenant: str, master_version: str) -> None:
+        """In the transaction inserting a key row wrapped under the tenant's KEK of
+        ``master_version``: raise KeyGoneError (rolling it back) unless that KEK row exists and
+        its master version is not being retired. On PostgreSQL both rows are locked FOR SHARE
+        until the commit, so a rotation deleting the KEK or marking the version waits for this
+        row to be visible; on SQLite the insert before this took the write lock."""
+        retiring = retiring_versions(conn)
+        live = conn.execute(sa.select(tenant_keys.c.version).where(
+            tenant_keys.c.tenant == tenant, tenant_keys.c.purpose == KEK,
+            tenant_keys.c.master_version == master_version).with_for_update(read=True)).first()
+        if live is None or master_version in retiring:
+            raise KeyGoneError(
+                f"tenant {tenant!r}: the key-encryption key under master version "
+                f"{master_version!r} is being retired by a key rotation; nothing was stored, "
+                "retry")
 
     def new_keys(self, tenant: str, scope: str, names: Sequence[str]
                  ) -> tuple[list[dict[str, Any]], dict[str, AESGCM]]:
@@ -186,13 +288,18 @@ class ThreadKeyStore:
                          "wrapped": blob, "created_at": now})
         return rows, out
 
+    def check_new_rows(self, conn: Any, rows: Sequence[dict[str, Any]]) -> None:
+        """In the transaction inserting rows from :meth:`new_keys`: their KEKs are live."""
+        for tenant, version in {(r["tenant"], r["master_version"]) for r in rows}:
+            self.require_live_kek(conn, tenant, version)
+
     def remember(self, tenant: str, scope: str, created: dict[str, AESGCM]) -> None:
         """Cache keys whose rows (from :meth:`new_keys`) were committed."""
         stamp = time.monotonic()
         with self._lock:
             for name, aes in created.items():
                 k = (scope, tenant, name)
-                self._cache[k] = (stamp, aes)
+                self._cache[k] = (stamp, aes, 0.0)
                 self._cache.move_to_end(k)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
@@ -237,22 +344,18 @@ class ThreadKeyStore:
         """Delete KEK rows not under ``current`` that wrap no live key any more (after
         :meth:`rewrap`): what an erasure epoch leaves of them opens only under a retired
         master version. Returns the rows deleted."""
-        from .schema import tenant_keys
-        n = 0
+        stale = [tenant_keys.c.purpose == KEK, tenant_keys.c.master_version != current]
+        if except_tenant is not None:
+            stale.append(tenant_keys.c.tenant != except_tenant)
+        unused = [~sa.exists().where(table.c.tenant == tenant_keys.c.tenant,
+                                     table.c.master_version == tenant_keys.c.master_version)
+                  for table, _col in TABLES.values()]
         with self.registry.begin() as conn:
-            used = set()
-            for table, _col in TABLES.values():
-                used |= {(str(t), str(v)) for t, v in conn.execute(
-                    sa.select(table.c.tenant, table.c.master_version).distinct())}
-            stale = conn.execute(sa.select(tenant_keys.c.tenant, tenant_keys.c.master_version,
-                                           tenant_keys.c.version).where(
-                tenant_keys.c.purpose == KEK, tenant_keys.c.master_version != current)).all()
-            for tenant, version, number in stale:
-                if (str(tenant), str(version)) in used or tenant == except_tenant:
-                    continue
-                n += int(conn.execute(tenant_keys.delete().where(
-                    tenant_keys.c.tenant == tenant, tenant_keys.c.purpose == KEK,
-                    tenant_keys.c.version == number)).rowcount or 0)
+            # PostgreSQL: lock the candidates first (a writer inserting a key row under one
+            # holds it FOR SHARE until its commit), then decide in a statement of its own,
+            # which sees every such row committed; SQLite: the one DELETE decides atomically
+            conn.execute(sa.select(tenant_keys.c.version).where(*stale).with_for_update())
+            n = int(conn.execute(tenant_keys.delete().where(*stale, *unused)).rowcount or 0)
         with self._kek_lock:
             self._keks.clear()
         return n

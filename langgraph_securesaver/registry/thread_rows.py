@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,11 +43,16 @@ class RegistryThreads(RegistryBase):
         return sa.func.greatest(a, b) if self.dialect == "postgresql" else sa.func.max(a, b)
 
     def touch_thread(self, tenant: str, thread_id: str, now: float | None = None,
-                     policy: RetentionPolicy | None = None, state: str = "active") -> None:
+                     policy: RetentionPolicy | None = None, state: str = "active",
+                     within: Callable[[Connection, str, float], None] | None = None) -> float:
         """Register a thread (first write, with the given effective policy) or move its last
         activity forward and recompute its expiry from its stored TTLs. ``state``: "active"
         for a write (it also clears an ``emptied`` mark); "emptied" for ``delete_for_runs``
-        leaving the thread without a checkpoint (:meth:`mark_emptied`)."""
+        leaving the thread without a checkpoint (:meth:`mark_emptied`); "deleting" for a
+        deletion fencing the thread off (:meth:`fence_thread`). ``within(conn, state,
+        last_activity)`` runs in the same transaction with the row as it stands (a write's
+        lease, docs/key-lifecycle.md: it may raise to roll the touch back). Returns the row's
+        last activity."""
         now = float(time.time() if now is None else now)
         policy = policy or NO_RETENTION
         integ = self._keyed()
@@ -71,8 +76,18 @@ class RegistryThreads(RegistryBase):
                 "state": sa.case((threads.c.state == "deleting", "deleting"), else_=state),
             },
         )
+        stmt = stmt.returning(threads.c.state, threads.c.last_activity)
         with self.begin() as conn:
-            conn.execute(stmt)
+            stood, last = conn.execute(stmt).one()
+            if within is not None:
+                within(conn, str(stood), float(last))
+        return float(last)
+
+    def fence_thread(self, tenant: str, thread_id: str) -> float:
+        """Mark the thread ``deleting`` (registering it if it has no row): from the commit on,
+        no write is granted a lease on its key. Returns its last activity: the latest lease
+        granted before ends by then plus ``LEASE_FENCE``."""
+        return self.touch_thread(tenant, thread_id, now=0.0, state="deleting")
 
     def mark_emptied(self, tenant: str, thread_ids: Sequence[str], now: float | None = None,
                      policy: RetentionPolicy | None = None) -> None:

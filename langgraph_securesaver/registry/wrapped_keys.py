@@ -13,7 +13,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..errors import TamperedDataError
+from ..errors import KeyGoneError, TamperedDataError
+from ..keys.lifecycle import RETIRING_MASTERS
 from ..keys.material import SecretBytes
 from ..keys.provider import KeyProvider, WrappedKey
 from ..keys.tokens import BOUND, LEGACY, KeyRow, wrap_context
@@ -21,6 +22,15 @@ from .base import RegistryBase
 from .schema import DATABASE_ID, engine_lock, meta_table, tenant_keys, thread_keys
 
 logger = logging.getLogger("langgraph_securesaver.registry.core")
+
+
+
+def retiring_versions(conn: Any) -> frozenset[str]:
+    """The master versions a rotation is retiring (:func:`mark_retiring`), read in the caller's
+    transaction; on PostgreSQL the row stays locked FOR SHARE until it commits."""
+    value = conn.execute(sa.select(meta_table.c.value).where(
+        meta_table.c.key == RETIRING_MASTERS).with_for_update(read=True)).scalar()
+    return frozenset(v for v in str(value or "").split(",") if v)
 
 
 class RegistryKeys(RegistryBase):
@@ -73,8 +83,17 @@ class RegistryKeys(RegistryBase):
         return [self._key_row(r) for r in rows]
 
     def insert_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        """Insert key rows (a tenant's keys, a KEK) unless present -- refused with KeyGoneError,
+        nothing inserted, when one is wrapped under a master version a rotation is retiring
+        (checked after the insert, in its transaction: see thread_keys.mark_retiring)."""
         with self.begin() as conn:
             self._insert_ignore(conn, tenant_keys, [r.__dict__ for r in rows])
+            stale = {r.master_version for r in rows} & retiring_versions(conn)
+            if stale:
+                raise KeyGoneError(
+                    f"master version(s) {', '.join(sorted(stale))} are being retired by a key "
+                    "rotation: no new key is wrapped under them; nothing was stored, retry "
+                    "(the keyring is reloaded)")
 
     def replace_key_rows(self, rows: Sequence[KeyRow]) -> None:
         with self.begin() as conn:

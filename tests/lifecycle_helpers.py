@@ -1,0 +1,297 @@
+"""Writer processes, destroyer windows and the read-back check shared by the key-lifecycle
+tests (tests/test_key_lifecycle.py, tests/test_lifecycle_stress.py) and
+benchmarks/lifecycle_stress.py.
+
+The invariant checked: a turn that returned stays readable until it is deleted on purpose. A
+turn is *protected* when it started after the end of the last deliberate deletion that could
+have reached its thread; every protected turn must read back, and no thread may fail to read
+(a turn stored under a destroyed key would).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+WRITER = [sys.executable, "-m", "tests.scripts.lifecycle_writer"]
+CLI = [sys.executable, "-m", "langgraph_securesaver.cli"]
+
+
+def env() -> dict[str, str]:
+    """The subprocesses import this checkout's package."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@dataclass
+class Turn:
+    thread: str
+    text: str
+    start: float
+    end: float
+
+
+@dataclass
+class Writers:
+    """Writer processes (each with its own saver and caches) and their logs."""
+
+    stop: Path
+    logs: list[Path] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, **spec: Any) -> None:
+        log = self.stop.parent / f"writer-{len(self.logs)}.log"
+        spec = {"out": str(log), "stop": str(self.stop), **spec}
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen([*WRITER, json.dumps(spec)], cwd=ROOT, env=env(),
+                                           stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE))
+
+    def lines(self) -> list[str]:
+        return [line for p in self.logs if p.exists()
+                for line in p.read_text(encoding="utf-8").splitlines()]
+
+    def ok(self) -> list[Turn]:
+        out = []
+        for line in self.lines():
+            if line.startswith("ok "):
+                _ok, thread, rest = line.split(" ", 2)
+                text, start, end = rest.rsplit(" ", 2)
+                out.append(Turn(thread, text, float(start), float(end)))
+        return out
+
+    def failed(self) -> list[str]:
+        return [line for line in self.lines() if line.startswith("fail ")]
+
+    def gone(self) -> int:
+        return sum(line.startswith("gone ") for line in self.lines())
+
+    def wait_for(self, turns: int, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.ok()) < turns:
+            assert time.monotonic() < deadline, f"the writers never got going: {self.failed()}"
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise AssertionError(f"a writer died: {p.stderr.read().decode()[-2000:]}"
+                                         if p.stderr else "a writer died")
+            time.sleep(0.1)
+
+    def finish(self) -> None:
+        self.stop.touch()
+        for p in self.procs:
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def kill(self) -> None:
+        self.stop.touch()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@dataclass
+class Deletions:
+    """When deliberate deletions ran: (threads or None for any thread, start, end)."""
+
+    windows: list[tuple[frozenset[str] | None, float, float]] = field(default_factory=list)
+
+    def add(self, threads: Iterable[str] | None, start: float, end: float) -> None:
+        self.windows.append((None if threads is None else frozenset(threads), start, end))
+
+    def last_end(self, thread: str) -> float:
+        return max((end for ths, _s, end in self.windows if ths is None or thread in ths),
+                   default=0.0)
+
+
+def protected(turns: Iterable[Turn], deletions: Deletions) -> list[Turn]:
+    """Turns no deliberate deletion may have removed: started after the last one of their
+    thread ended."""
+    return [t for t in turns if t.start > deletions.last_end(t.thread)]
+
+
+def check_readback(url: str, keyring_path: Path, tenant_turns: dict[str, list[Turn]],
+                   deletions: Deletions) -> int:
+    """Open every thread a writer wrote (every checkpoint of it), and find every protected turn
+    in its thread's latest state. Returns the protected turns found."""
+    from langgraph_securesaver import Keyring, SecureSaver
+    from langgraph_securesaver.cli.demo import build_chat_graph
+
+    found = 0
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(keyring_path),
+                              redaction=None) as saver:
+        graph = build_chat_graph(saver)
+        for tenant, turns in tenant_turns.items():
+            by_thread: dict[str, set[str]] = {}
+            for t in turns:
+                by_thread.setdefault(t.thread, set())
+            for t in protected(turns, deletions):
+                by_thread[t.thread].add(t.text)
+            for thread, texts in sorted(by_thread.items()):
+                config = {"configurable": {"thread_id": thread, "tenant_id": tenant}}
+                for tup in saver.list(config):   # every checkpoint opens, not only the head
+                    assert tup.checkpoint["channel_values"] is not None
+                values = graph.get_state(config).values
+                have = {str(m.content) for m in values.get("messages", [])}
+                missing = sorted(texts - have)
+                assert not missing, (tenant, thread, missing[:5], len(missing))
+                found += len(texts)
+    return found
+
+
+def scan_verify(url: str, keyring_path: Path) -> dict[str, Any]:
+    """`securesaver scan --verify` in its own process: must exit 0; its JSON report."""
+    done = subprocess.run([*CLI, "scan", "--url", url, "--keyring", str(keyring_path),
+                           "--verify", "--format", "json"], capture_output=True, text=True,
+                          cwd=ROOT, env=env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, env=env(),
+                          timeout=timeout)
+
+
+# --- one round of the multi-process stress test ---------------------------------------------
+@dataclass
+class RoundReport:
+    """What one stress round did and found (benchmarks/lifecycle_stress.py prints these)."""
+
+    round: int
+    seconds: float = 0.0
+    turns_ok: int = 0
+    turns_refused: int = 0          # KeyGoneError: nothing stored, the writer retried
+    protected_checked: int = 0
+    threads_deleted: int = 0        # delete_thread + forget_subject
+    threads_pruned: int = 0
+    rotation_killed: bool = False
+    master_version: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def new_keyring(url: str, path: Path) -> Path:
+    from langgraph_securesaver import Keyring, SecureSaver
+    ring = Keyring.generate()
+    ring.save(path)
+    with SecureSaver.from_url(url, keyring=ring, redaction=None):
+        pass
+    return path
+
+
+def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: int,
+                 deletions: Deletions, history: dict[str, list[Turn]]) -> RoundReport:
+    """Writer processes with their own savers (one sync, one async, one writing for a subject)
+    keep writing while this process and `securesaver` subprocesses run, in a random order:
+    `rotate-keys --reencrypt` SIGKILLed at a random point and rerun with `--retire-old`,
+    `prune --active-grace 0s` (every thread has `max_age` 2 s), `delete_thread` of a random
+    thread and `forget_subject`. Then the writers write on alone, stop, and the last
+    `rotate-keys --reencrypt --retire-old` must retire every older master version; every turn
+    of every round so far that no deliberate deletion could reach must read back and
+    `scan --verify` must be clean with one master version in use."""
+    import random
+    import signal
+
+    from langgraph_securesaver import Keyring, SecureSaver, tenant_scope
+
+    rng = random.Random(seed)
+    started = time.monotonic()
+    report = RoundReport(number)
+    workdir.mkdir(parents=True, exist_ok=True)
+    writers = Writers(workdir / "stop")
+    prefix = f"r{number}-"
+    pool = [f"{prefix}t{i}" for i in range(8)]
+    base = {"url": url, "keyring": str(ring_path), "prefix": prefix, "max_age": 2,
+            "shuffle": True, "seed": seed, "pace": 0.05}
+    writers.start(**base, tenant="ten0", threads=pool, new_every=5, mode="sync")
+    # one at a time into a new database: concurrent first saves of the default retention
+    # policy race on PostgreSQL (a unique violation in set_policy, not this test's subject)
+    writers.wait_for(1)
+    writers.start(**base, tenant="ten1", threads=pool, new_every=5, mode="async")
+    writers.start(**{**base, "prefix": prefix + "s-"}, tenant="ten0",
+                  threads=[f"{prefix}s-a", f"{prefix}s-b"], mode="async",
+                  subject=f"subject-{number}")
+
+    def rotate_killed() -> None:
+        proc = subprocess.Popen([*CLI, "rotate-keys", "--url", url, "--keyring", str(ring_path),
+                                 "--reencrypt", "--batch-size", "5", "--format", "json"],
+                                cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=rng.uniform(0.2, 3.0))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            report.rotation_killed = True
+        again = cli("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
+                    "--retire-old", "--format", "json")
+        assert again.returncode in (0, 1), again.stdout[-2000:] + again.stderr[-2000:]
+
+    def prune() -> None:
+        start = time.time()
+        done = cli("prune", "--url", url, "--keyring", str(ring_path), "--active-grace", "0s",
+                   "--json")
+        deletions.add(None, start, time.time())
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        report.threads_pruned += len(json.loads(done.stdout)["deleted"])
+
+    def delete_one() -> None:
+        thread = rng.choice(pool)
+        tenant = rng.choice(["ten0", "ten1"])
+        with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
+                                  redaction=None) as saver, tenant_scope(tenant):
+            start = time.time()
+            saver.delete_thread(thread)
+            deletions.add([thread], start, time.time())
+        report.threads_deleted += 1
+
+    def forget() -> None:
+        with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
+                                  redaction=None) as saver:
+            start = time.time()
+            done = saver.forget_subject(f"subject-{number}", tenants=["ten0"],
+                                        requested_by="stress")
+            deletions.add([f"{prefix}s-a", f"{prefix}s-b"], start, time.time())
+        report.threads_deleted += done.threads.get("ten0", 0)
+
+    try:
+        writers.wait_for(12)
+        steps = [rotate_killed, prune, delete_one, delete_one, forget, prune]
+        rng.shuffle(steps)
+        for step in steps:
+            step()
+            time.sleep(rng.uniform(0.0, 1.0))
+        writers.wait_for(len(writers.ok()) + 15)   # after every destroyer: must all read back
+    finally:
+        writers.finish()
+    assert writers.failed() == [], writers.failed()[:5]
+    final = cli("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
+                "--retire-old", "--format", "json")
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    ring = Keyring.from_file(ring_path)
+    assert ring.versions() == [ring.current_version], ring.versions()
+    for tenant in ("ten0", "ten1"):
+        history.setdefault(tenant, []).extend(
+            t for t in writers.ok() if t.text.startswith(f"{tenant} "))
+    report.turns_ok = len(writers.ok())
+    report.turns_refused = writers.gone()
+    report.protected_checked = check_readback(url, ring_path, history, deletions)
+    scan = scan_verify(url, ring_path)
+    assert set(scan["master_versions_in_use"]) == {ring.current_version}, scan
+    assert not scan.get("problems"), scan.get("problems")
+    report.master_version = ring.current_version
+    report.seconds = round(time.monotonic() - started, 1)
+    return report

@@ -1,0 +1,32 @@
+"""The key lifecycle under a multi-process stress (issue 39): writer processes with their own
+savers and caches, while other processes rotate keys (SIGKILLed at random points, rerun with
+--retire-old), prune, delete threads and forget a subject. After each round every turn a writer
+saw return (on a thread not deleted on purpose since) reads back, `scan --verify` is clean and
+one master version is in use. Three rounds per backend here; benchmarks/lifecycle_stress.py
+runs twenty and more and reports them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .lifecycle_helpers import Deletions, Turn, new_keyring, stress_round
+
+ROUNDS = 3
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres",
+                                                            marks=pytest.mark.postgres)])
+def test_rounds_of_rotation_pruning_and_deletion_beside_writers(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = (f"sqlite:///{tmp_path / 'agent.db'}" if backend == "sqlite"
+           else str(request.getfixturevalue("pg_url")))
+    ring_path = new_keyring(url, tmp_path / "keyring.json")
+    deletions = Deletions()
+    history: dict[str, list[Turn]] = {}
+    for number in range(ROUNDS):
+        report = stress_round(url, ring_path, tmp_path / f"round{number}", number,
+                              seed=1000 + number, deletions=deletions, history=history)
+        assert report.turns_ok >= 27 and report.protected_checked >= 15, report
+        assert report.threads_deleted >= 1
