@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_scope
 from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 from tests.fake_agent import build_chat_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +226,7 @@ def test_cli_dry_run_agrees_with_prune_and_allows_zero_grace(tmp_path: Path) -> 
         for n in range(3):
             graph.invoke({"messages": [HumanMessage("hi")]},
                          {"configurable": {"thread_id": f"t-{n}", "tenant_id": "acme"}})
-    time.sleep(1.5)                      # expired (idle 1 s), but written within 2 minutes
+    time.sleep(LEASE_FENCE + 0.2)  # expired (idle 1 s), leases run out, within the grace
 
     def prune(*args: str) -> dict:
         result = runner.invoke(app, ["prune", "--url", url, "--keyring", str(ring_file),
