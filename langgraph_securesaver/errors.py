@@ -97,8 +97,9 @@ class TenantRequired(SecureSaverError, LookupError):
 
     def __init__(self, operation: str) -> None:
         super().__init__(
-            f"{operation} needs a tenant: put tenant_id in config['configurable'], wrap the call "
-            "in `with tenant_scope('acme'):`, or construct SecureSaver(default_tenant=...)."
+            f"{operation} needs a tenant: wrap the call in `with tenant_scope('acme'):`, put "
+            "tenant_id in the run's config['configurable'] (a node's store calls read the run "
+            "config too), or construct SecureSaver / SecureStore with default_tenant=...."
         )
 
 

@@ -16,11 +16,12 @@ import asyncio
 import builtins
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import var_child_runnable_config
 
 from .errors import AccessDenied, ConfigurationError, TenantRequired
 from .offthread import to_thread
@@ -69,6 +70,24 @@ SUBJECT_KEY = "subject_id"
 def thread_id_of(value: Any, what: str = "a thread id") -> str:
     """Ids are non-empty, bounded strings without NUL (ints and UUIDs are stringified)."""
     return validate_thread_id(value, what)
+
+
+def _valid_thread_id(value: Any) -> str | None:
+    """The thread id of a config, or None when it has none or one no column could hold."""
+    if value in (None, ""):
+        return None
+    try:
+        return thread_id_of(value)
+    except ConfigurationError:
+        return None
+
+
+def run_configurable() -> Mapping[str, Any]:
+    """The ``configurable`` of the LangGraph run the caller is in (what a node's store and
+    ``get_config()`` see), or ``{}`` outside one."""
+    config = var_child_runnable_config.get()
+    conf = (config or {}).get("configurable") if isinstance(config, Mapping) else None
+    return conf if isinstance(conf, Mapping) else {}
 
 
 class TenantGate:
@@ -122,21 +141,30 @@ class TenantGate:
             raise TenantRequired(operation)
         return tenant
 
+    def caller(self, conf: Mapping[str, Any], operation: str,
+               thread_id: str | None = None) -> str:
+        """THE rule for who a call acts for, shared by the saver, the store and the server:
+        the active :func:`tenant_scope`, else the config's ``tenant_id`` (or the tenant a
+        returned thread id carries), else the tenant its LangGraph run acts for, else the
+        default. A config naming another tenant than the scope is refused (recorded by
+        :meth:`scoped`). ``conf``: the call's ``configurable`` (for calls that take no config
+        -- the store's, ``delete_thread`` ... -- the run config LangGraph gives the node)."""
+        explicit = conf.get("tenant_id")
+        if explicit is None:
+            explicit = thread_id_tenant(conf.get("thread_id"))
+        if thread_id is None:
+            thread_id = _valid_thread_id(conf.get("thread_id"))
+        return self.tenant(operation, explicit, thread_id, run_of(conf))
+
     def ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
         """The (tenant, thread, namespace) a config addresses."""
         conf = config.get("configurable") or {}
         if conf.get("thread_id") in (None, ""):
             raise ConfigurationError(f"{operation} needs config['configurable']['thread_id']")
-        try:
-            thread_id: str | None = thread_id_of(conf["thread_id"])
-        except ConfigurationError:
-            thread_id = None
+        thread_id = _valid_thread_id(conf["thread_id"])
         # the tenant check comes first: a cross-tenant attempt with a malformed id is still a
         # cross-tenant attempt, and is recorded (without the id, which no column could hold)
-        explicit = conf.get("tenant_id")
-        if explicit is None:
-            explicit = thread_id_tenant(conf["thread_id"])
-        tenant = self.tenant(operation, explicit, thread_id, run_of(conf))
+        tenant = self.caller(conf, operation, thread_id)
         if thread_id is None:
             thread_id = thread_id_of(conf["thread_id"])  # raises the ConfigurationError
         subject = self.subject(conf, tenant, operation, thread_id)
@@ -178,11 +206,14 @@ class TenantGate:
         raise error
 
     def resolve_tenant(self, operation: str, thread_id: str | None = None) -> str:
-        """:meth:`tenant` (no explicit tenant) with a denial recorded and raised."""
-        return self.scoped(lambda: self.tenant(operation, thread_id=thread_id))
+        """:meth:`caller` for a call that takes no config (the run config of the LangGraph
+        node it runs in, if any), with a denial recorded and raised."""
+        conf = run_configurable()
+        return self.scoped(lambda: self.caller(conf, operation, thread_id))
 
     async def aresolve_tenant(self, operation: str, thread_id: str | None = None) -> str:
-        return await self.ascoped(lambda: self.tenant(operation, thread_id=thread_id))
+        conf = run_configurable()
+        return await self.ascoped(lambda: self.caller(conf, operation, thread_id))
 
     def resolve_ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
         """:meth:`ref` with a denial recorded and raised."""

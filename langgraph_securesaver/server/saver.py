@@ -239,12 +239,18 @@ class AuthTenantGate(TenantGate):
             return self.default_tenant
         raise TenantRequired(operation + " (no authenticated LangGraph Server user)")
 
-    def ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
-        conf = config.get("configurable") or {}
-        thread = conf.get("thread_id")
+    def caller(self, conf: Mapping[str, Any], operation: str,
+               thread_id: str | None = None) -> str:
+        """The base rule, with the authenticated user as the scope: the scope, the auth
+        context and the config's user must agree (else AccessDenied, recorded)."""
+        thread = conf.get("thread_id") if thread_id is None else thread_id
         tenant = self._caller_tenant(conf, operation, None if thread is None else str(thread))
         with _scope_as(tenant):
-            ref = super().ref(config, operation)
+            return super().caller(conf, operation, thread_id)
+
+    def ref(self, config: RunnableConfig, operation: str) -> ThreadRef:
+        conf = config.get("configurable") or {}
+        ref = super().ref(config, operation)
         run_id = conf.get("run_id")
         if isinstance(run_id, str) and run_id and operation in ("put", "put_writes"):
             _RUNS.remember(run_id, ref.tenant)

@@ -14,6 +14,7 @@ registry work off the event loop, embedding and the inner store awaited):
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -33,6 +34,7 @@ from langgraph.store.base import (
 
 from ..errors import TamperedDataError
 from ..keys.crypto import TenantKeys
+from ..keys.material import SecretBytes
 from ..pii_layer import PiiLayer
 from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
@@ -119,9 +121,20 @@ class BatchPlan:
             inner_filter, complete = codec.pushdown_filter(self.keys, op.filter)
         scan = not complete or i in self.queries
         self.scans[i] = scan
+        # a scan reads more than it returns: its TTL refresh follows (see :meth:`refreshes`)
         return SearchOp((tag, *op.namespace_prefix), inner_filter or None,
                         SCAN_LIMIT if scan else op.limit, 0 if scan else op.offset,
-                        None, op.refresh_ttl)
+                        None, op.refresh_ttl and not scan)
+
+    def refreshes(self, results: Sequence[Result]) -> list[Op]:
+        """The TTL refreshes the scans of this batch owe: one inner get per item a scanning
+        search returned (the raw store refreshes what a search returns, nothing else)."""
+        out: list[Op] = []
+        for i, (op, res) in enumerate(zip(self.ops, results, strict=True)):
+            if isinstance(op, SearchOp) and op.refresh_ttl and self.scans.get(i):
+                out.extend(GetOp((self.tag, *item.namespace), item.key, True)
+                           for item in cast("list[SearchItem]", res or []))
+        return out
 
     def open_results(self, results: Sequence[Result]) -> list[Any]:
         """Authenticate and decrypt every item the inner store returned (PII tokens still
@@ -222,8 +235,16 @@ class StoreCore:
         return plan
 
     def _redact_query(self, keys: TenantKeys | None, value: Any) -> Any:
-        if self.pii.redactor is None or keys is None:
+        """A search query as the embedder may see it: redacted whatever the tenant's state.
+        Without keys (a new tenant, or a shredded one) no stored item can match a token, so
+        the query's PII becomes tokens under a throwaway key (never stored, matching
+        nothing)."""
+        if self.pii.redactor is None:
             return value
+        if keys is None:
+            redacted, _found = self.pii.redactor.redact_value(
+                value, channel=STORE_CHANNEL, token_key=SecretBytes(secrets.token_bytes(32)))
+            return redacted
         return self.pii.redact_one(keys, STORE_CHANNEL, value, [], create=False)
 
     def _redact_put(self, keys: TenantKeys, op: PutOp, value: Any) -> Any:

@@ -95,6 +95,9 @@ class SecureStore(BaseStore):
             if self.index_config else None
         self.supports_ttl = bool(getattr(inner, "supports_ttl", False))
         self.ttl_config: TTLConfig | None = getattr(inner, "ttl_config", None)
+        # items of the inner store may expire (AsyncSqliteStore expires items, and refreshes
+        # them on read, without saying supports_ttl)
+        self._expires = self.supports_ttl or self.ttl_config is not None
         self._services = saver.services
         self._vault_deletes = VaultDeletes(saver.registry, saver.vault)
         # filter keys follow the inner store's convention: the SQLite stores read "a.b" as
@@ -110,8 +113,13 @@ class SecureStore(BaseStore):
         return self.saver.default_tenant
 
     # setup ------------------------------------------------------------------------------------
-    def setup(self) -> None:
-        """Create SecureSaver's tables (keys, vault) and the inner store's."""
+    def setup(self) -> Any:
+        """Create SecureSaver's tables (keys, vault) and the inner store's, as the inner
+        store's own ``setup()`` does: for a store whose ``setup`` is a coroutine
+        (AsyncPostgresStore) this returns the awaitable of :meth:`asetup`
+        (``await store.setup()``), else it sets up at once."""
+        if asyncio.iscoroutinefunction(getattr(self.inner, "setup", None)):
+            return self.asetup()
         self.saver.registry.setup()
         self._services.bind_keyring()
         inner_setup = getattr(self.inner, "setup", None)
@@ -149,7 +157,11 @@ class SecureStore(BaseStore):
         tokens = plan.tokens(opened)
         originals = self.saver.vault.lookup(plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
-        return plan.finish(opened, query_vectors, originals)
+        finished = plan.finish(opened, query_vectors, originals)
+        refreshes = plan.refreshes(finished) if self._expires else []
+        if refreshes:
+            inner_batch(self.inner, refreshes)
+        return finished
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """:meth:`batch` without blocking the event loop: registry and vault round trips,
@@ -185,8 +197,12 @@ class SecureStore(BaseStore):
         tokens = plan.tokens(opened)
         originals = await to_thread(self.saver.vault.lookup, plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
-        return await self._run(_returned(results) > _INLINE_OPS, plan.finish, opened,
-                               query_vectors, originals)
+        finished: list[Result] = await self._run(
+            _returned(results) > _INLINE_OPS, plan.finish, opened, query_vectors, originals)
+        refreshes = plan.refreshes(finished) if self._expires else []
+        if refreshes:
+            await ainner_batch(self.inner, refreshes)
+        return finished
 
     # TTL --------------------------------------------------------------------------------------
     def sweep_ttl(self) -> int:
@@ -239,14 +255,34 @@ class SecureStore(BaseStore):
     def from_url(cls, url: str, **options: Any) -> Iterator[SecureStore]:
         """A SecureStore on one database (``sqlite:///path.db`` or ``postgresql://...``):
         the inner store and the registry, set up. Options are SecureSaver's (``keyring``,
-        ``redaction``, ``default_tenant``, ...) plus ``index``, ``blind_index`` and ``ttl``."""
-        with secure_pair(url, **options) as (_saver, store):
+        ``redaction``, ``default_tenant``, ...) plus ``index``, ``blind_index`` and ``ttl``.
+        ``saver=``: share an open SecureSaver (its keyring, registry, tenant rules,
+        redactor) instead; the options are then only the store's."""
+        saver = options.pop("saver", None)
+        if saver is None:
+            with secure_pair(url, **options) as (_saver, store):
+                yield store
+            return
+        store_options, ttl = _store_only(options)
+        with open_sync_store(url, ttl) as inner:
+            store = cls(inner, saver=saver, **store_options)
+            store.setup()
             yield store
 
     @classmethod
     @asynccontextmanager
     async def afrom_url(cls, url: str, **options: Any) -> AsyncIterator[SecureStore]:
-        async with asecure_pair(url, **options) as (_saver, store):
+        """:meth:`from_url` on the async inner stores (AsyncSqliteStore,
+        AsyncPostgresStore); ``saver=`` likewise."""
+        saver = options.pop("saver", None)
+        if saver is None:
+            async with asecure_pair(url, **options) as (_saver, store):
+                yield store
+            return
+        store_options, ttl = _store_only(options)
+        async with open_async_store(url, ttl) as inner:
+            store = cls(inner, saver=saver, **store_options)
+            await store.asetup()
             yield store
 
     # helpers ----------------------------------------------------------------------------------
@@ -306,9 +342,25 @@ def secure_pair(url: str, **options: Any) -> Iterator[tuple[SecureSaver, SecureS
         yield saver, store
 
 
+def _store_only(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The store's options and TTL, when a saver brings everything else."""
+    saver_options, store_options, ttl = split_options(options)
+    if saver_options:
+        raise ConfigurationError(
+            f"with saver=, the keyring, registry, redactor and default tenant are the saver's; "
+            f"do not pass {sorted(saver_options)} again")
+    return store_options, ttl
+
+
 @asynccontextmanager
 async def asecure_pair(url: str, **options: Any
                        ) -> AsyncIterator[tuple[SecureSaver, SecureStore]]:
+    """:func:`secure_pair` on the async savers and stores (AsyncSqliteStore,
+    AsyncPostgresStore)::
+
+        async with asecure_pair("postgresql://...", keyring=ring) as (saver, store):
+            graph = builder.compile(checkpointer=saver, store=store)
+    """
     saver_options, store_options, ttl = split_options(options)
     async with SecureSaver.afrom_url(url, **saver_options) as saver, \
             open_async_store(url, ttl) as inner:
