@@ -396,19 +396,19 @@ def test_help_loads_no_keyring_and_json_output_no_rich_table(tmp_path: Path, red
     assert "regex" not in loaded and "cryptography" not in loaded
 
 
-def test_audit_of_a_database_without_checkpoint_tables_opens_a_saver_as_before(
+def test_audit_of_a_database_without_checkpoint_tables_refuses_and_creates_nothing(
         tmp_path: Path) -> None:
+    """A database that holds no checkpoints (a registry-only file, a wrong URL) is not reported
+    clean: the command cannot see the backend, says so, and creates no checkpoint tables."""
     db = tmp_path / "empty.db"
     sqlite3.connect(db).close()            # a file, no tables at all
     url = f"sqlite:///{db}"
     result = runner.invoke(app, ["audit", "--url", url, "--format", "json"])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    assert data["threads"] == [] and data["ok"] is True
-    with sqlite3.connect(db) as conn:      # the saver set the database up, as before
+    assert result.exit_code == 2, result.output
+    assert "no checkpoint tables" in result.output and result.stdout.strip() == ""
+    with sqlite3.connect(db) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    assert {"checkpoints", "writes", "securesaver_threads"} <= names
-    assert runner.invoke(app, ["events", "--url", url]).exit_code == 0   # nothing matched
+    assert not {"checkpoints", "writes", "checkpoint_blobs"} & names, names
 
 
 def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(

@@ -40,8 +40,8 @@ class TrailEntry:
 #: that every kind written in the source is listed.
 EVENT_KINDS = frozenset({
     "access_denied", "data_key_rotated", "key_rotation_finished", "key_rotation_started",
-    "keys_rewrapped", "master_keys_retired", "pii_forgotten", "retention_changed",
-    "retention_sweep", "runs_deleted", "subject_forgotten", "tenant_shredded",
+    "keys_rewrapped", "master_key_destroyed", "master_keys_retired", "pii_forgotten",
+    "retention_changed", "retention_sweep", "runs_deleted", "subject_forgotten", "tenant_shredded",
     "thread_copied"})
 #: the actions of deletion receipts (``--kind receipt:ACTION``)
 RECEIPT_ACTIONS = frozenset({"deleted", "forgotten", "pruned", "rollback", "shredded"})

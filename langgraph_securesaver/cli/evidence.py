@@ -60,6 +60,13 @@ def signing_key(path: Path | None, out: Path | None) -> SigningKey | None:
         raise fail(exc) from None
 
 
+def open_document(out: Path, kind: str, key: SigningKey | None) -> Any:
+    """``--out FILE`` to write into, signed with ``key`` when given (the signing code, and the
+    cryptography it needs, load only when a file is written)."""
+    from ..evidence.signing import signed_file
+    return signed_file(out, kind, key)
+
+
 def write_document(out: Path, kind: str, key: SigningKey | None, data: Any) -> None:
     """``data`` as JSON to ``out``, signed with ``key`` when given."""
     from ..evidence.signing import signed_file

@@ -185,13 +185,6 @@ def audit(
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
-def _document(out: Path, kind: str, key: Any) -> Any:
-    """``--out FILE``, signed with ``key`` when given (the signing code, and the
-    cryptography it needs, load only when a file is written)."""
-    from ..evidence.signing import signed_file
-    return signed_file(out, kind, key)
-
-
 def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
                   out: Path | None, period: tuple[float | None, float | None],
                   source: str = "auto", key: Any = None) -> None:
@@ -204,7 +197,7 @@ def _stream_audit(url: str, ring: Any, tenant: str | None, output: AuditFormat,
         try:
             if tenant is not None and tenant not in saver.registry.tenants():
                 raise fail(f"unknown tenant {tenant!r}: it has no threads or keys here")
-            with (_document(out, f"audit-{output.value}", key) if out is not None
+            with (evidence.open_document(out, f"audit-{output.value}", key) if out is not None
                   else _no_close(sys.stdout)) as target:
                 if output is AuditFormat.html:
                     from ..audit.report_html import write_html
