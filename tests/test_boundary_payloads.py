@@ -48,9 +48,11 @@ CASES = [
     ("postgres", "inline_value"),
 ]
 
+#: what the refusal names: the inner table's row, or (for a value the wrapper opens itself,
+#: on any saver) the checkpoint as the inner saver stores it
 NAMED = {"checkpoint_body": "checkpoints row", "write_msgpack": "writes row",
-         "write_pickle": "writes row", "metadata_json": "(the checkpoints row",
-         "blob": "checkpoint_blobs row", "inline_value": "(the checkpoints row"}
+         "write_pickle": "writes row", "metadata_json": "(as the inner saver stores it",
+         "blob": "checkpoint_blobs row", "inline_value": "(as the inner saver stores it"}
 
 
 def _inject(backend: str, where: Any, column: str, marker: Path) -> None:

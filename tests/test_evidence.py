@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.evidence import SigningKey, signed_file
+from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 from langgraph_securesaver.redaction.tokens import TOKEN_RE
 from langgraph_securesaver.registry.core import normalize_url
 from tests.secrecy_helpers import Secrets, capture, leaks
@@ -326,7 +327,7 @@ def test_signed_audit_reports_and_prune_documents_verify(
         saver.set_tenant_retention("globex", RetentionPolicy(idle_ttl=1))
     pruned = tmp_path / "prune.json"
     import time
-    time.sleep(1.2)
+    time.sleep(LEASE_FENCE + 0.2)   # expired (idle 1 s) and past the write lease
     _cli("prune", "--url", url, "--keyring", ring, "--tenant", "globex", "--active-grace", "0s",
          "--out", pruned, "--signing-key", private)
     document = json.loads(pruned.read_text())

@@ -248,7 +248,8 @@ def test_custom_saver_fallbacks_refuse_an_unparsable_row_by_name() -> None:
     with pytest.raises(TamperedDataError, match=r"stored thread 'tx:t1' namespace '' \(latest "
                        r"checkpoint\) was refused: its clear metadata is not valid JSON"):
         ops.latest_checkpoint_times(["tx:t1"])
-    services = SimpleNamespace(storage=SimpleNamespace(thread_ids=lambda prefix: None),
+    services = SimpleNamespace(storage=SimpleNamespace(thread_ids=lambda prefix: None,
+                                                       async_mode=lambda: False),
                                inner=_Unparsable(), async_only=False)
     with pytest.raises(TamperedDataError, match=r"tenant 'acme'.* was refused: its clear "
                        "metadata is not valid JSON"):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver
 from langgraph_securesaver.cli import app
+from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 from langgraph_securesaver.tenancy import inner_thread_id
 
 from .test_thirdparty import run_chat
@@ -97,7 +98,7 @@ async def test_scan_and_prune_act_on_the_real_backend(deployment: tuple[str, str
     assert violations and {v["kind"] for v in violations} == {"refused"}
     assert all("'t1'" in v["location"] for v in violations)
 
-    time.sleep(1.1)  # both threads idle past their 1 s TTL
+    time.sleep(LEASE_FENCE + 0.2)  # both threads idle past their 1 s TTL and write lease
     pruned = runner.invoke(app, ["prune", "--url", registry, "--keyring", str(ring_path),
                                  "--saver", "mysql_factory:make", "--active-grace", "0s",
                                  "--json"])

@@ -37,3 +37,12 @@ if os.environ.get("SS_TENANCY") == "scope":  # noqa: F821
 
         with tenant_scope("t"):
             yield
+
+
+# langchain_core's chat models add the installed `langchain` version to metadata["lc_versions"]
+# (BaseLanguageModel.model_post_init). The test extra installs langchain (examples/react_agent_*),
+# langgraph's own test environment does not, and its message-stream tests compare lc_versions
+# exactly ({"langchain-core": ...}): hide langchain from that lookup, for raw and wrapped alike.
+import langchain_core.language_models.base as _ss_lc_base  # noqa: E402
+
+_ss_lc_base._get_langchain_version = lambda: None
