@@ -99,6 +99,27 @@ def test_a_tenants_queue_is_bounded_and_refuses_before_any_work() -> None:
         release.set()
 
 
+async def test_an_async_burst_past_the_queue_bound_waits_and_completes() -> None:
+    """LangGraph's async stores gather thousands of calls at once: past the tenant's queue
+    bound an awaited job waits for room; none is refused, none is lost (threads calling
+    ``submit`` are still refused)."""
+    scheduler = FairScheduler(slots=2, per_tenant=1, queue_limit=3)
+    release = threading.Event()
+    try:
+        scheduler.submit("acme", release.wait, 30)        # one running...
+        _blocked_jobs(scheduler, "acme", 3, release)       # ...and the queue full
+        with pytest.raises(RedactionError, match="waiting"):
+            scheduler.submit("acme", int)
+        burst = asyncio.ensure_future(asyncio.gather(
+            *(scheduler.arun("acme", lambda i=i: i * 2) for i in range(50))))
+        for _ in range(5):
+            await asyncio.sleep(0)                         # each tried while full
+        assert not burst.done()
+    finally:
+        release.set()
+    assert await burst == [i * 2 for i in range(50)]
+
+
 def test_a_job_submitted_from_a_job_runs_in_place() -> None:
     scheduler = FairScheduler(slots=1, per_tenant=1)
     outer = scheduler.call("acme", lambda: scheduler.call("acme", threading.get_ident))

@@ -77,15 +77,23 @@ class FairScheduler:
                ) -> Future[T]:
         """Queue ``fn(*args, **kwargs)`` as a job of ``tenant``; RedactionError when the
         tenant's queue is full (nothing of the job done)."""
+        future = self._try_submit(tenant, fn, *args, **kwargs)
+        if future is None:
+            raise RedactionError(
+                f"the tenant has {self.queue_limit} writes and reads waiting for redaction "
+                f"(at most {self.queue_limit}); this one was refused and nothing of it was "
+                "stored: retry later")
+        return future
+
+    def _try_submit(self, tenant: str, fn: Callable[..., T], *args: Any, **kwargs: Any
+                    ) -> Future[T] | None:
+        """The job's future, or None when the tenant's queue is full."""
         ctx = contextvars.copy_context()
         job = _Job(lambda: fn(*args, **kwargs), ctx)
         with self._cond:
             queue = self._queues.setdefault(tenant, deque())
             if len(queue) >= self.queue_limit:
-                raise RedactionError(
-                    f"the tenant has {len(queue)} writes and reads waiting for redaction "
-                    f"(at most {self.queue_limit}); this one was refused and nothing of it "
-                    "was stored: retry later")
+                return None
             queue.append(job)
             self._start_threads()
             self._cond.notify()
@@ -100,8 +108,16 @@ class FairScheduler:
 
     async def arun(self, tenant: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` as a job of ``tenant``, awaited (the loop is never
-        blocked by it)."""
-        return await asyncio.wrap_future(self.submit(tenant, fn, *args, **kwargs))
+        blocked by it). While the tenant's queue is full the coroutine waits for room
+        instead of being refused: an async burst (LangGraph's stores batch thousands of
+        concurrent calls) is slowed, never failed, and only its own tenant waits; each
+        waiting coroutine already holds its arguments, so the queue bound still caps the
+        work queued."""
+        delay = 0.001
+        while (future := self._try_submit(tenant, fn, *args, **kwargs)) is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return await asyncio.wrap_future(future)
 
     def running_here(self) -> bool:
         """Whether this thread is one of the scheduler's, running a job."""
