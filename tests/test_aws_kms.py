@@ -38,7 +38,7 @@ def test_roundtrip_through_saver_by_url(tmp_path: Path, kms_alias: str) -> None:
         assert isinstance(saver.keyring, AwsKmsKeyProvider)
         _say(saver, "acme", "t1", "the launch code is 8812")
         assert "the launch code is 8812" in _texts(saver, "acme", "t1")
-    assert b"8812" not in (tmp_path / "agent.db").read_bytes()
+    assert b"launch code" not in (tmp_path / "agent.db").read_bytes()  # (4 digits can occur in any hex)
     with _saver(tmp_path, url) as again:      # a new process: keys unwrapped by KMS again
         assert "the launch code is 8812" in _texts(again, "acme", "t1")
 

@@ -436,7 +436,11 @@ async def test_async_tools_and_async_saver(tmp_path: Path, downstream: Downstrea
         assert out["messages"][-1].content == "done"
         replayed = {m.name: m.response_metadata.get("securesaver_replayed")
                     for m in out["messages"] if isinstance(m, ToolMessage)}
-        assert replayed == {"send_email": True, "charge_card": None}
+        # send_email ran beside the failing charge_card: if its pending write landed before
+        # the failure LangGraph does not run it again (no replay flag), else the idempotency
+        # record replays it; either way it was sent once (assert_exactly_once below)
+        assert replayed["charge_card"] is None and replayed["send_email"] in (True, None)
+        assert set(replayed) == {"send_email", "charge_card"}
         store = IdempotencyStore.for_saver(saver)
         assert await store.adelete_thread("acme", "t1") == 2
     assert_exactly_once(downstream)
