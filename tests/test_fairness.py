@@ -105,8 +105,10 @@ async def test_an_async_burst_past_the_queue_bound_waits_and_completes() -> None
     ``submit`` are still refused)."""
     scheduler = FairScheduler(slots=2, per_tenant=1, queue_limit=3)
     release = threading.Event()
+    started = threading.Event()
     try:
-        scheduler.submit("acme", release.wait, 30)        # one running...
+        scheduler.submit("acme", lambda: (started.set(), release.wait(30)))
+        assert started.wait(30)                            # one running...
         _blocked_jobs(scheduler, "acme", 3, release)       # ...and the queue full
         with pytest.raises(RedactionError, match="waiting"):
             scheduler.submit("acme", int)
