@@ -38,7 +38,7 @@ from .errors import (
     ConfigurationError,
 )
 from .evidence.api import EvidenceOperations
-from .gate import Denial, DeniedError, TenantGate, thread_id_of
+from .gate import TenantGate, thread_id_of
 from .idempotency.recovery_lease import check_fence, fence_of
 from .inner_access import InnerAccess
 from .keys.crypto import KeyManager
@@ -589,9 +589,3 @@ def _sqlite_path(inner: BaseCheckpointSaver) -> str | None:
         if name == "main":
             return file or ""
     return ""
-
-
-# names other modules imported from here before the split (kept for compatibility)
-_Denial = Denial
-_DeniedError = DeniedError
-_SealedCodec = SealedCodec

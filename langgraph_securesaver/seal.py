@@ -66,9 +66,8 @@ def _tokens_in_plaintext(raw: bytes) -> builtins.set[str] | None:
     return {t.decode("ascii") for t in _TOKEN_BYTES.findall(data)}
 
 
-# Stored-format version of the sealed manifest and of sealed pending writes. Version 1 (the
-# first, unreleased builds) bound only the checkpoint id and channel versions; it is refused
-# with a message saying so (see README "Stored format").
+# Stored-format version of the sealed manifest and of sealed pending writes: the one format
+# this library writes and reads; any other is refused.
 MANIFEST_VERSION = 2
 _WRITE_MAGIC = b"\xffSW2"
 _WRITE_HEADER_LEN = struct.Struct(">I")
@@ -185,9 +184,8 @@ class SealedCodec:
     def split_write(self, plain: bytes) -> tuple[str, int, int, builtins.list[Any], bytes]:
         """(task path, idx, call size, call specials, serialized value) of a write plaintext."""
         if not plain.startswith(_WRITE_MAGIC):
-            raise TamperedDataError(
-                "a pending write is in the format of an older SecureSaver build (format v1, "
-                "no idx/task binding), which this version refuses; see README 'Stored format'")
+            raise TamperedDataError("a sealed pending write has no header: it was not "
+                                    "written by this SecureSaver (forged or altered)")
         start = len(_WRITE_MAGIC) + _WRITE_HEADER_LEN.size
         try:
             (size,) = _WRITE_HEADER_LEN.unpack_from(plain, len(_WRITE_MAGIC))
@@ -295,9 +293,9 @@ class SealedCodec:
         metadata, manifest = payload["metadata"], payload["manifest"]
         if manifest.get("v") != MANIFEST_VERSION:
             raise TamperedDataError(
-                "checkpoint was sealed in the format of an older SecureSaver build (manifest "
-                "v1: id and channel versions only), which this version refuses; see README "
-                "'Stored format'")
+                f"the checkpoint's sealed manifest has format {manifest.get('v')!r}; this "
+                f"library reads only format {MANIFEST_VERSION} (forged, or written by a "
+                "pre-release build)")
         stored_body, sealed_body = _body(checkpoint), _plain(manifest["body"])
         if stored_body != sealed_body:
             fields = sorted(k for k in set(stored_body) | set(sealed_body)

@@ -25,7 +25,8 @@ from langgraph_securesaver.cli import main as cli_module
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.keys.keyring import NoKeys
 from langgraph_securesaver.ops.pruner import shares_database
-from langgraph_securesaver.registry.core import LATER_INDEXES, normalize_url
+from langgraph_securesaver.errors import ConfigurationError
+from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
 
@@ -148,27 +149,22 @@ def _index_names(url: str) -> set[str]:
         engine.dispose()
 
 
-def check_migration_and_index_use(url: str) -> None:
-    wanted = {ix.name for ix in LATER_INDEXES}
+WINDOW_INDEXES = {"ix_securesaver_events_tenant_at", "ix_securesaver_receipts_tenant_at"}
+
+
+def check_window_indexes(url: str) -> None:
     with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:
             conn.execute(sa.text("INSERT INTO securesaver_events (at, kind, tenant, detail) "
                                  "VALUES (1, 'access_denied', 'acme', '{}')"))
-    assert wanted <= _index_names(url)
-    engine = sa.create_engine(normalize_url(url))
-    with engine.begin() as conn:               # a database set up by an older version
-        for index in LATER_INDEXES:
-            conn.execute(sa.text(f"DROP INDEX {index.name}"))
-    engine.dispose()
-    assert not wanted & _index_names(url)
+    assert WINDOW_INDEXES <= _index_names(url)
     with SecureSaver.from_url(url, keyring=NoKeys(), redaction=None) as saver:
         assert [e.kind for e in saver.events(tenant="acme")] == ["access_denied"]
-    assert wanted <= _index_names(url)         # that setup() created them
 
 
-def test_setup_creates_the_window_indexes_on_an_existing_sqlite_database(tmp_path: Path) -> None:
+def test_setup_creates_the_window_indexes_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'agent.db'}"
-    check_migration_and_index_use(url)
+    check_window_indexes(url)
     with sqlite3.connect(tmp_path / "agent.db") as conn:
         plan = " ".join(str(r) for r in conn.execute(
             "EXPLAIN QUERY PLAN SELECT * FROM securesaver_events WHERE tenant = 'acme' "
@@ -178,7 +174,7 @@ def test_setup_creates_the_window_indexes_on_an_existing_sqlite_database(tmp_pat
 
 @pytest.mark.postgres
 def test_events_of_one_tenant_and_window_come_from_the_index_on_postgres(pg_url: str) -> None:
-    check_migration_and_index_use(pg_url)
+    check_window_indexes(pg_url)
     with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:     # enough rows that a scan would cost more
             conn.execute(sa.text(
@@ -476,8 +472,8 @@ def test_thread_json_is_json_dumps_of_as_dict() -> None:
 
 def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
     """``audit``/``events`` open the registry with ``ready_for_reading``: True only when every
-    table and index setup() creates exists at this library's schema version; it creates and
-    migrates nothing (a fresh file stays empty), and anything missing sends them to setup()."""
+    table and index setup() creates exists at this library's schema version; it creates
+    nothing (a fresh file stays empty), and anything missing sends them to setup()."""
     from langgraph_securesaver.registry.core import Registry
     path = tmp_path / "r.db"
     sqlite3.connect(path).close()
@@ -495,13 +491,12 @@ def test_read_commands_check_the_schema_without_ddl(tmp_path: Path) -> None:
     assert ready.ready_for_reading(["checkpoints"]) is False   # an inner table it lacks
     ready.dispose()
     with sqlite3.connect(path) as raw:
-        raw.execute(f"DROP INDEX {LATER_INDEXES[0].name}")
+        raw.execute("DROP INDEX ix_securesaver_events_tenant_at")
     assert Registry(url).ready_for_reading() is False
-    Registry(url).setup()
-    assert Registry(url).ready_for_reading() is True
     with sqlite3.connect(path) as raw:
         raw.execute("UPDATE securesaver_meta SET value = '0' WHERE key = 'schema_version'")
-    assert Registry(url).ready_for_reading() is False
+    with pytest.raises(ConfigurationError, match="schema version '0'"):
+        Registry(url).ready_for_reading()
 
 
 def _reheader(token: bytes, version: int) -> bytes:

@@ -45,13 +45,13 @@ def test_roundtrip_through_saver_by_url(tmp_path: Path, kms_alias: str) -> None:
 
 def test_wrong_tenant_and_wrong_context_are_tamper(kms_alias: str) -> None:
     provider = AwsKmsKeyProvider(kms_alias)
-    ctx = wrap_context("acme", "data", 1)
+    ctx = wrap_context("acme", "data", 1, "db")
     wrapped = provider.wrap("acme", KEY, ctx)
     assert SecretBytes(provider.unwrap("acme", wrapped, ctx)) == SecretBytes(KEY)
     with pytest.raises(TamperedDataError):
-        provider.unwrap("globex", wrapped, wrap_context("globex", "data", 1))
+        provider.unwrap("globex", wrapped, wrap_context("globex", "data", 1, "db"))
     with pytest.raises(TamperedDataError):
-        provider.unwrap("acme", wrapped, wrap_context("acme", "data", 2))
+        provider.unwrap("acme", wrapped, wrap_context("acme", "data", 2, "db"))
     with pytest.raises(TamperedDataError):   # a flipped byte
         provider.unwrap("acme", WrappedKey(wrapped.master_version,
                                            wrapped.blob[:-1] + bytes([wrapped.blob[-1] ^ 1])),
@@ -64,7 +64,7 @@ def test_wrong_tenant_and_wrong_context_are_tamper(kms_alias: str) -> None:
 
 
 def test_encryption_context_names_tenant_and_purpose() -> None:
-    ctx = encryption_context("acme", wrap_context("acme", "index", 3))
+    ctx = encryption_context("acme", wrap_context("acme", "index", 3, "db"))
     assert ctx["securesaver:tenant"] == "acme"
     assert ctx["securesaver:purpose"] == "index/3"
     assert ctx["securesaver:context"]

@@ -756,41 +756,6 @@ def test_a_tenant_scope_forgets_its_own_subject_only(
         assert len([r for r in saver.receipts() if r.reason == "forget_subject"]) == 3
 
 
-def test_setup_migrates_a_schema_v4_database(tmp_path: Path) -> None:
-    from langgraph_securesaver.registry.schema import SCHEMA_VERSION
-    assert SCHEMA_VERSION == 5
-    url = f"sqlite:///{tmp_path / 'v4.db'}"
-    ring = Keyring.generate().save(tmp_path / "keyring.json")
-    with _saver(url, ring) as saver:
-        _say(saver, "old", "written before subjects")
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:                   # the database as schema v4 left it
-        conn.exec_driver_sql("DROP TABLE securesaver_thread_subjects")
-        conn.exec_driver_sql(
-            "UPDATE securesaver_meta SET value = '4' WHERE key = 'schema_version'")
-    with _saver(url, ring) as saver:               # setup() migrates
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("SELECT value FROM securesaver_meta WHERE key = "
-                                        "'schema_version'").scalar() == "5"
-            assert sa.inspect(conn).has_table("securesaver_thread_subjects")
-            indexes = {ix["name"] for ix in sa.inspect(conn).get_indexes(
-                "securesaver_thread_subjects")}
-        assert "ix_securesaver_thread_subjects_subject" in indexes
-        assert saver.get_tuple(_cfg("old")) is not None      # old threads keep working
-        _say_as(saver, "acme", "new", DANA, "config", "written after")
-        _say(saver, "old", "a later turn, still no subject")
-        assert saver.forget_subject(DANA).threads == {"acme": 1}
-        assert saver.get_tuple(_cfg("old")) is not None      # no subject: today's behaviour
-    with engine.begin() as conn:                   # a newer schema is refused
-        conn.exec_driver_sql(
-            "UPDATE securesaver_meta SET value = '6' WHERE key = 'schema_version'")
-    engine.dispose()
-    from langgraph_securesaver import ConfigurationError
-    with pytest.raises(ConfigurationError, match="newer"):
-        with _saver(url, ring):
-            pass
-
-
 def test_retention_and_shredding_delete_the_subject_rows(tmp_path: Path) -> None:
     import time as _time
     url = f"sqlite:///{tmp_path / 'ret.db'}"

@@ -257,7 +257,7 @@ def test_reused_pid_on_the_same_host_counts_as_dead(saver: SecureSaver,
 
 
 @pytest.mark.parametrize("columns", [
-    {name: None for name in HOLDER_COLUMNS},                       # a row of an older version
+    {name: None for name in HOLDER_COLUMNS},                       # no holder recorded
     {"holder_pid": -1},                                             # never a process group
     {"holder_pid": 0},
     {"holder_pid": 1 << 30},
@@ -366,34 +366,6 @@ def test_worker_clock_skew_changes_nothing(saver: SecureSaver, monkeypatch: pyte
     forge(a, scope, holder_host=mine.holder().host_id, holder_pid=gone.pid, holder_lock=None)
     taken = takes_over(mine, scope)
     assert taken is not None and taken.token == 2
-
-
-# --- tables of older versions ---------------------------------------------------------------------------
-def test_older_tables_get_the_holder_columns(url: str, ring: Keyring) -> None:
-    """A table created before the holder columns existed, with an in-progress claim of the old
-    kind: setup adds the columns, the old claim is judged by its lease, new claims work."""
-    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    old = sa.MetaData()
-    sa.Table(_T.name, old, *(sa.Column(c.name, c.type, primary_key=c.primary_key,
-                                       nullable=c.nullable)
-                             for c in _T.columns if c.name not in HOLDER_COLUMNS))
-    old.create_all(engine)
-    scope = new_scope()
-    with engine.begin() as conn:
-        now = time.time()
-        conn.execute(old.tables[_T.name].insert().values(
-            tenant=scope.tenant, thread_id=scope.thread_id, key=scope.key, kind="business",
-            name="op", state="in_progress", owner="old-host:1", fencing_token=1, attempts=1,
-            lease_expires_at=now + 600, created_at=now, updated_at=now))
-    engine.dispose()
-    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
-        store = store_on(saver)
-        cols = {c["name"] for c in sa.inspect(store.engine).get_columns(_T.name)}
-        assert set(HOLDER_COLUMNS) <= cols
-        assert takes_over(store, scope) is None  # an old claim: the lease decides
-        fresh = new_scope()
-        assert store.execute(fresh, lambda c: "new").value == "new"
-        assert store_on(saver).execute(fresh, lambda c: "again").replayed
 
 
 @pytest.mark.postgres

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
 from langgraph_securesaver.cli.main import app
-from langgraph_securesaver.keys.crypto import BOUND
 from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import inner_thread_id
 from tests.fake_agent import build_chat_graph
@@ -116,59 +115,3 @@ def test_a_key_row_and_checkpoint_copied_from_another_database_are_refused(
     # A itself is intact and verifies
     assert _verify_cli("events", a, ring_path)[0] == 0
 
-
-def test_an_unbound_row_is_refused_once_the_database_is_bound(
-        two_urls: tuple[str, str], tmp_path: Path) -> None:
-    """Marking a copied row as written before the binding does not make it acceptable."""
-    a, b = two_urls
-    ring_path = Keyring.generate().save(tmp_path / "keyring.json")
-    for url in (a, b):
-        with SecureSaver.from_url(url, keyring=Keyring.from_file(ring_path),
-                                  redaction=None) as saver:
-            build_chat_graph(saver).invoke({"messages": [HumanMessage("hi")]}, _cfg("t1"))
-    # A's rows downgraded to the legacy form (as a backup from before the migration holds
-    # them), then copied into B
-    with SecureSaver.from_url(a, keyring=Keyring.from_file(ring_path), redaction=None) as saver:
-        from langgraph_securesaver.keys.crypto import wrap_context
-        from langgraph_securesaver.keys.keyring import WrappedKey
-        ring = Keyring.from_file(ring_path)
-        for row in saver.registry.load_key_rows("acme"):
-            raw = ring.unwrap("acme", WrappedKey(row.master_version, row.wrapped), wrap_context(
-                "acme", row.purpose, row.version, saver.database_id()))
-            legacy = ring.wrap("acme", raw, wrap_context("acme", row.purpose, row.version))
-            _sql(a, "UPDATE securesaver_tenant_keys SET wrapped = :w, context = NULL "
-                 "WHERE tenant = 'acme' AND purpose = :p AND version = :v",
-                 {"w": legacy.blob, "p": row.purpose, "v": row.version})
-    _copy_rows(a, b, "securesaver_tenant_keys", "tenant = :t", {"t": "acme"})
-    for table in _inner_tables(a):
-        _copy_rows(a, b, table, "thread_id = :th", {"th": inner_thread_id("acme", "t1")})
-    with SecureSaver.from_url(b, keyring=Keyring.from_file(ring_path), redaction=None) as saver:
-        saver.setup()
-        with pytest.raises(TamperedDataError, match="not bound to this database"):
-            saver.get_tuple(_cfg("t1"))
-
-
-def test_setup_binds_the_key_rows_of_an_older_database(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    ring = Keyring.generate()
-    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
-        build_chat_graph(saver).invoke({"messages": [HumanMessage("old data")]}, _cfg("t1"))
-        database = saver.database_id()
-        from langgraph_securesaver.keys.crypto import wrap_context
-        from langgraph_securesaver.keys.keyring import WrappedKey
-        rows = saver.registry.load_key_rows("acme") + saver.registry.load_key_rows(
-            " securesaver-registry")
-    for row in rows:   # back to what a database from before the binding holds
-        raw = ring.unwrap(row.tenant, WrappedKey(row.master_version, row.wrapped),
-                          wrap_context(row.tenant, row.purpose, row.version, database))
-        legacy = ring.wrap(row.tenant, raw, wrap_context(row.tenant, row.purpose, row.version))
-        _sql(url, "UPDATE securesaver_tenant_keys SET wrapped = :w, context = NULL "
-             "WHERE tenant = :t AND purpose = :p", {"w": legacy.blob, "t": row.tenant,
-                                                   "p": row.purpose})
-    assert {r[0] for r in _sql(url, "SELECT context FROM securesaver_tenant_keys")} == {None}
-    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
-        tup = saver.get_tuple(_cfg("t1"))
-        assert tup is not None
-        assert tup.checkpoint["channel_values"]["messages"][0].content == "old data"
-        assert saver.registry.verify_integrity().ok
-    assert {r[0] for r in _sql(url, "SELECT context FROM securesaver_tenant_keys")} == {BOUND}

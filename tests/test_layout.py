@@ -50,10 +50,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("operations", frozenset({"ops/"})),
     ("checkpointer", frozenset({"saver", "connect", "store/", "server/", "evidence/"})),
     ("cli", frozenset({"cli/"})),
-    # the facades: the package and the idempotency package re-export names of every layer; the
-    # old module paths LangGraph Server configurations name re-export the server package's
-    ("facades", frozenset({"", "idempotency", "server_store", "server_encryption",
-                           "server_records"})),
+    # the facades: the package and the idempotency package re-export names of every layer
+    ("facades", frozenset({"", "idempotency"})),
 )
 
 #: Import cycles that still exist (each a frozenset of module names relative to the package).
@@ -508,11 +506,10 @@ def test_saver_class_size_counts_the_class_only(tmp_path: Path) -> None:
     assert saver_class_lines(mods) == 11
 
 
-# --- the paths users write down keep working ---------------------------------------------------
+# --- the paths users write down resolve, and nothing else re-exports them ------------------------
 
-def test_the_paths_server_configurations_name_still_resolve() -> None:
-    """langgraph.json paths, the console entry point and ``python -m`` names from before the
-    subpackages resolve to the same objects (the package's facades and the old server module paths)."""
+def test_the_paths_server_configurations_name_resolve() -> None:
+    """langgraph.json paths and the console entry point resolve to the objects they name."""
     import importlib
 
     pytest.importorskip("langgraph_sdk")
@@ -520,14 +517,9 @@ def test_the_paths_server_configurations_name_still_resolve() -> None:
         ("langgraph_securesaver.server", "checkpointer"): "langgraph_securesaver.server.saver",
         ("langgraph_securesaver.server", "make_checkpointer"): "langgraph_securesaver.server.saver",
         ("langgraph_securesaver.server", "tenant_from_field"): "langgraph_securesaver.server.saver",
-        ("langgraph_securesaver.server_store", "store"): "langgraph_securesaver.server.store",
-        ("langgraph_securesaver.server_store", "make_store"): "langgraph_securesaver.server.store",
-        ("langgraph_securesaver.server_encryption", "encryption"):
+        ("langgraph_securesaver.server.store", "store"): "langgraph_securesaver.server.store",
+        ("langgraph_securesaver.server.encryption", "encryption"):
             "langgraph_securesaver.server.encryption",
-        ("langgraph_securesaver.server_encryption", "make_encryption"):
-            "langgraph_securesaver.server.encryption",
-        ("langgraph_securesaver.server_records", "seal_server_records"):
-            "langgraph_securesaver.server.records",
         ("langgraph_securesaver.cli", "app"): "langgraph_securesaver.cli.main",
     }
     for (old, name), new in pairs.items():
@@ -538,8 +530,20 @@ def test_the_paths_server_configurations_name_still_resolve() -> None:
         assert value is getattr(importlib.import_module(new), name), f"{old}.{name}"
 
 
+def test_no_module_is_a_re_export_shim() -> None:
+    """Nothing is released yet: no module exists only to keep an old import path working (the
+    two facades excepted), and no name is kept as an alias "for compatibility"."""
+    for path in sorted(ROOT.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(ROOT).as_posix()
+        assert "import *" not in text, f"{rel} re-exports with import *"
+        assert "for compatibility" not in text.lower(), f"{rel} keeps something for compatibility"
+    for old in ("server_store", "server_encryption", "server_records"):
+        assert not (ROOT / f"{old}.py").exists(), old
+
+
 @pytest.mark.parametrize(("module", "code"), [("langgraph_securesaver.cli", 0),
-                                               ("langgraph_securesaver.server_records", 2)])
+                                               ("langgraph_securesaver.server.records", 2)])
 def test_the_documented_python_m_commands_still_run(module: str, code: int) -> None:
     """``--help``: the CLI's help (0); the record-file converter's usage line (2)."""
     import os

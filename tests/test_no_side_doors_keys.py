@@ -327,8 +327,7 @@ def _database(tmp_path: Path) -> tuple[str, Path, Secrets]:
         for tenant in ("acme", RESERVED_TENANT):
             for row in registry.load_key_rows(tenant):
                 raw = ring.unwrap(tenant, WrappedKey(row.master_version, row.wrapped),
-                                  row_context(registry, tenant, row.purpose, row.version,
-                                              row.context))
+                                  row_context(registry, tenant, row.purpose, row.version))
                 found.add_key(f"{tenant.strip()}/{row.purpose}/v{row.version}", raw)
                 if row.purpose == KEK:
                     keks[(tenant, row.master_version)] = raw
@@ -403,10 +402,10 @@ _FLIP = "UPDATE securesaver_tenant_keys SET wrapped = CAST(substr(wrapped, 1, 20
 _TAMPER: dict[str, tuple[str, tuple]] = {
     "missing": ("DELETE FROM securesaver_tenant_keys WHERE tenant = ?", ("acme",)),
     "bogus index row": (
-        "INSERT INTO securesaver_tenant_keys VALUES (?, 'index', 2, '1', randomblob(60), 0, 2)",
+        "INSERT INTO securesaver_tenant_keys VALUES (?, 'index', 2, '1', randomblob(60), 0)",
         ("acme",)),
     "bogus data row": (
-        "INSERT INTO securesaver_tenant_keys VALUES (?, 'data', 3, '1', randomblob(60), 0, 2)",
+        "INSERT INTO securesaver_tenant_keys VALUES (?, 'data', 3, '1', randomblob(60), 0)",
         ("acme",)),
     "altered index row": (_FLIP + _where("index")[0], _where("index")[1]),
     "altered data row v2": (_FLIP + _where("data", 2)[0], _where("data", 2)[1]),

@@ -69,13 +69,13 @@ def test_roundtrip_through_saver_by_url(tmp_path: Path, pkcs11_url: str) -> None
 
 def test_wrong_tenant_context_and_foreign_label_are_tamper(pkcs11_url: str) -> None:
     provider = Pkcs11KeyProvider.from_url(pkcs11_url)
-    ctx = wrap_context("acme", "data", 1)
+    ctx = wrap_context("acme", "data", 1, "db")
     wrapped = provider.wrap("acme", KEY, ctx)
     assert SecretBytes(provider.unwrap("acme", wrapped, ctx)) == SecretBytes(KEY)
     with pytest.raises(TamperedDataError):
-        provider.unwrap("globex", wrapped, wrap_context("globex", "data", 1))
+        provider.unwrap("globex", wrapped, wrap_context("globex", "data", 1, "db"))
     with pytest.raises(TamperedDataError):
-        provider.unwrap("acme", wrapped, wrap_context("acme", "data", 2))
+        provider.unwrap("acme", wrapped, wrap_context("acme", "data", 2, "db"))
     flipped = WrappedKey(wrapped.master_version,
                          wrapped.blob[:-1] + bytes([wrapped.blob[-1] ^ 1]))
     with pytest.raises(TamperedDataError):
@@ -150,7 +150,7 @@ def test_shred_destroys_the_keys_the_shredded_tenant_used(
     for row in globex_rows:
         with pytest.raises(TamperedDataError):
             provider.unwrap("globex", WrappedKey(row.master_version, row.wrapped),
-                            wrap_context("globex", row.purpose, row.version))
+                            wrap_context("globex", row.purpose, row.version, "db"))
 
 
 def test_token_removed_mid_run_warm_continue_cold_fail_closed_nothing_lost(
@@ -357,7 +357,7 @@ def test_token_calls_counted_at_the_module(tmp_path: Path, softhsm: Any) -> None
 
 def test_sessions_are_pooled_and_thread_safe(pkcs11_url: str) -> None:
     provider = Pkcs11KeyProvider.from_url(pkcs11_url + "&max-sessions=2")
-    wrapped = {t: provider.wrap(t, bytes([i]) * 32, wrap_context(t, "data", 1))
+    wrapped = {t: provider.wrap(t, bytes([i]) * 32, wrap_context(t, "data", 1, "db"))
                for i, t in enumerate(f"t{i}" for i in range(8))}
     before = provider.calls["OpenSession"] + provider.calls["Login"]
     problems: list[BaseException] = []
@@ -365,7 +365,7 @@ def test_sessions_are_pooled_and_thread_safe(pkcs11_url: str) -> None:
     def worker(tenant: str) -> None:
         try:
             for _ in range(40):
-                out = provider.unwrap(tenant, wrapped[tenant], wrap_context(tenant, "data", 1))
+                out = provider.unwrap(tenant, wrapped[tenant], wrap_context(tenant, "data", 1, "db"))
                 assert out == bytes([int(tenant[1:])]) * 32
         except BaseException as exc:
             problems.append(exc)
@@ -388,7 +388,7 @@ def test_a_forked_worker_initializes_the_module_again(pkcs11_url: str) -> None:
     C_Initialize; a network HSM's client connection would be shared otherwise), so the worker
     initializes and logs in again before its first call."""
     provider = Pkcs11KeyProvider.from_url(pkcs11_url)
-    ctx = wrap_context("acme", "data", 1)
+    ctx = wrap_context("acme", "data", 1, "db")
     wrapped = provider.wrap("acme", KEY, ctx)
     read, write = os.pipe()
     pid = os.fork()

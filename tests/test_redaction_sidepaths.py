@@ -347,7 +347,7 @@ def test_aput_and_aput_writes_do_their_cpu_work_off_the_event_loop_thread(
 
     from langgraph_securesaver.keys.crypto import TenantKeys
     from langgraph_securesaver.registry.pii_vault import PiiVault
-    from langgraph_securesaver.saver import _SealedCodec
+    from langgraph_securesaver.seal import SealedCodec
 
     seen: dict[str, set[int]] = {}
 
@@ -360,9 +360,9 @@ def test_aput_and_aput_writes_do_their_cpu_work_off_the_event_loop_thread(
         monkeypatch.setattr(cls, name, wrapper)
 
     recording(TenantKeys, "seal")
-    recording(_SealedCodec, "dump")
-    recording(_SealedCodec, "seal_metadata")
-    recording(_SealedCodec, "seal_writes")
+    recording(SealedCodec, "dump")
+    recording(SealedCodec, "seal_metadata")
+    recording(SealedCodec, "seal_writes")
     recording(PiiVault, "store")
     recording(Redactor, "redact_value")
     big = ("lorem ipsum 1.2.1.2. " * 15_000) + f" mail {PLANTED['send']}"

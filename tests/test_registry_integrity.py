@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
-from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
+from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.idempotency import IdempotencyStore, KeyScope
 from langgraph_securesaver.idempotency.keys import fingerprint
@@ -31,7 +31,7 @@ from langgraph_securesaver.idempotency.recovery import (
     recover_stalled,
     release_recoverable,
 )
-from langgraph_securesaver.registry.core import SCHEMA_VERSION, normalize_url
+from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.registry.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
@@ -538,45 +538,47 @@ def test_a_forged_recovery_opt_in_is_refused(db: Db, mode: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# migration of a schema-v1 database
+# nothing is migrated or adopted
 # --------------------------------------------------------------------------------------------
-def test_a_v1_database_is_adopted_once_then_new_unmaced_rows_are_reported(db: Db) -> None:
+@pytest.mark.parametrize("version", ["0", "5", "2"])
+def test_a_registry_of_another_schema_version_is_refused_not_migrated(
+        db: Db, version: str) -> None:
+    """An operator pointing this library at a registry a pre-release build wrote (or an
+    attacker editing ``schema_version`` to make it look older): refused at setup, nothing
+    written, the data as it was."""
     populate(db)
-    with db.saver() as saver:
-        scope = execute_fingerprinted_refund(saver, ACME).scope
-    counts = {name: db.sql(f"SELECT count(*) FROM securesaver_{table}")[0][0]
-              for name, table in (("events", "events"), ("receipts", "receipts"),
-                                  ("threads", "threads"), ("policies", "policies"),
-                                  ("idempotency", "idempotency"))}
-    # back to what schema v1 wrote: no MAC columns, no chain heads, no registry key
-    for table, column in (("securesaver_threads", "policy_mac"),
-                          ("securesaver_threads", "activity_mac"),
-                          ("securesaver_policies", "mac"), ("securesaver_receipts", "seq"),
-                          ("securesaver_receipts", "prev_mac"), ("securesaver_receipts", "mac"),
-                          ("securesaver_events", "seq"), ("securesaver_events", "prev_mac"),
-                          ("securesaver_events", "mac"), ("securesaver_idempotency", "fp_mac")):
-        db.sql(f"ALTER TABLE {table} DROP COLUMN {column}")
-    db.sql("DROP TABLE securesaver_chain_heads")
-    db.sql("DELETE FROM securesaver_meta WHERE key = 'integrity_adopted'")
-    db.sql("UPDATE securesaver_meta SET value = '1' WHERE key = 'schema_version'")
+    before = db.sql("SELECT count(*) FROM securesaver_events")
+    db.sql("UPDATE securesaver_meta SET value = :v WHERE key = 'schema_version'", v=version)
+    with pytest.raises(ConfigurationError, match=f"schema version '{version}'.*Nothing is "
+                       "migrated"):
+        with db.saver():
+            pass
+    assert db.sql("SELECT count(*) FROM securesaver_events") == before
+    assert db.sql("SELECT value FROM securesaver_meta WHERE key = 'schema_version'") == [
+        (version,)]
+
+
+def test_a_registry_stripped_of_every_mac_is_reported_never_adopted(db: Db) -> None:
+    """NULL every MAC, delete the chain heads and the registry key row: a keyed start makes
+    a new registry key but MACs nothing it finds; ``events --verify`` reports every stripped
+    row."""
+    populate(db)
+    for table, columns in (("securesaver_threads", ("policy_mac", "activity_mac")),
+                           ("securesaver_policies", ("mac",)),
+                           ("securesaver_receipts", ("prev_mac", "mac")),
+                           ("securesaver_events", ("prev_mac", "mac"))):
+        db.sql(f"UPDATE {table} SET " + ", ".join(f"{c} = NULL" for c in columns))
+    db.sql("DELETE FROM securesaver_chain_heads")
     db.sql("DELETE FROM securesaver_tenant_keys WHERE purpose = 'registry'")
-    with db.saver() as saver:
-        adopted = saver.registry.list_events(kind="registry_rows_adopted")
-        assert len(adopted) == 1
-        assert adopted[0].detail == counts
-        assert counts["receipts"] == 4 and counts["threads"] == 3 and counts["idempotency"] == 1
-        assert IdempotencyStore.for_saver(saver).execute(scope, Calls()).replayed
-    code, data, output = db.verify()
-    assert code == 0, output
-    assert db.sql("SELECT value FROM securesaver_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
-    with db.saver():
-        pass  # a second start adopts nothing more
-    _insert_event(db)  # written after the migration without the key: reported, never adopted
     with db.saver():
         pass
-    code, data, _ = db.verify()
-    assert code == 1 and [p[2] for p in problems(data)] == [
-        "has no MAC: written without the registry key (an older version, or inserted directly)"]
+    code, data, output = db.verify()
+    assert code == 1, output
+    reasons = {p[2] for p in problems(data)}
+    assert any("has no MAC" in r for r in reasons), reasons
+    assert len(problems(data)) >= 4 + 3   # every receipt and thread row at least
+    assert not db.sql("SELECT count(*) FROM securesaver_threads WHERE policy_mac IS NOT NULL"
+                      )[0][0]
 
 
 def test_receipts_of_a_shredded_tenant_still_verify(db: Db) -> None:

@@ -500,8 +500,7 @@ def test_no_key_material_in_repr_str_logs_or_tracebacks(url: str,
         rows = saver.registry.load_key_rows("acme")
         secrets_ = [m.reveal() for m in ring._masters.values()] + [keys.index_key.reveal()]
         secrets_ += [ring.unwrap("acme", WrappedKey(r.master_version, r.wrapped),
-                                 row_context(saver.registry, "acme", r.purpose, r.version,
-                                             r.context)) for r in rows]
+                                 row_context(saver.registry, "acme", r.purpose, r.version)) for r in rows]
         forms = [f for raw in secrets_ for f in _key_forms(raw)]
         holders: list[Any] = [ring, saver, saver.keys, keys, *rows,
                               WrappedKey(rows[0].master_version, rows[0].wrapped), NoKeys(),

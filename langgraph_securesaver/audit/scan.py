@@ -12,7 +12,7 @@ Checked, table by table (the inner saver's and every ``securesaver_*`` one):
 * every ciphertext names a data-key version its tenant has; with a keyring, every key row is
   wrapped by a master version the keyring holds, and ``verify=True`` also authenticates every
   ciphertext against its place (tenant, thread, namespace, channel, ...) and checks every
-  checkpoint exactly as a read does (the same :meth:`_SealedCodec.verify_tuple`: the sealed
+  checkpoint exactly as a read does (the same :meth:`SealedCodec.verify_tuple`: the sealed
   manifest of the whole checkpoint document, parent link, channel set, clear metadata, blind
   index, and the idx/task binding of its pending writes), so whatever ``get_tuple``/``list``
   refuse, the scan reports.

@@ -43,7 +43,7 @@ idempotency_records = sa.Table(
     # references are that thread's and it is erased with that thread (NULL otherwise)
     sa.Column("origin", sa.String(512), nullable=True),
     sa.Index("ix_securesaver_idempotency_state", "tenant", "state"),
-    # the holder of the current claim (see liveness.py); NULL on rows of older versions
+    # the holder of the current claim (see liveness.py); NULL when nobody holds it
     *(sa.Column(name, type_, nullable=True) for name, type_ in (
         ("holder_host", sa.String(64)),    # boot id + pid namespace digest, or NULL
         ("holder_pid", sa.Integer),
@@ -53,10 +53,9 @@ idempotency_records = sa.Table(
     )),
 )
 
-#: columns added after the first release (added by IdempotencyStore.setup to older tables)
+
+#: the columns naming the process that holds a claim or a recovery lease
 HOLDER_COLUMNS = ("holder_host", "holder_pid", "holder_start", "holder_nonce", "holder_lock")
-#: columns of ``securesaver_idempotency`` added after its first release
-IDEMPOTENCY_ADDED_COLUMNS = (*HOLDER_COLUMNS, "origin")
 
 recoverable_threads = sa.Table(
     "securesaver_recoverable", metadata,
@@ -73,7 +72,7 @@ recoverable_threads = sa.Table(
     sa.Column("last_error", sa.LargeBinary, nullable=True),    # sealed
     sa.Index("ix_securesaver_recoverable_state", "state", "lease_expires_at"),
     # the process holding the recovery lease (the running worker or a recoverer), as on
-    # idempotency claims; NULL when nobody holds it or on rows of older versions
+    # idempotency claims; NULL when nobody holds it
     *(sa.Column(name, type_, nullable=True) for name, type_ in (
         ("holder_host", sa.String(64)),
         ("holder_pid", sa.Integer),
@@ -85,9 +84,6 @@ recoverable_threads = sa.Table(
         ("active_at", sa.Float),
     )),
 )
-
-#: columns of ``securesaver_recoverable`` added after its first release
-RECOVERABLE_ADDED_COLUMNS = (*HOLDER_COLUMNS, "active_at")
 
 dead_letters = sa.Table(
     "securesaver_dead_letters", metadata,

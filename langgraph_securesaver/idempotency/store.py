@@ -154,40 +154,14 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
                 return
             setup_registry = getattr(self.keys.store, "setup", None)
             if callable(setup_registry):
-                setup_registry()  # migrations of the shared tables (the fp_mac column)
+                setup_registry()  # the shared tables first
             with self._serial, self._db("setup"):
                 try:
                     schema.metadata.create_all(self.engine, checkfirst=True)
                 except sa.exc.SQLAlchemyError:
                     # another process created them between the check and the CREATE
                     schema.metadata.create_all(self.engine, checkfirst=True)
-                self._add_holder_columns()
             self._is_setup = True
-
-    def _add_holder_columns(self) -> None:
-        """Tables created by an older version lack the holder columns: add them (NULL on old
-        rows, whose claims then rely on their lease)."""
-        for table, names in ((_T, schema.IDEMPOTENCY_ADDED_COLUMNS),
-                             (schema.recoverable_threads, schema.RECOVERABLE_ADDED_COLUMNS)):
-            self._add_columns(table, names)
-
-    def _add_columns(self, table: sa.Table, names: tuple[str, ...]) -> None:
-        for _ in range(3):
-            present = {c["name"] for c in sa.inspect(self.engine).get_columns(table.name)}
-            missing = [c for c in names if c not in present]
-            if not missing:
-                return
-            try:
-                with self.engine.begin() as conn:
-                    for name in missing:
-                        type_sql = table.c[name].type.compile(dialect=self.engine.dialect)
-                        conn.execute(sa.text(
-                            f"ALTER TABLE {table.name} ADD COLUMN {name} {type_sql}"))
-                logger.info("added columns %s to %s", missing, table.name)
-                return
-            except sa.exc.SQLAlchemyError as exc:  # another process added them meanwhile
-                if "duplicate" not in str(exc).lower() and "exists" not in str(exc).lower():
-                    raise
 
     async def asetup(self) -> None:
         await to_thread(self.setup)

@@ -79,9 +79,9 @@ def encryption_context(tenant: str, context: bytes) -> dict[str, str]:
     CloudTrail shows) and the whole associated data, so every byte of it is bound."""
     out = {"securesaver:tenant": tenant,
            "securesaver:context": base64.b64encode(context).decode("ascii")}
-    parts = _context_parts(context)
-    if parts and len(parts) >= 3:
-        out["securesaver:purpose"] = "/".join(parts[2:])
+    parts = _context_parts(context)   # [label, database, tenant, purpose...]
+    if parts and len(parts) >= 4:
+        out["securesaver:purpose"] = "/".join(parts[3:])
     return out
 
 

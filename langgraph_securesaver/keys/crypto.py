@@ -26,13 +26,11 @@ from ..errors import KeyGoneError, TamperedDataError
 from .keyring import KeyProvider, WrappedKey
 from .material import SecretBytes
 from .tokens import (  # noqa: F401 - the token format is importable from here as before
-    BOUND,
     DATA,
     ENTRY,
     ENTRY_SCOPED,
     INDEX,
     KEK,
-    LEGACY,
     MAGIC,
     MIN_TOKEN_BYTES,
     NONCE_BYTES,
@@ -345,8 +343,7 @@ class KeyManager:
             wrapped = self.provider.wrap(
                 tenant, secrets.token_bytes(32),
                 wrap_context(tenant, purpose, version, self.store.database_id()))
-            rows.append(KeyRow(tenant, purpose, version, wrapped.master_version, wrapped.blob, now,
-                               BOUND))
+            rows.append(KeyRow(tenant, purpose, version, wrapped.master_version, wrapped.blob, now))
         return rows
 
     def _unwrap(self, tenant: str, rows: Sequence[KeyRow]) -> TenantKeys:
@@ -412,7 +409,7 @@ class KeyManager:
     def _unwrap_row(self, tenant: str, row: KeyRow) -> SecretBytes:
         return SecretBytes(self.provider.unwrap(
             tenant, WrappedKey(row.master_version, row.wrapped),
-            row_context(self.store, tenant, row.purpose, row.version, row.context)))
+            row_context(self.store, tenant, row.purpose, row.version)))
 
     def _reload(self, tenant: str) -> TenantKeys | None:
         now = time.monotonic()
@@ -430,8 +427,7 @@ class KeyManager:
         return keys
 
     def rewrap(self, tenant: str, rows: Sequence[KeyRow]) -> list[KeyRow]:
-        """Rows re-sealed under the provider's current master version (no data rewrite), bound
-        to this database (a legacy row is migrated on the way)."""
+        """Rows re-sealed under the provider's current master version (no data rewrite)."""
         out = []
         bound_to = self.store.database_id()
         for row in rows:
@@ -439,6 +435,6 @@ class KeyManager:
                 tenant, self._unwrap_row(tenant, row).reveal(),
                 wrap_context(tenant, row.purpose, row.version, bound_to))
             out.append(KeyRow(tenant, row.purpose, row.version, wrapped.master_version,
-                              wrapped.blob, row.created_at, BOUND))
+                              wrapped.blob, row.created_at))
         return out
 

@@ -132,11 +132,6 @@ def from_text(text: object) -> bytes:
         raise TamperedDataError("a text ciphertext is not valid base64") from None
 
 
-#: ``KeyRow.context``: how the row's wrap context was built. LEGACY rows (written before keys
-#: were bound to their database) name only tenant, purpose and version; BOUND rows also the
-#: database id (``securesaver_meta``), so a row copied from another database never unwraps.
-LEGACY = 1
-BOUND = 2
 
 
 @dataclass(frozen=True)
@@ -149,15 +144,13 @@ class KeyRow:
     master_version: str
     wrapped: bytes = field(repr=False)
     created_at: float
-    context: int = BOUND
 
 
 class KeyStore(Protocol):
     """Where wrapped tenant keys are persisted (the registry implements it).
 
-    ``database_id()`` names the database the rows belong to (bound into every wrap);
-    ``legacy_key_rows_allowed()`` is True only while no row is bound yet (a database not yet
-    migrated): once one is, an unbound row is a copy and is refused."""
+    ``database_id()`` names the database the rows belong to (bound into every wrap, so a row
+    copied from another database never unwraps)."""
 
     def load_key_rows(self, tenant: str) -> list[KeyRow]: ...
 
@@ -165,15 +158,10 @@ class KeyStore(Protocol):
 
     def database_id(self) -> str: ...
 
-    def legacy_key_rows_allowed(self) -> bool: ...
 
-
-def wrap_context(tenant: str, purpose: str, version: int, database: str | None = None
-                 ) -> bytes:
-    """The associated data of a wrapped key: bound to its database when ``database`` is
-    given (every row written now), the legacy form otherwise."""
-    if database is None:
-        return associated_data("key", tenant, purpose, str(version))
+def wrap_context(tenant: str, purpose: str, version: int, database: str) -> bytes:
+    """The associated data of a wrapped key, bound to its database, tenant, purpose and
+    version."""
     return associated_data("key@db", database, tenant, purpose, str(version))
 
 
@@ -183,16 +171,6 @@ def thread_key_context(database: str, tenant: str, name: str, scope: str = THREA
     return associated_data(f"{scope}-key", database, tenant, name)
 
 
-def row_context(store: KeyStore, tenant: str, purpose: str, version: int, context: int
-                ) -> bytes:
-    """The wrap context a stored row must unwrap under; a legacy row in a database whose
-    rows are bound is refused (it was copied from another database, or from a backup taken
-    before the migration)."""
-    if context == BOUND:
-        return wrap_context(tenant, purpose, version, store.database_id())
-    if context == LEGACY and store.legacy_key_rows_allowed():
-        return wrap_context(tenant, purpose, version)
-    raise TamperedDataError(
-        f"a key row of tenant {tenant!r} ({purpose} v{version}) is not bound to this "
-        "database: it was copied from another database (or from a backup taken before the "
-        "migration); refusing it")
+def row_context(store: KeyStore, tenant: str, purpose: str, version: int) -> bytes:
+    """The wrap context a stored row of ``store``'s database must unwrap under."""
+    return wrap_context(tenant, purpose, version, store.database_id())

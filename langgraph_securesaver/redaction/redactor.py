@@ -49,7 +49,6 @@ from .tokens import (  # noqa: F401 - public names re-exported (defined here bef
 from .types import Entity, RedactionResult, RedactionStats, VaultEntry
 from .view import (  # noqa: F401 - public names re-exported (defined here before)
     BATCH_SEP,
-    CHUNK_OVERLAP,
     EMBEDDED_PII,
     OWN_LABELS,
     SECRET_OVERLAP,

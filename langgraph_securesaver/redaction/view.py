@@ -207,7 +207,6 @@ def may_have_pii(s: str) -> bool:
     return False
 
 
-CHUNK_OVERLAP = 512  # kept for compatibility; long text now overlaps by SECRET_OVERLAP
 SECRET_OVERLAP = 4096
 # BATCH_SEP (the joint of a batch of strings) lives in .windows with the window bounds.
 

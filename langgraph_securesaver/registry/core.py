@@ -1,19 +1,17 @@
 """SecureSaver's own tables (SQLAlchemy Core): threads, wrapped tenant keys, audit events.
 
 By default they live in the same database as the inner saver. ``Registry`` here opens them:
-its engine and transactions, ``setup()`` (creating and migrating the tables, MACing rows older
-than schema v2 once) and the dialect helpers its base classes share. The statements of each
-concern are in those base classes -- :mod:`.thread_rows` (threads and retention policies),
-:mod:`.chains` (receipts and events), :mod:`.wrapped_keys`, :mod:`.claims`, :mod:`.verify` --
-each a named builder so the SQL is easy to review.
+its engine and transactions, ``setup()`` (creating the tables; a registry of another schema
+version is refused, nothing is migrated) and the dialect helpers its base classes share. The
+statements of each concern are in those base classes -- :mod:`.thread_rows` (threads and
+retention policies), :mod:`.chains` (receipts and events), :mod:`.wrapped_keys`,
+:mod:`.claims`, :mod:`.verify` -- each a named builder so the SQL is easy to review.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -21,8 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..errors import ConfigurationError, KeyringRequired, TamperedDataError
-from . import integrity as mac
+from ..errors import ConfigurationError
 from .chains import RegistryChains
 from .claims import RegistryClaims
 from .denials import flush_for
@@ -30,19 +27,14 @@ from .direct_reads import DirectReads
 from .integrity import RegistryIntegrity
 from .namespaces import RegistryNamespaces
 from .schema import (  # noqa: F401 - the schema names are importable from here
-    _ADOPTED,
-    _V2_COLUMNS,
-    LATER_INDEXES,
     SCHEMA_VERSION,
     Event,
     Receipt,
     ThreadRow,
     _create_all,
-    _migrate_indexes,
     _policy_ref,
     _register_companion_tables,
     _thread_ref,
-    adopt_idempotency_macs,
     chain_heads,
     check_registry_dialect,
     create_registry_engine,
@@ -68,6 +60,16 @@ from .wrapped_keys import RegistryKeys
 logger = logging.getLogger(__name__)
 
 
+def check_schema_version(current: Any) -> None:
+    """ConfigurationError unless the registry records this library's schema version."""
+    if str(current) != str(SCHEMA_VERSION):
+        raise ConfigurationError(
+            f"the registry records schema version {current!r}; this library reads only "
+            f"version {SCHEMA_VERSION}: it was written by a pre-release build of "
+            "langgraph-securesaver or edited. Nothing is migrated: create a new registry "
+            "(and bring old threads in with `securesaver adopt`), or use the build that wrote it")
+
+
 class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
                RegistryVerification, RegistryNamespaces):
     """Thread-safe access to SecureSaver's tables. Async callers run these in a worker thread."""
@@ -90,7 +92,6 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
         self.integrity.attach(provider)
         if self._is_setup and self.integrity.available:
             self.integrity.check_keyring()
-            self._bind_and_adopt()
 
     @classmethod
     def in_memory(cls) -> Registry:
@@ -118,60 +119,23 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
             yield conn
 
     def setup(self) -> None:
-        """Create and migrate the tables (idempotent, safe to call from several processes)."""
+        """Create the tables (idempotent, safe to call from several processes). A registry
+        that records another schema version was written by a pre-release build (or edited):
+        it is refused with ConfigurationError, nothing is migrated."""
         with self._setup_lock:
             if self._is_setup:
                 return
             _register_companion_tables()
             _create_all(self.engine)
-            self._add_missing_columns()
-            _migrate_indexes(self.engine)
             with engine_lock(self.engine), self.engine.begin() as conn:
+                self._insert_ignore(conn, meta_table, [{"key": "schema_version",
+                                                        "value": str(SCHEMA_VERSION)}])
                 current = conn.execute(
                     sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
                 ).scalar()
-                if current is None:
-                    self._insert_ignore(conn, meta_table, [{"key": "schema_version",
-                                                            "value": str(SCHEMA_VERSION)}])
-                elif int(current) > SCHEMA_VERSION:
-                    raise ConfigurationError(
-                        f"registry schema v{current} is newer than this library "
-                        f"(v{SCHEMA_VERSION}); upgrade langgraph-securesaver"
-                    )
-                elif int(current) < SCHEMA_VERSION:  # older library versions now refuse it
-                    conn.execute(meta_table.update().where(
-                        meta_table.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+            check_schema_version(current)
             self._is_setup = True
         self.integrity.check_keyring()
-        if self.integrity.available:
-            self._bind_and_adopt()
-
-    def _bind_and_adopt(self) -> None:
-        """With a keyring: bind key rows older than schema v3 to this database, then MAC the
-        rows older than schema v2 (each once)."""
-        provider = self.integrity.provider
-        if provider is not None:
-            self.bind_key_rows(provider)
-        self._adopt_legacy_rows()
-
-    def _add_missing_columns(self) -> None:
-        """Schema v1 -> v2: add the MAC columns to tables created by older versions
-        (tolerating another process adding them at the same moment)."""
-        inspector = sa.inspect(self.engine)
-        existing = set(inspector.get_table_names())
-        for table, column, type_ in _V2_COLUMNS:
-            if table not in existing or column in {
-                    c["name"] for c in inspector.get_columns(table)}:
-                continue
-            ddl = (f"ALTER TABLE {table} ADD COLUMN {column} "
-                   f"{type_.compile(dialect=self.engine.dialect)}")
-            try:
-                with engine_lock(self.engine), self.engine.begin() as conn:
-                    conn.exec_driver_sql(ddl)
-            except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-                if "duplicate column" not in str(exc) and "already exists" not in str(exc):
-                    raise
-            logger.info("registry migration: added %s.%s", table, column)
 
     def _has_macs(self) -> bool:
         with engine_lock(self.engine), self.engine.connect() as conn:
@@ -179,7 +143,7 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
 
     @staticmethod
     def _maced_rows_exist(conn: Connection) -> bool:
-        """Any row anywhere carrying a MAC (or a chain head): the database is not pre-v2."""
+        """Any row anywhere carrying a MAC (or a chain head): the registry MAC key was made."""
         probes: list[Any] = [sa.select(sa.literal(1)).select_from(chain_heads)]
         for table, column in ((threads, "policy_mac"), (threads, "activity_mac"),
                               (policies, "mac"), (receipts, "mac"), (events, "mac")):
@@ -191,85 +155,15 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
                 idem.c.fp_mac.is_not(None)))
         return any(conn.execute(probe.limit(1)).first() is not None for probe in probes)
 
-    def _adopt_legacy_rows(self) -> None:
-        """Rows written before schema v2 carry no MACs. The first process that has the keyring
-        MACs them once (trust on first use; recorded as a ``registry_rows_adopted`` event);
-        from then on a row without a MAC is reported by ``events --verify``, never adopted."""
-        with engine_lock(self.engine), self.engine.connect() as conn:
-            if conn.execute(sa.select(meta_table.c.key).where(meta_table.c.key == _ADOPTED)
-                            ).first() is not None:
-                return  # done once; never again (that would launder inserted rows)
-        integ = self.integrity
-        try:
-            integ.require()
-        except (KeyringRequired, TamperedDataError) as exc:  # e.g. another keyring
-            logger.warning("registry integrity: rows not adopted: %s", exc)
-            return
-        stmt = self._upsert(meta_table).values(key=_ADOPTED, value="schema-v2"
-                                               ).on_conflict_do_nothing().returning(
-            meta_table.c.key)
-        with engine_lock(self.engine), self.engine.begin() as conn:
-            if conn.execute(stmt).first() is None:
-                return  # adopted before (or by a concurrent process right now)
-            if self._maced_rows_exist(conn):
-                # a database some keyed process already wrote MACs into lost its adoption
-                # marker (deleted, or schema_version reset to 1): adopting now would MAC rows
-                # forged since then, so nothing is adopted; --verify reports them
-                logger.error("registry integrity: the adoption marker (securesaver_meta "
-                             "'%s') was missing although MACed registry rows exist; rows "
-                             "without a MAC are NOT adopted (events --verify reports them)",
-                             _ADOPTED)
-                return
-            counts = {"threads": 0, "policies": 0, "receipts": 0, "events": 0,
-                      "idempotency": 0}
-            legacy = conn.execute(sa.select(threads).where(sa.or_(
-                threads.c.policy_mac.is_(None), threads.c.activity_mac.is_(None)))
-            ).mappings().all()
-            if legacy:
-                conn.execute(threads.update().where(
-                    threads.c.tenant == sa.bindparam("b_tenant"),
-                    threads.c.thread_id == sa.bindparam("b_thread"),
-                ).values(policy_mac=sa.bindparam("b_pmac"), activity_mac=sa.bindparam("b_amac")),
-                    [{"b_tenant": r["tenant"], "b_thread": r["thread_id"],
-                      "b_pmac": integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(r)),
-                      "b_amac": integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(r))}
-                     for r in legacy])
-            counts["threads"] = len(legacy)
-            for r in conn.execute(sa.select(policies).where(policies.c.mac.is_(None))
-                                  ).mappings().all():
-                conn.execute(policies.update().where(policies.c.tenant == r["tenant"]).values(
-                    mac=integ.mac(mac.POLICY, *mac.policy_parts(r))))
-                counts["policies"] += 1
-            for table, name in ((receipts, "receipts"), (events, "events")):
-                rows = [dict(r) for r in conn.execute(sa.select(table).where(
-                    table.c.mac.is_(None)).order_by(table.c.id)).mappings()]
-                if not rows:
-                    continue
-                self._chain(conn, table, rows)
-                conn.execute(table.update().where(table.c.id == sa.bindparam("b_id")).values(
-                    seq=sa.bindparam("b_seq"), prev_mac=sa.bindparam("b_prev"),
-                    mac=sa.bindparam("b_mac")),
-                    [{"b_id": r["id"], "b_seq": r["seq"], "b_prev": r["prev_mac"],
-                      "b_mac": r["mac"]} for r in rows])
-                counts[name] = len(rows)
-            counts["idempotency"] = adopt_idempotency_macs(conn, integ)
-            if any(counts.values()):
-                logger.warning("registry integrity: adopted %s rows written before schema v2",
-                               counts)
-                self._append_chained(conn, events, [{
-                    "at": time.time(), "kind": "registry_rows_adopted", "tenant": None,
-                    "thread_id": None, "actor": None,
-                    "detail": json.dumps(counts, sort_keys=True)}])
-
     def ready_for_reading(self, also: Sequence[str] = ()) -> bool:
         """For read-only commands: True when every table and index :meth:`setup` creates (and
         the relations named in ``also``) exists and the stored schema version is this
-        library's -- then nothing is created or migrated and the registry counts as set up.
-        Two catalog reads, no DDL. False: call :meth:`setup` (it creates or migrates)."""
-        if self.integrity.available:   # keyed: setup() also adopts rows older than v2
-            return False
+        library's -- then nothing is created and the registry counts as set up. Two catalog
+        reads, no DDL. False: call :meth:`setup` (it creates the tables, or refuses a registry
+        of another schema version)."""
         _register_companion_tables()
-        names = sorted({*metadata.tables, *(i.name for i in LATER_INDEXES if i.name), *also})
+        indexes = {i.name for t in metadata.tables.values() for i in t.indexes if i.name}
+        names = sorted({*metadata.tables, *indexes, *also})
         with engine_lock(self.engine), self.engine.connect() as conn:
             if self.dialect == "postgresql":
                 found = conn.execute(sa.text(
@@ -286,8 +180,9 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
             current = conn.execute(
                 sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
             ).scalar()
-        if current is None or str(current) != str(SCHEMA_VERSION):
+        if current is None:
             return False
+        check_schema_version(current)
         with self._setup_lock:
             self._is_setup = True
         return True

@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import KeyringMismatch, KeyringRequired, TamperedDataError
 from ..keys.material import SecretBytes
 from ..keys.provider import KeyProvider, NoKeys, WrappedKey
-from ..keys.tokens import BOUND, KeyRow, KeyStore, row_context, wrap_context
+from ..keys.tokens import KeyRow, KeyStore, row_context, wrap_context
 
 #: tenant_keys.tenant of the registry MAC key; validate_tenant() refuses it (leading space)
 RESERVED_TENANT = " securesaver-registry"
@@ -129,12 +129,11 @@ class RegistryIntegrity:
                 RESERVED_TENANT, PURPOSE, VERSION, self.store.database_id()))
             self.store.insert_key_rows([KeyRow(RESERVED_TENANT, PURPOSE, VERSION,
                                                wrapped.master_version, wrapped.blob,
-                                               time.time(), BOUND)])
+                                               time.time())])
             rows = [r for r in self.store.load_key_rows(RESERVED_TENANT)
                     if r.purpose == PURPOSE]  # another process may have won the race
         row = rows[0]
-        # a row not bound to this database is a copy: refused as such, not as a mismatch
-        context = row_context(self.store, RESERVED_TENANT, PURPOSE, VERSION, row.context)
+        context = row_context(self.store, RESERVED_TENANT, PURPOSE, VERSION)
         try:
             return SecretBytes(provider.unwrap(
                 RESERVED_TENANT, WrappedKey(row.master_version, row.wrapped), context))

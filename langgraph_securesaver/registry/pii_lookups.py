@@ -97,7 +97,7 @@ class LookupKeys:
             from ..keys.keyring import WrappedKey
             key = SecretBytes(self.keys.unwrap_fresh(
                 tenant, WrappedKey(row.master_version, row.wrapped),
-                row_context(self.registry, tenant, LOOKUP, row.version, row.context)))
+                row_context(self.registry, tenant, LOOKUP, row.version)))
             self._cache[k] = (time.monotonic(), key)
             return key
 

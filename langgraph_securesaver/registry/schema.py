@@ -28,12 +28,9 @@ from .integrity import row_tag
 logger = logging.getLogger("langgraph_securesaver.registry.core")
 
 
-#: v2: MACs on retention rows, hash-chained receipts and events; v3: key rows bound to the
-#: database (``securesaver_tenant_keys.context``), per-thread data keys; v4: maintained audit
-#: summaries (built by ``SecureSaver.setup()`` on older databases); v5: thread subjects
-#: (``securesaver_thread_subjects``, created by ``setup()``; older libraries would neither
-#: record nor delete them, so they refuse a v5 database)
-SCHEMA_VERSION = 5
+#: The one schema of this release. A registry recording another version was written by a
+#: pre-release build (or edited) and is refused: nothing is migrated.
+SCHEMA_VERSION = 1
 
 metadata = sa.MetaData()
 
@@ -51,8 +48,6 @@ tenant_keys = sa.Table(
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
     sa.Column("wrapped", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
-    # how the wrap context was built (crypto.LEGACY / BOUND); NULL: a row from before v3
-    sa.Column("context", sa.SmallInteger, nullable=True),
 )
 
 # one random data key per thread, wrapped by the tenant KEK (registry/thread_keys.py); deleting the
@@ -207,35 +202,13 @@ tenant_summaries = sa.Table(
     sa.Column("refreshed_at", sa.Float, nullable=True),
 )
 
-#: columns added by schema v2 (ALTER TABLE ADD COLUMN on databases set up by v1)
-_V2_COLUMNS: tuple[tuple[str, str, Any], ...] = (
-    ("securesaver_threads", "policy_mac", sa.String(64)),
-    ("securesaver_threads", "activity_mac", sa.String(64)),
-    ("securesaver_policies", "mac", sa.String(64)),
-    ("securesaver_receipts", "seq", sa.BigInteger()),
-    ("securesaver_receipts", "prev_mac", sa.String(64)),
-    ("securesaver_receipts", "mac", sa.String(64)),
-    ("securesaver_events", "seq", sa.BigInteger()),
-    ("securesaver_events", "prev_mac", sa.String(64)),
-    ("securesaver_events", "mac", sa.String(64)),
-    ("securesaver_idempotency", "fp_mac", sa.String(64)),
-    ("securesaver_tenant_keys", "context", sa.SmallInteger()),   # v3
-    ("securesaver_pii_vault", "lookup", sa.String(128)),   # v3: public PII tokens
-    ("securesaver_idempotency", "origin", sa.String(512)),   # tenant-wide records' thread
-    ("securesaver_pii_vault", "lookup_key", sa.String(64)),   # epoch-replaced lookup keys
-)
-_ADOPTED = "integrity_adopted"
 #: securesaver_meta key naming the database (bound into every wrapped key)
 DATABASE_ID = "database_id"
 
 
-# Indexes added after tables existed: ``setup()`` creates them on existing databases too
-# (``_migrate_indexes``). They are additive, so the schema version is unchanged.
-LATER_INDEXES = (
-    # events / receipts of one tenant in a time window (``securesaver events --tenant``)
-    sa.Index("ix_securesaver_events_tenant_at", events.c.tenant, events.c.at),
-    sa.Index("ix_securesaver_receipts_tenant_at", receipts.c.tenant, receipts.c.deleted_at),
-)
+# events / receipts of one tenant in a time window (``securesaver events --tenant``)
+sa.Index("ix_securesaver_events_tenant_at", events.c.tenant, events.c.at)
+sa.Index("ix_securesaver_receipts_tenant_at", receipts.c.tenant, receipts.c.deleted_at)
 # (no index on claim_token: a batch is found by its primary keys, and claim updates of
 # unindexed columns stay heap-only on PostgreSQL)
 
@@ -418,25 +391,6 @@ def _create_all(engine: Engine) -> None:
     metadata.create_all(engine, checkfirst=True)
 
 
-#: indexes of companion tables (defined in their modules) added after those tables existed
-LATER_COMPANION_INDEXES = frozenset({"ux_securesaver_pii_vault_lookup"})
-
-
-def _migrate_indexes(engine: Engine) -> None:
-    """Create indexes that later versions added, on tables that already existed (idempotent;
-    tolerates another process creating the same index at the same moment)."""
-    companion = [ix for table in metadata.tables.values() for ix in table.indexes
-                 if ix.name in LATER_COMPANION_INDEXES]
-    for index in (*LATER_INDEXES, *companion):
-        try:
-            with engine_lock(engine), engine.begin() as conn:
-                index.create(conn, checkfirst=True)
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
-            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
-                raise
-            logger.debug("index %s created concurrently: %s", index.name, exc)
-
-
 def _register_companion_tables() -> None:
     """Companion modules define their tables on ``metadata``; import them so setup creates all."""
     import importlib
@@ -446,23 +400,3 @@ def _register_companion_tables() -> None:
             importlib.import_module(module)
         except ImportError:  # an optional component that is not installed
             logger.debug("companion tables %s not available", module)
-
-
-def adopt_idempotency_macs(conn: Any, integrity: Any) -> int:
-    """The schema-v2 adoption of idempotency records written without a fingerprint MAC
-    (``Registry`` adopts the other tables' rows the same way, once)."""
-    from . import integrity as mac
-    table = metadata.tables.get("securesaver_idempotency")
-    if table is None or "fp_mac" not in table.c:
-        return 0
-    rows = conn.execute(sa.select(table.c.tenant, table.c.thread_id, table.c.key,
-                                  table.c.fingerprint).where(table.c.fp_mac.is_(None))).all()
-    if rows:
-        conn.execute(table.update().where(
-            table.c.tenant == sa.bindparam("b_tenant"),
-            table.c.thread_id == sa.bindparam("b_thread"),
-            table.c.key == sa.bindparam("b_key")).values(fp_mac=sa.bindparam("b_mac")),
-            [{"b_tenant": r.tenant, "b_thread": r.thread_id, "b_key": r.key,
-              "b_mac": integrity.mac(mac.IDEMPOTENCY, *mac.idempotency_parts(
-                  r.tenant, r.thread_id, r.key, r.fingerprint))} for r in rows])
-    return len(rows)

@@ -336,7 +336,7 @@ class ThreadKeyStore:
             # the raw key never becomes a local: reporters print the locals of raising frames
             aes = AESGCM(self.keys.unwrap_fresh(
                 tenant, WrappedKey(row.master_version, row.wrapped),
-                row_context(self.registry, tenant, KEK, row.version, row.context)))
+                row_context(self.registry, tenant, KEK, row.version)))
             self._keks[k] = (time.monotonic(), aes)
             return aes
 

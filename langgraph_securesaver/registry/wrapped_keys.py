@@ -1,5 +1,5 @@
-"""The registry's wrapped key rows: loading and storing them, the database id they are bound
-to, and binding the rows of a database set up before keys were bound (schema v3).
+"""The registry's wrapped key rows: loading and storing them, and the database id they are
+bound to.
 
 A base class of :class:`~.core.Registry` (implements :class:`~..keys.crypto.KeyStore`).
 """
@@ -15,11 +15,10 @@ import sqlalchemy as sa
 
 from ..errors import KeyGoneError, TamperedDataError
 from ..keys.lifecycle import RETIRING_MASTERS
-from ..keys.material import SecretBytes
 from ..keys.provider import KeyProvider, WrappedKey
-from ..keys.tokens import BOUND, LEGACY, KeyRow, wrap_context
+from ..keys.tokens import KeyRow
 from .base import RegistryBase
-from .schema import DATABASE_ID, engine_lock, meta_table, tenant_keys, thread_keys
+from .schema import DATABASE_ID, meta_table, tenant_keys, thread_keys
 
 logger = logging.getLogger("langgraph_securesaver.registry.core")
 
@@ -34,10 +33,9 @@ def retiring_versions(conn: Any) -> frozenset[str]:
 
 
 class RegistryKeys(RegistryBase):
-    """Key rows (the KeyStore protocol) and their binding to this database."""
+    """Key rows (the KeyStore protocol) and the database id they are bound to."""
 
     _database_id: str | None = None
-    _rows_bound: bool = False
 
     # the database id ----------------------------------------------------------------------------
     def database_id(self) -> str:
@@ -52,24 +50,11 @@ class RegistryKeys(RegistryBase):
                     meta_table.c.key == DATABASE_ID)).scalar_one())
         return self._database_id
 
-    def legacy_key_rows_allowed(self) -> bool:
-        """True only while no key row of this database is bound yet: from the first bound row
-        on, an unbound row is a copy from elsewhere (refused)."""
-        if self._rows_bound:
-            return False
-        with self.begin() as conn:
-            bound = conn.execute(sa.select(sa.literal(1)).select_from(tenant_keys).where(
-                tenant_keys.c.context == BOUND).limit(1)).first() is not None
-        if bound:
-            self._rows_bound = True   # monotone: rows never go back to legacy
-        return not bound
-
     # rows ---------------------------------------------------------------------------------------
     @staticmethod
     def _key_row(r: Any) -> KeyRow:
         return KeyRow(r["tenant"], r["purpose"], r["version"], r["master_version"],
-                      bytes(r["wrapped"]), r["created_at"],
-                      LEGACY if r["context"] is None else int(r["context"]))
+                      bytes(r["wrapped"]), r["created_at"])
 
     def load_key_rows(self, tenant: str) -> list[KeyRow]:
         # CAST: a row a database writer filled with text (SQLite keeps any type in any
@@ -102,8 +87,7 @@ class RegistryKeys(RegistryBase):
                     tenant_keys.update()
                     .where(tenant_keys.c.tenant == r.tenant, tenant_keys.c.purpose == r.purpose,
                            tenant_keys.c.version == r.version)
-                    .values(master_version=r.master_version, wrapped=r.wrapped,
-                            context=r.context)
+                    .values(master_version=r.master_version, wrapped=r.wrapped)
                 )
 
     def tenants_with_keys(self) -> list[str]:
@@ -113,54 +97,6 @@ class RegistryKeys(RegistryBase):
     def delete_tenant_keys(self, tenant: str) -> int:
         with self.begin() as conn:
             return conn.execute(tenant_keys.delete().where(tenant_keys.c.tenant == tenant)).rowcount
-
-    # migration ----------------------------------------------------------------------------------
-    def bind_key_rows(self, provider: KeyProvider) -> int:
-        """Rewrap every legacy key row under a context bound to this database (schema v3; run
-        by ``setup()`` when a keyring is attached), once: a database that holds a bound row
-        is migrated already, and an unbound row in it is a copy from elsewhere that binding
-        would launder (left refused). Rows this keyring cannot unwrap are left as they are
-        and logged: they were unreadable here already, and stay refused. Returns the rows
-        bound."""
-        database = self.database_id()
-        if not self.legacy_key_rows_allowed():
-            return 0
-        with self.begin() as conn:
-            legacy = [self._key_row(r) for r in conn.execute(sa.select(tenant_keys).where(
-                sa.or_(tenant_keys.c.context.is_(None), tenant_keys.c.context == LEGACY))
-            ).mappings()]
-        if not legacy:
-            return 0
-        updates = []
-        for row in legacy:
-            try:
-                # held opaque: a later row or the update may raise through this frame
-                raw = SecretBytes(provider.unwrap(
-                    row.tenant, WrappedKey(row.master_version, row.wrapped),
-                    wrap_context(row.tenant, row.purpose, row.version)))
-            except TamperedDataError as exc:
-                logger.warning("key row of tenant %r (%s v%d) does not unwrap with this "
-                               "keyring and was not bound: %s", row.tenant, row.purpose,
-                               row.version, exc)
-                continue
-            wrapped = provider.wrap(row.tenant, raw.reveal(), wrap_context(
-                row.tenant, row.purpose, row.version, database))
-            updates.append({"b_tenant": row.tenant, "b_purpose": row.purpose,
-                            "b_version": row.version, "b_master": wrapped.master_version,
-                            "b_wrapped": wrapped.blob, "b_old": row.wrapped})
-        if updates:
-            with engine_lock(self.engine), self.engine.begin() as conn:
-                # only rows still as read (a concurrent setup may have bound them already)
-                conn.execute(tenant_keys.update().where(
-                    tenant_keys.c.tenant == sa.bindparam("b_tenant"),
-                    tenant_keys.c.purpose == sa.bindparam("b_purpose"),
-                    tenant_keys.c.version == sa.bindparam("b_version"),
-                    tenant_keys.c.wrapped == sa.bindparam("b_old"),
-                ).values(master_version=sa.bindparam("b_master"),
-                         wrapped=sa.bindparam("b_wrapped"), context=BOUND), updates)
-            logger.info("registry migration: %d key rows bound to database %s", len(updates),
-                        database)
-        return len(updates)
 
     # verification -------------------------------------------------------------------------------
     def key_row_problems(self, provider: KeyProvider) -> tuple[int, list[tuple[str, str, str]]]:
@@ -175,8 +111,7 @@ class RegistryKeys(RegistryBase):
         for row in rows:
             try:
                 provider.unwrap(row.tenant, WrappedKey(row.master_version, row.wrapped),
-                                row_context(self, row.tenant, row.purpose, row.version,
-                                            row.context))
+                                row_context(self, row.tenant, row.purpose, row.version))
             except TamperedDataError as exc:
                 problems.append((tenant_keys.name, f"tenant#{row_tag(row.tenant)} "
                                  f"{row.purpose} v{row.version}",
@@ -214,7 +149,7 @@ class RegistryKeys(RegistryBase):
                 row = self.kek_row(tenant, version)
                 keks[(tenant, version)] = None if row is None else AESGCM(provider.unwrap(
                     tenant, WrappedKey(row.master_version, row.wrapped),
-                    row_context(self, tenant, KEK, row.version, row.context)))
+                    row_context(self, tenant, KEK, row.version)))
             kek = keks[(tenant, version)]
             if kek is None:
                 raise TamperedDataError("no key-encryption key for this thread key")
