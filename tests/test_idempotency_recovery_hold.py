@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-import sqlalchemy as sa
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
@@ -209,24 +208,6 @@ def test_a_new_opt_in_resets_a_dead_thread(saver: SecureSaver, tmp_path: Path) -
         state = recovery_state(saver, "acme", "t")
         assert state is not None and (state["state"], state["attempts"]) == ("armed", 0)
         assert state["fencing_token"] > tokens[-1]
-
-
-def test_old_recovery_tables_get_the_holder_columns(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.text(
-            "CREATE TABLE securesaver_recoverable (tenant VARCHAR(255) NOT NULL, thread_id "
-            "VARCHAR(512) NOT NULL, state VARCHAR(16) NOT NULL, owner VARCHAR(128), "
-            "fencing_token BIGINT NOT NULL, attempts INTEGER NOT NULL, lease_expires_at FLOAT, "
-            "created_at FLOAT NOT NULL, updated_at FLOAT NOT NULL, configurable BLOB, "
-            "last_error BLOB, PRIMARY KEY (tenant, thread_id))"))
-    engine.dispose()
-    with SecureSaver.from_url(url, keyring=Keyring.generate(), redaction=None) as sv:
-        mark_recoverable(cfg("t"), saver=sv)
-        cols = {c["name"] for c in sa.inspect(sv.registry.engine).get_columns(_R.name)}
-        assert {"holder_pid", "holder_lock", "active_at"} <= cols
-        assert release_recoverable(cfg("t"), saver=sv)
 
 
 def test_a_resumed_node_opting_in_through_another_saver_keeps_the_count(tmp_path: Path) -> None:

@@ -150,7 +150,8 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
             probes.append(sa.select(sa.literal(1)).select_from(table).where(
                 table.c[column].is_not(None)))
         idem = metadata.tables.get("securesaver_idempotency")
-        if idem is not None and "fp_mac" in idem.c:
+        # a companion table not created (or dropped) holds no MACed rows
+        if idem is not None and "fp_mac" in idem.c and sa.inspect(conn).has_table(idem.name):
             probes.append(sa.select(sa.literal(1)).select_from(idem).where(
                 idem.c.fp_mac.is_not(None)))
         return any(conn.execute(probe.limit(1)).first() is not None for probe in probes)
@@ -175,14 +176,15 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
                         sa.bindparam("names", expanding=True)), {"names": names}).scalars()
             else:
                 return False
-            if set(found) != set(names):
-                return False
+            found = set(found)
+            # the version first: a registry of another version may lack today's objects
             current = conn.execute(
                 sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
-            ).scalar()
-        if current is None:
+            ).scalar() if meta_table.name in found else None
+        if current is not None:
+            check_schema_version(current)
+        if current is None or found != set(names):
             return False
-        check_schema_version(current)
         with self._setup_lock:
             self._is_setup = True
         return True
