@@ -23,9 +23,9 @@ from langgraph_securesaver.audit.inventory import _audit_walk, audit, audit_stre
 from langgraph_securesaver.audit.report_html import write_html
 from langgraph_securesaver.cli import main as cli_module
 from langgraph_securesaver.cli.main import app
+from langgraph_securesaver.errors import ConfigurationError
 from langgraph_securesaver.keys.keyring import NoKeys
 from langgraph_securesaver.ops.pruner import shares_database
-from langgraph_securesaver.errors import ConfigurationError
 from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
