@@ -176,14 +176,14 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
                         sa.bindparam("names", expanding=True)), {"names": names}).scalars()
             else:
                 return False
-            found = set(found)
+            present = set(found)
             # the version first: a registry of another version may lack today's objects
             current = conn.execute(
                 sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
-            ).scalar() if meta_table.name in found else None
+            ).scalar() if meta_table.name in present else None
         if current is not None:
             check_schema_version(current)
-        if current is None or found != set(names):
+        if current is None or present != set(names):
             return False
         with self._setup_lock:
             self._is_setup = True
