@@ -23,6 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = [sys.executable, "-m", "tests.scripts.lifecycle_writer"]
 CLI = [sys.executable, "-m", "langgraph_securesaver.cli"]
+LEASE_WORKER = [sys.executable, str(ROOT / "tests" / "idem_scripts" / "lease_worker.py")]
+RECOVER_GRAPH = "tests.idem_scripts.lease_graph:factory"
 
 
 def env() -> dict[str, str]:
@@ -159,9 +161,21 @@ def scan_verify(url: str, keyring_path: Path) -> dict[str, Any]:
     return report
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, env=env(),
-                          timeout=timeout)
+def cli(*args: str, timeout: float = 300,
+        env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**env(), **(env_extra or {})}, timeout=timeout)
+
+
+def _recovered(url: str, keyring_path: Path, thread: str) -> bool:
+    """The stalled thread's latest checkpoint ends with its receipt (the run finished)."""
+    from langgraph_securesaver import Keyring, SecureSaver
+    config: Any = {"configurable": {"thread_id": thread, "tenant_id": "acme"}}
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(keyring_path),
+                              redaction=None) as saver:
+        got = saver.get_tuple(config)
+    messages = got.checkpoint["channel_values"].get("messages", []) if got else []
+    return bool(messages) and messages[-1].content == "receipt sent"
 
 
 # --- one round of the multi-process stress test ---------------------------------------------
@@ -177,6 +191,8 @@ class RoundReport:
     threads_deleted: int = 0        # delete_thread + forget_subject
     threads_pruned: int = 0
     rotation_killed: bool = False
+    recovered: int = 0              # stalled threads `securesaver recover` finished
+    recover_sweeps: int = 0         # sweeps it took (a sweep whose write met KeyGoneError retries)
     master_version: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -185,10 +201,13 @@ class RoundReport:
 
 def new_keyring(url: str, path: Path) -> Path:
     from langgraph_securesaver import Keyring, SecureSaver
+    from langgraph_securesaver.retention import RetentionPolicy
     ring = Keyring.generate()
     ring.save(path)
-    with SecureSaver.from_url(url, keyring=ring, redaction=None):
-        pass
+    with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
+        # the stress's writers prune every thread after 2 s; the tenant of the stalled runs
+        # that `recover` resumes keeps its threads (nothing deletes them on purpose)
+        saver.set_tenant_retention("acme", RetentionPolicy())
     return path
 
 
@@ -198,10 +217,12 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
     keep writing while this process and `securesaver` subprocesses run, in a random order:
     `rotate-keys --reencrypt` SIGKILLed at a random point and rerun with `--retire-old`,
     `prune --active-grace 0s` (every thread has `max_age` 2 s), `delete_thread` of a random
-    thread and `forget_subject`. Then the writers write on alone, stop, and the last
-    `rotate-keys --reencrypt --retire-old` must retire every older master version; every turn
-    of every round so far that no deliberate deletion could reach must read back and
-    `scan --verify` must be clean with one master version in use."""
+    thread, `forget_subject`, and `securesaver recover` resuming a thread whose worker died
+    in an idempotent tool (its tool runs on while the later steps do). Then the writers write
+    on alone, stop, and the last `rotate-keys --reencrypt --retire-old` must retire every
+    older master version; every turn of every round so far that no deliberate deletion could
+    reach must read back, the recovered thread must end with its receipt after exactly one
+    charge, and `scan --verify` must be clean with one master version in use."""
     import random
     import signal
 
@@ -217,13 +238,18 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
     base = {"url": url, "keyring": str(ring_path), "prefix": prefix, "max_age": 2,
             "shuffle": True, "seed": seed, "pace": 0.05}
     writers.start(**base, tenant="ten0", threads=pool, new_every=5, mode="sync")
-    # one at a time into a new database: concurrent first saves of the default retention
-    # policy race on PostgreSQL (a unique violation in set_policy, not this test's subject)
-    writers.wait_for(1)
     writers.start(**base, tenant="ten1", threads=pool, new_every=5, mode="async")
     writers.start(**{**base, "prefix": prefix + "s-"}, tenant="ten0",
                   threads=[f"{prefix}s-a", f"{prefix}s-b"], mode="async",
                   subject=f"subject-{number}")
+    stalled = f"{prefix}stalled"
+    lease_env = {**env(), "LEASE_DOWNSTREAM": str(workdir / "downstream.db")}
+    dead = subprocess.run([*LEASE_WORKER, "run", url, str(ring_path), stalled], cwd=ROOT,
+                          env={**lease_env, "LEASE_CRASH": "tool"}, capture_output=True,
+                          text=True, timeout=300)
+    assert dead.returncode == 1, dead.stderr[-2000:]    # died in the tool: a stalled thread
+    recoverers: list[subprocess.Popen[str]] = []
+    said: list[str] = []        # what the recoverers printed
 
     def rotate_killed() -> None:
         proc = subprocess.Popen([*CLI, "rotate-keys", "--url", url, "--keyring", str(ring_path),
@@ -267,9 +293,16 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
             deletions.add([f"{prefix}s-a", f"{prefix}s-b"], start, time.time())
         report.threads_deleted += done.threads.get("ten0", 0)
 
+    def recover() -> None:     # runs on beside the later steps; its tool takes 0-3 s
+        recoverers.append(subprocess.Popen(
+            [*CLI, "recover", "--url", url, "--keyring", str(ring_path), "--graph",
+             RECOVER_GRAPH, "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+            env={**lease_env, "LEASE_TOOL_SECONDS": f"{rng.uniform(0.0, 3.0):.2f}"}))
+
     try:
         writers.wait_for(12)
-        steps = [rotate_killed, prune, delete_one, delete_one, forget, prune]
+        steps = [rotate_killed, prune, delete_one, delete_one, forget, prune, recover]
         rng.shuffle(steps)
         for step in steps:
             step()
@@ -277,7 +310,25 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
         writers.wait_for(len(writers.ok()) + 15)   # after every destroyer: must all read back
     finally:
         writers.finish()
+        for proc in recoverers:
+            out, err = proc.communicate(timeout=300)
+            said.append(out[-2000:] + err[-2000:])
+            assert proc.returncode in (0, 1), said[-1]
     assert writers.failed() == [], writers.failed()[:5]
+    report.recover_sweeps = 1
+    while not _recovered(url, ring_path, stalled):   # a sweep refused by KeyGoneError retries
+        assert report.recover_sweeps < 3, (stalled, said)
+        again = cli("recover", "--url", url, "--keyring", str(ring_path), "--graph",
+                    RECOVER_GRAPH, "--json", env_extra={"LEASE_DOWNSTREAM": lease_env[
+                        "LEASE_DOWNSTREAM"]})
+        said.append(again.stdout[-2000:] + again.stderr[-2000:])
+        assert again.returncode in (0, 1), said[-1]
+        report.recover_sweeps += 1
+    report.recovered = 1
+    from tests.idem_scripts.scenario import Downstream
+    keys = Downstream(lease_env["LEASE_DOWNSTREAM"]).rows(
+        "SELECT DISTINCT key FROM requests WHERE service = 'charge'")
+    assert len(keys) == 1, keys     # every attempt at the charge carried one idempotency key
     final = cli("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
                 "--retire-old", "--format", "json")
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]

@@ -310,3 +310,39 @@ def test_pruner_killed_in_the_middle_of_a_batch_leaves_each_thread_untouched_or_
         assert integrity.ok, integrity.problems
     with psycopg.connect(pg_url, autocommit=True) as probe:
         assert all(_stored(probe, inner[i]) == (0, 0, 0) for i in range(expired))
+
+
+@pytest.mark.postgres
+def test_a_default_policy_saved_while_another_process_saves_it_too(pg_url: str) -> None:
+    """Services starting together each save the configured default retention. Another
+    process's save is held open (its row inserted, not committed) while this saver's first
+    turn saves the same default: the turn waits, then succeeds, and one row remains (a
+    delete-then-insert raised a unique violation once the other committed)."""
+    import psycopg
+    ring = Keyring.generate()
+    with SecureSaver.from_url(pg_url, keyring=ring, redaction=None) as bare:
+        bare.registry.setup()
+    options = pg_url.split("options=")[1].replace("%3D", "=").replace("%20", " ")
+    other = psycopg.connect(pg_url.split("?")[0], options=options)
+    other.execute("INSERT INTO securesaver_policies (tenant, max_age, strategy, legal_hold, "
+                  "updated_at) VALUES ('*', 60, 'delete', false, 0)")
+    errors: list[BaseException] = []
+
+    def first_turn() -> None:
+        try:
+            with SecureSaver.from_url(pg_url, keyring=ring, redaction=None,
+                                      retention=RetentionPolicy(max_age="1d")) as saver:
+                build_chat_graph(saver).invoke({"messages": [HumanMessage("hi")]}, _cfg("t"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    turn = threading.Thread(target=first_turn)
+    turn.start()
+    turn.join(timeout=3)           # it waits on the other's uncommitted row
+    other.commit()
+    other.close()
+    turn.join(timeout=120)
+    assert not turn.is_alive() and errors == []
+    with psycopg.connect(pg_url.split("?")[0], options=options) as conn:
+        rows = conn.execute("SELECT tenant, max_age FROM securesaver_policies").fetchall()
+    assert rows == [("*", 86400.0)]

@@ -136,12 +136,15 @@ class RegistryThreads(RegistryBase):
         every thread that follows it (threads with their own override keep it)."""
         integ = self._keyed()
         with self.begin() as conn:
-            conn.execute(policies.delete().where(policies.c.tenant == tenant))
-            if policy is not None:
-                row = {"tenant": tenant, **policy.as_row()}
-                conn.execute(policies.insert().values(
-                    updated_at=time.time(), mac=integ.mac(mac.POLICY, *mac.policy_parts(row)),
-                    **row))
+            if policy is None:
+                conn.execute(policies.delete().where(policies.c.tenant == tenant))
+            else:   # an upsert: processes starting together save the same default at once
+                row = {"tenant": tenant, **policy.as_row(), "updated_at": time.time()}
+                row["mac"] = integ.mac(mac.POLICY, *mac.policy_parts(row))
+                stmt = self._upsert(policies).values(**row)
+                conn.execute(stmt.on_conflict_do_update(
+                    index_elements=[policies.c.tenant],
+                    set_={k: v for k, v in row.items() if k != "tenant"}))
             self._reapply(conn, tenant)
 
     def get_policy(self, tenant: str) -> RetentionPolicy | None:
