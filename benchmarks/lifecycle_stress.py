@@ -1,6 +1,7 @@
 """The key-lifecycle stress test, many rounds (issue 39): writer processes with their own savers
 keep writing while other processes rotate keys (SIGKILLed at random points, rerun with
---retire-old), prune, delete threads and forget a subject; after each round every turn that
+--retire-old), prune, delete threads, forget a subject and `securesaver recover` a stalled
+thread; after each round every turn that
 returned (and was not deleted on purpose since) must read back, `scan --verify` must be clean
 and one master version in use. Prints one line per round and a summary; ``--json`` writes them.
 
@@ -84,7 +85,9 @@ def main() -> int:
               f"retried) {sum(r['turns_refused'] for r in mine)}, threads deleted "
               f"{sum(r['threads_deleted'] for r in mine)}, pruned "
               f"{sum(r['threads_pruned'] for r in mine)}, rotations SIGKILLed "
-              f"{sum(r['rotation_killed'] for r in mine)}, protected turns read back "
+              f"{sum(r['rotation_killed'] for r in mine)}, stalled threads recovered "
+              f"{sum(r['recovered'] for r in mine)} in {sum(r['recover_sweeps'] for r in mine)} "
+              f"sweeps, protected turns read back "
               f"{mine[-1]['protected_checked'] if mine else 0}, lost turns 0")
     print(f"total {time.monotonic() - started:.0f} s")
     if args.json:
