@@ -325,7 +325,7 @@ def _time_recount(saver: SecureSaver, one: str, now: float) -> None:
 
 
 def _reuse(args: argparse.Namespace) -> int:
-    from langgraph_securesaver.keys.keyring import NoKeys
+    from langgraph_securesaver.keys.provider import NoKeys
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
           f"on {os.cpu_count()} cores")
@@ -344,7 +344,8 @@ def _reuse(args: argparse.Namespace) -> int:
 
 
 def _time_audits(saver: SecureSaver, url: str, one: str, now: float, repeat: int) -> bool:
-    from langgraph_securesaver.audit.inventory import audit_stream, events
+    from langgraph_securesaver.audit.inventory import audit_stream
+    from langgraph_securesaver.audit.trail import events
     runs: dict[str, list[float]] = {}
     rss: dict[str, list[float]] = {}
     commands = {

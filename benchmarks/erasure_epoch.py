@@ -19,7 +19,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from langgraph_securesaver import Keyring
-from langgraph_securesaver.keys.crypto import THREAD, KeyManager, thread_key_context
+from langgraph_securesaver.keys.crypto import KeyManager
+from langgraph_securesaver.keys.tokens import THREAD, thread_key_context
 from langgraph_securesaver.registry.core import Registry
 from langgraph_securesaver.registry.schema import thread_keys
 from langgraph_securesaver.registry.thread_keys import ThreadKeyStore

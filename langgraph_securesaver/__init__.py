@@ -32,7 +32,8 @@ if TYPE_CHECKING:
         run_once,
     )
     from .keys.crypto import TenantKeys
-    from .keys.keyring import KeyProvider, Keyring, WrappedKey
+    from .keys.keyring import Keyring, WrappedKey
+    from .keys.provider import KeyProvider
     from .ops.subjects import SubjectErasure
     from .registry.core import Registry
     from .retention import PruneReport, RetentionPolicy
@@ -57,7 +58,8 @@ _EXPORTS: dict[str, str] = {
                      "IdempotentToolCalls", "arecover_stalled", "current_idempotency_key",
                      "idempotent", "is_replaying", "mark_recoverable", "recover_stalled",
                      "run_once"), "idempotency"),
-    **dict.fromkeys(("KeyProvider", "Keyring", "WrappedKey"), "keys.keyring"),
+    "Keyring": "keys.keyring",
+    **dict.fromkeys(("KeyProvider", "WrappedKey"), "keys.provider"),
     "Registry": "registry.core",
     **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
     **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),

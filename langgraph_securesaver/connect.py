@@ -13,7 +13,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .errors import KeyringRequired
-from .keys.keyring import KeyProvider, Keyring
+from .keys.keyring import Keyring
+from .keys.provider import KeyProvider
 from .keys.urls import is_provider_url, provider_from_url
 from .offthread import to_thread
 

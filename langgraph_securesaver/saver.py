@@ -42,7 +42,7 @@ from .gate import TenantGate, thread_id_of
 from .idempotency.recovery_lease import check_fence, fence_of
 from .inner_access import InnerAccess
 from .keys.crypto import KeyManager
-from .keys.keyring import KeyProvider
+from .keys.provider import KeyProvider
 from .listing import (
     ARows,
     aiter_rows,
@@ -55,19 +55,14 @@ from .offthread import to_thread
 from .ops import copying, threads
 from .ops.api import SaverOperations
 from .ops.subjects import copy_subject
-from .pii_layer import METADATA_CHANNEL, PiiLayer  # noqa: F401 - METADATA_CHANNEL re-exported
+from .pii_layer import PiiLayer
 from .reads import ReadPath
 from .registry.core import Registry
 from .registry.pii_vault import PiiVault
 from .registry.thread_keys import ThreadKeyStore
 from .retention import RetentionPolicy
-from .seal import (  # noqa: F401 - re-exported names (scan, rotation, tests)
-    BLIND_INDEX_PREFIX,
-    MANIFEST_VERSION,
-    SEALED_METADATA_KEY,
+from .seal import (
     SealedCodec,
-    _clear_ok,
-    _DetachedParent,
 )
 from .services import SaverServices
 from .steps import arun_steps, run_steps

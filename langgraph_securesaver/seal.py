@@ -25,7 +25,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .errors import TamperedDataError, UnsupportedFilterError
-from .keys.crypto import TenantKeys, associated_data, from_text, to_text
+from .keys.crypto import TenantKeys
+from .keys.tokens import associated_data, from_text, to_text
 from .storage.ops import DELTA_METADATA_KEYS
 from .tenancy import ThreadRef
 

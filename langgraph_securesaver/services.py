@@ -24,8 +24,8 @@ from .caches import TokenCache
 from .errors import ConfigurationError, KeyGoneError, TamperedDataError
 from .gate import TenantGate
 from .keys.crypto import KeyManager, TenantKeys
-from .keys.keyring import KeyProvider
 from .keys.lifecycle import WRITE_LEASE
+from .keys.provider import KeyProvider
 from .offthread import to_thread
 from .pii_layer import PiiLayer
 from .registry.core import Registry

@@ -13,7 +13,8 @@ from langchain_core.messages import HumanMessage
 from typer.testing import CliRunner
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.audit.inventory import AGE_BUCKETS, audit, events
+from langgraph_securesaver.audit.inventory import AGE_BUCKETS, audit
+from langgraph_securesaver.audit.trail import events
 from langgraph_securesaver.cli import main as cli_module
 from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers the commands)
 from langgraph_securesaver.cli.main import app

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from langgraph_securesaver import SecureSaver, tenant_scope
 from langgraph_securesaver.audit.inventory import _audit_walk, audit, iter_audit
 from langgraph_securesaver.keys.crypto import THREAD_KEY_VERSION
-from langgraph_securesaver.keys.keyring import NoKeys
+from langgraph_securesaver.keys.provider import NoKeys
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
 
@@ -257,7 +257,7 @@ def test_a_truncated_text_token_names_its_header_version(pg_url: str, redactor) 
 def test_odd_sealed_metadata_on_sqlite(tmp_path: Path, redactor) -> None:
     """SQLite's statement: the text token's prefix is matched case-sensitively (LIKE is not),
     and a string that is no token's head is counted, as in the walk."""
-    from langgraph_securesaver.keys.crypto import from_text, to_text
+    from langgraph_securesaver.keys.tokens import from_text, to_text
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
     md = "json_set(CAST(metadata AS TEXT), '$.__securesaver__', json(:v))"

@@ -24,9 +24,9 @@ from langgraph_securesaver.audit.report_html import write_html
 from langgraph_securesaver.cli import main as cli_module
 from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.errors import ConfigurationError
-from langgraph_securesaver.keys.keyring import NoKeys
+from langgraph_securesaver.keys.provider import NoKeys
 from langgraph_securesaver.ops.pruner import shares_database
-from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.tenancy import thread_prefix
 from tests.test_audit import DAY, build
 
@@ -410,7 +410,8 @@ def test_audit_of_a_database_without_checkpoint_tables_refuses_and_creates_nothi
 def test_audit_database_view_is_operator_access_and_refuses_a_tenant_scope(
         tmp_path: Path, redactor) -> None:
     from langgraph_securesaver import AccessDenied, tenant_scope
-    from langgraph_securesaver.audit.inventory import AuditDatabase, events
+    from langgraph_securesaver.audit.inventory import AuditDatabase
+    from langgraph_securesaver.audit.trail import events
     from langgraph_securesaver.registry.core import Registry
     url = f"sqlite:///{tmp_path / 'agent.db'}"
     build(url, redactor)
@@ -511,7 +512,7 @@ def test_key_versions_past_the_bit_mask_come_from_text_and_binary_headers(
     """Versions are read from text tokens (checkpoint metadata, base64 in JSONB) and binary
     ones (blobs, writes); a mask holds versions below 63, a list the rest: versions on both
     sides of that line, and one past 2**31, come out as the row walk reads them."""
-    from langgraph_securesaver.keys.crypto import from_text, to_text
+    from langgraph_securesaver.keys.tokens import from_text, to_text
     build(pg_url, redactor)
     with SecureSaver.from_url(pg_url, keyring=NoKeys(), redaction=None) as saver:
         with saver.registry.begin() as conn:

@@ -57,7 +57,7 @@ def test_the_presidio_prefilter_lets_every_labelled_entity_through() -> None:
     import json
 
     from langgraph_securesaver.redaction.recognizers import CANDIDATE_RE
-    from langgraph_securesaver.redaction.redactor import analysis_view
+    from langgraph_securesaver.redaction.view import analysis_view
     data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "pii_eval.jsonl"
     rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line]
     positives = [r for r in rows if r["entities"]]

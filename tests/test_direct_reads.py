@@ -99,7 +99,7 @@ def test_a_direct_read_waits_for_a_transaction_open_on_the_one_shared_connection
     from langgraph.checkpoint.memory import InMemorySaver
 
     from langgraph_securesaver import Keyring, SecureSaver
-    from langgraph_securesaver.keys.crypto import THREAD
+    from langgraph_securesaver.keys.tokens import THREAD
     from langgraph_securesaver.registry.schema import thread_keys
 
     saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate())  # registry in memory

@@ -19,8 +19,9 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
-from langgraph_securesaver.keys.crypto import ENTRY, THREAD, TenantKeys, aad_scope
-from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.keys.crypto import TenantKeys, aad_scope
+from langgraph_securesaver.keys.tokens import ENTRY, THREAD
+from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.tenancy import tenant_scope
 from tests.fake_agent import build_chat_graph
 

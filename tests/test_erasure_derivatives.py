@@ -25,7 +25,7 @@ from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.idempotency import IdempotencyStore, idempotent
 from langgraph_securesaver.idempotency.keys import business_key, fingerprint
-from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.seal import SealedCodec
 from tests.test_erasure import _raw_bytes
 

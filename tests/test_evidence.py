@@ -28,7 +28,7 @@ from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.evidence import SigningKey, signed_file
 from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 from langgraph_securesaver.redaction.tokens import TOKEN_RE
-from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.registry.schema import normalize_url
 from tests.secrecy_helpers import Secrets, capture, leaks
 from tests.test_forget_subject import (
     DANA,

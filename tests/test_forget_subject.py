@@ -23,11 +23,11 @@ import sqlalchemy as sa
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver
-from langgraph_securesaver.keys.crypto import ENTRY, THREAD
+from langgraph_securesaver.keys.tokens import ENTRY, THREAD
 from langgraph_securesaver.ops.pruner import Sweep
 from langgraph_securesaver.redaction import VaultEntry, make_token
-from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.registry.pii_vault import pii_vault
+from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.tenancy import tenant_scope
 from tests.fake_agent import build_chat_graph
 from tests.test_erasure import Sealed, _opens, _raw_bytes

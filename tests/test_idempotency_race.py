@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.idempotency import IdempotencyStore
-from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.registry.schema import normalize_url
 
 SCRIPT = Path(__file__).parent / "idem_scripts" / "race_worker.py"
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import Keyring, SecureSaver, TamperedDataError
 from langgraph_securesaver.cli.main import app
-from langgraph_securesaver.registry.core import normalize_url
+from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.tenancy import inner_thread_id
 from tests.fake_agent import build_chat_graph
 

@@ -17,7 +17,7 @@ from langgraph_securesaver import (
     SecureSaver,
     TamperedDataError,
 )
-from langgraph_securesaver.keys.crypto import token_key_version
+from langgraph_securesaver.keys.tokens import token_key_version
 from langgraph_securesaver.tenancy import inner_thread_id
 from tests.fake_agent import build_chat_graph
 

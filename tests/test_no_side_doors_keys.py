@@ -33,15 +33,10 @@ from typer.testing import CliRunner
 
 from langgraph_securesaver import ConfigurationError, Keyring, SecureSaver, TamperedDataError
 from langgraph_securesaver.errors import SecureSaverError
-from langgraph_securesaver.keys.crypto import (
-    ENTRY,
-    KEK,
-    THREAD,
-    row_context,
-    thread_key_context,
-)
+from langgraph_securesaver.keys.crypto import row_context
 from langgraph_securesaver.keys.keyring import WrappedKey
 from langgraph_securesaver.keys.material import SecretBytes
+from langgraph_securesaver.keys.tokens import ENTRY, KEK, THREAD, thread_key_context
 from langgraph_securesaver.registry.integrity import RESERVED_TENANT
 from tests.fake_agent import build_chat_graph
 

@@ -10,7 +10,7 @@ import base64
 import pytest
 
 from langgraph_securesaver.redaction import Redactor
-from langgraph_securesaver.redaction.redactor import fold_text
+from langgraph_securesaver.redaction.view import fold_text
 
 KEY = b"k" * 32
 

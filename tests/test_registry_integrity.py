@@ -31,8 +31,8 @@ from langgraph_securesaver.idempotency.recovery import (
     recover_stalled,
     release_recoverable,
 )
-from langgraph_securesaver.registry.core import normalize_url
 from langgraph_securesaver.registry.integrity import row_tag
+from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
 from tests.fake_agent import build_chat_graph
@@ -421,7 +421,7 @@ def test_async_sweep_refuses_a_forged_expiry(db: Db) -> None:
 
 def test_the_pruner_refuses_to_run_without_the_keyring(db: Db) -> None:
     from langgraph_securesaver.errors import KeyringRequired
-    from langgraph_securesaver.keys.keyring import NoKeys
+    from langgraph_securesaver.keys.provider import NoKeys
     _retention_setup(db)
     with SecureSaver.from_url(db.url, keyring=NoKeys(), redaction=None) as saver:
         with pytest.raises(KeyringRequired):

@@ -1185,7 +1185,7 @@ async def test_redaction_tokenizes_before_sealing_and_restores(tmp_path: Path) -
     are in the PII vault, and the owner reads the original back."""
     import warnings
 
-    from langgraph_securesaver.keys.crypto import from_text
+    from langgraph_securesaver.keys.tokens import from_text
     from langgraph_securesaver.server.encryption import ServerEncryption
     settings = ServerSettings(url=f"sqlite:///{tmp_path / 'enc.db'}", keyring=Keyring.generate())
     with warnings.catch_warnings():

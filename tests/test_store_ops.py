@@ -18,7 +18,8 @@ from langgraph_securesaver import Keyring, SecureStore, tenant_scope
 from langgraph_securesaver.audit.inventory import audit
 from langgraph_securesaver.audit.scan import scan
 from langgraph_securesaver.cli.main import app
-from langgraph_securesaver.keys.crypto import MAGIC, associated_data
+from langgraph_securesaver.keys.crypto import MAGIC
+from langgraph_securesaver.keys.tokens import associated_data
 from langgraph_securesaver.store import secure_pair
 from langgraph_securesaver.tenancy import tenant_tag
 

@@ -25,7 +25,8 @@ from langgraph_securesaver import (
     tenant_scope,
 )
 from langgraph_securesaver.keys.crypto import KeyManager, TenantKeys, row_context
-from langgraph_securesaver.keys.keyring import NoKeys, WrappedKey
+from langgraph_securesaver.keys.keyring import WrappedKey
+from langgraph_securesaver.keys.provider import NoKeys
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import MAX_THREAD_ID_LENGTH, inner_thread_id, thread_prefix
 from tests.fake_agent import build_chat_graph
@@ -473,7 +474,7 @@ def test_delta_keys_from_run_metadata_are_sealed_and_cannot_block_retention(url:
 
 
 def test_delta_counters_in_langgraphs_shape_stay_clear_for_the_inner_prune() -> None:
-    from langgraph_securesaver.saver import _clear_ok
+    from langgraph_securesaver.seal import _clear_ok
     ckpt: Any = {"channel_versions": {"messages": "00001.1"}}
     assert _clear_ok("counters_since_delta_snapshot", {"messages": [2, 3]}, ckpt)
     assert _clear_ok("counters_since_delta_snapshot", {"messages": (2, 3)}, ckpt)

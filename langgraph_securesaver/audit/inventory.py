@@ -23,23 +23,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..errors import ConfigurationError
 from ..keys.tokens import is_token, token_key_version
 from ..textsafety import json_safe
-from .report import (  # noqa: F401 - the report types are importable from here
+from .report import (
     AGE_BUCKETS,
-    DAY,
     UNKNOWN_AGE,
     AuditReport,
     AuditSummary,
     TenantAudit,
     ThreadAudit,
-    TrailEntry,
     _checkpoint_epoch,
     age_bucket,
     iso,
     registry_number,
     thread_json,
 )
-from .sql import (  # noqa: F401
-    MAX_ORPHANS_LISTED,
+from .sql import (
     AuditDatabase,
     _iter_sql,
     _Totals,
@@ -48,7 +45,6 @@ from .sql import (  # noqa: F401
     checkpoint_versions,
     value_unsealed,
 )
-from .trail import _kind_matches, events  # noqa: F401 - the trail, light for the CLI
 
 if TYPE_CHECKING:
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from ..textsafety import json_str as _json_str  # json.dumps of a str, DEL escaped too
 from ..timeargs import iso  # (used here; importable from here as before)
-from .trail import TrailEntry  # noqa: F401 - importable from here as before
 
 DAY = 86400.0
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (

@@ -35,17 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PARSE_ERRORS as _PARSE_ERRORS
 from ..errors import ConfigurationError, SecureSaverError, TamperedDataError
-from ..keys.crypto import (
-    TEXT_PREFIX,
-    THREAD_KEY_VERSION,
-    TenantKeys,
-    from_text,
-    is_token,
-    token_key_version,
-)
+from ..keys.crypto import THREAD_KEY_VERSION, TenantKeys, is_token
+from ..keys.tokens import TEXT_PREFIX, from_text, token_key_version
 from ..seal import SEALED_METADATA_KEY, _DetachedParent
 from ..storage.raw_tables import (
-    SEALED_COLUMNS,
     BlobRow,
     CheckpointRow,
     RawTables,
@@ -60,6 +53,7 @@ from ..storage.registry_tables import (
     registry_rows,
     registry_tables,
 )
+from ..storage.sealed_columns import SEALED_COLUMNS
 from ..tenancy import ThreadRef
 from .clear_text import ClearTextInspector
 from .scan_report import ScanReport, Violation

@@ -315,7 +315,7 @@ class _Totals:
         registry = self.saver.registry
         vault = _vault_kinds(self.saver, self.tenant)
         keys_by_tenant: dict[str, list[Any]] = {}
-        from ..registry.core import tenant_keys
+        from ..registry.schema import tenant_keys
         q = sa.select(tenant_keys.c.tenant, tenant_keys.c.purpose, tenant_keys.c.version,
                       tenant_keys.c.master_version)
         if self.tenant is not None:

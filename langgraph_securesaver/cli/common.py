@@ -248,7 +248,7 @@ def open_saver(url: str, keyring: Any, saver: str | None = None) -> Iterator[Any
     if the URL or the database is unusable (also when that surfaces half-way). ``saver``
     (``--saver MODULE:FACTORY``): the inner saver comes from that factory and ``url`` is the
     registry's database."""
-    from ..keys.keyring import NoKeys
+    from ..keys.provider import NoKeys
     from ..saver import SecureSaver
     check_url(url)
     try:

@@ -15,8 +15,7 @@ import typer
 
 from ..errors import ENV_VAR, ConfigurationError, SecureSaverError
 from . import common
-from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as before
-    EXIT_CANNOT_RUN,
+from .common import (
     EXIT_FOUND,
     EXIT_OK,
     KeyringOption,
@@ -29,12 +28,10 @@ from .common import (  # noqa: F401 - re-exported: cli.app, cli.console, ... as 
     echo_json,
     fail,
     load_keyring,
-    main,
     open_saver,
     progress_bar,
     shown,
     tenant_arg,
-    thread_arg,
 )
 
 # rich.table and the keyring (cryptography) are imported where used: --help and the JSON
@@ -150,8 +147,8 @@ def prune(
     import signal
     import threading
 
-    from ..keys.keyring import NoKeys
     from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE
+    from ..keys.provider import NoKeys
     from ..retention import parse_duration
 
     tenant = tenant_arg(tenant)

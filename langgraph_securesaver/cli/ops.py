@@ -572,7 +572,7 @@ def _verify_registry(url: str, keyring: str | None, anchor: Path | None,
         except KeyringRequired as exc:
             raise fail(exc) from None
         except TamperedDataError as exc:  # the registry MAC key row itself is gone or forged
-            from ..registry.core import IntegrityReport
+            from ..registry.verify import IntegrityReport
             report = IntegrityReport({}, [("securesaver_tenant_keys", "purpose=registry",
                                            str(exc))], [])
     data = report.as_dict()

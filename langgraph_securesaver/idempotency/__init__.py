@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from .keys import KeyScope, canonical_json, strip_task_ids
     from .policy import IdempotencyPolicy
+    from .records import IdempotencyRecord
     from .recovery import (
         DeadLetter,
         RecoveryReport,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
         release_recoverable,
         unmark_recoverable,
     )
-    from .store import Claim, Hit, IdempotencyRecord, IdempotencyStore, Outcome
+    from .store import Claim, Hit, IdempotencyStore, Outcome
     from .tool_calls import IdempotentToolCalls, idempotent_tool_node
 
 # loaded on first use (PEP 562): the registry imports .schema to create the tables, which must
@@ -100,7 +101,7 @@ _EXPORTS: dict[str, str] = {
     "unmark_recoverable": "recovery",
     "Claim": "store",
     "Hit": "store",
-    "IdempotencyRecord": "store",
+    "IdempotencyRecord": "records",
     "IdempotencyStore": "store",
     "Outcome": "store",
 }

@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys.crypto import TenantKeys, associated_data
+from ..keys.crypto import TenantKeys
+from ..keys.tokens import associated_data
 
 KEY_VERSION = "v1"
 KEY_PREFIX = "ssik1_"

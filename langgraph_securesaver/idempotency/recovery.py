@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from langchain_core.runnables import RunnableConfig
 
 from ..errors import ConfigurationError, TamperedDataError
-from ..keys.crypto import associated_data
+from ..keys.tokens import associated_data
 from ..offthread import to_thread
 from .context import CONFIG_KEY_CHECKPOINTER
 from .errors import NoIdempotencyContext, RecoveryLeaseLost

@@ -39,10 +39,9 @@ from .heartbeat import _Heartbeat
 from .keys import KeyScope, business_key, fingerprint
 from .liveness import PgSessionLock
 from .policy import DEFAULT_POLICY, IdempotencyPolicy
-from .records import (  # noqa: F401 - IdempotencyRecord re-exported (defined here before)
+from .records import (
     Claim,
     Hit,
-    IdempotencyRecord,
     Outcome,
     default_owner,
 )

@@ -59,7 +59,7 @@ DEFAULT_DELETION_DAYS = 7
 
 
 def _context_parts(context: bytes) -> list[str] | None:
-    """The parts of a SecureSaver associated-data string (see ``crypto.associated_data``),
+    """The parts of a SecureSaver associated-data string (see ``tokens.associated_data``),
     or None when it is not one."""
     if not context.startswith(_AAD_PREFIX):
         return None

@@ -23,34 +23,21 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import KeyGoneError, TamperedDataError
-from .keyring import KeyProvider, WrappedKey
+from .keyring import WrappedKey
 from .material import SecretBytes
-from .tokens import (  # noqa: F401 - the token format is importable from here as before
+from .provider import KeyProvider
+from .tokens import (
     DATA,
-    ENTRY,
-    ENTRY_SCOPED,
     INDEX,
-    KEK,
     MAGIC,
-    MIN_TOKEN_BYTES,
     NONCE_BYTES,
-    TAG_BYTES,
-    TEXT_PREFIX,
-    THREAD,
     THREAD_KEY_VERSION,
-    THREAD_SCOPED,
     TOKEN_HEADER,
     KeyRow,
     KeyStore,
-    aad_parts,
     aad_scope,
-    associated_data,
-    from_text,
     is_token,
     row_context,
-    thread_key_context,
-    to_text,
-    token_key_version,
     wrap_context,
 )
 

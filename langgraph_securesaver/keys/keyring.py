@@ -42,7 +42,7 @@ from .keyring_file import (
     write_keyring_text,
 )
 from .material import Refusal, SecretBytes, SecretText, refusing_outside
-from .provider import KeyProvider, NoKeys, WrappedKey  # noqa: F401 - importable from here
+from .provider import WrappedKey
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..offthread import to_thread
-from ..registry.core import Receipt, ThreadRow
+from ..registry.schema import Receipt, ThreadRow
 from ..retention import PruneReport, RetentionPolicy
 from ..services import SaverServices
 from . import keys, pii, retention, shredding, subjects
@@ -188,7 +188,7 @@ class SaverOperations:
     def events(self, **filters: Any) -> Any:
         """Audit events and deletion receipts (tenant, thread_id, kind, since, until, limit;
         times are epoch seconds or aware datetimes). Inside a scope: that tenant's only."""
-        from ..audit.inventory import events
+        from ..audit.trail import events
         from ..gate import thread_id_of
         from ..timeargs import to_epoch
         for name in ("since", "until"):

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..keys.crypto import KEK
-from ..keys.tokens import LOOKUP
+from ..keys.tokens import KEK, LOOKUP
 from ..registry.pii_lookups import rekey
 from ..registry.thread_keys import ThreadKeyStore, mark_retiring
 from ..registry.wrapped_keys import erasure_epoch_of

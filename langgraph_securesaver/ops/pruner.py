@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 from ..audit import summaries
 from ..errors import TamperedDataError
 from ..keys.lifecycle import DEFAULT_ACTIVE_GRACE, LEASE_FENCE
-from ..registry.core import ThreadRow, _thread_ref
+from ..registry.schema import ThreadRow, _thread_ref
 from ..retention import PruneReport
 from ..services import SaverServices
 from ..tenancy import ThreadRef, inner_thread_id

@@ -20,7 +20,8 @@ import sqlalchemy as sa
 
 from ..audit import summaries
 from ..keys.lifecycle import LEASE_FENCE
-from ..registry.core import Registry, ThreadRow, pairs_in
+from ..registry.core import Registry
+from ..registry.schema import ThreadRow, pairs_in
 from ..retention import PruneReport
 from ..services import SaverServices
 from ..storage.ops import delete_threads_in

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..registry.core import Registry, ThreadRow
+from ..registry.core import Registry
+from ..registry.schema import ThreadRow
 from ..retention import PruneReport
 from ..services import SaverServices
 from ..storage.ops import delete_threads_in

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..gate import thread_id_of
-from ..registry.core import Receipt, ThreadRow
+from ..registry.schema import Receipt, ThreadRow
 from ..retention import PruneReport, RetentionPolicy, parse_duration
 from ..services import SaverServices
 from ..tenancy import validate_tenant

@@ -9,7 +9,7 @@ Two levels, as in the key hierarchy:
   new data-key version and rewrite every stored ciphertext under it: channel values (SQLite
   checkpoint documents, Postgres ``checkpoint_blobs``), pending writes, sealed metadata and the
   PII vault (plus any sealed column a companion registered, see
-  :func:`~langgraph_securesaver.storage.raw_tables.register_sealed_column`).
+  :func:`~langgraph_securesaver.storage.sealed_columns.register_sealed_column`).
 
 Re-encryption runs **online**: rows are read a page at a time and each is rewritten with a
 compare-and-swap (``UPDATE ... WHERE`` the row still holds the ciphertext that was read), so a
@@ -35,17 +35,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, SecureSaverError, TamperedDataError
-from ..keys.crypto import (
-    THREAD_KEY_VERSION,
-    TenantKeys,
-    from_text,
-    is_token,
-    to_text,
-    token_key_version,
-)
+from ..keys.crypto import THREAD_KEY_VERSION, TenantKeys, is_token
+from ..keys.tokens import from_text, to_text, token_key_version
 from ..seal import SEALED_METADATA_KEY
 from ..storage.raw_tables import (
-    SEALED_COLUMNS,
     BlobRow,
     CheckpointRow,
     RawTables,
@@ -62,6 +55,7 @@ from ..storage.registry_tables import (
     registry_rows,
     registry_tables,
 )
+from ..storage.sealed_columns import SEALED_COLUMNS
 from ..tenancy import ThreadRef
 
 if TYPE_CHECKING:

@@ -11,8 +11,7 @@ from typing import Any
 
 from ..audit import summaries
 from ..errors import ConfigurationError
-from ..keys.crypto import KEK
-from ..keys.tokens import LOOKUP
+from ..keys.tokens import KEK, LOOKUP
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_tenant
 from .keys import require_sole_database

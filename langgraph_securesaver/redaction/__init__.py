@@ -23,15 +23,8 @@ from .engine import (
 )
 from .errors import RedactionError
 from .policy import Action, RedactionPolicy
-from .redactor import (
-    TOKEN_RE,
-    Entity,
-    RedactionResult,
-    RedactionStats,
-    Redactor,
-    VaultEntry,
-    make_token,
-)
+from .redactor import Entity, RedactionResult, RedactionStats, Redactor, VaultEntry
+from .tokens import TOKEN_RE, make_token
 
 __all__ = [
     "DEFAULT_PHONE_REGIONS",

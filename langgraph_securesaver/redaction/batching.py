@@ -20,8 +20,9 @@ from typing import Any
 from .caches import Cache, Cached
 from .offload import BudgetedDetection, InFlight
 from .types import Entity
-from .view import BATCH_SEP, looks_like_json, may_have_pii
+from .view import looks_like_json, may_have_pii
 from .walker import Walker
+from .windows import BATCH_SEP
 
 
 class BatchedAnalysis(BudgetedDetection):

@@ -36,26 +36,13 @@ from .policy import RedactionPolicy
 from .readback import ReadBack
 from .restoring import Restoration
 from .snapshots import equal_prefix, fields_of, snapshot
-from .tokens import (  # noqa: F401 - public names re-exported (defined here before)
-    TOKEN_HEX_CHARS,
-    TOKEN_RE,
-    dump_message,
+from .tokens import (
     kind_label,
-    make_token,
-    mask_marker,
-    normalize_value,
-    tokens_in_dump,
 )
 from .types import Entity, RedactionResult, RedactionStats, VaultEntry
-from .view import (  # noqa: F401 - public names re-exported (defined here before)
-    BATCH_SEP,
-    EMBEDDED_PII,
+from .view import (
     OWN_LABELS,
-    SECRET_OVERLAP,
-    WITHHELD,
-    analysis_view,
     dump_like,
-    fold_text,
     looks_like_json,
     may_have_pii,
 )

@@ -14,7 +14,6 @@ from typing import Any
 
 from .decoding import DECODABLE, is_default_ignorable
 from .recognizers import API_SECRET, CANDIDATE_RE
-from .windows import BATCH_SEP  # noqa: F401 - re-exported (defined here before)
 
 # --------------------------------------------------------------------------------------------
 # Analysis view: compatibility forms folded to ASCII, CJK blanked, known markers blanked, with

@@ -26,33 +26,23 @@ from .denials import flush_for
 from .direct_reads import DirectReads
 from .integrity import RegistryIntegrity
 from .namespaces import RegistryNamespaces
-from .schema import (  # noqa: F401 - the schema names are importable from here
+from .schema import (
     SCHEMA_VERSION,
-    Event,
-    Receipt,
-    ThreadRow,
     _create_all,
-    _policy_ref,
     _register_companion_tables,
-    _thread_ref,
     chain_heads,
     check_registry_dialect,
     create_registry_engine,
     engine_lock,
     events,
-    expires_expr,
     meta_table,
     metadata,
-    normalize_url,
-    pairs_in,
     policies,
     receipts,
-    tenant_keys,
     threads,
 )
 from .thread_rows import RegistryThreads
-from .verify import (  # noqa: F401 - IntegrityReport was defined here
-    IntegrityReport,
+from .verify import (
     RegistryVerification,
 )
 from .wrapped_keys import RegistryKeys

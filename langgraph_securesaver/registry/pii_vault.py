@@ -569,7 +569,7 @@ class PiiVault:
         batch shared is counted once, on the first of them."""
         if not pairs:
             return {}
-        from .core import pairs_in
+        from .schema import pairs_in
         wanted = list(pairs)
         dialect = conn.dialect.name
         refs = conn.execute(pii_refs.delete().where(

@@ -25,9 +25,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..keys.crypto import THREAD, TenantKeys
-from .core import Registry, pairs_in
-from .schema import thread_subjects
+from ..keys.crypto import TenantKeys
+from ..keys.tokens import THREAD
+from .core import Registry
+from .schema import pairs_in, thread_subjects
 
 #: the blind-index domain of subject digests (crypto.TenantKeys.blind)
 DIGEST_DOMAIN = "subject-id"

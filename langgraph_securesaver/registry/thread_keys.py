@@ -44,23 +44,13 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import KeyGoneError, TamperedDataError
-from ..keys.crypto import (
-    ENTRY,
-    KEK,
-    THREAD,
-    KeyManager,
-    KeyRow,
-    kek_unwrap,
-    kek_wrap,
-    row_context,
-    thread_key_context,
-    wrap_context,
-)
+from ..keys.crypto import KeyManager, KeyRow, kek_unwrap, kek_wrap, row_context, wrap_context
 from ..keys.keyring import WrappedKey
 from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
-from .core import Registry, pairs_in
+from ..keys.tokens import ENTRY, KEK, THREAD, thread_key_context
+from .core import Registry
 from .pii_lookups import LookupKeys
-from .schema import meta_table, pii_keys, tenant_keys, thread_keys
+from .schema import meta_table, pairs_in, pii_keys, tenant_keys, thread_keys
 from .wrapped_keys import retiring_versions
 
 logger = logging.getLogger(__name__)

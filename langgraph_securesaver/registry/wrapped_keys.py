@@ -124,7 +124,7 @@ class RegistryKeys(RegistryBase):
         """The tenant's KEK row (or ``purpose`` row: one per master version, like the PII
         lookup key) under ``master_version`` (the lowest number if a race between processes
         made two): thread and vault-entry key rows name their KEK this way."""
-        from ..keys.crypto import KEK
+        from ..keys.tokens import KEK
         rows = [r for r in self.load_key_rows(tenant)
                 if r.purpose == (purpose or KEK) and r.master_version == master_version]
         return min(rows, key=lambda r: r.version) if rows else None
@@ -135,7 +135,8 @@ class RegistryKeys(RegistryBase):
         bound to this database, tenant and thread (one provider unwrap per KEK)."""
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-        from ..keys.crypto import KEK, kek_unwrap, row_context, thread_key_context
+        from ..keys.crypto import kek_unwrap, row_context
+        from ..keys.tokens import KEK, thread_key_context
         from .integrity import row_tag
         database = self.database_id()
         with self.begin() as conn:

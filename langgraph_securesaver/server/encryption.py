@@ -42,14 +42,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import AccessDenied, ConfigurationError, TamperedDataError, TenantRequired
-from ..keys.crypto import (
-    TEXT_PREFIX,
-    TenantKeys,
-    associated_data,
-    from_text,
-    to_text,
-    token_key_version,
-)
+from ..keys.crypto import TenantKeys
+from ..keys.tokens import TEXT_PREFIX, associated_data, from_text, to_text, token_key_version
 from ..saver import SecureSaver
 from ..storage.backends import registry_url_for
 from ..tenancy import validate_tenant

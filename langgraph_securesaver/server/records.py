@@ -64,7 +64,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import ConfigurationError, TamperedDataError
-from ..keys.crypto import associated_data
+from ..keys.tokens import associated_data
 from ..registry.core import Registry
 from ..storage.backends import registry_url_for
 from .settings import ServerSettings

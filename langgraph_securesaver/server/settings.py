@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
-from ..keys.keyring import KeyProvider, Keyring
+from ..keys.keyring import Keyring
+from ..keys.provider import KeyProvider
 from ..keys.urls import provider_from_url
 from ..retention import RetentionPolicy
 

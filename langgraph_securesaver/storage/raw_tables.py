@@ -55,11 +55,6 @@ from .raw_sql import (
     WRITES_START,
     keyset_pages,
 )
-from .sealed_columns import (  # noqa: F401 - importable from here as before
-    SEALED_COLUMNS,
-    SealedColumn,
-    register_sealed_column,
-)
 from .stored_json import lenient_json_loads  # (used here; importable from here as before)
 from .strict_serde import StrictSerializer, inspect_msgpack
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError, TamperedDataError
-from ..keys.crypto import TenantKeys, from_text, to_text
+from ..keys.crypto import TenantKeys
+from ..keys.tokens import from_text, to_text
 from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
 
 __all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "open_item_scanned",

@@ -19,7 +19,7 @@ from langgraph.store.base.embed import ensure_embeddings
 
 from ..errors import ConfigurationError
 from ..keys.crypto import TenantKeys
-from ..keys.keyring import KeyProvider
+from ..keys.provider import KeyProvider
 from ..offthread import to_thread
 from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
