@@ -1,4 +1,8 @@
-"""langgraph-securesaver: an encrypted, tenant-isolated checkpoint saver for LangGraph."""
+"""langgraph-securesaver: an encrypted, tenant-isolated checkpoint saver for LangGraph.
+
+The top level holds what a newcomer needs: the saver, the store, keys, retention, tenancy and
+the errors. Capabilities live in named subpackages: ``idempotency`` (exactly-once tools and
+recovery), ``redaction``, ``store``, ``server``, ``evidence``."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -18,55 +22,31 @@ if TYPE_CHECKING:
         UnsupportedBySaverError,
         UnsupportedFilterError,
     )
-    from .idempotency import (
-        IdempotencyConflict,
-        IdempotencyKeyReused,
-        IdempotencyPolicy,
-        IdempotentToolCalls,
-        arecover_stalled,
-        current_idempotency_key,
-        idempotent,
-        is_replaying,
-        mark_recoverable,
-        recover_stalled,
-        run_once,
-    )
-    from .keys.crypto import TenantKeys
-    from .keys.keyring import Keyring, WrappedKey
+    from .keys.keyring import Keyring
     from .keys.provider import KeyProvider
-    from .ops.subjects import SubjectErasure
-    from .registry.core import Registry
-    from .retention import PruneReport, RetentionPolicy
-    from .saver import DEFAULT_METADATA_ALLOWLIST, SecureSaver
+    from .retention import RetentionPolicy
+    from .saver import SecureSaver
     from .store import SecureStore
     from .tenancy import current_subject_scope, current_tenant_scope, subject_scope, tenant_scope
 
 __version__ = "0.1.0"
 
 # Every public name is loaded on first use (PEP 562): importing a submodule -- the CLI, the
-# audit -- does not pay for LangGraph, LangChain and SQLAlchemy unless it uses them (the
-# idempotency API alone pulls in langgraph.prebuilt, which doubles the import time).
+# audit -- does not pay for LangGraph, LangChain and SQLAlchemy unless it uses them.
 _EXPORTS: dict[str, str] = {
-    "TenantKeys": "keys.crypto",
     **dict.fromkeys(("AccessDenied", "AsyncOnlySaverError", "ConfigurationError",
                      "DeltaChannelPruneError", "KeyGoneError", "KeyringMismatch",
                      "KeyringRequired", "SecureSaverError", "TamperedDataError",
                      "TenantRequired", "UnsealedDataError", "UnsupportedBySaverError",
                      "UnsupportedFilterError"),
                     "errors"),
-    **dict.fromkeys(("IdempotencyConflict", "IdempotencyKeyReused", "IdempotencyPolicy",
-                     "IdempotentToolCalls", "arecover_stalled", "current_idempotency_key",
-                     "idempotent", "is_replaying", "mark_recoverable", "recover_stalled",
-                     "run_once"), "idempotency"),
     "Keyring": "keys.keyring",
-    **dict.fromkeys(("KeyProvider", "WrappedKey"), "keys.provider"),
-    "Registry": "registry.core",
-    **dict.fromkeys(("PruneReport", "RetentionPolicy"), "retention"),
-    **dict.fromkeys(("DEFAULT_METADATA_ALLOWLIST", "SecureSaver"), "saver"),
+    "KeyProvider": "keys.provider",
+    "RetentionPolicy": "retention",
+    "SecureSaver": "saver",
     "SecureStore": "store",
     **dict.fromkeys(("current_subject_scope", "current_tenant_scope", "subject_scope",
                      "tenant_scope"), "tenancy"),
-    "SubjectErasure": "ops.subjects",
 }
 
 
@@ -85,44 +65,27 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_METADATA_ALLOWLIST",
     "AccessDenied",
     "AsyncOnlySaverError",
     "ConfigurationError",
     "DeltaChannelPruneError",
-    "IdempotencyConflict",
-    "IdempotencyKeyReused",
-    "IdempotencyPolicy",
-    "IdempotentToolCalls",
     "KeyGoneError",
     "KeyProvider",
     "Keyring",
     "KeyringMismatch",
     "KeyringRequired",
-    "PruneReport",
-    "Registry",
     "RetentionPolicy",
     "SecureSaver",
     "SecureSaverError",
     "SecureStore",
-    "SubjectErasure",
     "TamperedDataError",
-    "TenantKeys",
     "TenantRequired",
     "UnsealedDataError",
     "UnsupportedBySaverError",
     "UnsupportedFilterError",
-    "WrappedKey",
     "__version__",
-    "arecover_stalled",
-    "current_idempotency_key",
     "current_subject_scope",
     "current_tenant_scope",
-    "idempotent",
-    "is_replaying",
-    "mark_recoverable",
-    "recover_stalled",
-    "run_once",
     "subject_scope",
     "tenant_scope",
 ]

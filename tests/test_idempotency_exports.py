@@ -1,4 +1,5 @@
-"""The idempotency API is importable from the top-level package (the README's imports)."""
+"""The public surface: a top level a newcomer can hold in their head (at most 24 names), the
+idempotency API in its own subpackage (the README's imports)."""
 
 from __future__ import annotations
 
@@ -6,28 +7,24 @@ import subprocess
 import sys
 
 
-def test_top_level_imports_are_the_subpackage_objects() -> None:
-    from langgraph_securesaver import (
-        IdempotencyKeyReused,
-        arecover_stalled,
-        current_idempotency_key,
-        idempotent,
-        is_replaying,
-    )
-    from langgraph_securesaver import idempotency as sub
-
-    assert idempotent is sub.idempotent
-    assert current_idempotency_key is sub.current_idempotency_key
-    assert is_replaying is sub.is_replaying
-    assert IdempotencyKeyReused is sub.IdempotencyKeyReused
-    assert arecover_stalled is sub.arecover_stalled
+def test_the_top_level_is_small_and_idempotency_has_its_own_package() -> None:
     import langgraph_securesaver as pkg
-    assert {"idempotent", "current_idempotency_key", "is_replaying",
-            "IdempotencyKeyReused"} <= set(pkg.__all__)
+    from langgraph_securesaver import idempotency
+
+    assert len(pkg.__all__) <= 24, pkg.__all__
+    assert {"SecureSaver", "SecureStore", "Keyring", "RetentionPolicy", "tenant_scope",
+            "SecureSaverError"} <= set(pkg.__all__)
+    for name in ("idempotent", "current_idempotency_key", "recover_stalled", "Registry"):
+        assert name not in pkg.__all__
+        assert not hasattr(pkg, name)       # one path per name, no aliases
+    assert {"idempotent", "current_idempotency_key", "is_replaying", "IdempotencyKeyReused",
+            "arecover_stalled", "idempotent_tool_node"} <= set(idempotency.__all__)
 
 
 def test_star_import_and_unknown_names() -> None:
     code = ("from langgraph_securesaver import *\n"
+            "assert SecureSaver and Keyring and tenant_scope and TamperedDataError\n"
+            "from langgraph_securesaver.idempotency import *\n"
             "assert idempotent and is_replaying and IdempotencyKeyReused\n"
             "import langgraph_securesaver as p\n"
             "try:\n    p.no_such_name\nexcept AttributeError:\n    print('ok')\n")

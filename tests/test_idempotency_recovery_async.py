@@ -13,9 +13,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from langgraph_securesaver import Keyring, SecureSaver, arecover_stalled
+from langgraph_securesaver import Keyring, SecureSaver
 from langgraph_securesaver.cli.main import app
-from langgraph_securesaver.idempotency import arecoverable_run, dead_letters_of, recovery_state
+from langgraph_securesaver.idempotency import (
+    arecover_stalled,
+    arecoverable_run,
+    dead_letters_of,
+    recovery_state,
+)
 from langgraph_securesaver.idempotency.recovery import async_url
 
 from .idem_scripts.recovery_graph import abuild
