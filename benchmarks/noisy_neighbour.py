@@ -29,6 +29,7 @@ import os
 import random
 import statistics
 import string
+import sys
 import tempfile
 import time
 import uuid
@@ -41,7 +42,9 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_securesaver import AccessDenied, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import build_chat_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fake_agent import build_chat_graph
 
 try:  # absent before the worker pool existed (the script also runs against older builds)
     from langgraph_securesaver.redaction.pool import shared_pool

@@ -41,12 +41,14 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.storage.backends import (
     connect_sqlite,
     libpq_url,
     postgres_connection_kwargs,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fake_agent import build_chat_graph
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -127,7 +127,7 @@ def check_readback(url: str, keyring_path: Path, tenant_turns: dict[str, list[Tu
     """Open every thread a writer wrote (every checkpoint of it), and find every protected turn
     in its thread's latest state. Returns the protected turns found."""
     from langgraph_securesaver import Keyring, SecureSaver
-    from langgraph_securesaver.cli.demo import build_chat_graph
+    from tests.fake_agent import build_chat_graph
 
     found = 0
     with SecureSaver.from_url(url, keyring=Keyring.from_file(keyring_path),

@@ -22,11 +22,11 @@ from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
 from langgraph_securesaver import Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.idempotency import IdempotencyStore, idempotent
 from langgraph_securesaver.idempotency.keys import business_key, fingerprint
 from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.seal import SealedCodec
+from tests.fake_agent import build_chat_graph
 from tests.test_erasure import _raw_bytes
 
 DANA, ERIN = "user-dana-17", "user-erin-42"

@@ -20,7 +20,6 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import KeyGoneError, Keyring, SecureSaver, tenant_scope
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.lifecycle import (
     DEFAULT_ACTIVE_GRACE,
     KEY_CACHE_TTL,
@@ -28,6 +27,7 @@ from langgraph_securesaver.keys.lifecycle import (
     WRITE_LEASE,
 )
 from langgraph_securesaver.tenancy import ThreadRef
+from tests.fake_agent import build_chat_graph
 
 from .lifecycle_helpers import (
     CLI,

@@ -19,8 +19,8 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
+from tests.fake_agent import build_chat_graph
 
 from .provider_helpers import cfg, open_saver, say, texts
 from .secrecy_helpers import forms

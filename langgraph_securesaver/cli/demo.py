@@ -99,15 +99,3 @@ def build_support_graph(checkpointer: BaseCheckpointSaver | None, *,
                            interrupt_before=["tools"] if pause_before_tools else None)
 
 
-def build_chat_graph(checkpointer: BaseCheckpointSaver | None) -> Any:
-    """A one-node chat graph (the benchmark's unit of work)."""
-    model = ScriptedChatModel()
-
-    def chat(state: SupportState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])], "turns": state.get("turns", 0) + 1}
-
-    builder = StateGraph(SupportState)
-    builder.add_node("chat", chat)
-    builder.add_edge(START, "chat")
-    builder.add_edge("chat", END)
-    return builder.compile(checkpointer=checkpointer)

@@ -32,8 +32,8 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 
 from langgraph_securesaver import KeyGoneError, Keyring, SecureSaver
-from langgraph_securesaver.cli.demo import build_chat_graph
 from langgraph_securesaver.retention import RetentionPolicy
+from tests.fake_agent import build_chat_graph
 
 
 class Turns:
