@@ -40,8 +40,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigurationError, KeyProviderUnavailable, TamperedDataError
-from .keyring import WrappedKey
 from .material import SecretBytes
+from .provider import WrappedKey
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import KeyGoneError, TamperedDataError
-from .keyring import WrappedKey
 from .material import SecretBytes
-from .provider import KeyProvider
+from .provider import KeyProvider, WrappedKey
 from .tokens import (
     DATA,
     INDEX,

@@ -94,7 +94,7 @@ class LookupKeys:
                     self._cache.pop(k, None)
                     return None
                 row = self._create(tenant, version)
-            from ..keys.keyring import WrappedKey
+            from ..keys.provider import WrappedKey
             key = SecretBytes(self.keys.unwrap_fresh(
                 tenant, WrappedKey(row.master_version, row.wrapped),
                 row_context(self.registry, tenant, LOOKUP, row.version)))

@@ -45,8 +45,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import KeyGoneError, TamperedDataError
 from ..keys.crypto import KeyManager, KeyRow, kek_unwrap, kek_wrap, row_context, wrap_context
-from ..keys.keyring import WrappedKey
 from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
+from ..keys.provider import WrappedKey
 from ..keys.tokens import ENTRY, KEK, THREAD, thread_key_context
 from .core import Registry
 from .pii_lookups import LookupKeys
