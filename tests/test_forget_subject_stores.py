@@ -169,8 +169,11 @@ def test_cli_forget_subject_reaches_a_store_url_and_refuses_without_it(
         assert _left(elsewhere) == sorted(DANAS + ERINS)
     result = runner.invoke(app, [*base, "--store-url", other])
     assert result.exit_code == 0, result.output
-    counts = json.loads(result.stdout)["counts"]["acme"]
+    shown = json.loads(result.stdout)
+    counts = shown["counts"]["acme"]
     assert counts["threads"] == 1 and counts["store_items"] == 2
+    assert list(shown["stores"]["acme"].values()) == [2]
+    assert DANA not in result.output
     with SecureSaver.from_url(registry_url, keyring=Keyring.from_file(ring)) as saver, \
             SecureStore.from_url(other, saver=saver) as elsewhere:
         assert saver.get_tuple(_cfg("d1", DANA)) is None

@@ -126,10 +126,11 @@ def forget_subject(
             from ..evidence.chains import receipts_by_id
             evidence.write_document(out, "forget-subject", key, {
                 "format": "securesaver-forget-subject/1", "tenants": report.tenants,
-                "counts": report.detail,
+                "counts": report.detail, "stores": report.stores,
                 "receipts": receipts_by_id(saver.registry, [report.receipt_id])})
     if as_json:
-        echo_json({"tenants": report.tenants, "counts": report.detail})
+        echo_json({"tenants": report.tenants, "counts": report.detail,
+                   "stores": report.stores})
         raise typer.Exit(EXIT_OK)
     from rich.table import Table
     table = Table("tenant", "threads", "checkpoints", "PII values", "store items")

@@ -319,8 +319,13 @@ class SecureStore(BaseStore):
     # where the items live --------------------------------------------------------------------
     def _location(self) -> str:
         if self.location is None:   # an AsyncSqliteStore asked from a sync caller's thread
+            loop = cast(Any, self.inner)._loop
+            if _running_loop() is loop:   # waiting here would hold the loop it needs
+                raise asyncio.InvalidStateError(
+                    "synchronous calls to an async store from its event loop: use the a* "
+                    "methods (aput, aforget_subject)")
             self.location = asyncio.run_coroutine_threadsafe(
-                astore_location(self.inner), cast(Any, self.inner)._loop).result()
+                astore_location(self.inner), loop).result()
         return self.location
 
     async def _alocation(self) -> str:
@@ -422,6 +427,13 @@ async def asecure_pair(url: str, **options: Any
         store = SecureStore(inner, saver=saver, **store_options)
         await store.asetup()
         yield saver, store
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _owners(items: Sequence[Item]) -> list[str]:
