@@ -187,3 +187,45 @@ def test_stores_takes_a_list_of_secure_stores(tmp_path: Path) -> None:
         for bad in (store, "sqlite:///x.db", [InMemoryStore()]):
             with pytest.raises(ValueError, match="stores="):
                 saver.forget_subject(DANA, stores=bad)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_postgres_store_in_another_schema_is_refused_unless_named(
+        registry_url: str, mode: str) -> None:
+    """Another PostgreSQL schema (same server and database, another ``search_path``) is
+    another store: the registry's own ``store`` table is not it."""
+    from tests.conftest import drop_pg_schema, new_pg_schema, pg_url_in, require_postgres
+    require_postgres()
+    schema = new_pg_schema()
+    other = pg_url_in(schema)
+    try:
+        if mode == "sync":
+            with SecureSaver.from_url(registry_url, keyring=Keyring.generate()) as saver, \
+                    SecureStore.from_url(other, saver=saver) as elsewhere:
+                _put_memories(elsewhere)
+                with pytest.raises(StoreNotReachedError) as refused:
+                    saver.forget_subject(DANA, tenants=["acme"])
+                assert schema in str(refused.value) and "postgres@" not in str(refused.value)
+                assert _left(elsewhere) == sorted(DANAS + ERINS)
+                report = saver.forget_subject(DANA, tenants=["acme"], stores=[elsewhere])
+                assert report.stores == {"acme": {elsewhere.location: 2}}
+                assert _left(elsewhere) == ERINS
+            return
+
+        async def main() -> None:
+            async with SecureSaver.afrom_url(registry_url,
+                                             keyring=Keyring.generate()) as saver, \
+                    SecureStore.afrom_url(other, saver=saver) as elsewhere:
+                await _aput_memories(elsewhere)
+                with pytest.raises(StoreNotReachedError):
+                    await saver.aforget_subject(DANA, tenants=["acme"])
+                assert await _aleft(elsewhere) == sorted(DANAS + ERINS)
+                report = await saver.aforget_subject(DANA, tenants=["acme"],
+                                                     stores=[elsewhere])
+                assert report.stores == {"acme": {elsewhere.location: 2}}
+                assert await _aleft(elsewhere) == ERINS
+
+        asyncio.run(main())
+    finally:
+        drop_pg_schema(schema)
+
