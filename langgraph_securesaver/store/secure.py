@@ -266,9 +266,10 @@ class SecureStore(BaseStore):
 
     def purge_subject_items(self, tenant: str, namespace: tuple[str, ...]) -> list[str]:
         """Delete ``tenant``'s items whose namespace is ``namespace`` or under it, through the
-        inner store's own API (what ``forget_subject(stores=[...])`` runs for each store, the
-        tenant already checked by it). Returns their PII-vault owner ids (the originals go
-        next); nothing is opened."""
+        inner store's own API (what ``forget_subject(stores=[...])`` runs for each store; an
+        operator method, like :meth:`purge_tenant_items`). Returns their PII-vault owner ids
+        (the originals go next); nothing is opened."""
+        tenant = self._services.gate.admin_tenant("forget_subject", tenant) or tenant
         items = self.inner.search((tenant_tag(tenant), *namespace), limit=SCAN_LIMIT,
                                   refresh_ttl=False)
         if items:
