@@ -145,6 +145,13 @@ class DeltaChannelPruneError(SecureSaverError, NotImplementedError):
     """keep_latest was refused because the thread uses a DeltaChannel."""
 
 
+class StoreNotReachedError(SecureSaverError):
+    """forget_subject was refused, before anything was deleted: a SecureStore of this registry
+    wrote items to a store the call did not name (another database, file or process memory),
+    so the subject's items there would have survived. Name it: ``stores=[store]`` (CLI:
+    ``--store-url``)."""
+
+
 class KeyGoneError(SecureSaverError):
     """The write could not be made readable, and nothing of it was stored: the key it would be
     sealed under is being destroyed or was replaced by another process (the thread is being

@@ -60,6 +60,9 @@ class SaverServices:
         self.async_only = async_only
         self.tokens = TokenCache()
         self.companions: dict[Any, Any] = {}  # stores built on this saver (idempotency)
+        #: where SecureStores of this saver wrote items in this process (durable locations are
+        #: also recorded in the registry): what forget_subject must reach
+        self.store_locations: set[str] = set()
         #: the subject digests of threads (forget_subject finds a person's threads by them)
         self.subjects = SubjectLabels(registry)
         if isinstance(keys.threads, ThreadKeyStore):

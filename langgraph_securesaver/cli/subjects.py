@@ -7,6 +7,8 @@ Registered on :data:`langgraph_securesaver.cli.common.app` when imported (:mod:`
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -50,6 +52,11 @@ def forget_subject(
         "--store-namespace", metavar="LABELS",
         help="Store items to delete: namespaces starting with these dot-separated labels "
         "(default: the subject id; 'none' deletes no store item).")] = None,
+    store_urls: Annotated[list[str] | None, typer.Option(
+        "--store-url", metavar="URL",
+        help="A SecureStore database other than --url (sqlite:///file.db, postgresql://...) "
+        "whose items of the subject are deleted too (repeatable). Without it, the command "
+        "refuses when SecureStores wrote items outside --url.")] = None,
     keyring: KeyringOption = None,
     requested_by: Annotated[str | None, typer.Option(
         "--requested-by", metavar="WHO",
@@ -62,12 +69,13 @@ def forget_subject(
     saver_spec: SaverOption = None,
 ) -> None:
     """Delete every thread recorded for a subject (keys destroyed: crypto-erasure), their
-    store items and, with --identifier, those values in the tenant's other threads; one
-    receipt with counts, never values. Irreversible. --out writes the receipt, with its
-    chain position, as a document (--signing-key signs it).
+    store items (in --url and each --store-url) and, with --identifier, those values in the
+    tenant's other threads; one receipt with counts, never values. Irreversible. --out
+    writes the receipt, with its chain position, as a document (--signing-key signs it).
 
     Exit codes: 0 done (also when nothing of the subject was stored), 1 aborted at the
-    prompt, 2 could not run (bad arguments, unknown tenant, no keyring, no database).
+    prompt, 2 could not run (bad arguments, unknown tenant, no keyring, no database, store
+    items in a store not given by --store-url: nothing is deleted).
     """
     from ..tenancy import validate_actor, validate_subject
     if subject == "-":
@@ -86,8 +94,13 @@ def forget_subject(
         None if store_namespace == "none" else tuple(store_namespace.split(".")))
     key = evidence.signing_key(signing, out)
     check_url(url)
+    for store_url in store_urls or []:
+        path = check_url(store_url)
+        if path is not None and (path == ":memory:" or not Path(path).is_file()):
+            raise fail("--store-url names no SQLite file: a store in memory or a file that "
+                       "does not exist holds nothing to delete")
     ring = load_keyring(keyring)
-    with open_saver(url, ring, saver_spec) as saver:
+    with open_saver(url, ring, saver_spec) as saver, ExitStack() as opened:
         known = set(saver.registry.tenants())
         unknown = [t for t in named if t not in known]
         if unknown:
@@ -102,6 +115,10 @@ def forget_subject(
         if namespace is not ...:
             options["store_namespace"] = namespace
         try:
+            if store_urls:
+                from ..store import SecureStore
+                options["stores"] = [opened.enter_context(SecureStore.from_url(u, saver=saver))
+                                     for u in store_urls]
             report = saver.forget_subject(subject, **options)
         except SecureSaverError as exc:
             raise fail(exc) from None
@@ -109,10 +126,11 @@ def forget_subject(
             from ..evidence.chains import receipts_by_id
             evidence.write_document(out, "forget-subject", key, {
                 "format": "securesaver-forget-subject/1", "tenants": report.tenants,
-                "counts": report.detail,
+                "counts": report.detail, "stores": report.stores,
                 "receipts": receipts_by_id(saver.registry, [report.receipt_id])})
     if as_json:
-        echo_json({"tenants": report.tenants, "counts": report.detail})
+        echo_json({"tenants": report.tenants, "counts": report.detail,
+                   "stores": report.stores})
         raise typer.Exit(EXIT_OK)
     from rich.table import Table
     table = Table("tenant", "threads", "checkpoints", "PII values", "store items")

@@ -147,7 +147,7 @@ class SaverOperations:
 
     def forget_subject(self, subject: str | None = None, *, tenants: Any = None,
                        identifiers: Any = (), store_namespace: Any = SUBJECT_NAMESPACE,
-                       requested_by: str | None = None) -> SubjectErasure:
+                       stores: Any = (), requested_by: str | None = None) -> SubjectErasure:
         """Forget one person (the *subject*: the end user threads were written for, given by
         ``subject_scope``, ``configurable["subject_id"]`` or the LangGraph Server user) in
         ``tenants`` (None: every tenant; inside a scope, that tenant only).
@@ -156,22 +156,29 @@ class SaverOperations:
         values only those threads used, idempotency and recovery records -- through the
         thread deletion path (each thread's key is destroyed: crypto-erasure), and the
         SecureStore items whose namespace starts with the subject id (``store_namespace``:
-        another prefix tuple, or None for no store items). ``identifiers`` (the person's
-        e-mails, phones, names) also erase those values wherever else the tenant holds
-        them; with ``subject=None`` only that is done. One receipt, counts only.
+        another prefix tuple, or None for no store items): in the store table of the
+        registry's database, and in each SecureStore of ``stores`` (through its own API;
+        counted per store in ``SubjectErasure.stores``). A SecureStore of this registry that
+        wrote items anywhere else (another file or database, process memory) must be named:
+        otherwise :class:`~..errors.StoreNotReachedError` is raised before anything is
+        deleted. ``identifiers`` (the person's e-mails, phones, names) also erase those
+        values wherever else the tenant holds them; with ``subject=None`` only that is
+        done. One receipt, counts only.
         """
         return subjects.forget_subject(self.services, subject, tenants=tenants,
                                        identifiers=identifiers,
-                                       store_namespace=store_namespace,
+                                       store_namespace=store_namespace, stores=stores,
                                        requested_by=requested_by)
 
     async def aforget_subject(self, subject: str | None = None, *, tenants: Any = None,
                               identifiers: Any = (), store_namespace: Any = SUBJECT_NAMESPACE,
-                              requested_by: str | None = None) -> SubjectErasure:
-        """Async twin of :meth:`forget_subject`, run in a worker thread."""
+                              stores: Any = (), requested_by: str | None = None
+                              ) -> SubjectErasure:
+        """Async twin of :meth:`forget_subject`, run in a worker thread (async stores are
+        reached on their own event loop from there)."""
         return await to_thread(lambda: self.forget_subject(
             subject, tenants=tenants, identifiers=identifiers,
-            store_namespace=store_namespace, requested_by=requested_by))
+            store_namespace=store_namespace, stores=stores, requested_by=requested_by))
 
     # audit, events, scan, rotation (audit/inventory.py, audit/scan.py, ops/rotation.py) -----------
     def audit(self, *, tenant: str | None = None, now: Any = None) -> Any:

@@ -1,7 +1,9 @@
 """Forgetting one person: every thread of a subject (found by its keyed digest, see
 :mod:`..registry.subjects`), with its pending writes, PII-vault values, idempotency and recovery
-records and keys, through the one thread deletion path (crypto-erasure); the subject's store items;
-optionally the values of their identifiers wherever else the tenant holds them; one receipt.
+records and keys, through the one thread deletion path (crypto-erasure); the subject's store items
+(in the registry's database, and in every SecureStore named by ``stores=``; refused before
+anything is deleted when a store the registry knows of is not named); optionally the values of
+their identifiers wherever else the tenant holds them; one receipt.
 
 Knows the services of a saver (gate, keys, subject labels, vault, registry); not the saver.
 """
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit import summaries
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, StoreNotReachedError
 from ..gate import Denial
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_subject, validate_tenant
@@ -40,6 +42,9 @@ class SubjectErasure:
     pii_values: dict[str, int] = field(default_factory=dict)
     #: SecureStore items deleted (namespaces starting with the subject id, by default)
     store_items: dict[str, int] = field(default_factory=dict)
+    #: of those, per tenant, the items deleted in each store named by ``stores=``
+    #: (by location: ``sqlite:<file>``, ``postgresql://host:port/db``, ``memory:...``)
+    stores: dict[str, dict[str, int]] = field(default_factory=dict)
     #: every count of the receipt, per tenant
     detail: dict[str, dict[str, int]] = field(default_factory=dict)
     #: the id of the one receipt written (``securesaver forget-subject --signing-key`` signs it)
@@ -52,7 +57,7 @@ class SubjectErasure:
 
 def forget_subject(services: SaverServices, subject: str | None = None, *,
                    tenants: Iterable[str] | None = None, identifiers: Iterable[str] = (),
-                   store_namespace: Any = SUBJECT_NAMESPACE,
+                   store_namespace: Any = SUBJECT_NAMESPACE, stores: Iterable[Any] = (),
                    requested_by: str | None = None) -> SubjectErasure:
     """See :meth:`..ops.api.SaverOperations.forget_subject`."""
     requested_by = validate_actor(requested_by)
@@ -65,9 +70,13 @@ def forget_subject(services: SaverServices, subject: str | None = None, *,
     values = identifier_list(identifiers, allow_empty=subject is not None)
     namespace = _namespace(store_namespace, subject)
     names = subject_tenants(services, tenants)
+    named = reached_stores(services, stores, namespace is not None)
     per: dict[str, dict[str, int]] = {}
+    by_store: dict[str, dict[str, int]] = {}
     for tenant in names:
         per[tenant] = _forget_in_tenant(services, tenant, subject, values, namespace)
+        if namespace is not None:
+            by_store[tenant] = _purge_named(services, tenant, namespace, named, per[tenant])
     services.flush_deleted()
     when = erased_under(services)
     receipt_id = uuid.uuid4().hex
@@ -76,7 +85,8 @@ def forget_subject(services: SaverServices, subject: str | None = None, *,
         tenant=names[0] if len(names) == 1 else "", thread_id=None, action="forgotten",
         reason="forget_subject", requested_by=requested_by,
         detail={"by_subject": subject is not None, "identifiers": len(values),
-                "tenants": len(names), "counts": per, "erased_under": when})
+                "tenants": len(names), "counts": per, "stores": by_store,
+                "erased_under": when})
     for tenant in names:
         counts: dict[str, Any] = dict(per[tenant])
         services.registry.record_event(
@@ -85,8 +95,55 @@ def forget_subject(services: SaverServices, subject: str | None = None, *,
     return SubjectErasure(
         tenants=names, threads={t: c["threads"] for t, c in per.items()},
         pii_values={t: c["pii_values"] + c["values_erased"] for t, c in per.items()},
-        store_items={t: c["store_items"] for t, c in per.items()}, detail=per,
-        receipt_id=receipt_id)
+        store_items={t: c["store_items"] for t, c in per.items()}, stores=by_store,
+        detail=per, receipt_id=receipt_id)
+
+
+def reached_stores(services: SaverServices, stores: Iterable[Any], erasing: bool
+                   ) -> dict[str, Any]:
+    """The named SecureStores by location, after checking that together with the registry's
+    own database they reach every store a SecureStore of this registry wrote to (recorded in
+    the registry, or in this process for stores in memory). Raises
+    :class:`StoreNotReachedError` otherwise: nothing is deleted yet."""
+    from ..store import SecureStore
+    from ..store.inner_stores import registry_location
+    listed: builtins.list[Any] = [] if isinstance(stores, (str, bytes, SecureStore)) \
+        else builtins.list(stores)
+    if isinstance(stores, (str, bytes, SecureStore)) or not all(
+            isinstance(s, SecureStore) for s in listed):
+        raise ConfigurationError("forget_subject(stores=...) takes a list of SecureStores")
+    named = {s.reached_location(): s for s in listed}
+    if not erasing:
+        return named
+    reached = {registry_location(services.registry.engine), *named}
+    missing = sorted((set(services.registry.store_locations()) | services.store_locations)
+                     - reached)
+    if missing:
+        raise StoreNotReachedError(
+            f"SecureStores of this registry wrote items to {len(missing)} store(s) this call "
+            f"does not reach ({', '.join(missing[:3])}): the subject's items there would "
+            "survive. Pass them as forget_subject(stores=[secure_store, ...]) "
+            "(securesaver forget-subject --store-url URL), or store_namespace=None to leave "
+            "store items alone; nothing was deleted")
+    return named
+
+
+def _purge_named(services: SaverServices, tenant: str, namespace: tuple[str, ...],
+                 named: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
+    """The subject's items in each named store, through that store's API, and the PII
+    originals only they used (added to ``counts``). Returns items per store location."""
+    out: dict[str, int] = {}
+    if services.keys.keys_for(tenant, create=False) is None:
+        return out
+    for location, store in named.items():
+        owners = store.purge_subject_items(tenant, namespace)
+        out[location] = len(owners)
+        counts["store_items"] += len(owners)
+        if owners:
+            with services.registry.begin() as conn:
+                counts["pii_values"] += sum(services.vault.delete_threads_in(
+                    conn, [(tenant, o) for o in owners]).values())
+    return out
 
 
 def _forget_in_tenant(services: SaverServices, tenant: str, subject: str | None,

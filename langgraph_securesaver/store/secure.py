@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, cast
 
-from langgraph.store.base import BaseStore, Op, PutOp, Result, SearchOp, TTLConfig
+from langgraph.store.base import BaseStore, Item, Op, PutOp, Result, SearchOp, TTLConfig
 from langgraph.store.base.embed import ensure_embeddings
 
 from ..errors import ConfigurationError
@@ -24,14 +24,19 @@ from ..offthread import to_thread
 from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
 from ..saver import DEFAULT, SecureSaver
+from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
 from .base import SCAN_LIMIT, BatchPlan, StoreCore
 from .inner_stores import (
     ainner_batch,
+    astore_location,
     inner_batch,
+    is_durable,
     open_async_store,
     open_sync_store,
+    registry_location,
     split_options,
+    store_location,
 )
 from .vault_deletes import VaultDeletes
 
@@ -99,6 +104,8 @@ class SecureStore(BaseStore):
         # them on read, without saying supports_ttl)
         self._expires = self.supports_ttl or self.ttl_config is not None
         self._services = saver.services
+        #: where the inner store keeps its items (None until asked: an AsyncSqliteStore)
+        self.location: str | None = store_location(inner)
         self._vault_deletes = VaultDeletes(saver.registry, saver.vault)
         # filter keys follow the inner store's convention: the SQLite stores read "a.b" as
         # a path, the others as a literal key
@@ -122,6 +129,7 @@ class SecureStore(BaseStore):
             return self.asetup()
         self.saver.registry.setup()
         self._services.bind_keyring()
+        self._location()
         inner_setup = getattr(self.inner, "setup", None)
         if callable(inner_setup) and not asyncio.iscoroutinefunction(inner_setup):
             inner_setup()
@@ -135,6 +143,7 @@ class SecureStore(BaseStore):
                 await inner_setup()
             else:
                 await to_thread(inner_setup)
+        await self._alocation()
 
     # the BaseStore contract -------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
@@ -142,6 +151,8 @@ class SecureStore(BaseStore):
         if not listed:
             return []
         tenant = self._services.gate.resolve_tenant("store")
+        if self._writes(listed):
+            self._note_location(self._location())
         plan = redaction_job(tenant, self._core.prepare, listed, tenant,
                              self._keys(tenant, listed), self._services.database_id())
         texts, queries = plan.texts(), plan.query_texts()
@@ -171,6 +182,10 @@ class SecureStore(BaseStore):
         if not listed:
             return []
         tenant = await self._services.gate.aresolve_tenant("store")
+        if self._writes(listed):
+            location = await self._alocation()
+            if location not in self._services.store_locations:
+                await to_thread(self._note_location, location)
         keys = await self._akeys(tenant, listed)
         database_id = await self._adatabase_id()
         redacts = self._core.pii.redactor is not None and self._writes(listed)
@@ -249,6 +264,23 @@ class SecureStore(BaseStore):
             await self.inner.abatch([PutOp(tuple(i.namespace), i.key, None) for i in items])
         return len(items)
 
+    def purge_subject_items(self, tenant: str, namespace: tuple[str, ...]) -> list[str]:
+        """Delete ``tenant``'s items whose namespace is ``namespace`` or under it, through the
+        inner store's own API (what ``forget_subject(stores=[...])`` runs for each store; an
+        operator method, like :meth:`purge_tenant_items`). Returns their PII-vault owner ids
+        (the originals go next); nothing is opened."""
+        tenant = self._services.gate.admin_tenant("forget_subject", tenant) or tenant
+        items = self.inner.search((tenant_tag(tenant), *namespace), limit=SCAN_LIMIT,
+                                  refresh_ttl=False)
+        if items:
+            inner_batch(self.inner, [PutOp(tuple(i.namespace), i.key, None) for i in items])
+        return _owners(items)
+
+    def reached_location(self) -> str:
+        """Where this store's items live, as ``forget_subject`` compares it with what the
+        registry recorded."""
+        return self._location()
+
     # constructors -----------------------------------------------------------------------------
     @classmethod
     @contextmanager
@@ -284,6 +316,35 @@ class SecureStore(BaseStore):
             store = cls(inner, saver=saver, **store_options)
             await store.asetup()
             yield store
+
+    # where the items live --------------------------------------------------------------------
+    def _location(self) -> str:
+        if self.location is None:   # an AsyncSqliteStore asked from a sync caller's thread
+            loop = cast(Any, self.inner)._loop
+            if _running_loop() is loop:   # waiting here would hold the loop it needs
+                raise asyncio.InvalidStateError(
+                    "synchronous calls to an async store from its event loop: use the a* "
+                    "methods (aput, aforget_subject)")
+            self.location = asyncio.run_coroutine_threadsafe(
+                astore_location(self.inner), loop).result()
+        return self.location
+
+    async def _alocation(self) -> str:
+        if self.location is None:
+            self.location = await astore_location(self.inner)
+        return self.location
+
+    def _note_location(self, location: str) -> None:
+        """Record where this store writes (once per process): ``forget_subject`` refuses to
+        report a subject's items erased while a store it was not given may hold some. The
+        registry's own database needs no record (its store table is reached directly)."""
+        services = self._services
+        if location in services.store_locations:
+            return
+        registry = self.saver.registry
+        if is_durable(location) and location != registry_location(registry.engine):
+            registry.note_store(location)
+        services.store_locations.add(location)
 
     # helpers ----------------------------------------------------------------------------------
     def _inner_method(self, name: str) -> Any:
@@ -367,6 +428,18 @@ async def asecure_pair(url: str, **options: Any
         store = SecureStore(inner, saver=saver, **store_options)
         await store.asetup()
         yield saver, store
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _owners(items: Sequence[Item]) -> list[str]:
+    """The PII-vault owner ids of inner items (their namespaces without the tenant label)."""
+    return [vault_id(tuple(i.namespace)[1:], i.key) for i in items]
 
 
 def _placeholder_saver() -> Any:
