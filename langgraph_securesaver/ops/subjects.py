@@ -105,12 +105,14 @@ def reached_stores(services: SaverServices, stores: Iterable[Any], erasing: bool
     own database they reach every store a SecureStore of this registry wrote to (recorded in
     the registry, or in this process for stores in memory). Raises
     :class:`StoreNotReachedError` otherwise: nothing is deleted yet."""
-    from ..store import SecureStore
-    from ..store.inner_stores import registry_location
-    listed: builtins.list[Any] = [] if isinstance(stores, (str, bytes, SecureStore)) \
-        else builtins.list(stores)
-    if isinstance(stores, (str, bytes, SecureStore)) or not all(
-            isinstance(s, SecureStore) for s in listed):
+    from ..registry.namespaces import registry_location
+
+    def is_store(s: Any) -> bool:   # a SecureStore (this layer does not import the store's)
+        return callable(getattr(s, "reached_location", None))
+
+    single = isinstance(stores, (str, bytes)) or is_store(stores)
+    listed: builtins.list[Any] = [] if single else builtins.list(stores)
+    if single or not all(is_store(s) for s in listed):
         raise ConfigurationError("forget_subject(stores=...) takes a list of SecureStores")
     named = {s.reached_location(): s for s in listed}
     if not erasing:

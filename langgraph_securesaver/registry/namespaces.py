@@ -15,7 +15,9 @@ A base class of :class:`~.core.Registry`.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -56,3 +58,34 @@ class RegistryNamespaces(RegistryBase):
         with self.begin() as conn:
             return sorted(conn.execute(sa.select(meta_table.c.value).where(
                 meta_table.c.key.like(_STORE_KEY + "%"))).scalars())
+
+
+# --- where a store keeps its items (shared by SecureStore and forget_subject) -----------------
+#: the registry records durable store locations up to this length (its meta values)
+_LOCATION_MAX = 256
+
+
+def is_durable(location: str) -> bool:
+    """A location another process can open (a file, a database), not process memory."""
+    return location.startswith(("sqlite:", "postgresql://"))
+
+
+def sqlite_location(file: str) -> str:
+    if not file or file == ":memory:":
+        return ""
+    return ("sqlite:" + os.path.realpath(file))[:_LOCATION_MAX]
+
+
+def postgres_location(host: Any, port: Any, dbname: Any, options: Any) -> str:
+    """Host, port, database and server options (a ``search_path`` names another schema):
+    never a user or password."""
+    where = f"postgresql://{host or 'localhost'}:{port or 5432}/{dbname or ''}"
+    return (where + (f"?options={options}" if options else ""))[:_LOCATION_MAX]
+
+
+def registry_location(engine: Any) -> str:
+    """Where the registry's database is, in :func:`store_location`'s terms ("" in memory)."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        return sqlite_location(url.database or "")
+    return postgres_location(url.host, url.port, url.database, url.query.get("options"))

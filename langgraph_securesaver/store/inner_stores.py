@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -16,6 +15,10 @@ from langgraph.store.base import BaseStore, GetOp, ListNamespacesOp, Op, PutOp, 
 from langgraph.store.base.batch import AsyncBatchedBaseStore
 
 from ..errors import ConfigurationError
+from ..registry.namespaces import (
+    postgres_location,
+    sqlite_location,
+)
 from ..storage.backends import (
     POSTGRES_EXTRA_HINT,
     SQLITE_FILE_PRAGMAS,
@@ -84,36 +87,6 @@ async def open_async_store(url: str, ttl: Any) -> AsyncIterator[Any]:
 
 
 # --- where a store keeps its items ----------------------------------------------------------
-#: the registry records durable store locations up to this length (its meta values)
-_LOCATION_MAX = 256
-
-
-def is_durable(location: str) -> bool:
-    """A location another process can open (a file, a database), not process memory."""
-    return location.startswith(("sqlite:", "postgresql://"))
-
-
-def _sqlite_location(file: str) -> str:
-    if not file or file == ":memory:":
-        return ""
-    return ("sqlite:" + os.path.realpath(file))[:_LOCATION_MAX]
-
-
-def _postgres_location(host: Any, port: Any, dbname: Any, options: Any) -> str:
-    """Host, port, database and server options (a ``search_path`` names another schema):
-    never a user or password."""
-    where = f"postgresql://{host or 'localhost'}:{port or 5432}/{dbname or ''}"
-    return (where + (f"?options={options}" if options else ""))[:_LOCATION_MAX]
-
-
-def registry_location(engine: Any) -> str:
-    """Where the registry's database is, in :func:`store_location`'s terms ("" in memory)."""
-    url = engine.url
-    if url.get_backend_name() == "sqlite":
-        return _sqlite_location(url.database or "")
-    return _postgres_location(url.host, url.port, url.database, url.query.get("options"))
-
-
 def store_location(inner: BaseStore) -> str | None:
     """Where ``inner`` keeps its items: ``sqlite:<file>``, ``postgresql://host:port/db``, or
     ``memory:<type>@<id>`` (this process only); None when it can only be asked
@@ -121,19 +94,19 @@ def store_location(inner: BaseStore) -> str | None:
     conn = getattr(inner, "conn", None)
     name = type(inner).__name__
     if name == "SqliteStore" and isinstance(conn, sqlite3.Connection):
-        return _sqlite_location(_main_file(conn.execute("PRAGMA database_list").fetchall())) \
+        return sqlite_location(_main_file(conn.execute("PRAGMA database_list").fetchall())) \
             or _in_memory(inner)
     if name == "AsyncSqliteStore":
         return None
     if "Postgres" in name and conn is not None:
         info = getattr(conn, "info", None)
         if info is not None:
-            return _postgres_location(info.host, info.port, info.dbname, info.options)
+            return postgres_location(info.host, info.port, info.dbname, info.options)
         conninfo = getattr(conn, "conninfo", None)   # a connection pool
         if isinstance(conninfo, str):
             from psycopg.conninfo import conninfo_to_dict
             parts = conninfo_to_dict(conninfo)
-            return _postgres_location(parts.get("host"), parts.get("port"),
+            return postgres_location(parts.get("host"), parts.get("port"),
                                       parts.get("dbname"), parts.get("options"))
     return _in_memory(inner)
 
@@ -144,7 +117,7 @@ async def astore_location(inner: BaseStore) -> str:
     if found is not None:
         return found
     cursor = await cast(Any, inner).conn.execute("PRAGMA database_list")
-    return _sqlite_location(_main_file(await cursor.fetchall())) or _in_memory(inner)
+    return sqlite_location(_main_file(await cursor.fetchall())) or _in_memory(inner)
 
 
 def _main_file(rows: Any) -> str:

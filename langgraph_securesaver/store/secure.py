@@ -23,6 +23,7 @@ from ..keys.provider import KeyProvider
 from ..offthread import to_thread
 from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
+from ..registry.namespaces import is_durable, registry_location
 from ..saver import DEFAULT, SecureSaver
 from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
@@ -31,10 +32,8 @@ from .inner_stores import (
     ainner_batch,
     astore_location,
     inner_batch,
-    is_durable,
     open_async_store,
     open_sync_store,
-    registry_location,
     split_options,
     store_location,
 )
