@@ -289,4 +289,4 @@ async def test_async_roundtrip(tmp_path: Path, kms_alias: str) -> None:
         assert tup is not None
         assert "async secret 4411" in [m.content for m in
                                        tup.checkpoint["channel_values"]["messages"]]
-    assert b"4411" not in (tmp_path / "agent.db").read_bytes()
+    assert b"secret 4411" not in (tmp_path / "agent.db").read_bytes()
