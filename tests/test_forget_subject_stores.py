@@ -229,3 +229,31 @@ def test_a_postgres_store_in_another_schema_is_refused_unless_named(
     finally:
         drop_pg_schema(schema)
 
+
+
+@pytest.mark.postgres
+def test_the_registry_databases_own_store_over_the_unix_socket_needs_no_naming() -> None:
+    """A URL without a host (the Unix socket: ``postgresql://user@/db``) names the registry's
+    database too: the pair ``from_url`` opens on it is not mistaken for a store elsewhere
+    (the registry's location came from its URL, the store's from its connection, and every
+    forget_subject on such a deployment was refused)."""
+    import psycopg
+
+    from tests.conftest import PG_URL, drop_pg_schema, new_pg_schema, require_postgres
+    require_postgres()
+    with psycopg.connect(PG_URL) as conn:
+        socket_dir = str(conn.execute("SHOW unix_socket_directories").fetchone()[0])
+    if not socket_dir:
+        pytest.skip("this PostgreSQL listens on no Unix socket")
+    schema = new_pg_schema()
+    url = (f"postgresql://postgres@/{psycopg.conninfo.conninfo_to_dict(PG_URL)['dbname']}"
+           f"?options=-csearch_path%3D{schema}")
+    try:
+        with SecureSaver.from_url(url, keyring=Keyring.generate()) as saver, \
+                SecureStore.from_url(url, saver=saver) as store:
+            _put_memories(store)
+            report = saver.forget_subject(DANA, tenants=["acme"])
+            assert report.store_items == {"acme": 2}
+            assert _left(store) == ERINS
+    finally:
+        drop_pg_schema(schema)

@@ -84,8 +84,14 @@ def postgres_location(host: Any, port: Any, dbname: Any, options: Any) -> str:
 
 
 def registry_location(engine: Any) -> str:
-    """Where the registry's database is, in :func:`store_location`'s terms ("" in memory)."""
+    """Where the registry's database is, in :func:`store_location`'s terms ("" in memory).
+    On PostgreSQL it is read off a live connection, as a store's is: a URL without a host
+    (the Unix socket) or with defaults left out names the same database differently."""
     url = engine.url
     if url.get_backend_name() == "sqlite":
         return sqlite_location(url.database or "")
-    return postgres_location(url.host, url.port, url.database, url.query.get("options"))
+    with engine.connect() as conn:
+        info = getattr(conn.connection.dbapi_connection, "info", None)
+    if info is None:
+        return postgres_location(url.host, url.port, url.database, url.query.get("options"))
+    return postgres_location(info.host, info.port, info.dbname, info.options)
