@@ -364,6 +364,7 @@ def test_sealed_format_is_stable(store: SecureStore, vectors: Any) -> None:
     reference decoder (stdlib base64, the AAD written out here), and an envelope built by
     hand in the v1 layout (other JSON spacing, escaped text) opens through the store."""
     import base64
+    import hashlib
 
     from langgraph_securesaver.store import codec
     namespace, key = ("m", "caf\u00e9"), "k"
@@ -375,7 +376,10 @@ def test_sealed_format_is_stable(store: SecureStore, vectors: Any) -> None:
     db = store.saver.services.database_id()
     blind = {k: v for k, v in raw.value.items() if k.startswith("ssbi_")}
     assert len(blind) == 3  # text, kind, n: the top-level scalars
-    reference = _reference_aad("store-item", db, "acme", "2", *namespace, key) \
+    # the kind, the tenant and the item id first: the item's own key is named by them
+    item = "securestore:" + hashlib.sha256(json.dumps(
+        [list(namespace), key], ensure_ascii=False).encode()).hexdigest()[:40]
+    reference = _reference_aad("si", "acme", item, db, "2", *namespace, key) \
         + _reference_aad("store-blind", *(p for k in sorted(blind) for p in (k, blind[k])))
     sealed = codec.seal_item(keys, codec.item_aad(db, "acme", namespace, key),
                              codec.dump_json(value), vectors, blind)

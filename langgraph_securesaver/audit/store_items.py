@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -296,14 +296,16 @@ _PURGE_SQL = {
 }
 
 
-def purge_store_namespace(engine: sa.Engine, tenant: str, namespace: Sequence[str]
+def purge_store_namespace(engine: sa.Engine, tenant: str, namespace: Sequence[str],
+                          before_delete: Callable[[Any, list[str]], object] | None = None
                           ) -> list[str]:
     """Delete the store rows of ``tenant`` whose namespace (the caller's, without the tenant
     label) is ``namespace`` or starts with it, e.g. ``(user_id,)`` for LangGraph's common
     ``(user_id, "memories")`` layout; what ``forget_subject`` runs for a subject's items.
     Returns the PII-vault owner ids of the deleted items (their originals go next). Nothing
     is opened: namespaces and keys are clear text. A label holding a period matches nothing
-    (LangGraph refuses such labels)."""
+    (LangGraph refuses such labels). ``before_delete(conn, owners)`` runs in the transaction
+    before the rows go (the items' keys are destroyed there)."""
     labels = [str(label) for label in namespace]
     if not labels or any(not label or "." in label for label in labels) \
             or not has_store_table(engine):
@@ -315,6 +317,8 @@ def purge_store_namespace(engine: sa.Engine, tenant: str, namespace: Sequence[st
     with engine.begin() as conn:
         rows = conn.execute(_SUBJECT_SQL["select"], {"p": prefix, "under": under}).all()
         owners = [vault_id(str(p).split(".")[1:], str(k)) for p, k in rows]
+        if before_delete is not None and owners:
+            before_delete(conn, owners)
         for table in ("store_vectors", "store"):
             if table == "store_vectors" and not sa.inspect(conn).has_table(table):
                 continue

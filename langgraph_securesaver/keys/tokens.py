@@ -48,8 +48,12 @@ THREAD_SCOPED = frozenset({b"cv", b"w", b"md", b"idem", b"idem-error", b"recover
                            b"recover-error"})
 #: ``("pii", tenant, token)``: a PII-vault value, sealed under its entry's own key
 ENTRY_SCOPED = frozenset({b"pii"})
-THREAD, ENTRY = "thread", "entry"
-_SCOPED_KINDS = THREAD_SCOPED | ENTRY_SCOPED
+#: ``("si", tenant, item, ...)``: a SecureStore item, sealed under the item's own key
+ITEM_SCOPED = frozenset({b"si"})
+THREAD, ENTRY, ITEM = "thread", "entry", "item"
+_SCOPED_KINDS = THREAD_SCOPED | ENTRY_SCOPED | ITEM_SCOPED
+_GROUPS = {**dict.fromkeys(THREAD_SCOPED, THREAD), **dict.fromkeys(ENTRY_SCOPED, ENTRY),
+           **dict.fromkeys(ITEM_SCOPED, ITEM)}
 _AAD_PREFIX = b"securesaver/aad/v1"
 _LEN = struct.Struct(">I")
 
@@ -76,8 +80,8 @@ def aad_parts(parts: Iterable[str]) -> bytes:
 
 
 def aad_scope(aad: bytes) -> tuple[str, str, str] | None:
-    """(THREAD or ENTRY, tenant, thread or token) of associated data that belongs to one
-    thread or one vault entry, else None."""
+    """(THREAD, ENTRY or ITEM; tenant; thread, token or store item) of associated data that
+    belongs to one thread, vault entry or store item, else None."""
     if not aad.startswith(_AAD_PREFIX):
         return None
     pos = len(_AAD_PREFIX)
@@ -93,7 +97,7 @@ def aad_scope(aad: bytes) -> tuple[str, str, str] | None:
         pos += 4 + n
     if len(parts) < 3:
         return None
-    group = THREAD if parts[0] in THREAD_SCOPED else ENTRY if parts[0] in ENTRY_SCOPED else None
+    group = _GROUPS.get(parts[0])
     if group is None:
         return None
     return (group, parts[1].decode("utf-8", "surrogatepass"),

@@ -19,10 +19,11 @@ from typing import Any
 from ..audit import summaries
 from ..errors import ConfigurationError, StoreNotReachedError
 from ..gate import Denial
+from ..keys.tokens import ITEM
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_subject, validate_tenant
 from .pii import erase_identifiers, identifier_list
-from .threads import erased_under, purge_thread_storage
+from .threads import erased_under, purge_thread_storage, thread_key_store
 
 #: ``store_namespace`` default: the namespaces that start with the subject id
 SUBJECT_NAMESPACE = object()
@@ -179,10 +180,14 @@ def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...
                  ) -> tuple[int, int]:
     """The subject's SecureStore items on this database, and the PII originals only they
     (or the subject's deleted threads) used, their vault-entry keys destroyed. Returns (items,
-    originals erased). The items themselves are sealed under the tenant data key: deleted,
-    not crypto-erased (docs/erasure.md)."""
+    originals erased). The items' own keys are destroyed in the transaction that deletes them
+    (crypto-erased, docs/erasure.md)."""
     from ..audit.store_items import purge_store_namespace
-    owners = purge_store_namespace(services.registry.engine, tenant, namespace)
+    threads = thread_key_store(services)
+    owners = purge_store_namespace(
+        services.registry.engine, tenant, namespace,
+        None if threads is None else
+        lambda conn, owners: threads.delete_in(conn, [(tenant, o) for o in owners], ITEM))
     erased = 0
     if owners:
         with services.registry.begin() as conn:

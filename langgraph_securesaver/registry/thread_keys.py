@@ -47,18 +47,19 @@ from ..errors import KeyGoneError, TamperedDataError
 from ..keys.crypto import KeyManager, KeyRow, kek_unwrap, kek_wrap, row_context, wrap_context
 from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
 from ..keys.provider import WrappedKey
-from ..keys.tokens import ENTRY, KEK, THREAD, thread_key_context
+from ..keys.tokens import ENTRY, ITEM, KEK, THREAD, thread_key_context
 from .core import Registry
 from .pii_lookups import LookupKeys
-from .schema import meta_table, pairs_in, pii_keys, tenant_keys, thread_keys
+from .schema import meta_table, pairs_in, pii_keys, store_keys, tenant_keys, thread_keys
 from .wrapped_keys import retiring_versions
 
 logger = logging.getLogger(__name__)
 
 _REWRAP_BATCH = 2000
-#: scope -> (table, the column naming the thread or the token)
+#: scope -> (table, the column naming the thread, the token or the store item)
 TABLES: dict[str, tuple[sa.Table, sa.Column[Any]]] = {
-    THREAD: (thread_keys, thread_keys.c.thread_id), ENTRY: (pii_keys, pii_keys.c.token)}
+    THREAD: (thread_keys, thread_keys.c.thread_id), ENTRY: (pii_keys, pii_keys.c.token),
+    ITEM: (store_keys, store_keys.c.item)}
 
 
 def _as_bytes(table: sa.Table) -> Any:
@@ -168,6 +169,46 @@ class ThreadKeyStore:
             self._drop([k])   # the key this process last used is not the thread's any more
             return False
         return True
+
+    def item_key(self, tenant: str, item: str) -> tuple[AESGCM, float]:
+        """The key of SecureStore ``item`` (read, or created with its row) and which key row it
+        is (the row's ``created_at``): what :meth:`stale_items` checks after the put lands."""
+        for _ in range(3):
+            aes = self.key(tenant, ITEM, item, True)
+            hit = self._cache.get((ITEM, tenant, item))
+            if aes is not None and hit is not None and hit[1] is aes:
+                return aes, hit[2]
+        raise KeyGoneError(f"the key of a store item of tenant {tenant!r} was deleted while "
+                           "it was being written, three times; nothing was stored, retry")
+
+    def stale_items(self, tenant: str, used: dict[str, float]) -> list[str]:
+        """After a SecureStore put landed: the items of ``used`` (item -> the key row it was
+        sealed under, from :meth:`item_key`) whose key row is no longer that row (another
+        process deleted the item meanwhile, or deleted and wrote it again). Their cached keys
+        are dropped; the caller seals those puts again under the current row, so a put that
+        returned always opens. One registry read."""
+        with self.registry.read() as conn:
+            rows = dict(conn.execute(sa.select(store_keys.c.item, store_keys.c.created_at).where(
+                store_keys.c.tenant == tenant, store_keys.c.item.in_(list(used)))).all())
+        stale = [name for name, born in used.items()
+                 if name not in rows or float(rows[name]) != born]
+        self._drop([(ITEM, tenant, name) for name in stale])
+        return stale
+
+    def reread_item(self, tenant: str, item: str) -> str:
+        """After a store item failed to open: its key row read again. ``"gone"`` (no key
+        row: the item was deleted, concurrently or before a copy was put back),
+        ``"changed"`` (another key than the one cached: deleted and written again
+        meanwhile; try again) or ``"same"`` (the item itself is at fault)."""
+        k = (ITEM, tenant, item)
+        before = self._cache.get(k)
+        self._drop([k])
+        if self.key(tenant, ITEM, item, False) is None:
+            return "gone"
+        after = self._cache.get(k)
+        if before is None or after is None or after[2] != before[2]:
+            return "changed"
+        return "same"
 
     def _remember_born(self, k: tuple[str, str, str], born: float) -> None:
         if len(self._born) > 4 * self.cache_size:

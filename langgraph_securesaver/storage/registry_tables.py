@@ -95,7 +95,8 @@ def registry_rows(engine: Engine, table: RegistryTable, page: int = DEFAULT_PAGE
 # wrapped by the key provider, not by a tenant data key: never a token
 WRAPPED_KEY_COLUMNS = frozenset({("securesaver_tenant_keys", "wrapped"),
                                  ("securesaver_thread_keys", "wrapped"),
-                                 ("securesaver_pii_keys", "wrapped")})
+                                 ("securesaver_pii_keys", "wrapped"),
+                                 ("securesaver_store_keys", "wrapped")})
 
 
 @dataclass(frozen=True)

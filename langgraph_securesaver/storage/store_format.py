@@ -21,8 +21,8 @@ VAULT_PREFIX = "securestore:"
 
 
 @lru_cache(maxsize=1024)
-def _item_prefix(database_id: str, tenant: str) -> bytes:
-    return associated_data("store-item", database_id, tenant)
+def _item_prefix(tenant: str) -> bytes:
+    return associated_data("si", tenant)
 
 
 _BLIND_HEAD = associated_data("store-blind")
@@ -34,9 +34,12 @@ _BLIND_PAIRS_MAX = 8192
 
 def item_aad(database_id: str, tenant: str, namespace: Sequence[str], key: str) -> bytes:
     """What a store item is bound to (length-prefixed, so labels never run together):
-    ``associated_data("store-item", database_id, tenant, str(len(namespace)), *namespace,
-    key)``, its (database, tenant) prefix encoded once."""
-    return _item_prefix(database_id, tenant) + aad_parts((str(len(namespace)), *namespace, key))
+    ``associated_data("si", tenant, vault_id(namespace, key), database_id,
+    str(len(namespace)), *namespace, key)``. The kind and the item id make it a store item's
+    (:func:`..keys.tokens.aad_scope`): it is sealed under the item's own key, named by the id
+    (:mod:`..registry.thread_keys`)."""
+    return _item_prefix(tenant) + aad_parts(
+        (vault_id(namespace, key), database_id, str(len(namespace)), *namespace, key))
 
 
 def sealed_aad(aad: bytes, blind: Mapping[str, Any]) -> bytes:

@@ -36,6 +36,7 @@ from ..errors import TamperedDataError
 from ..keys.crypto import TenantKeys
 from ..keys.material import SecretBytes
 from ..pii_layer import PiiLayer
+from ..registry.thread_keys import ThreadKeyStore
 from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
 from . import codec, matching
@@ -54,6 +55,7 @@ class _Put:
     value_json: bytes = b""
     blind: dict[str, str] = field(default_factory=dict)
     texts: list[tuple[str, str]] = field(default_factory=list)
+    vectors: dict[str, Sequence[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +71,10 @@ class BatchPlan:
     scans: dict[int, bool]           # search op index -> SecureStore pages itself
     core: StoreCore
     tag: str = ""                    # the tenant's namespace label in the inner store
+    #: redacted equality filters by search op index (what the blind index is compared with)
+    filters: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: item id -> the key row its put was sealed under (checked once the put landed)
+    used: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tag = tenant_tag(self.tenant)
@@ -106,19 +112,43 @@ class BatchPlan:
         ns = (tag, *op.namespace)
         if op.value is None or put is None:
             return PutOp(ns, op.key, None, index=False, ttl=op.ttl)
+        put.vectors = {name: next(it) for name, _text in put.texts}
+        return self._sealed_put(ns, put)
+
+    def _sealed_put(self, ns: tuple[str, ...], put: _Put) -> PutOp:
+        """The inner put of ``put``, sealed under its item's current key."""
+        op = put.op
         if self.keys is None:  # pragma: no cover - prepare() creates keys for puts
             raise TamperedDataError("no keys to seal a put with")
-        vecs = {name: next(it) for name, _text in put.texts}
+        key = None
+        item_keys = self.core.item_keys
+        if item_keys is not None:
+            item = vault_id(op.namespace, op.key)
+            key, self.used[item] = item_keys.item_key(self.tenant, item)
         sealed = codec.seal_item(
             self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
-            put.value_json, vecs, put.blind)
+            put.value_json, put.vectors, put.blind, key)
         return PutOp(ns, op.key, sealed, index=False, ttl=op.ttl)
+
+    def stale_puts(self) -> list[PutOp]:
+        """Once the inner batch landed: the puts to seal and write again, because another
+        process deleted their item's key meanwhile (:meth:`..registry.thread_keys.
+        ThreadKeyStore.stale_items`); empty when every put opens under its item's key row."""
+        item_keys = self.core.item_keys
+        if item_keys is None or not self.used or self.keys is None:
+            return []
+        stale = set(item_keys.stale_items(self.tenant, self.used))
+        self.used = {}
+        return [self._sealed_put((self.tag, *put.op.namespace), put)
+                for _i, put in sorted(self.puts.items())
+                if vault_id(put.op.namespace, put.op.key) in stale]
 
     def _inner_search(self, tag: str, i: int, op: SearchOp) -> SearchOp:
         inner_filter: dict[str, Any] = {}
         complete = not op.filter
         if op.filter and self.keys is not None and self.core.blind_index:
-            inner_filter, complete = codec.pushdown_filter(self.keys, op.filter)
+            inner_filter, complete = codec.pushdown_filter(
+                self.keys, self.filters.get(i, op.filter))
         scan = not complete or i in self.queries
         self.scans[i] = scan
         # a scan reads more than it returns: its TTL refresh follows (see :meth:`refreshes`)
@@ -204,8 +234,11 @@ class StoreCore:
     """What one SecureStore knows: its PII layer, index configuration and options."""
 
     def __init__(self, pii: PiiLayer, index: Mapping[str, Any] | None, embeddings: Any,
-                 blind_index: bool, dotted_filters: bool = False) -> None:
+                 blind_index: bool, item_keys: ThreadKeyStore | None,
+                 dotted_filters: bool = False) -> None:
         self.pii = pii
+        #: where items' own keys come from (None: items sealed under the tenant data key)
+        self.item_keys = item_keys
         self.dotted_filters = dotted_filters
         self.index = index
         self.embeddings = embeddings
@@ -230,9 +263,26 @@ class StoreCore:
         for i, op in enumerate(listed):
             if isinstance(op, PutOp) and op.value is not None and keys is not None:
                 plan.puts[i] = self._prepare_put(keys, op, dumped[i])
-            elif isinstance(op, SearchOp) and op.query and self.embeddings is not None:
-                plan.queries[i] = self._redact_query(keys, op.query)
+            elif isinstance(op, SearchOp):
+                if op.query and self.embeddings is not None:
+                    plan.queries[i] = self._redact_query(keys, op.query)
+                if op.filter and keys is not None and self.blind_index \
+                        and self.pii.redactor is not None:
+                    plan.filters[i] = self._redact_filter(keys, op.filter)
         return plan
+
+    def _redact_filter(self, keys: TenantKeys, filter: Mapping[str, Any]) -> dict[str, Any]:
+        """The equality conditions on top-level scalars, redacted as a put's top-level fields
+        are (so they meet the blind index, which is taken after redaction: an erased value's
+        digest confirms nothing)."""
+        wanted = {field: cond["$eq"] if isinstance(cond, Mapping) and set(cond) == {"$eq"}
+                  else cond for field, cond in filter.items()}
+        scalars = {f: v for f, v in wanted.items()
+                   if isinstance(f, str) and isinstance(v, (str, int, float, bool))}
+        if not scalars:
+            return dict(filter)
+        redacted = self.pii.redact_one(keys, STORE_CHANNEL, scalars, [], create=False)
+        return {**filter, **redacted}
 
     def _redact_query(self, keys: TenantKeys | None, value: Any) -> Any:
         """A search query as the embedder may see it: redacted whatever the tenant's state.
@@ -264,7 +314,7 @@ class StoreCore:
         redacted = value if self.pii.redactor is None else self._redact_put(keys, op, value)
         put = _Put(op, dumped if redacted is value else codec.dump_json(redacted))
         if self.blind_index:
-            put.blind = codec.blind_entries(keys, value)
+            put.blind = codec.blind_entries(keys, cast(dict, redacted))
         if self.embeddings is not None and op.index is not False:
             paths = self.paths if op.index is None else matching.index_paths(
                 {"fields": list(op.index)})
@@ -306,7 +356,9 @@ class StoreCore:
 
     # step 3 -----------------------------------------------------------------------------------
     def open_item(self, plan: BatchPlan, item: Item) -> Opened:
-        """Authenticate one inner item of the plan's tenant and decrypt it."""
+        """Authenticate one inner item of the plan's tenant and decrypt it. An item sealed
+        under a key this process cached before another process deleted the item and wrote it
+        again opens under the item's current key row."""
         ns = tuple(item.namespace)
         if not ns or ns[0] != plan.tag:
             raise TamperedDataError("the inner store returned an item of another tenant")
@@ -315,9 +367,21 @@ class StoreCore:
                 f"a store item of tenant {plan.tenant!r} exists but the tenant has no keys "
                 "(shredded, or the registry of another database)")
         outer = ns[1:]
-        value, vectors, tokens = codec.open_item_scanned(
-            plan.keys, codec.item_aad(plan.database_id, plan.tenant, outer, item.key),
-            item.value)
+        aad = codec.item_aad(plan.database_id, plan.tenant, outer, item.key)
+        try:
+            value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+        except TamperedDataError:
+            state = "same" if self.item_keys is None else self.item_keys.reread_item(
+                plan.tenant, vault_id(outer, item.key))
+            if state == "gone":
+                raise TamperedDataError(
+                    f"a store item of tenant {plan.tenant!r} has no key: it was deleted (read "
+                    "again if another process is deleting it now), and what the inner store "
+                    "returned is left of it or a copy put back after the deletion, or "
+                    "moved there from another item") from None
+            if state == "same":
+                raise
+            value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
         return Opened(outer, value, vectors, item, tokens)
 
     def restorer(self, originals: Mapping[str, str]) -> Callable[[Any], Any]:

@@ -1,11 +1,12 @@
 """The stored form of a SecureStore item: one sealed envelope per value, bound to its place.
 
 An inner store's value column holds ``{"__securesaver": "ss1.<token>", "ssbi_<k>": "<d>", ...}``
-and nothing else. The token is AES-GCM (the saver's :class:`..keys.crypto.TenantKeys`) over the
-redacted value and its embedding vectors, with associated data naming (database id, tenant,
-namespace, key) and the item's blind-index entries: a value copied to another item, namespace,
-tenant or database, or with its ``ssbi_`` entries altered, does not open. ``ssbi_`` entries
-are keyed digests of top-level scalar fields (equality filters run in the inner store).
+and nothing else. The token is AES-GCM under the item's own key (:mod:`..registry.thread_keys`,
+deleted with the item) over the redacted value and its embedding vectors, with associated data
+naming (tenant, item, database id, namespace, key) and the item's blind-index entries: a value
+copied to another item, namespace, tenant or database, with its ``ssbi_`` entries altered, or
+put back after the item was deleted, does not open. ``ssbi_`` entries are keyed digests of
+top-level scalar fields after redaction (equality filters run in the inner store).
 
 Only bytes-in/bytes-out logic here: no tenancy rules, no redaction, no inner store API.
 """
@@ -18,6 +19,8 @@ import math
 from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import ConfigurationError, TamperedDataError
 from ..keys.crypto import TenantKeys
@@ -137,15 +140,16 @@ def unpack_vector(text: Any) -> list[float]:
 
 def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
-              blind: Mapping[str, str]) -> dict[str, Any]:
-    """The inner store's value for one item: version, vectors (JSON, usually empty), value."""
+              blind: Mapping[str, str], key: AESGCM | None = None) -> dict[str, Any]:
+    """The inner store's value for one item: version, vectors (JSON, usually empty), value;
+    sealed under ``key`` (the item's key) or, without one, the tenant's data key."""
     if vectors:
         head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
                           separators=(",", ":")).encode("ascii")
         plain = _VERSION + len(head).to_bytes(4, "big") + head + value_json
     else:
         plain = _NO_VECTORS + value_json
-    return {SEALED_KEY: to_text(keys.seal(plain, sealed_aad(aad, blind))), **blind}
+    return {SEALED_KEY: to_text(keys.seal(plain, sealed_aad(aad, blind), key=key)), **blind}
 
 
 def open_item(keys: TenantKeys, aad: bytes, stored: Any

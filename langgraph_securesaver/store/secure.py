@@ -17,13 +17,14 @@ from typing import Any, cast
 from langgraph.store.base import BaseStore, Item, Op, PutOp, Result, SearchOp, TTLConfig
 from langgraph.store.base.embed import ensure_embeddings
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, KeyGoneError
 from ..keys.crypto import TenantKeys
 from ..keys.provider import KeyProvider
 from ..offthread import to_thread
 from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
 from ..registry.namespaces import is_durable, registry_location
+from ..registry.thread_keys import ThreadKeyStore
 from ..saver import DEFAULT, SecureSaver
 from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
@@ -37,13 +38,23 @@ from .inner_stores import (
     split_options,
     store_location,
 )
-from .vault_deletes import VaultDeletes
+from .item_deletes import ItemDeletes
 
 logger = logging.getLogger(__name__)
 
 #: up to this many ops (or returned items) a batch's CPU steps run on the event loop: below
 #: it they take less time than the hop to a worker thread
 _INLINE_OPS = 16
+#: how often a put whose item key another process deleted meanwhile is sealed and written
+#: again under the item's new key row before the batch fails
+_RESEALS = 3
+
+
+def _unsettled(plan: BatchPlan) -> None:
+    """Raise: the items of ``plan`` kept being deleted under its puts (see ``_RESEALS``)."""
+    raise KeyGoneError(
+        f"store items of tenant {plan.tenant!r} were deleted by another process while this "
+        f"batch wrote them, {_RESEALS} times over; what this batch wrote may not open, retry")
 
 
 def _returned(results: list[Result]) -> int:
@@ -105,11 +116,17 @@ class SecureStore(BaseStore):
         self._services = saver.services
         #: where the inner store keeps its items (None until asked: an AsyncSqliteStore)
         self.location: str | None = store_location(inner)
-        self._vault_deletes = VaultDeletes(saver.registry, saver.vault)
+        item_keys = saver.keys.threads
+        if not isinstance(item_keys, ThreadKeyStore):  # pragma: no cover - SecureSaver's
+            raise ConfigurationError("the saver holds no key store for store items")
+        self._item_deletes = ItemDeletes(
+            saver.registry, item_keys,
+            saver.vault if saver.services.pii.redactor is not None else None)
         # filter keys follow the inner store's convention: the SQLite stores read "a.b" as
         # a path, the others as a literal key
         self._core = StoreCore(saver.services.pii, self.index_config, self.embeddings,
-                               blind_index, dotted_filters="Sqlite" in type(inner).__name__)
+                               blind_index, item_keys if item_keys.sealing else None,
+                               dotted_filters="Sqlite" in type(inner).__name__)
 
     def __repr__(self) -> str:
         return f"SecureStore({type(self.inner).__name__})"
@@ -158,11 +175,20 @@ class SecureStore(BaseStore):
         vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings else []
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
             if queries and self.embeddings else []
+        # a deleted item's key goes first: what survives of it no longer opens
+        self._item_deletes.forget(self._core.deleted_items(plan))
         results = inner_batch(self.inner, plan.inner_ops(vectors))
+        again = plan.stale_puts()
+        for _attempt in range(_RESEALS):
+            if not again:
+                break
+            inner_batch(self.inner, list[Op](again))
+            again = plan.stale_puts()
+        if again:
+            _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
             # another caller created the tenant's first item meanwhile
             plan.keys = self.saver.keys.require(tenant)
-        self._forget_deleted(plan)
         opened = plan.open_results(results)
         tokens = plan.tokens(opened)
         originals = self.saver.vault.lookup(plan.keys, tokens) \
@@ -200,13 +226,21 @@ class SecureStore(BaseStore):
         query_vectors = list(await asyncio.gather(
             *(self.embeddings.aembed_query(q) for q in queries))) \
             if queries and self.embeddings else []
-        inner_ops = await self._run(len(listed) > _INLINE_OPS or bool(texts),
+        await self._item_deletes.aforget(self._core.deleted_items(plan))
+        # sealing reads (or creates) each put item's key row: off the loop
+        inner_ops = await self._run(bool(plan.puts) or len(listed) > _INLINE_OPS,
                                     plan.inner_ops, vectors)
         results = await ainner_batch(self.inner, inner_ops)
+        again = await to_thread(plan.stale_puts) if plan.used else []
+        for _attempt in range(_RESEALS):
+            if not again:
+                break
+            await ainner_batch(self.inner, again)
+            again = await to_thread(plan.stale_puts)
+        if again:
+            _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
             plan.keys = await self._services.arequire_keys(tenant)
-        if self._core.pii.redactor is not None:
-            await self._vault_deletes.aforget(self._core.deleted_items(plan))
         opened = await self._run(_returned(results) > _INLINE_OPS, plan.open_results, results)
         tokens = plan.tokens(opened)
         originals = await to_thread(self.saver.vault.lookup, plan.keys, tokens) \
@@ -251,6 +285,7 @@ class SecureStore(BaseStore):
         tenant = self._services.gate.admin_tenant("purge_store", tenant) or tenant
         prefix = (tenant_tag(tenant),)
         items = self.inner.search(prefix, limit=SCAN_LIMIT, refresh_ttl=False)
+        self._item_deletes.destroy_keys([(tenant, o) for o in _owners(items)])
         if items:
             self.inner.batch([PutOp(tuple(i.namespace), i.key, None) for i in items])
         return len(items)
@@ -259,6 +294,8 @@ class SecureStore(BaseStore):
         tenant = self._services.gate.admin_tenant("purge_store", tenant) or tenant
         prefix = (tenant_tag(tenant),)
         items = await self.inner.asearch(prefix, limit=SCAN_LIMIT, refresh_ttl=False)
+        await to_thread(self._item_deletes.destroy_keys,
+                        [(tenant, o) for o in _owners(items)])
         if items:
             await self.inner.abatch([PutOp(tuple(i.namespace), i.key, None) for i in items])
         return len(items)
@@ -266,11 +303,13 @@ class SecureStore(BaseStore):
     def purge_subject_items(self, tenant: str, namespace: tuple[str, ...]) -> list[str]:
         """Delete ``tenant``'s items whose namespace is ``namespace`` or under it, through the
         inner store's own API (what ``forget_subject(stores=[...])`` runs for each store; an
-        operator method, like :meth:`purge_tenant_items`). Returns their PII-vault owner ids
-        (the originals go next); nothing is opened."""
+        operator method, like :meth:`purge_tenant_items`). Their keys are destroyed first
+        (crypto-erased wherever a copy survives); returns their PII-vault owner ids (the
+        originals go next). Nothing is opened."""
         tenant = self._services.gate.admin_tenant("forget_subject", tenant) or tenant
         items = self.inner.search((tenant_tag(tenant), *namespace), limit=SCAN_LIMIT,
                                   refresh_ttl=False)
+        self._item_deletes.destroy_keys([(tenant, o) for o in _owners(items)])
         if items:
             inner_batch(self.inner, [PutOp(tuple(i.namespace), i.key, None) for i in items])
         return _owners(items)
@@ -386,9 +425,6 @@ class SecureStore(BaseStore):
             return await to_thread(fn, *args)
         return fn(*args)
 
-    def _forget_deleted(self, plan: BatchPlan) -> None:
-        if self._core.pii.redactor is not None:
-            self._vault_deletes.forget(self._core.deleted_items(plan))
 
 
 @contextmanager

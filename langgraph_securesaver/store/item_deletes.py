@@ -1,11 +1,14 @@
-"""Dropping the PII originals of deleted store items, in as few vault transactions as possible.
+"""Crypto-erasing deleted store items, in as few registry transactions as possible.
 
-Deleting an item drops the vault originals recorded under its owner id that nothing else uses
-(:meth:`..registry.pii_vault.PiiVault.delete_threads_in`). One transaction per deleted item made a
+Deleting an item destroys its key row (:mod:`..registry.thread_keys`, scope ITEM) and drops
+the vault originals recorded under its owner id that nothing else uses
+(:meth:`..registry.pii_vault.PiiVault.delete_threads_in`), in one transaction that runs
+*before* the inner store deletes the row: whatever copy of the item survives (a WAL, a dead
+tuple, a backup, a row put back) no longer opens. One transaction per deleted item made a
 burst of concurrent async deletes wait on the registry one by one; here the async deletes of
-one event loop that arrive while a vault transaction runs are collected and handled by the
-next one together, and a batch's deletes share one transaction. A delete returns only once
-its originals are gone (same guarantee as before, fewer round trips).
+one event loop that arrive while a transaction runs are collected and handled by the next one
+together, and a batch's deletes share one transaction. A delete reaches the inner store only
+once its keys and originals are gone.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import threading
 import weakref
 from collections.abc import Sequence
 
+from ..keys.tokens import ITEM
 from ..offthread import to_thread
 from ..registry.core import Registry
 from ..registry.pii_vault import PiiVault
+from ..registry.thread_keys import ThreadKeyStore
 
 logger = logging.getLogger(__name__)
 
@@ -32,23 +37,36 @@ class _LoopQueue:
         self.task: asyncio.Task[None] | None = None  # kept: the loop holds tasks weakly
 
 
-class VaultDeletes:
-    """Per store: bulk vault deletion for (tenant, owner) pairs, sync and coalesced async."""
+class ItemDeletes:
+    """Per store: bulk key and vault deletion for (tenant, item) pairs, sync and coalesced
+    async."""
 
-    def __init__(self, registry: Registry, vault: PiiVault) -> None:
+    def __init__(self, registry: Registry, keys: ThreadKeyStore, vault: PiiVault | None
+                 ) -> None:
         self._registry = registry
+        self._keys = keys
         self._vault = vault
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def forget(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Drop the originals of these (tenant, owner) pairs in one transaction."""
+        """Destroy the keys and drop the originals of these (tenant, item) pairs in one
+        transaction."""
         wanted = list(dict.fromkeys(pairs))
         if not wanted:
             return
         with self._registry.begin() as conn:
-            self._vault.delete_threads_in(conn, wanted)
+            self._keys.delete_in(conn, wanted, ITEM)
+            if self._vault is not None:
+                self._vault.delete_threads_in(conn, wanted)
+
+    def destroy_keys(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Destroy the keys of these (tenant, item) pairs (the originals stay: the caller
+        counts what it erases of them)."""
+        if pairs:
+            with self._registry.begin() as conn:
+                self._keys.delete_in(conn, list(dict.fromkeys(pairs)), ITEM)
 
     async def aforget(self, pairs: Sequence[tuple[str, str]]) -> None:
         """:meth:`forget` off the event loop, sharing a transaction with the deletes that
