@@ -21,11 +21,13 @@ from langchain_core.messages import HumanMessage
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
-from langgraph_securesaver import Keyring, SecureSaver
+from langgraph_securesaver import Keyring, SecureSaver, SecureStore
 from langgraph_securesaver.idempotency import IdempotencyStore, idempotent
 from langgraph_securesaver.idempotency.keys import business_key, fingerprint
 from langgraph_securesaver.registry.schema import normalize_url
 from langgraph_securesaver.seal import SealedCodec
+from langgraph_securesaver.store import codec
+from langgraph_securesaver.tenancy import tenant_scope
 from tests.fake_agent import build_chat_graph
 from tests.test_erasure import _raw_bytes
 
@@ -84,14 +86,17 @@ def _order_graph(saver: SecureSaver) -> Any:
 
 
 def _write(url: str, ring: Path) -> None:
-    """dana's and erin's threads: a conversation naming their e-mail, and an order each."""
-    with _saver(url, ring) as saver:
+    """dana's and erin's threads: a conversation naming their e-mail, and an order each; and
+    a memory each in the SecureStore on the same database (blind-indexed e-mail field)."""
+    with _saver(url, ring) as saver, SecureStore.from_url(url, saver=saver) as memories:
         chat = build_chat_graph(saver)
         orders = _order_graph(saver)
         for thread, subject, mail in (("d1", DANA, DANA_MAIL), ("e1", ERIN, ERIN_MAIL)):
             chat.invoke({"messages": [HumanMessage(f"my mail is {mail}")]},
                         {**_cfg(thread, subject), "metadata": {"customer_email": mail}})
             orders.invoke({"customer": mail, "log": []}, _cfg(thread + "-order", subject))
+            with tenant_scope("acme"):
+                memories.put((subject, "memories"), "contact", {"email": mail, "n": 1})
 
 
 def _guesses(value: str) -> list[str]:
@@ -109,7 +114,7 @@ def _derivatives(saver: SecureSaver, value: str, threads: list[str]) -> dict[str
     out: dict[str, set[str]] = {
         "lookup": {saver.services.pii.lookup_of(keys, "EMAIL_ADDRESS", value)},
         "business_key": set(), "fingerprint": set(), "blind_index": set(),
-        "clear": {value, value.upper()}}
+        "store_blind_index": set(), "clear": {value, value.upper()}}
     public = saver.services.pii.public_token(keys, "EMAIL_ADDRESS", value)
     for form in (value, public) if public is not None else (value,):
         for thread in ("", *threads):
@@ -117,6 +122,7 @@ def _derivatives(saver: SecureSaver, value: str, threads: list[str]) -> dict[str
                                                  value=form))
         out["fingerprint"].add(fingerprint(keys, {"customer": form, "order": ORDER}))
         out["blind_index"].add(SealedCodec.blind_value(keys, "customer_email", form))
+        out["store_blind_index"].add(codec.blind_value(keys, "email", form))
     return out
 
 
@@ -280,6 +286,7 @@ def test_after_forget_subject_and_the_epoch_nothing_confirms_an_erased_value(
     _write(url, ring)
     before = _confirmed(url, ring, db, DANA_MAIL, ["d1-order", "d1"])
     assert before["rows:lookup"] == before["rows:business_key"] == {DANA_MAIL}
+    assert before["rows:store_blind_index"] == {DANA_MAIL}   # through her public token
     with _saver(url, ring) as saver:
         saver.forget_subject(DANA, tenants=["acme"], requested_by="dpo")
         report = saver.rotate_keys(retire_old=True)
@@ -288,7 +295,7 @@ def test_after_forget_subject_and_the_epoch_nothing_confirms_an_erased_value(
     assert found == {}
     control = _confirmed(url, ring, db, ERIN_MAIL, ["e1-order", "e1"])
     assert {"rows:lookup", "rows:business_key", "rows:fingerprint",
-            "rows:blind_index"} <= set(control)
+            "rows:blind_index", "rows:store_blind_index"} <= set(control)
 
 
 def test_a_second_entry_under_another_lookup_key_is_re_keyed_as_an_alias_and_still_erased(
