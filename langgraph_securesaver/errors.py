@@ -45,6 +45,15 @@ class TamperedDataError(SecureSaverError):
     """
 
 
+class ItemChangedError(TamperedDataError):
+    """A SecureStore item does not open under its item's key: it has no key (deleted), or was
+    sealed under one deleted since. SecureStore reads such an item again three times (another
+    process deleting or rewriting the item may have been half-way through); still failing, it
+    is raised: a copy put back after the deletion, a value moved from another item, or --
+    on SQLite under heavy write contention -- a deletion the other process has not finished:
+    read again."""
+
+
 class KeyringMismatch(TamperedDataError):
     """The database's registry key does not unwrap with this keyring.
 

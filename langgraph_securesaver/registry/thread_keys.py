@@ -229,9 +229,9 @@ class ThreadKeyStore:
         new = self._cache.get(k)
         return None if aes is None or new is None or new[2] == hit[2] else aes
 
-    def cached(self, tenant: str, thread_id: str) -> bool:
-        """Whether the thread's key is in this process's cache (and fresh)."""
-        hit = self._cache.get((THREAD, tenant, thread_id))
+    def cached(self, tenant: str, thread_id: str, scope: str = THREAD) -> bool:
+        """Whether the thread's (or item's) key is in this process's cache (and fresh)."""
+        hit = self._cache.get((scope, tenant, thread_id))
         return hit is not None and time.monotonic() - hit[0] < self.ttl
 
     def _load(self, scope: str, tenant: str, name: str) -> tuple[str, bytes, float] | None:

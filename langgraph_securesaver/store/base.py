@@ -32,9 +32,10 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
-from ..errors import TamperedDataError
+from ..errors import ItemChangedError, TamperedDataError
 from ..keys.crypto import TenantKeys
 from ..keys.material import SecretBytes
+from ..keys.tokens import ITEM
 from ..pii_layer import PiiLayer
 from ..registry.thread_keys import ThreadKeyStore
 from ..storage.store_format import vault_id
@@ -78,6 +79,19 @@ class BatchPlan:
 
     def __post_init__(self) -> None:
         self.tag = tenant_tag(self.tenant)
+
+    def keys_cached(self, results: Sequence[Result]) -> bool:
+        """Whether every returned item's key is cached (opening them then reads no registry
+        row: the async path may open them on the event loop)."""
+        item_keys = self.core.item_keys
+        if item_keys is None:
+            return True
+        for res in results:
+            for item in res if isinstance(res, list) else [res]:
+                if isinstance(item, Item) and not item_keys.cached(
+                        self.tenant, vault_id(tuple(item.namespace)[1:], item.key), ITEM):
+                    return False
+        return True
 
     def found_items(self, results: Sequence[Result]) -> bool:
         """Whether the inner store returned any item (to open, keys are needed)."""
@@ -129,6 +143,12 @@ class BatchPlan:
             self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
             put.value_json, put.vectors, put.blind, key)
         return PutOp(ns, op.key, sealed, index=False, ttl=op.ttl)
+
+    @staticmethod
+    def reads(inner_ops: Sequence[Op]) -> list[int]:
+        """The positions of the read operations in an inner batch (what is read again when
+        an item changed under the read: the batch's writes are not repeated)."""
+        return [i for i, op in enumerate(inner_ops) if not isinstance(op, PutOp)]
 
     def stale_puts(self) -> list[PutOp]:
         """Once the inner batch landed: the puts to seal and write again, because another
@@ -371,17 +391,25 @@ class StoreCore:
         try:
             value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
         except TamperedDataError:
-            state = "same" if self.item_keys is None else self.item_keys.reread_item(
-                plan.tenant, vault_id(outer, item.key))
-            if state == "gone":
-                raise TamperedDataError(
-                    f"a store item of tenant {plan.tenant!r} has no key: it was deleted (read "
-                    "again if another process is deleting it now), and what the inner store "
-                    "returned is left of it or a copy put back after the deletion, or "
-                    "moved there from another item") from None
-            if state == "same":
+            if self.item_keys is None or not codec.is_envelope(item.value):
                 raise
-            value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+            # an envelope that does not open under the key this process holds for the item:
+            # the key row read again; the inner item is read again by the caller
+            # (ItemChangedError) when it still does not open -- it may have been written under a
+            # key another process deleted after the inner read. What keeps failing is raised.
+            state = self.item_keys.reread_item(plan.tenant, vault_id(outer, item.key))
+            if state == "gone":
+                raise ItemChangedError(
+                    f"a store item of tenant {plan.tenant!r} has no key: it was deleted, and "
+                    "what the inner store returns is left of it or a copy put back after the "
+                    "deletion, or moved there from another item") from None
+            try:
+                value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+            except TamperedDataError:
+                raise ItemChangedError(
+                    f"a store item of tenant {plan.tenant!r} does not open under its item's "
+                    "key: altered, moved from another item, or an older copy put back after "
+                    "its deletion") from None
         return Opened(outer, value, vectors, item, tokens)
 
     def restorer(self, originals: Mapping[str, str]) -> Callable[[Any], Any]:

@@ -187,6 +187,12 @@ def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
     return value, {p: unpack_vector(t) for p, t in head.items()}, may_hold_tokens(body)
 
 
+def is_envelope(stored: Any) -> bool:
+    """Whether ``stored`` has the shape of a sealed item (whether it opens is another
+    matter)."""
+    return isinstance(stored, Mapping) and isinstance(stored.get(SEALED_KEY), str)
+
+
 def may_hold_tokens(value_json: bytes) -> bool:
     """False only when no string of the JSON text can hold a PII token (``<KIND:...>``):
     no ``<``, written or escaped, in it."""

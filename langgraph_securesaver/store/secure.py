@@ -17,7 +17,7 @@ from typing import Any, cast
 from langgraph.store.base import BaseStore, Item, Op, PutOp, Result, SearchOp, TTLConfig
 from langgraph.store.base.embed import ensure_embeddings
 
-from ..errors import ConfigurationError, KeyGoneError
+from ..errors import ConfigurationError, ItemChangedError, KeyGoneError
 from ..keys.crypto import TenantKeys
 from ..keys.provider import KeyProvider
 from ..offthread import to_thread
@@ -48,6 +48,9 @@ _INLINE_OPS = 16
 #: how often a put whose item key another process deleted meanwhile is sealed and written
 #: again under the item's new key row before the batch fails
 _RESEALS = 3
+#: how often a batch reads again the items another process deleted (or deleted and wrote)
+#: under its read before the failure is raised
+_REREADS = 3
 
 
 def _unsettled(plan: BatchPlan) -> None:
@@ -177,7 +180,8 @@ class SecureStore(BaseStore):
             if queries and self.embeddings else []
         # a deleted item's key goes first: what survives of it no longer opens
         self._item_deletes.forget(self._core.deleted_items(plan))
-        results = inner_batch(self.inner, plan.inner_ops(vectors))
+        inner_ops = plan.inner_ops(vectors)
+        results = inner_batch(self.inner, inner_ops)
         again = plan.stale_puts()
         for _attempt in range(_RESEALS):
             if not again:
@@ -189,7 +193,17 @@ class SecureStore(BaseStore):
         if plan.keys is None and plan.found_items(results):
             # another caller created the tenant's first item meanwhile
             plan.keys = self.saver.keys.require(tenant)
-        opened = plan.open_results(results)
+        for attempt in range(_REREADS + 1):
+            try:
+                opened = plan.open_results(results)
+                break
+            except ItemChangedError:
+                if attempt == _REREADS:
+                    raise
+                reads = plan.reads(inner_ops)
+                for i, res in zip(reads, inner_batch(self.inner, [inner_ops[i] for i in reads]),
+                                  strict=True):
+                    results[i] = res
         tokens = plan.tokens(opened)
         originals = self.saver.vault.lookup(plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
@@ -241,7 +255,20 @@ class SecureStore(BaseStore):
             _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
             plan.keys = await self._services.arequire_keys(tenant)
-        opened = await self._run(_returned(results) > _INLINE_OPS, plan.open_results, results)
+        for attempt in range(_REREADS + 1):
+            try:
+                # a key not cached is read from the registry: off the loop
+                opened = await self._run(
+                    _returned(results) > _INLINE_OPS or not plan.keys_cached(results),
+                    plan.open_results, results)
+                break
+            except ItemChangedError:
+                if attempt == _REREADS:
+                    raise
+                reads = plan.reads(inner_ops)
+                again = await ainner_batch(self.inner, [inner_ops[i] for i in reads])
+                for i, res in zip(reads, again, strict=True):
+                    results[i] = res
         tokens = plan.tokens(opened)
         originals = await to_thread(self.saver.vault.lookup, plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
