@@ -195,3 +195,27 @@ def test_equality_filters_on_personal_values_still_run_in_the_inner_store(
                                                   "n": 1})
         assert [i.key for i in found] == ["e"]
         assert store.search(("people",), filter={"email": "nobody@example.com"}) == []
+
+
+def test_forget_subject_destroys_the_keys_of_items_the_store_already_expired(
+        url: str, tmp_path: Path) -> None:
+    """A TTL sweep deletes an item's row without SecureStore (its key row stays, and a copy
+    of the row would open); ``forget_subject`` finds the keys of the subject's items by the
+    subject's digest, not only through the rows the store still holds."""
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _pair(url, ring) as (saver, store):
+        with tenant_scope("acme"):
+            store.put(NS, KEY, {"text": "dana likes tea"})
+            store.put((DANA, "memories", "work"), "m2", {"text": "dana works late"})
+            store.put(("user-erin-42", "memories"), KEY, {"text": "erin stays"})
+            copy = _raw(store, NS, KEY)
+            store.inner.batch([PutOp((tenant_tag("acme"), *NS), KEY, None)])   # "expired"
+        assert len(_key_rows(url)) == 3
+        erasure = saver.forget_subject(DANA, tenants=["acme"], requested_by="dpo")
+        assert erasure.store_items == {"acme": 1}
+        (left,) = _key_rows(url)                                          # erin's
+        with tenant_scope("acme"):
+            assert store.get(("user-erin-42", "memories"), KEY) is not None
+            _put_back(store, NS, KEY, copy)
+            with pytest.raises(TamperedDataError):
+                store.get(NS, KEY)

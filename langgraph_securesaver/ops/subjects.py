@@ -20,6 +20,7 @@ from ..audit import summaries
 from ..errors import ConfigurationError, StoreNotReachedError
 from ..gate import Denial
 from ..keys.tokens import ITEM
+from ..registry.subjects import subject_digest
 from ..services import SaverServices
 from ..tenancy import ThreadRef, validate_actor, validate_subject, validate_tenant
 from .pii import erase_identifiers, identifier_list
@@ -139,7 +140,7 @@ def _purge_named(services: SaverServices, tenant: str, namespace: tuple[str, ...
     if services.keys.keys_for(tenant, create=False) is None:
         return out
     for location, store in named.items():
-        owners = store.purge_subject_items(tenant, namespace)
+        owners = store.purge_subject_items(tenant, namespace)   # keys first, then the items
         out[location] = len(owners)
         counts["store_items"] += len(owners)
         if owners:
@@ -183,17 +184,31 @@ def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...
     originals erased). The items' own keys are destroyed in the transaction that deletes them
     (crypto-erased, docs/erasure.md)."""
     from ..audit.store_items import purge_store_namespace
-    threads = thread_key_store(services)
-    owners = purge_store_namespace(
-        services.registry.engine, tenant, namespace,
-        None if threads is None else
-        lambda conn, owners: threads.delete_in(conn, [(tenant, o) for o in owners], ITEM))
+    owners = purge_store_namespace(services.registry.engine, tenant, namespace,
+                                   lambda conn, owners: destroy_item_keys(
+                                       services, conn, tenant, namespace, owners))
     erased = 0
     if owners:
         with services.registry.begin() as conn:
             erased = sum(services.vault.delete_threads_in(
                 conn, [(tenant, o) for o in owners]).values())
     return len(owners), erased
+
+
+def destroy_item_keys(services: SaverServices, conn: Any, tenant: str,
+                      namespace: tuple[str, ...], owners: Sequence[str]) -> int:
+    """In the caller's transaction: destroy the keys of a subject's store items -- those
+    listed (``owners``), and for a one-label namespace (the subject id) every item key
+    recorded under it, so the remnants of items the store already expired no longer open
+    either."""
+    threads = thread_key_store(services)
+    if threads is None:
+        return 0
+    n = sum(threads.delete_in(conn, [(tenant, o) for o in owners], ITEM).values())
+    keys = services.keys.keys_for(tenant, create=False)
+    if len(namespace) == 1 and keys is not None:
+        n += threads.delete_owned_items(conn, tenant, subject_digest(keys, namespace[0]))
+    return n
 
 
 def _namespace(store_namespace: Any, subject: str | None) -> tuple[str, ...] | None:

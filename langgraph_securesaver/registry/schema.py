@@ -72,14 +72,17 @@ pii_keys = sa.Table(
 )
 
 # one random data key per SecureStore item (``item``: its vault owner id, a digest of namespace
-# and key): deleting the item, or forgetting its subject, deletes the row and crypto-erases it
+# and key; ``owner``: a keyed digest of the namespace's first label, the subject by LangGraph's
+# convention): deleting the item, or forgetting its subject, deletes the row and crypto-erases it
 store_keys = sa.Table(
     "securesaver_store_keys", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
     sa.Column("item", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
     sa.Column("wrapped", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    sa.Index("ix_securesaver_store_keys_owner", "tenant", "owner"),
 )
 
 # the subject (end user) of a thread, as a keyed digest (registry/subjects.py): written by the first

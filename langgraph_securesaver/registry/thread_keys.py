@@ -115,9 +115,11 @@ class ThreadKeyStore:
         return f"ThreadKeyStore(cached={len(self._cache)})"
 
     # the key of one thread (or vault entry) ---------------------------------------------------
-    def key(self, tenant: str, scope: str, name: str, create: bool) -> AESGCM | None:
-        """The data key of thread (or vault entry) ``name``; created when missing and
-        ``create`` (a write), else None (deleted, or never written under its own key)."""
+    def key(self, tenant: str, scope: str, name: str, create: bool,
+            columns: dict[str, Any] | None = None) -> AESGCM | None:
+        """The data key of thread (or vault entry, or store item) ``name``; created when
+        missing and ``create`` (a write; ``columns``: the new row's other columns), else None
+        (deleted, or never written under its own key)."""
         k = (scope, tenant, name)
         hit = self._cache.get(k)
         if hit is not None and time.monotonic() - hit[0] < self.ttl:
@@ -133,7 +135,7 @@ class ThreadKeyStore:
                 if not create:
                     self._drop([k])
                     return None
-                row = self._create_retrying(scope, tenant, name)
+                row = self._create_retrying(scope, tenant, name, columns or {})
                 if row is None:   # deleted between the insert and the read
                     return None
             kek = self.kek(tenant, row[0], create=False)
@@ -170,11 +172,13 @@ class ThreadKeyStore:
             return False
         return True
 
-    def item_key(self, tenant: str, item: str) -> tuple[AESGCM, float]:
-        """The key of SecureStore ``item`` (read, or created with its row) and which key row it
-        is (the row's ``created_at``): what :meth:`stale_items` checks after the put lands."""
+    def item_key(self, tenant: str, item: str, owner: str) -> tuple[AESGCM, float]:
+        """The key of SecureStore ``item`` (read, or created with its row; ``owner``: the
+        digest of the item's first namespace label, what ``forget_subject`` finds the keys of
+        a subject's items by, expired ones included) and which key row it is (the row's
+        ``created_at``): what :meth:`stale_items` checks after the put lands."""
         for _ in range(3):
-            aes = self.key(tenant, ITEM, item, True)
+            aes = self.key(tenant, ITEM, item, True, {"owner": owner})
             hit = self._cache.get((ITEM, tenant, item))
             if aes is not None and hit is not None and hit[1] is aes:
                 return aes, hit[2]
@@ -243,21 +247,22 @@ class ThreadKeyStore:
                 table.c.tenant == tenant, col == name)).first()
         return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
 
-    def _create_retrying(self, scope: str, tenant: str, name: str
+    def _create_retrying(self, scope: str, tenant: str, name: str, columns: dict[str, Any]
                          ) -> tuple[str, bytes, float] | None:
         """:meth:`_create`; when the KEK it used is going away (another process rotates), once
         more after re-reading the KEKs and reloading the key provider (KeyGoneError if that
         does not help: nothing was stored)."""
         generation = self.keys._provider_generation
         try:
-            return self._create(scope, tenant, name)
+            return self._create(scope, tenant, name, columns)
         except KeyGoneError:
             with self._kek_lock:
                 self._keks = {k: v for k, v in self._keks.items() if k[0] != tenant}
             self.keys._reload_provider(generation)
-            return self._create(scope, tenant, name)
+            return self._create(scope, tenant, name, columns)
 
-    def _create(self, scope: str, tenant: str, name: str) -> tuple[str, bytes, float] | None:
+    def _create(self, scope: str, tenant: str, name: str, columns: dict[str, Any]
+                ) -> tuple[str, bytes, float] | None:
         """Insert a new key row unless one exists, and read back the row that stands (another
         process may have won the race), in one transaction -- which also checks that the KEK
         the new row names is live (:meth:`require_live_kek`), or rolls back."""
@@ -271,7 +276,7 @@ class ThreadKeyStore:
         with self.registry.begin() as conn:
             self.registry._insert_ignore(conn, table, [{
                 "tenant": tenant, col.name: name, "master_version": version,
-                "wrapped": blob, "created_at": time.time()}])
+                "wrapped": blob, "created_at": time.time(), **columns}])
             row = conn.execute(sa.select(table.c.master_version, _as_bytes(table),
                                          table.c.created_at).where(
                 table.c.tenant == tenant, col == name)).first()
@@ -433,6 +438,16 @@ class ThreadKeyStore:
             out[(tenant, name)] = 1
         self._drop([(scope, t, n) for t, n in pairs])
         return out
+
+    def delete_owned_items(self, conn: Any, tenant: str, owner: str) -> int:
+        """Destroy, in the caller's transaction, the keys of every store item of ``tenant``
+        whose first namespace label has digest ``owner`` -- also of items the inner store
+        already expired (their remnants then no longer open)."""
+        gone = conn.execute(store_keys.delete().where(
+            store_keys.c.tenant == tenant, store_keys.c.owner == owner).returning(
+            store_keys.c.item)).scalars().all()
+        self._drop([(ITEM, tenant, name) for name in gone])
+        return len(gone)
 
     def delete_tenant(self, tenant: str) -> int:
         n = 0

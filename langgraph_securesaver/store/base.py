@@ -37,6 +37,7 @@ from ..keys.crypto import TenantKeys
 from ..keys.material import SecretBytes
 from ..keys.tokens import ITEM
 from ..pii_layer import PiiLayer
+from ..registry.subjects import subject_digest
 from ..registry.thread_keys import ThreadKeyStore
 from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
@@ -138,7 +139,8 @@ class BatchPlan:
         item_keys = self.core.item_keys
         if item_keys is not None:
             item = vault_id(op.namespace, op.key)
-            key, self.used[item] = item_keys.item_key(self.tenant, item)
+            key, self.used[item] = item_keys.item_key(
+                self.tenant, item, subject_digest(self.keys, op.namespace[0]))
         sealed = codec.seal_item(
             self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
             put.value_json, put.vectors, put.blind, key)
