@@ -257,3 +257,54 @@ def test_the_registry_databases_own_store_over_the_unix_socket_needs_no_naming()
             assert _left(store) == ERINS
     finally:
         drop_pg_schema(schema)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_store_on_a_connection_pool_over_the_unix_socket_is_the_registrys_own(
+        mode: str) -> None:
+    """A PostgresStore built on a connection pool whose conninfo names no host (the Unix
+    socket) is located from a live connection of the pool, as the registry is: not taken for
+    a store elsewhere (every forget_subject was refused before)."""
+    import psycopg
+    from langgraph.store.postgres import AsyncPostgresStore, PostgresStore
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+    from tests.conftest import PG_URL, drop_pg_schema, new_pg_schema, require_postgres
+    require_postgres()
+    with psycopg.connect(PG_URL) as conn:
+        socket_dir = str(conn.execute("SHOW unix_socket_directories").fetchone()[0])
+    if not socket_dir:
+        pytest.skip("this PostgreSQL listens on no Unix socket")
+    schema = new_pg_schema()
+    dbname = psycopg.conninfo.conninfo_to_dict(PG_URL)["dbname"]
+    url = f"postgresql://postgres@/{dbname}?options=-csearch_path%3D{schema}"
+    conninfo = f"dbname={dbname} user=postgres options=-csearch_path={schema}"
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    try:
+        if mode == "sync":
+            with SecureSaver.from_url(url, keyring=Keyring.generate()) as saver, \
+                    ConnectionPool(conninfo, kwargs=kwargs, min_size=1, max_size=2) as pool:
+                store = SecureStore(PostgresStore(pool), saver=saver)
+                store.setup()
+                _put_memories(store)
+                report = saver.forget_subject(DANA, tenants=["acme"])
+                assert report.store_items == {"acme": 2}
+                assert _left(store) == ERINS
+            return
+
+        async def run() -> None:
+            async with SecureSaver.afrom_url(url, keyring=Keyring.generate()) as saver, \
+                    AsyncConnectionPool(conninfo, kwargs=kwargs, min_size=1, max_size=2,
+                                        open=False) as pool:
+                store = SecureStore(AsyncPostgresStore(pool), saver=saver)
+                await store.setup()
+                await _aput_memories(store)
+                report = await saver.aforget_subject(DANA, tenants=["acme"])
+                assert report.store_items == {"acme": 2}
+                assert await _aleft(store) == ERINS
+
+        asyncio.run(run())
+    finally:
+        drop_pg_schema(schema)

@@ -101,21 +101,31 @@ def store_location(inner: BaseStore) -> str | None:
     if "Postgres" in name and conn is not None:
         info = getattr(conn, "info", None)
         if info is not None:
-            return postgres_location(info.host, info.port, info.dbname, info.options)
-        conninfo = getattr(conn, "conninfo", None)   # a connection pool
-        if isinstance(conninfo, str):
-            from psycopg.conninfo import conninfo_to_dict
-            parts = conninfo_to_dict(conninfo)
-            return postgres_location(parts.get("host"), parts.get("port"),
-                                      parts.get("dbname"), parts.get("options"))
+            return _pg(info)
+        if isinstance(getattr(conn, "conninfo", None), str):   # a connection pool
+            if "Async" in type(conn).__name__:
+                return None
+            # read off a live connection, as the registry's location is: a conninfo without
+            # a host (the Unix socket) or with defaults left out names the database otherwise
+            with conn.connection() as live:
+                return _pg(live.info)
     return _in_memory(inner)
 
 
+def _pg(info: Any) -> str:
+    return postgres_location(info.host, info.port, info.dbname, info.options)
+
+
 async def astore_location(inner: BaseStore) -> str:
-    """:func:`store_location`, asking an AsyncSqliteStore's connection on its own thread."""
+    """:func:`store_location`, asking an AsyncSqliteStore's connection on its own thread, or
+    a connection of an async pool."""
     found = store_location(inner)
     if found is not None:
         return found
+    conn = cast(Any, inner).conn
+    if isinstance(getattr(conn, "conninfo", None), str):   # an async connection pool
+        async with conn.connection() as live:
+            return _pg(live.info)
     cursor = await cast(Any, inner).conn.execute("PRAGMA database_list")
     return sqlite_location(_main_file(await cursor.fetchall())) or _in_memory(inner)
 
