@@ -62,6 +62,12 @@ TABLES: dict[str, tuple[sa.Table, sa.Column[Any]]] = {
     ITEM: (store_keys, store_keys.c.item)}
 
 
+#: which key row each of a tenant's store items has (what a put checks once it landed)
+_ITEM_ROWS = sa.select(store_keys.c.item, store_keys.c.created_at).where(
+    store_keys.c.tenant == sa.bindparam("tenant"),
+    store_keys.c.item.in_(sa.bindparam("items", expanding=True)))
+
+
 def _as_bytes(table: sa.Table) -> Any:
     return sa.cast(table.c.wrapped, sa.LargeBinary).label("wrapped")
 
@@ -192,8 +198,7 @@ class ThreadKeyStore:
         are dropped; the caller seals those puts again under the current row, so a put that
         returned always opens. One registry read."""
         with self.registry.read() as conn:
-            rows = dict(conn.execute(sa.select(store_keys.c.item, store_keys.c.created_at).where(
-                store_keys.c.tenant == tenant, store_keys.c.item.in_(list(used)))).all())
+            rows = dict(conn.execute(_ITEM_ROWS, {"tenant": tenant, "items": list(used)}).all())
         stale = [name for name, born in used.items()
                  if name not in rows or float(rows[name]) != born]
         self._drop([(ITEM, tenant, name) for name in stale])

@@ -6,7 +6,6 @@ read raw rows without the store)."""
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -62,7 +61,12 @@ def sealed_aad(aad: bytes, blind: Mapping[str, Any]) -> bytes:
 
 
 def vault_id(namespace: Sequence[str], key: str) -> str:
-    """The pseudo thread id an item's PII originals are recorded under (``namespace``: the
-    caller's, without the tenant label)."""
-    raw = json.dumps([list(namespace), key], ensure_ascii=False).encode("utf-8", "surrogatepass")
+    """The pseudo thread id an item's PII originals are recorded under, and the name of the
+    item's own key (``namespace``: the caller's, without the tenant label)."""
+    return _vault_id(tuple(namespace), key)
+
+
+@lru_cache(maxsize=8192)
+def _vault_id(namespace: tuple[str, ...], key: str) -> str:
+    raw = aad_parts((str(len(namespace)), *namespace, key))
     return VAULT_PREFIX + hashlib.sha256(raw).hexdigest()[:40]

@@ -173,8 +173,11 @@ class SecureStore(BaseStore):
         tenant = self._services.gate.resolve_tenant("store")
         if self._writes(listed):
             self._note_location(self._location())
-        plan = redaction_job(tenant, self._core.prepare, listed, tenant,
-                             self._keys(tenant, listed), self._services.database_id())
+        keys = self._keys(tenant, listed)
+        # redaction work goes through the shared scheduler; a batch with nothing to redact
+        # (no redactor, or only gets and deletes) is prepared here, without the hop
+        plan = (redaction_job if self._redacts(listed) else _direct)(
+            tenant, self._core.prepare, listed, tenant, keys, self._services.database_id())
         texts, queries = plan.texts(), plan.query_texts()
         vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings else []
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
@@ -228,11 +231,10 @@ class SecureStore(BaseStore):
                 await to_thread(self._note_location, location)
         keys = await self._akeys(tenant, listed)
         database_id = await self._adatabase_id()
-        redacts = self._core.pii.redactor is not None and self._writes(listed)
         queries_to_embed = self.embeddings is not None and any(
             isinstance(op, SearchOp) and op.query for op in listed)
         plan = await (aredaction_job(tenant, self._core.prepare, listed, tenant, keys,
-                                     database_id) if redacts else
+                                     database_id) if self._redacts(listed) else
                       self._run(queries_to_embed or len(listed) > _INLINE_OPS,
                                 self._core.prepare, listed, tenant, keys, database_id))
         texts, queries = plan.texts(), plan.query_texts()
@@ -420,6 +422,14 @@ class SecureStore(BaseStore):
             raise NotImplementedError(f"{type(self.inner).__name__} has no {name}()")
         return method
 
+    def _redacts(self, ops: list[Op]) -> bool:
+        """Whether preparing ``ops`` redacts anything: a put's value, a search's query (to
+        embed) or its filter (to meet the blind index)."""
+        if self._core.pii.redactor is None:
+            return False
+        return any((isinstance(op, PutOp) and op.value is not None)
+                   or (isinstance(op, SearchOp) and (op.filter or op.query)) for op in ops)
+
     @staticmethod
     def _writes(ops: list[Op]) -> bool:
         return any(isinstance(op, PutOp) and op.value is not None for op in ops)
@@ -492,6 +502,11 @@ async def asecure_pair(url: str, **options: Any
         store = SecureStore(inner, saver=saver, **store_options)
         await store.asetup()
         yield saver, store
+
+
+def _direct(_tenant: str, fn: Any, *args: Any) -> Any:
+    """:func:`..redaction.scheduler.redaction_job`'s signature, run in the caller's thread."""
+    return fn(*args)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
