@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from langgraph.store.base import PutOp
 
 from langgraph_securesaver import Keyring, SecureSaver, SecureStore, TamperedDataError
+from langgraph_securesaver.audit.scan import scan
 from langgraph_securesaver.registry.schema import normalize_url, store_keys
 from langgraph_securesaver.store import codec
 from langgraph_securesaver.tenancy import tenant_scope, tenant_tag
@@ -86,6 +87,10 @@ def test_a_deleted_item_put_back_is_refused_in_every_process(url: str, tmp_path:
             store.get(NS, KEY)
         with pytest.raises(TamperedDataError):
             store.search((DANA,))
+    with _pair(url, ring) as (saver, _store):            # what an auditor's scan reports
+        report = scan(saver, keyring=Keyring.from_file(ring), verify=True)
+        assert ("token_fails_authentication", "store") in {
+            (v.kind, v.table) for v in report.violations}
     with _pair(url, ring) as (_saver, other), tenant_scope("acme"):   # a process started later
         with pytest.raises(TamperedDataError):
             other.get(NS, KEY)
