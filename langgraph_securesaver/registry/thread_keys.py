@@ -182,7 +182,10 @@ class ThreadKeyStore:
         """The key of SecureStore ``item`` (read, or created with its row; ``owner``: the
         digest of the item's first namespace label, what ``forget_subject`` finds the keys of
         a subject's items by, expired ones included) and which key row it is (the row's
-        ``created_at``): what :meth:`stale_items` checks after the put lands."""
+        ``created_at``): what :meth:`stale_items` checks after the put lands. Read afresh,
+        never from the cache: a put sealed under a key another process destroyed since would
+        leave, if its process died before that check, a row that opens under no key."""
+        self._drop([(ITEM, tenant, item)])
         for _ in range(3):
             aes = self.key(tenant, ITEM, item, True, {"owner": owner})
             hit = self._cache.get((ITEM, tenant, item))

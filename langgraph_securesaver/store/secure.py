@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 _INLINE_OPS = 16
 #: how often a put whose item key another process deleted meanwhile is sealed and written
 #: again under the item's new key row before the batch fails
-_RESEALS = 3
+_RESEALS = 10
 #: how often a batch reads again the items another process deleted (or deleted and wrote)
 #: under its read before the failure is raised
 _REREADS = 3
