@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,8 +185,7 @@ def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...
     (crypto-erased, docs/erasure.md)."""
     from ..audit.store_items import purge_store_namespace
     owners = purge_store_namespace(services.registry.engine, tenant, namespace,
-                                   lambda conn, owners: destroy_item_keys(
-                                       services, conn, tenant, namespace, owners))
+                                   item_key_destroyer(services, tenant, namespace))
     erased = 0
     if owners:
         with services.registry.begin() as conn:
@@ -195,20 +194,25 @@ def _purge_store(services: SaverServices, tenant: str, namespace: tuple[str, ...
     return len(owners), erased
 
 
-def destroy_item_keys(services: SaverServices, conn: Any, tenant: str,
-                      namespace: tuple[str, ...], owners: Sequence[str]) -> int:
-    """In the caller's transaction: destroy the keys of a subject's store items -- those
+def item_key_destroyer(services: SaverServices, tenant: str, namespace: tuple[str, ...]
+                       ) -> Callable[[Any, Sequence[str]], int]:
+    """What destroys, in a caller's transaction, the keys of a subject's store items: those
     listed (``owners``), and for a one-label namespace (the subject id) every item key
     recorded under it, so the remnants of items the store already expired no longer open
-    either."""
+    either. The subject's digest is computed here, before any transaction is open."""
     threads = thread_key_store(services)
-    if threads is None:
-        return 0
-    n = sum(threads.delete_in(conn, [(tenant, o) for o in owners], ITEM).values())
     keys = services.keys.keys_for(tenant, create=False)
-    if len(namespace) == 1 and keys is not None:
-        n += threads.delete_owned_items(conn, tenant, subject_digest(keys, namespace[0]))
-    return n
+    owner = subject_digest(keys, namespace[0]) \
+        if len(namespace) == 1 and keys is not None else None
+
+    def destroy(conn: Any, owners: Sequence[str]) -> int:
+        if threads is None:
+            return 0
+        n = sum(threads.delete_in(conn, [(tenant, o) for o in owners], ITEM).values())
+        if owner is not None:
+            n += threads.delete_owned_items(conn, tenant, owner)
+        return n
+    return destroy
 
 
 def _namespace(store_namespace: Any, subject: str | None) -> tuple[str, ...] | None:

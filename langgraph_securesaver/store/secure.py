@@ -21,7 +21,7 @@ from ..errors import ConfigurationError, ItemChangedError, KeyGoneError
 from ..keys.crypto import TenantKeys
 from ..keys.provider import KeyProvider
 from ..offthread import to_thread
-from ..ops.subjects import destroy_item_keys
+from ..ops.subjects import item_key_destroyer
 from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
 from ..registry.namespaces import is_durable, registry_location
@@ -339,8 +339,9 @@ class SecureStore(BaseStore):
         tenant = self._services.gate.admin_tenant("forget_subject", tenant) or tenant
         items = self.inner.search((tenant_tag(tenant), *namespace), limit=SCAN_LIMIT,
                                   refresh_ttl=False)
+        destroy = item_key_destroyer(self._services, tenant, namespace)
         with self.saver.registry.begin() as conn:
-            destroy_item_keys(self._services, conn, tenant, namespace, _owners(items))
+            destroy(conn, _owners(items))
         if items:
             inner_batch(self.inner, [PutOp(tuple(i.namespace), i.key, None) for i in items])
         return _owners(items)
