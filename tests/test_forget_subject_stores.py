@@ -237,17 +237,9 @@ def test_the_registry_databases_own_store_over_the_unix_socket_needs_no_naming()
     database too: the pair ``from_url`` opens on it is not mistaken for a store elsewhere
     (the registry's location came from its URL, the store's from its connection, and every
     forget_subject on such a deployment was refused)."""
-    import psycopg
-
-    from tests.conftest import PG_URL, drop_pg_schema, new_pg_schema, require_postgres
-    require_postgres()
-    with psycopg.connect(PG_URL) as conn:
-        socket_dir = str(conn.execute("SHOW unix_socket_directories").fetchone()[0])
-    if not socket_dir:
-        pytest.skip("this PostgreSQL listens on no Unix socket")
-    schema = new_pg_schema()
-    url = (f"postgresql://postgres@/{psycopg.conninfo.conninfo_to_dict(PG_URL)['dbname']}"
-           f"?options=-csearch_path%3D{schema}")
+    from tests.conftest import drop_pg_schema
+    schema, dbname = _socket_schema()
+    url = f"postgresql://postgres@/{dbname}?options=-csearch_path%3D{schema}"
     try:
         with SecureSaver.from_url(url, keyring=Keyring.generate()) as saver, \
                 SecureStore.from_url(url, saver=saver) as store:
@@ -266,19 +258,12 @@ def test_a_store_on_a_connection_pool_over_the_unix_socket_is_the_registrys_own(
     """A PostgresStore built on a connection pool whose conninfo names no host (the Unix
     socket) is located from a live connection of the pool, as the registry is: not taken for
     a store elsewhere (every forget_subject was refused before)."""
-    import psycopg
     from langgraph.store.postgres import AsyncPostgresStore, PostgresStore
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-    from tests.conftest import PG_URL, drop_pg_schema, new_pg_schema, require_postgres
-    require_postgres()
-    with psycopg.connect(PG_URL) as conn:
-        socket_dir = str(conn.execute("SHOW unix_socket_directories").fetchone()[0])
-    if not socket_dir:
-        pytest.skip("this PostgreSQL listens on no Unix socket")
-    schema = new_pg_schema()
-    dbname = psycopg.conninfo.conninfo_to_dict(PG_URL)["dbname"]
+    from tests.conftest import drop_pg_schema
+    schema, dbname = _socket_schema()
     url = f"postgresql://postgres@/{dbname}?options=-csearch_path%3D{schema}"
     conninfo = f"dbname={dbname} user=postgres options=-csearch_path={schema}"
     kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
@@ -308,3 +293,17 @@ def test_a_store_on_a_connection_pool_over_the_unix_socket_is_the_registrys_own(
         asyncio.run(run())
     finally:
         drop_pg_schema(schema)
+
+
+def _socket_schema() -> tuple[str, str]:
+    """A fresh schema on the test database, and the database's name, for a connection over
+    the Unix socket (skipped when the server listens on none)."""
+    import psycopg
+
+    from tests.conftest import PG_URL, new_pg_schema, require_postgres
+    require_postgres()
+    with psycopg.connect(PG_URL) as conn:
+        socket_dir = str(conn.execute("SHOW unix_socket_directories").fetchone()[0])
+    if not socket_dir:
+        pytest.skip("this PostgreSQL listens on no Unix socket")
+    return new_pg_schema(), str(psycopg.conninfo.conninfo_to_dict(PG_URL)["dbname"])
