@@ -8,6 +8,10 @@ except under CI=true, where a missing server is a failure.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import sqlite3
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +89,41 @@ def pg_url() -> Iterator[str]:
         yield pg_url_in(schema)
     finally:
         drop_pg_schema(schema)
+
+
+def pg_clone_available() -> bool:
+    """pg_dump and psql are on PATH (what :func:`copy_database` needs for PostgreSQL)."""
+    return shutil.which("pg_dump") is not None and shutil.which("psql") is not None
+
+
+def schema_of(url: str) -> str:
+    """The schema of a URL made by :func:`pg_url_in`."""
+    return url.rsplit("search_path%3D", 1)[1]
+
+
+def copy_database(source: str, target: str) -> None:
+    """Copy the database at URL ``source`` (not written to meanwhile) to ``target``: a SQLite
+    file (by SQLite's backup API) or a PostgreSQL schema of :func:`pg_url_in` (an empty one,
+    e.g. ``pg_url``'s: tables, indexes, sequences and rows, by pg_dump and psql). For modules
+    that seed one database once and hand each test a copy of it."""
+    if source.startswith("sqlite:///"):
+        src = sqlite3.connect(source.removeprefix("sqlite:///"))
+        dst = sqlite3.connect(target.removeprefix("sqlite:///"))
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        return
+    old, new = schema_of(source), schema_of(target)
+    dump = subprocess.run(["pg_dump", "--no-owner", "--no-privileges", "--schema", old, PG_URL],
+                          capture_output=True, text=True, check=True).stdout
+    # schema names are "ss_" + 12 random hex digits: one can only be the schema's own name
+    dump = re.sub(rf"^CREATE SCHEMA {old};$", "", dump, flags=re.M).replace(old, new)
+    restored = subprocess.run(["psql", "--quiet", "--no-psqlrc", "-v", "ON_ERROR_STOP=1",
+                               PG_URL], input=dump, capture_output=True, text=True)
+    if restored.returncode != 0:
+        raise RuntimeError(f"copying schema {old} to {new} failed: {restored.stderr[-2000:]}")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
