@@ -13,8 +13,9 @@ import shutil
 import sqlite3
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +23,8 @@ from langgraph_securesaver import Keyring
 from langgraph_securesaver.cli.common import get_console
 
 from .boundary_helpers import Raw
+
+T = TypeVar("T")
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -124,6 +127,45 @@ def copy_database(source: str, target: str) -> None:
                                PG_URL], input=dump, capture_output=True, text=True)
     if restored.returncode != 0:
         raise RuntimeError(f"copying schema {old} to {new} failed: {restored.stderr[-2000:]}")
+
+
+class Seeds:
+    """Databases a module seeds once (``seed(url)`` writes one and returns what the tests need
+    with it, e.g. its keyring) and copies for each test (:func:`copy_database`): the writes,
+    and the lease fence a deletion of just-written threads waits out, are not repeated per
+    test. Without pg_dump/psql a PostgreSQL test is seeded itself, as before."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.made: dict[object, tuple[str, object]] = {}
+
+    def copy(self, key: object, seed: Callable[[str], T], target: str) -> T:
+        """The seed ``key`` (made by ``seed`` on first use) copied to the URL ``target``."""
+        if not target.startswith("sqlite:") and not pg_clone_available():
+            return seed(target)
+        if key not in self.made:
+            url = (f"sqlite:///{self.directory / f'seed-{len(self.made)}.db'}"
+                   if target.startswith("sqlite:") else pg_url_in(new_pg_schema()))
+            self.made[key] = (url, None)
+            self.made[key] = (url, seed(url))
+        url, value = self.made[key]
+        copy_database(url, target)
+        return value  # type: ignore[return-value]
+
+    def drop(self) -> None:
+        for url, _value in self.made.values():
+            if not url.startswith("sqlite:"):
+                drop_pg_schema(schema_of(url))
+
+
+@pytest.fixture(scope="module")
+def db_seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeds]:
+    """The module's :class:`Seeds`; PostgreSQL seeds are dropped at the module's end."""
+    made = Seeds(tmp_path_factory.mktemp("seeds"))
+    try:
+        yield made
+    finally:
+        made.drop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
