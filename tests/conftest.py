@@ -8,9 +8,14 @@ except under CI=true, where a missing server is a failure.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import sqlite3
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -18,6 +23,8 @@ from langgraph_securesaver import Keyring
 from langgraph_securesaver.cli.common import get_console
 
 from .boundary_helpers import Raw
+
+T = TypeVar("T")
 
 PG_URL = os.environ.get("SECURESAVER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -85,6 +92,80 @@ def pg_url() -> Iterator[str]:
         yield pg_url_in(schema)
     finally:
         drop_pg_schema(schema)
+
+
+def pg_clone_available() -> bool:
+    """pg_dump and psql are on PATH (what :func:`copy_database` needs for PostgreSQL)."""
+    return shutil.which("pg_dump") is not None and shutil.which("psql") is not None
+
+
+def schema_of(url: str) -> str:
+    """The schema of a URL made by :func:`pg_url_in`."""
+    return url.rsplit("search_path%3D", 1)[1]
+
+
+def copy_database(source: str, target: str) -> None:
+    """Copy the database at URL ``source`` (not written to meanwhile) to ``target``: a SQLite
+    file (by SQLite's backup API) or a PostgreSQL schema of :func:`pg_url_in` (an empty one,
+    e.g. ``pg_url``'s: tables, indexes, sequences and rows, by pg_dump and psql). For modules
+    that seed one database once and hand each test a copy of it."""
+    if source.startswith("sqlite:///"):
+        src = sqlite3.connect(source.removeprefix("sqlite:///"))
+        dst = sqlite3.connect(target.removeprefix("sqlite:///"))
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        return
+    old, new = schema_of(source), schema_of(target)
+    dump = subprocess.run(["pg_dump", "--no-owner", "--no-privileges", "--schema", old, PG_URL],
+                          capture_output=True, text=True, check=True).stdout
+    # schema names are "ss_" + 12 random hex digits: one can only be the schema's own name
+    dump = re.sub(rf"^CREATE SCHEMA {old};$", "", dump, flags=re.M).replace(old, new)
+    restored = subprocess.run(["psql", "--quiet", "--no-psqlrc", "-v", "ON_ERROR_STOP=1",
+                               PG_URL], input=dump, capture_output=True, text=True)
+    if restored.returncode != 0:
+        raise RuntimeError(f"copying schema {old} to {new} failed: {restored.stderr[-2000:]}")
+
+
+class Seeds:
+    """Databases a module seeds once (``seed(url)`` writes one and returns what the tests need
+    with it, e.g. its keyring) and copies for each test (:func:`copy_database`): the writes,
+    and the lease fence a deletion of just-written threads waits out, are not repeated per
+    test. Without pg_dump/psql a PostgreSQL test is seeded itself, as before."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.made: dict[object, tuple[str, object]] = {}
+
+    def copy(self, key: object, seed: Callable[[str], T], target: str) -> T:
+        """The seed ``key`` (made by ``seed`` on first use) copied to the URL ``target``."""
+        if not target.startswith("sqlite:") and not pg_clone_available():
+            return seed(target)
+        if key not in self.made:
+            url = (f"sqlite:///{self.directory / f'seed-{len(self.made)}.db'}"
+                   if target.startswith("sqlite:") else pg_url_in(new_pg_schema()))
+            self.made[key] = (url, None)
+            self.made[key] = (url, seed(url))
+        url, value = self.made[key]
+        copy_database(url, target)
+        return value  # type: ignore[return-value]
+
+    def drop(self) -> None:
+        for url, _value in self.made.values():
+            if not url.startswith("sqlite:"):
+                drop_pg_schema(schema_of(url))
+
+
+@pytest.fixture(scope="module")
+def db_seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeds]:
+    """The module's :class:`Seeds`; PostgreSQL seeds are dropped at the module's end."""
+    made = Seeds(tmp_path_factory.mktemp("seeds"))
+    try:
+        yield made
+    finally:
+        made.drop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

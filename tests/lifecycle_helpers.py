@@ -152,13 +152,30 @@ def check_readback(url: str, keyring_path: Path, tenant_turns: dict[str, list[Tu
 
 
 def scan_verify(url: str, keyring_path: Path) -> dict[str, Any]:
-    """`securesaver scan --verify` in its own process: must exit 0; its JSON report."""
-    done = subprocess.run([*CLI, "scan", "--url", url, "--keyring", str(keyring_path),
-                           "--verify", "--format", "json"], capture_output=True, text=True,
-                          cwd=ROOT, env=env(), timeout=300)
+    """`securesaver scan --verify` once the writers are done: must exit 0; its JSON report.
+    Run through :func:`cli_here` (a check after the fact, with a saver of its own)."""
+    done = cli_here("scan", "--url", url, "--keyring", str(keyring_path), "--verify",
+                    "--format", "json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report: dict[str, Any] = json.loads(done.stdout)
     return report
+
+
+def cli_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """The `securesaver` command run in this process (typer's runner), for the checks made
+    after every writer and destroyer process has stopped: the command opens a saver of its
+    own, with empty caches, as a process of its own would, without the cost of starting
+    one (the package's imports). The destroyers beside writers stay subprocesses (``cli``)."""
+    from typer.testing import CliRunner
+
+    from langgraph_securesaver.cli.main import app
+    result = CliRunner().invoke(app, list(args), catch_exceptions=True)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        import traceback
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["securesaver", *args], result.exit_code,
+                                       result.stdout, stderr)
 
 
 def cli(*args: str, timeout: float = 300,
@@ -338,8 +355,8 @@ def stress_round(url: str, ring_path: Path, workdir: Path, number: int, seed: in
     report.recovered = 1
     keys = downstream.rows("SELECT DISTINCT key FROM requests WHERE service = 'charge'")
     assert len(keys) == 1, keys     # every attempt at the charge carried one idempotency key
-    final = cli("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
-                "--retire-old", "--format", "json")
+    final = cli_here("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
+                     "--retire-old", "--format", "json")     # every writer has stopped
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     ring = Keyring.from_file(ring_path)
     assert ring.versions() == [ring.current_version], ring.versions()

@@ -14,8 +14,11 @@ import io
 import logging
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+from pygments.lexer import Lexer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.traceback import Traceback
@@ -82,7 +85,37 @@ def with_traceback_locals(exc: BaseException) -> str:
     return "".join(parts)
 
 
+#: pygments tokens per (lexer class, lexer options, source text): see ``_lexed_once``
+_LEXED: dict[tuple[Any, ...], list[Any]] = {}
+_get_tokens = Lexer.get_tokens
+
+
+def _cached_get_tokens(self: Lexer, text: Any, unfiltered: bool = False) -> Iterator[Any]:
+    key = (type(self), repr(sorted(self.options.items())), unfiltered, text)
+    if key not in _LEXED:
+        _LEXED[key] = list(_get_tokens(self, text, unfiltered))
+    return iter(_LEXED[key])
+
+
+@contextmanager
+def _lexed_once() -> Iterator[None]:
+    """rich's tracebacks highlight each frame's code by lexing its source file with pygments
+    from the top (most of the CPU of a report, and of these tests). A file's tokens are the
+    same in every report: lexed once per lexer and source text, the reports are the same text,
+    and cost what the locals do."""
+    Lexer.get_tokens = _cached_get_tokens  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Lexer.get_tokens = _get_tokens  # type: ignore[method-assign]
+
+
 def with_rich_locals(exc: BaseException) -> str:
+    with _lexed_once():
+        return _with_rich_locals(exc)
+
+
+def _with_rich_locals(exc: BaseException) -> str:
     out = []
     for e in chain(exc):
         console = Console(file=io.StringIO(), record=True, width=4000, color_system=None)
@@ -94,6 +127,11 @@ def with_rich_locals(exc: BaseException) -> str:
 
 
 def with_logging(exc: BaseException) -> str:
+    with _lexed_once():
+        return _with_logging(exc)
+
+
+def _with_logging(exc: BaseException) -> str:
     stream = io.StringIO()
     logger = logging.getLogger("securesaver-secrecy-test")
     logger.propagate = False

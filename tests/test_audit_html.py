@@ -244,6 +244,9 @@ def test_the_report_reads_the_latest_of_a_long_trail_and_counts_the_rest(
         for i in range(12):
             cfg = {"configurable": {"thread_id": f"t{i}", "tenant_id": "acme"}}
             graph.invoke({"messages": [HumanMessage("hello")]}, cfg)
+        # deleted after all were written: each deletion waits out the lease fence of its
+        # thread's last write (5 s), and these waits then overlap instead of adding up
+        for i in range(12):
             with tenant_scope("acme"):
                 saver.delete_thread(f"t{i}")
         for i in range(9):

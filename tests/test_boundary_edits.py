@@ -5,6 +5,7 @@ the other threads keep working."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from langgraph_securesaver.cli import ops as cli_ops  # noqa: F401  (registers t
 from langgraph_securesaver.cli.main import app
 
 from .boundary_helpers import Raw, build_graph, cfg, inner_id
+from .conftest import Seeds
 
 runner = CliRunner()
 
@@ -190,6 +192,18 @@ def _populate(url: str, ring: Keyring) -> dict[str, Any]:
         return saver.get_tuple(cfg("t3")).checkpoint["channel_values"]
 
 
+def _seeded(seeds: Seeds, database: tuple[str, Raw]) -> tuple[Keyring, dict[str, Any]]:
+    """A copy of ``_populate``'s threads, written once per module and backend (each test
+    edits its own copy): their keyring and t3's channel values."""
+    url, raw = database
+
+    def seed(seed_url: str) -> tuple[Keyring, dict[str, Any]]:
+        ring = Keyring.generate()
+        return ring, _populate(seed_url, ring)
+    ring, t3_before = seeds.copy(raw.backend, seed, url)
+    return ring, copy.deepcopy(t3_before)
+
+
 def _scan(url: str, ring_path: Path) -> tuple[int, dict[str, Any]]:
     result = runner.invoke(app, ["scan", "--url", url, "--keyring", str(ring_path), "--verify",
                                  "--format", "json"])
@@ -223,11 +237,11 @@ def _reads_refuse(url: str, ring: Keyring, edit: str) -> None:
 
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
-def test_silent_edit_is_refused_by_reads_and_scan(database, edit: str, tmp_path: Path) -> None:
+def test_silent_edit_is_refused_by_reads_and_scan(database, db_seeds: Seeds, edit: str,
+                                                  tmp_path: Path) -> None:
     url, raw = database
-    ring = Keyring.generate()
+    ring, t3_before = _seeded(db_seeds, database)
     ring_path = ring.save(tmp_path / "keyring.json")
-    t3_before = _populate(url, ring)
     code, report = _scan(url, ring_path)
     assert code == 0, report
     EDITS[edit](raw, "t1")
@@ -242,12 +256,12 @@ def test_silent_edit_is_refused_by_reads_and_scan(database, edit: str, tmp_path:
 
 
 @pytest.mark.parametrize("edit", sorted(SCAN_ONLY))
-def test_moved_write_is_reported_by_scan_and_harmless_to_reads(database, edit: str,
+def test_moved_write_is_reported_by_scan_and_harmless_to_reads(database, db_seeds: Seeds,
+                                                               edit: str,
                                                                tmp_path: Path) -> None:
     url, raw = database
-    ring = Keyring.generate()
+    ring, _t3 = _seeded(db_seeds, database)
     ring_path = ring.save(tmp_path / "keyring.json")
-    _populate(url, ring)
     with SecureSaver.from_url(url, keyring=ring, default_tenant="acme") as saver:
         before = saver.get_tuple(cfg("t1")).pending_writes
     SCAN_ONLY[edit](raw, "t1")
@@ -258,13 +272,12 @@ def test_moved_write_is_reported_by_scan_and_harmless_to_reads(database, edit: s
 
 
 @pytest.mark.parametrize("strategy_async", [False, True])
-def test_keep_latest_detaches_the_head_and_it_still_reads(database, strategy_async: bool
-                                                          ) -> None:
+def test_keep_latest_detaches_the_head_and_it_still_reads(database, db_seeds: Seeds,
+                                                          strategy_async: bool) -> None:
     """keep_latest leaves the kept checkpoint without its (deleted) parent: that is not
     tampering, for get_tuple and for listings (which must not deadlock on the lookup)."""
     url, raw = database
-    ring = Keyring.generate()
-    _populate(url, ring)
+    ring, _t3 = _seeded(db_seeds, database)
     with SecureSaver.from_url(url, keyring=ring, default_tenant="acme") as saver:
         saver.prune(["t1"], strategy="keep_latest")
         (parent,) = raw.rows("SELECT parent_checkpoint_id FROM checkpoints WHERE thread_id = ?",

@@ -36,6 +36,7 @@ from .lifecycle_helpers import (
     Writers,
     check_readback,
     cli,
+    cli_here,
     env,
     protected,
     scan_verify,
@@ -221,8 +222,8 @@ def rotate_beside_writers(url: str, tmp_path: Path, seed: int) -> None:
     finally:
         writers.finish()
     assert writers.failed() == []
-    final = cli("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
-                "--retire-old", "--format", "json")
+    final = cli_here("rotate-keys", "--url", url, "--keyring", str(ring_path), "--reencrypt",
+                     "--retire-old", "--format", "json")     # every writer has stopped
     assert final.returncode == 0, final.stdout + final.stderr
     report = json.loads(final.stdout)
     ring = Keyring.from_file(ring_path)

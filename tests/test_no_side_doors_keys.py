@@ -16,9 +16,11 @@ the environment, files and the database, as in production.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 from functools import partial
 from pathlib import Path
@@ -40,9 +42,11 @@ from langgraph_securesaver.keys.tokens import ENTRY, KEK, THREAD, thread_key_con
 from langgraph_securesaver.registry.integrity import RESERVED_TENANT
 from tests.fake_agent import build_chat_graph
 
+from .conftest import copy_database
 from .secrecy_helpers import REPORTERS, Secrets, capture, chain, forms, leaks
 
 ENV = "SECURESAVER_MASTER_KEY"
+Seed = tuple[Path, Secrets]   # a seeded database's directory and secrets
 FORMAT = "securesaver-keyring/1"
 
 
@@ -301,7 +305,25 @@ def _cfg(thread: str = "t1", tenant: str = "acme") -> dict:
     return {"configurable": {"thread_id": thread, "tenant_id": tenant}}
 
 
-def _database(tmp_path: Path) -> tuple[str, Path, Secrets]:
+@pytest.fixture(scope="module")
+def database_seed(tmp_path_factory: pytest.TempPathFactory) -> Seed:
+    """``_build_database`` once for the module: its directory (database and keyring file) and
+    its secrets. Each case tampers with its own copy (``_database``)."""
+    directory = tmp_path_factory.mktemp("keys-seed")
+    _url, _ring_path, found = _build_database(directory)
+    return directory, found
+
+
+def _database(tmp_path: Path, seed: Seed) -> tuple[str, Path, Secrets]:
+    """A copy of the module's seeded database and keyring file in ``tmp_path``; the secrets
+    of both (a copy)."""
+    directory, found = seed
+    copy_database(f"sqlite:///{directory / 'db.sqlite'}", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    shutil.copy(directory / "keyring.json", tmp_path / "keyring.json")
+    return f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "keyring.json", copy.deepcopy(found)
+
+
+def _build_database(tmp_path: Path) -> tuple[str, Path, Secrets]:
     """A SQLite database with tenant acme (data keys v1 and v2, index key), the registry
     MAC key, and a keyring file with two master versions; every key in the secrets."""
     masters = _masters()
@@ -457,8 +479,9 @@ _REGISTRY_TAMPER: dict[str, tuple[str, tuple]] = {
 
 
 @pytest.mark.parametrize("case", list(_TAMPER))
-def test_tampered_tenant_key_rows_leak_nothing(case: str, tmp_path: Path) -> None:
-    url, ring_path, found = _database(tmp_path)
+def test_tampered_tenant_key_rows_leak_nothing(case: str, tmp_path: Path,
+                                               database_seed: Seed) -> None:
+    url, ring_path, found = _database(tmp_path, database_seed)
     statement, params = _TAMPER[case]
     _sql(url, statement, *params)
     # t1 is sealed under its own key; the tenant data key v2 seals the older-format thread
@@ -470,9 +493,9 @@ def test_tampered_tenant_key_rows_leak_nothing(case: str, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("case", list(_SCOPED_TAMPER))
-def test_tampered_thread_and_vault_entry_key_rows_leak_nothing(case: str,
-                                                               tmp_path: Path) -> None:
-    url, ring_path, found = _database(tmp_path)
+def test_tampered_thread_and_vault_entry_key_rows_leak_nothing(case: str, tmp_path: Path,
+                                                               database_seed: Seed) -> None:
+    url, ring_path, found = _database(tmp_path, database_seed)
     statement, params = _SCOPED_TAMPER[case]
     _sql(url, statement, *params)
     _assert_no_leak(capture(partial(_read, url, ring_path)), found, TamperedDataError)
@@ -480,9 +503,10 @@ def test_tampered_thread_and_vault_entry_key_rows_leak_nothing(case: str,
         _assert_no_leak(capture(partial(_rewrap, url, ring_path)), found, TamperedDataError)
 
 
-def test_async_reads_of_tampered_thread_keys_leak_nothing(tmp_path: Path) -> None:
+def test_async_reads_of_tampered_thread_keys_leak_nothing(tmp_path: Path,
+                                                          database_seed: Seed) -> None:
     import asyncio
-    url, ring_path, found = _database(tmp_path)
+    url, ring_path, found = _database(tmp_path, database_seed)
     _sql(url, _THREAD_FLIP)
 
     def run() -> object:
@@ -491,9 +515,10 @@ def test_async_reads_of_tampered_thread_keys_leak_nothing(tmp_path: Path) -> Non
     _assert_no_leak(capture(run), found, TamperedDataError)
 
 
-def test_async_reads_of_tampered_key_rows_leak_nothing(tmp_path: Path) -> None:
+def test_async_reads_of_tampered_key_rows_leak_nothing(tmp_path: Path,
+                                                       database_seed: Seed) -> None:
     import asyncio
-    url, ring_path, found = _database(tmp_path)
+    url, ring_path, found = _database(tmp_path, database_seed)
     _sql(url, *_TAMPER["bogus index row"][:1], *_TAMPER["bogus index row"][1])
 
     def run() -> object:
@@ -504,20 +529,22 @@ def test_async_reads_of_tampered_key_rows_leak_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", list(_REGISTRY_TAMPER))
-def test_tampered_registry_key_rows_leak_nothing(case: str, tmp_path: Path) -> None:
-    url, ring_path, found = _database(tmp_path)
+def test_tampered_registry_key_rows_leak_nothing(case: str, tmp_path: Path,
+                                                 database_seed: Seed) -> None:
+    url, ring_path, found = _database(tmp_path, database_seed)
     statement, params = _REGISTRY_TAMPER[case]
     _sql(url, statement, *params)
     _assert_no_leak(capture(partial(_write_event, url, ring_path)), found, TamperedDataError)
 
 
-def test_another_keyring_leaks_nothing(tmp_path: Path) -> None:
-    url, _, found = _database(tmp_path)
+def test_another_keyring_leaks_nothing(tmp_path: Path, database_seed: Seed) -> None:
+    url, _, found = _database(tmp_path, database_seed)
     _assert_no_leak(capture(partial(_read_with_another_keyring, url)), found, TamperedDataError)
 
 
-def test_the_cli_on_tampered_key_rows_prints_no_key(tmp_path: Path) -> None:
-    url, ring_path, found = _database(tmp_path)
+def test_the_cli_on_tampered_key_rows_prints_no_key(tmp_path: Path,
+                                                    database_seed: Seed) -> None:
+    url, ring_path, found = _database(tmp_path, database_seed)
     _sql(url, *_TAMPER["bogus index row"][:1], *_TAMPER["bogus index row"][1])
     for command in (["scan", "--verify"], ["rotate-keys"], ["audit"]):
         result = CliRunner().invoke(_cli_app(), [*command, "--url", url, "--keyring",
@@ -526,9 +553,10 @@ def test_the_cli_on_tampered_key_rows_prints_no_key(tmp_path: Path) -> None:
                                                                           result.output)
 
 
-def test_every_case_holds_keys_the_search_knows(tmp_path: Path) -> None:
+def test_every_case_holds_keys_the_search_knows(tmp_path: Path,
+                                                database_seed: Seed) -> None:
     """The database cases search for real keys: a local holding one is found."""
-    _, _, found = _database(tmp_path)
+    _, _, found = _database(tmp_path, database_seed)
     assert {"acme/data/v1", "acme/data/v2", "acme/index/v1", "securesaver-registry/registry/v1",
             "acme/pii-token-key", "master1", "master2", "kek1/acme",
             f"acme/{THREAD}/t1"} <= set(found.keys)
@@ -627,8 +655,9 @@ _REDACTION_CASES: dict[str, str | None] = {
 
 @pytest.mark.parametrize("case", list(_REDACTION_CASES))
 def test_failures_inside_redaction_leak_no_token_key(case: str, tmp_path: Path,
+                                                      database_seed: Seed,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    url, ring_path, found = _database(tmp_path)
+    url, ring_path, found = _database(tmp_path, database_seed)
     if case == "a message write":   # the detection half too: the analyzer itself fails
         exc = _patched_failure(monkeypatch, "langgraph_securesaver.redaction.detection."
                                "Detection._analyze", url, ring_path, case)
@@ -667,9 +696,10 @@ def _assert_token_key_safe(exc: BaseException, found: Secrets) -> None:
 
 
 def test_an_async_failure_inside_redaction_leaks_no_token_key(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, database_seed: Seed,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
-    url, ring_path, found = _database(tmp_path)
+    url, ring_path, found = _database(tmp_path, database_seed)
 
     def run() -> object:
         return asyncio.run(_afailing_redaction(url, ring_path))

@@ -24,6 +24,7 @@ from langgraph_securesaver.idempotency.keys import fingerprint
 from langgraph_securesaver.registry.integrity import row_tag
 from langgraph_securesaver.retention import RetentionPolicy
 from langgraph_securesaver.tenancy import tenant_scope
+from tests import test_registry_integrity as registry_integrity
 from tests.boundary_helpers import execute_fingerprinted_refund
 from tests.test_registry_integrity import (
     ACME,
@@ -37,12 +38,15 @@ from tests.test_registry_integrity import (
     _say,
     assert_named,
     chain_ids,
-    populate,
     problems,
     runner,
 )
 
 HELD = f"thread#{row_tag(ACME, 'held')}"
+
+# a copy of a database populated once per module and backend (test_registry_integrity.py)
+seeds = registry_integrity.seeds
+populated = registry_integrity.populated
 
 
 @pytest.fixture(params=BACKENDS)
@@ -90,8 +94,8 @@ def test_a_forged_unmaced_hold_removal_is_not_adopted_on_the_next_keyed_start(
     assert_named(db, "securesaver_threads", HELD)
 
 
-def test_forged_unmaced_event_policy_and_fingerprint_are_not_adopted(db: Db) -> None:
-    populate(db)
+def test_forged_unmaced_event_policy_and_fingerprint_are_not_adopted(populated: Db) -> None:
+    db = populated
     with db.saver() as saver:
         refund = execute_fingerprinted_refund(saver, ACME)
     event = chain_ids(db, "securesaver_events")[1]
@@ -135,8 +139,8 @@ def _strip_every_mac(db: Db) -> None:
 
 
 def test_a_registry_stripped_of_every_mac_is_reported_with_and_without_an_anchor(
-        db: Db, tmp_path: Path) -> None:
-    populate(db)
+        populated: Db, tmp_path: Path) -> None:
+    db = populated
     anchor = tmp_path / "anchor.json"
     assert db.verify("--save-anchor", str(anchor))[0] == 0
     _strip_every_mac(db)
@@ -331,8 +335,8 @@ MORE_CHAIN_EDITS: dict[str, Callable[[Db], tuple[str, str]]] = {
 
 
 @pytest.mark.parametrize("edit", sorted(MORE_CHAIN_EDITS))
-def test_more_chain_edits_exit_1_naming_the_row(db: Db, edit: str) -> None:
-    populate(db)
+def test_more_chain_edits_exit_1_naming_the_row(populated: Db, edit: str) -> None:
+    db = populated
     with db.saver() as saver:  # GLOBEX gets events and receipts of its own too
         saver.registry.record_event("note", tenant=GLOBEX, n=1)
         saver.registry.add_receipts([{"tenant": GLOBEX, "thread_id": "gone-g",
@@ -343,10 +347,10 @@ def test_more_chain_edits_exit_1_naming_the_row(db: Db, edit: str) -> None:
     assert all(FORGED not in json.dumps(p) for p in found)
 
 
-def test_a_deleted_key_row_with_only_event_macs_left_is_not_replaced(db: Db) -> None:
+def test_a_deleted_key_row_with_only_event_macs_left_is_not_replaced(populated: Db) -> None:
     """Deleting the registry key row after stripping the thread MACs and chain heads (what the
     key-row check looked at) still leaves MACed events: no new key is made."""
-    populate(db)
+    db = populated
     db.sql("UPDATE securesaver_threads SET policy_mac = NULL, activity_mac = NULL")
     db.sql("DELETE FROM securesaver_chain_heads")
     db.sql("DELETE FROM securesaver_tenant_keys WHERE purpose = 'registry'")

@@ -38,6 +38,14 @@ from langgraph_securesaver.tenancy import tenant_scope
 from tests.fake_agent import build_chat_graph
 
 from .boundary_helpers import Calls, execute_fingerprinted_refund
+from .conftest import (
+    copy_database,
+    drop_pg_schema,
+    new_pg_schema,
+    pg_clone_available,
+    pg_url_in,
+    schema_of,
+)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +91,45 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Db:
            else request.getfixturevalue("pg_url"))
     ring = Keyring.generate()
     return Db(url, ring, ring.save(tmp_path / "keyring.json"))
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Db]]:
+    """One populated database per backend for the module (see ``populated``)."""
+    made: dict[str, Db] = {}
+    try:
+        yield made
+    finally:
+        for seed in made.values():
+            if not seed.url.startswith("sqlite:"):
+                drop_pg_schema(schema_of(seed.url))
+
+
+@pytest.fixture(params=BACKENDS)
+def populated(request: pytest.FixtureRequest, seeds: dict[str, Db], tmp_path: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Db:
+    """As ``db`` after ``populate``: the module populates one database per backend, once
+    (its deletions wait out the lease fence), and each test gets its own copy of it, read
+    with the same keyring."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'agent.db'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    if request.param == "postgres" and not pg_clone_available():
+        ring = Keyring.generate()   # no pg_dump: populated here, as it was
+        test_db = Db(url, ring, ring.save(tmp_path / "keyring.json"))
+        populate(test_db)
+        return test_db
+    if request.param not in seeds:
+        directory = tmp_path_factory.mktemp("registry-seed")
+        seed_url = (f"sqlite:///{directory / 'agent.db'}" if request.param == "sqlite"
+                    else pg_url_in(new_pg_schema()))
+        ring = Keyring.generate()
+        seeds[request.param] = Db(seed_url, ring, ring.save(directory / "keyring.json"))
+        populate(seeds[request.param])
+    seed = seeds[request.param]
+    copy_database(seed.url, url)
+    return Db(url, seed.ring, seed.ring_path)
 
 
 def _cfg(thread: str, tenant: str = ACME) -> dict[str, Any]:
@@ -140,8 +187,8 @@ def assert_named(db: Db, table: str, row: str, words: str | None = None) -> list
 # --------------------------------------------------------------------------------------------
 # receipts and events: hash chains
 # --------------------------------------------------------------------------------------------
-def test_an_unforged_database_verifies_clean(db: Db, tmp_path: Path) -> None:
-    populate(db)
+def test_an_unforged_database_verifies_clean(populated: Db, tmp_path: Path) -> None:
+    db = populated
     anchor = tmp_path / "anchor.json"
     code, data, output = db.verify("--save-anchor", str(anchor))
     assert code == 0, output
@@ -157,8 +204,8 @@ def test_an_unforged_database_verifies_clean(db: Db, tmp_path: Path) -> None:
     assert db.verify("--anchor", str(anchor))[0] == 0
 
 
-def test_verify_needs_the_keyring(db: Db) -> None:
-    populate(db)
+def test_verify_needs_the_keyring(populated: Db) -> None:
+    db = populated
     code, _data, output = db.verify(keyring=False)
     assert code == 2 and "keyring" in output
 
@@ -249,15 +296,15 @@ CHAIN_EDITS: dict[str, Callable[[Db], tuple[str, str, str]]] = {
 
 
 @pytest.mark.parametrize("edit", sorted(CHAIN_EDITS))
-def test_chain_edits_exit_1_naming_the_row(db: Db, edit: str) -> None:
-    populate(db)
+def test_chain_edits_exit_1_naming_the_row(populated: Db, edit: str) -> None:
+    db = populated
     table, row, words = CHAIN_EDITS[edit](db)
     assert_named(db, table, row, words)
 
 
-def test_appending_after_a_forged_head_does_not_launder_it(db: Db) -> None:
+def test_appending_after_a_forged_head_does_not_launder_it(populated: Db) -> None:
     """A head rewound to hide deleted rows is not built upon: the next row marks the break."""
-    populate(db)
+    db = populated
     ids = chain_ids(db, "securesaver_receipts")
     db.sql("DELETE FROM securesaver_receipts WHERE id = :i", i=ids[-1])
     db.sql("UPDATE securesaver_chain_heads SET seq = seq - 1 WHERE tbl = 'securesaver_receipts' "
@@ -269,10 +316,10 @@ def test_appending_after_a_forged_head_does_not_launder_it(db: Db) -> None:
     assert_named(db, "securesaver_receipts", f"id={newest}", "chain head that did not verify")
 
 
-def test_tail_deletion_with_an_old_head_needs_the_anchor(db: Db, tmp_path: Path) -> None:
+def test_tail_deletion_with_an_old_head_needs_the_anchor(populated: Db, tmp_path: Path) -> None:
     """What the chain cannot see on its own: the newest rows deleted AND the head restored
     from an older copy (e.g. a backup). An anchor kept outside the database catches it."""
-    populate(db)
+    db = populated
     old_head = db.sql("SELECT seq, mac, head_mac FROM securesaver_chain_heads "
                       "WHERE tbl = 'securesaver_receipts' AND chain = :t", t=ACME)[0]
     with db.saver() as saver:
@@ -293,8 +340,8 @@ def test_tail_deletion_with_an_old_head_needs_the_anchor(db: Db, tmp_path: Path)
                for p in problems(data))
 
 
-def test_concurrent_writers_from_two_processes_still_verify(db: Db) -> None:
-    populate(db)
+def test_concurrent_writers_from_two_processes_still_verify(populated: Db) -> None:
+    db = populated
     env = {**os.environ, "SECURESAVER_MASTER_KEY": db.ring.to_json()}
     procs = [subprocess.Popen([sys.executable, "-m", "tests.scripts.registry_writer", db.url,
                                name, "15"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -309,8 +356,8 @@ def test_concurrent_writers_from_two_processes_still_verify(db: Db) -> None:
     assert seqs == list(range(1, 31))  # both processes extended one chain, no fork, no gap
 
 
-def test_deleted_registry_key_row_is_reported_not_replaced(db: Db) -> None:
-    populate(db)
+def test_deleted_registry_key_row_is_reported_not_replaced(populated: Db) -> None:
+    db = populated
     db.sql("DELETE FROM securesaver_tenant_keys WHERE purpose = 'registry'")
     with db.saver() as saver, pytest.raises(TamperedDataError, match="registry MAC key"):
         saver.registry.record_event("note", tenant=ACME)
@@ -542,11 +589,11 @@ def test_a_forged_recovery_opt_in_is_refused(db: Db, mode: str) -> None:
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", ["0", "5", "2"])
 def test_a_registry_of_another_schema_version_is_refused_not_migrated(
-        db: Db, version: str) -> None:
+        populated: Db, version: str) -> None:
     """An operator pointing this library at a registry a pre-release build wrote (or an
     attacker editing ``schema_version`` to make it look older): refused at setup, nothing
     written, the data as it was."""
-    populate(db)
+    db = populated
     before = db.sql("SELECT count(*) FROM securesaver_events")
     db.sql("UPDATE securesaver_meta SET value = :v WHERE key = 'schema_version'", v=version)
     with pytest.raises(ConfigurationError, match=f"schema version '{version}'.*Nothing is "
@@ -558,11 +605,11 @@ def test_a_registry_of_another_schema_version_is_refused_not_migrated(
         (version,)]
 
 
-def test_a_registry_stripped_of_every_mac_is_reported_never_adopted(db: Db) -> None:
+def test_a_registry_stripped_of_every_mac_is_reported_never_adopted(populated: Db) -> None:
     """NULL every MAC, delete the chain heads and the registry key row: a keyed start makes
     a new registry key but MACs nothing it finds; ``events --verify`` reports every stripped
     row."""
-    populate(db)
+    db = populated
     for table, columns in (("securesaver_threads", ("policy_mac", "activity_mac")),
                            ("securesaver_policies", ("mac",)),
                            ("securesaver_receipts", ("prev_mac", "mac")),
@@ -581,10 +628,10 @@ def test_a_registry_stripped_of_every_mac_is_reported_never_adopted(db: Db) -> N
                       )[0][0]
 
 
-def test_receipts_of_a_shredded_tenant_still_verify(db: Db) -> None:
+def test_receipts_of_a_shredded_tenant_still_verify(populated: Db) -> None:
     """The registry MAC key is the installation's, not the tenant's: shredding a tenant
     destroys its keys but its deletion receipts stay verifiable (and so does the rest)."""
-    populate(db)
+    db = populated
     with SecureSaver.from_url(db.url, keyring=Keyring.from_file(db.ring_path),
                               redaction=None) as saver:
         assert saver.shred_tenant(GLOBEX, requested_by="dpo") >= 1

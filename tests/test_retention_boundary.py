@@ -42,6 +42,7 @@ from langgraph_securesaver.cli.main import app
 from langgraph_securesaver.keys.lifecycle import LEASE_FENCE
 
 from .boundary_helpers import Raw, inner_id
+from .conftest import Seeds
 
 runner = CliRunner()
 HOUR = 3600.0
@@ -84,6 +85,17 @@ def _two_expiring_threads(url: str, ring: Keyring) -> None:
             saver.put(parent, empty_checkpoint(), {"step": 1}, {})
 
 
+def _seeded(seeds: Seeds, database: tuple[str, Raw]) -> Keyring:
+    """A copy of ``_two_expiring_threads`` written once per module and backend; its keyring."""
+    url, raw = database
+
+    def seed(seed_url: str) -> Keyring:
+        ring = Keyring.generate()
+        _two_expiring_threads(seed_url, ring)
+        return ring
+    return seeds.copy(raw.backend, seed, url)
+
+
 def _stored(raw: Raw, thread: str) -> int:
     ((n,),) = raw.rows("SELECT count(*) FROM checkpoints WHERE thread_id = ?", inner_id(thread))
     return int(n)
@@ -118,10 +130,9 @@ def _check_kept(report: Any, expected: str, raw: Raw) -> None:
 @pytest.mark.parametrize("edit", sorted(EDITS))
 @pytest.mark.parametrize("batch", [500, 1])
 def test_prune_expired_reports_an_unparsable_row_and_keeps_its_thread(
-        database, edit: str, batch: int) -> None:
+        database, db_seeds: Seeds, edit: str, batch: int) -> None:
     url, raw = database
-    ring = Keyring.generate()
-    _two_expiring_threads(url, ring)
+    ring = _seeded(db_seeds, database)
     EDITS[edit](raw, "bad")
     expected, _ = _get_tuple_refusal(url, ring)
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
@@ -134,13 +145,13 @@ def test_prune_expired_reports_an_unparsable_row_and_keeps_its_thread(
         assert "column metadata" in report.errors[0][2]  # the sync path locates the column
 
 
-def test_a_batch_with_an_unparsable_row_decides_every_other_thread_once(database) -> None:
+def test_a_batch_with_an_unparsable_row_decides_every_other_thread_once(
+        database, db_seeds: Seeds) -> None:
     """The unreadable row sends its batch-mates to be checked one by one; what the batch had
     already decided (here: a forged registry row, reported) is not decided again, so the
     report names each thread once."""
     url, raw = database
-    ring = Keyring.generate()
-    _two_expiring_threads(url, ring)
+    ring = _seeded(db_seeds, database)
     with SecureSaver.from_url(url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl="1h")) as saver:
         saver.put(_conf("forged"), empty_checkpoint(), {"step": 0}, {})
@@ -159,11 +170,11 @@ def test_a_batch_with_an_unparsable_row_decides_every_other_thread_once(database
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_aprune_expired_reports_an_unparsable_row_and_keeps_its_thread(database,
+                                                                       db_seeds: Seeds,
                                                                        edit: str) -> None:
     """Over the async-only inner savers (AsyncSqliteSaver, AsyncPostgresSaver)."""
     url, raw = database
-    ring = Keyring.generate()
-    _two_expiring_threads(url, ring)
+    ring = _seeded(db_seeds, database)
     EDITS[edit](raw, "bad")
     _, aexpected = _get_tuple_refusal(url, ring)
 
@@ -197,11 +208,11 @@ def test_cli_prune_exits_1_naming_the_row(database, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
-def test_delete_thread_deletes_a_thread_whose_row_does_not_parse(database, edit: str) -> None:
+def test_delete_thread_deletes_a_thread_whose_row_does_not_parse(database, db_seeds: Seeds,
+                                                                edit: str) -> None:
     """The explicit deletion the pruner's report points to: complete, with a receipt."""
     url, raw = database
-    ring = Keyring.generate()
-    _two_expiring_threads(url, ring)
+    ring = _seeded(db_seeds, database)
     EDITS[edit](raw, "bad")
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver, tenant_scope("acme"):
         saver.delete_thread("bad")

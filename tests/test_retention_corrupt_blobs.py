@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, TamperedDataError
 
 from .boundary_helpers import Raw, inner_id
+from .conftest import Seeds
 
 HOUR = 3600.0
 LATER = 2 * HOUR  # past the 1 h idle TTL
@@ -106,19 +107,32 @@ def _stored(raw: Raw, thread: str) -> dict[str, int]:
                             inner_id(thread))[0][0] for table in tables}
 
 
-def _prepare(database: tuple[str, Raw], edit: str, beside: bool, strategy: str = "delete",
-             ts: float | None = None) -> tuple[str, Raw, Keyring]:
-    """``corrupt`` (one blob or write edited) and ``good``, and with ``beside`` a batch-mate
-    ``broken`` whose checkpoint rows do not parse; all expiring after an idle hour."""
-    url, raw = database
-    if raw.backend == "sqlite" and edit in PG_ONLY:
-        pytest.skip("SQLite stores no channel blobs")
-    ring = Keyring.generate()
+def _written(url: str, ring: Keyring, strategy: str, beside: bool, ts: float | None) -> None:
     with SecureSaver.from_url(url, keyring=ring, redaction=None,
                               retention=RetentionPolicy(idle_ttl="1h", strategy=strategy)
                               ) as saver:
         for thread in ("corrupt", "good") + (("broken",) if beside else ()):
             _write(saver, thread, ts if thread == "corrupt" else None)
+
+
+def _prepare(database: tuple[str, Raw], seeds: Seeds, edit: str, beside: bool,
+             strategy: str = "delete", ts: float | None = None
+             ) -> tuple[str, Raw, Keyring]:
+    """``corrupt`` (one blob or write edited) and ``good``, and with ``beside`` a batch-mate
+    ``broken`` whose checkpoint rows do not parse; all expiring after an idle hour. Without
+    ``ts``, a copy of the module's seed."""
+    url, raw = database
+    if raw.backend == "sqlite" and edit in PG_ONLY:
+        pytest.skip("SQLite stores no channel blobs")
+    if ts is not None:
+        ring = Keyring.generate()
+        _written(url, ring, strategy, beside, ts)
+    else:   # once per module, backend, strategy and batch-mate; each test edits its own copy
+        def seed(seed_url: str) -> Keyring:
+            seed_ring = Keyring.generate()
+            _written(seed_url, seed_ring, strategy, beside, None)
+            return seed_ring
+        ring = seeds.copy((raw.backend, strategy, beside), seed, url)
     EDITS[edit](raw, "corrupt")
     if beside:
         _garbage_body(raw, "broken")
@@ -151,8 +165,8 @@ def _check(report: Any, raw: Raw, receipts: list[Any], beside: bool) -> None:
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside_unparsable"])
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_prune_expired_deletes_a_thread_with_a_corrupt_blob_or_write(
-        database, edit: str, beside: bool) -> None:
-    url, raw, ring = _prepare(database, edit, beside)
+        database, db_seeds: Seeds, edit: str, beside: bool) -> None:
+    url, raw, ring = _prepare(database, db_seeds, edit, beside)
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         report = saver.prune_expired(now=time.time() + LATER)
         receipts = saver.receipts(tenant="acme", thread_id="corrupt")
@@ -162,9 +176,9 @@ def test_prune_expired_deletes_a_thread_with_a_corrupt_blob_or_write(
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside_unparsable"])
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_aprune_expired_deletes_a_thread_with_a_corrupt_blob_or_write(
-        database, edit: str, beside: bool) -> None:
+        database, db_seeds: Seeds, edit: str, beside: bool) -> None:
     """Over the async-only inner savers (AsyncSqliteSaver, AsyncPostgresSaver)."""
-    url, raw, ring = _prepare(database, edit, beside)
+    url, raw, ring = _prepare(database, db_seeds, edit, beside)
 
     async def sweep() -> tuple[Any, list[Any]]:
         async with SecureSaver.afrom_url(url, keyring=ring, redaction=None) as asaver:
@@ -175,9 +189,10 @@ def test_aprune_expired_deletes_a_thread_with_a_corrupt_blob_or_write(
 
 
 @pytest.mark.parametrize("edit", ["write_type", "write_bytes"])
-def test_keep_latest_prunes_a_thread_with_a_corrupt_write(database, edit: str) -> None:
+def test_keep_latest_prunes_a_thread_with_a_corrupt_write(database, db_seeds: Seeds,
+                                                         edit: str) -> None:
     """``keep_latest`` threads always take the per-thread path: the same decision."""
-    url, raw, ring = _prepare(database, edit, beside=False, strategy="keep_latest")
+    url, raw, ring = _prepare(database, db_seeds, edit, beside=False, strategy="keep_latest")
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         report = saver.prune_expired(now=time.time() + LATER)
         (receipt,) = saver.receipts(tenant="acme", thread_id="corrupt")
@@ -189,7 +204,7 @@ def test_keep_latest_prunes_a_thread_with_a_corrupt_write(database, edit: str) -
 
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside_unparsable"])
 def test_a_ts_that_would_keep_it_is_believed_only_from_a_full_authenticated_read(
-        database, beside: bool) -> None:
+        database, db_seeds: Seeds, beside: bool) -> None:
     """The authenticated-ts step (README: the pruner believes a ``ts`` only once it is
     authenticated) reads the latest checkpoint as ``get_tuple`` does, writes included: a thread
     whose stored ts says it is in use and whose pending write is corrupt cannot be believed
@@ -197,7 +212,7 @@ def test_a_ts_that_would_keep_it_is_believed_only_from_a_full_authenticated_read
     batch-mate alike (a corrupt write never makes the pruner delete a thread it would
     otherwise keep)."""
     now = time.time() + LATER
-    url, raw, ring = _prepare(database, "write_type", beside, ts=now - 10)
+    url, raw, ring = _prepare(database, db_seeds, "write_type", beside, ts=now - 10)
     with SecureSaver.from_url(url, keyring=ring, redaction=None) as saver:
         report = saver.prune_expired(now=now)
         assert not saver.receipts(tenant="acme", thread_id="corrupt")

@@ -37,6 +37,7 @@ from langgraph_securesaver import Keyring, RetentionPolicy, SecureSaver, tenant_
 from langgraph_securesaver.tenancy import inner_thread_id
 
 from .boundary_helpers import Raw, inner_id
+from .conftest import Seeds
 
 HOUR = 3600.0
 LATER = 2 * HOUR  # past the 1 h idle TTL
@@ -85,6 +86,19 @@ def _expiring(url: str, ring: Keyring, strategy: str = "delete",
             _write(saver, thread)
 
 
+def _seeded(seeds: Seeds, database: tuple[str, Raw], strategy: str = "delete",
+            policy: RetentionPolicy | None = None) -> Keyring:
+    """A copy of ``_expiring``'s threads, written once per module, backend and policy (each
+    test forges its own copy); their keyring."""
+    url, raw = database
+
+    def seed(seed_url: str) -> Keyring:
+        ring = Keyring.generate()
+        _expiring(seed_url, ring, strategy, policy)
+        return ring
+    return seeds.copy((raw.backend, strategy, repr(policy)), seed, url)
+
+
 def _forge_ts(raw: Raw, thread: str, ts: float) -> str:
     """Set the ts of the thread's latest checkpoint in its stored document; its id."""
     cid = raw.latest(thread)
@@ -128,11 +142,10 @@ FORGERIES = {"now_every_day": -30.0, "far_future": 10 * YEAR}
 @pytest.mark.parametrize("strategy", ["delete", "keep_latest"])
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 def test_a_forged_ts_is_reported_and_never_touches_the_registry(
-        database, forgery: str, strategy: str) -> None:
+        database, db_seeds: Seeds, forgery: str, strategy: str) -> None:
     """``delete``: the batched re-check; ``keep_latest``: the per-thread path."""
     url, raw = database
-    ring = Keyring.generate()
-    _expiring(url, ring, strategy)
+    ring = _seeded(db_seeds, database, strategy)
     now = time.time() + LATER
     cid = _forge_ts(raw, "bad", now + FORGERIES[forgery])
     with _open(url, ring) as saver:
@@ -160,12 +173,11 @@ def test_a_forged_ts_is_reported_and_never_touches_the_registry(
 
 
 def test_a_forged_ts_beside_an_unparsable_row_is_reported_on_the_per_thread_path(
-        database) -> None:
+        database, db_seeds: Seeds) -> None:
     """A batch-mate's unreadable row sends the batch thread by thread (``_process``): the
     forged ts is refused there too, and each thread is named once."""
     url, raw = database
-    ring = Keyring.generate()
-    _expiring(url, ring)
+    ring = _seeded(db_seeds, database)
     with _open(url, ring) as saver:
         _write(saver, "broken")
     now = time.time() + LATER
@@ -186,12 +198,11 @@ def test_a_forged_ts_beside_an_unparsable_row_is_reported_on_the_per_thread_path
     assert report.deleted == [("acme", "good")] and _stored(raw, "bad") == 2
 
 
-def test_active_grace_believes_only_an_authenticated_ts(database) -> None:
+def test_active_grace_believes_only_an_authenticated_ts(database, db_seeds: Seeds) -> None:
     """A thread past its max age, whose forged ts says it was written 10 s ago: not skipped as
     "a run in flight" (default grace), reported."""
     url, raw = database
-    ring = Keyring.generate()
-    _expiring(url, ring, policy=RetentionPolicy(max_age="1h"))
+    ring = _seeded(db_seeds, database, policy=RetentionPolicy(max_age="1h"))
     now = time.time() + LATER
     cid = _forge_ts(raw, "bad", now - 10)
     with _open(url, ring) as saver:
@@ -228,13 +239,13 @@ COPIES = {"whole_row": _copy_row, "ts_only": _copy_ts}
 
 
 @pytest.mark.parametrize("copy", sorted(COPIES))
-def test_a_checkpoint_of_another_thread_does_not_keep_a_thread(database, copy: str) -> None:
+def test_a_checkpoint_of_another_thread_does_not_keep_a_thread(database, db_seeds: Seeds,
+                                                               copy: str) -> None:
     """``fresh`` was genuinely written a minute before the sweep; its row (sealed under
     ``fresh``), or just its ts, is copied onto expired ``bad``: ``fresh`` survives, ``bad``
     is reported."""
     url, raw = database
-    ring = Keyring.generate()
-    _expiring(url, ring)
+    ring = _seeded(db_seeds, database)
     now = time.time() + LATER
     with _open(url, ring) as saver:
         _write(saver, "fresh", ts=now - 60)
@@ -319,10 +330,9 @@ def test_a_far_future_authenticated_ts_does_not_keep_a_thread(database, policy: 
 # ---------------------------------------------------------------------------------------------
 # async-only inner savers (AsyncSqliteSaver, AsyncPostgresSaver) and InMemorySaver
 # ---------------------------------------------------------------------------------------------
-def test_aprune_expired_reports_a_forged_ts(database) -> None:
+def test_aprune_expired_reports_a_forged_ts(database, db_seeds: Seeds) -> None:
     url, raw = database
-    ring = Keyring.generate()
-    _expiring(url, ring)
+    ring = _seeded(db_seeds, database)
     now = time.time() + LATER
     cid = _forge_ts(raw, "bad", now - 30)
 

@@ -24,6 +24,8 @@ from langgraph_securesaver.errors import ConfigurationError
 from langgraph_securesaver.redaction import RedactionError, Redactor
 from langgraph_securesaver.tenancy import TenantThreadId, validate_thread_id
 
+from . import test_no_side_doors_keys as keys_tests
+
 KEY = b"r" * 32
 CARD = 4111111111111111
 
@@ -286,19 +288,23 @@ async def _aop(url: str, ring_path: Any, op: str) -> object:
         return [c async for c in saver.alist(cfg)]
 
 
+# the database with tampered key rows, written once per module (test_no_side_doors_keys.py);
+# each case tampers with its own copy
+database_seed = keys_tests.database_seed
+
 _OPS = ["reencrypt", "rotate_data_key", "rotate_keys", "forget_pii", "pii_inventory",
         "invoke", "list", "delete_thread", "ainvoke", "alist"]
 
 
 @pytest.mark.parametrize("op", _OPS)
 @pytest.mark.parametrize("case", ["altered data row v2", "altered index row"])
-def test_operations_on_tampered_key_rows_leak_no_key(case: str, op: str, tmp_path: Any) -> None:
+def test_operations_on_tampered_key_rows_leak_no_key(case: str, op: str, tmp_path: Any,
+                                                     database_seed: Any) -> None:
     import asyncio
     from functools import partial
 
-    from . import test_no_side_doors_keys as keys_tests
     from .secrecy_helpers import leaks
-    url, ring_path, found = keys_tests._database(tmp_path)
+    url, ring_path, found = keys_tests._database(tmp_path, database_seed)
     statement, params = keys_tests._TAMPER[case]
     keys_tests._sql(url, statement, *params)
     if op.startswith("a"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,29 +20,14 @@ from langgraph_securesaver import (
 )
 from tests.fake_agent import build_chat_graph
 
+from .conftest import _new_kms_alias, _point_boto3_at, copy_database
+
 
 def _cfg(thread: str, tenant: str | None = None) -> dict:
     conf: dict[str, Any] = {"thread_id": thread}
     if tenant:
         conf["tenant_id"] = tenant
     return {"configurable": conf}
-
-
-@pytest.fixture(params=["memory", "sqlite", "sqlite-aws-kms", "sqlite-pkcs11"])
-def saver(request: pytest.FixtureRequest, tmp_path: Path):
-    if request.param == "memory":
-        yield SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
-        return
-    ring: object = Keyring.generate()
-    if request.param == "sqlite-aws-kms":
-        from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
-        ring = AwsKmsKeyProvider(request.getfixturevalue("kms_alias"))
-    if request.param == "sqlite-pkcs11":
-        from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
-        ring = Pkcs11KeyProvider.from_url(request.getfixturevalue("pkcs11_url"))
-    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
-                              redaction=None) as s:
-        yield s
 
 
 def _seed(saver: SecureSaver) -> None:
@@ -51,6 +37,50 @@ def _seed(saver: SecureSaver) -> None:
             graph.invoke({"messages": [HumanMessage(f"{tenant} says {text}")]},
                          {"configurable": {"thread_id": "shared", "tenant_id": tenant},
                           "metadata": {"run_id": f"run-{tenant}-{text}"}})
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Per SQLite saver kind, one database seeded by ``_seed`` (and its key provider, one per
+    module): each test opens its own copy. Written once, the seeded threads' lease fence
+    (5 s) has run out when most tests delete or prune them."""
+    made: dict[str, tuple[Path, object]] = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        def seed(kind: str, request: pytest.FixtureRequest) -> tuple[Path, object]:
+            if kind not in made:
+                ring: object = Keyring.generate()
+                if kind == "sqlite-aws-kms":
+                    from langgraph_securesaver.keys.aws_kms import AwsKmsKeyProvider
+                    port = request.getfixturevalue("moto_server")
+                    _point_boto3_at(monkeypatch, f"http://127.0.0.1:{port}")
+                    ring = AwsKmsKeyProvider(_new_kms_alias())
+                if kind == "sqlite-pkcs11":
+                    from langgraph_securesaver.keys.pkcs11_provider import Pkcs11KeyProvider
+                    hsm = request.getfixturevalue("softhsm")
+                    ring = Pkcs11KeyProvider.from_url(hsm.new_key_url())
+                db = tmp_path_factory.mktemp("tenancy-seed") / "db.sqlite"
+                with SecureSaver.from_url(f"sqlite:///{db}", keyring=ring,
+                                          redaction=None) as s:
+                    _seed(s)
+                made[kind] = (db, ring)
+            return made[kind]
+        yield seed  # type: ignore[misc]
+
+
+@pytest.fixture(params=["memory", "sqlite", "sqlite-aws-kms", "sqlite-pkcs11"])
+def saver(request: pytest.FixtureRequest, tmp_path: Path, seeded: Any):
+    """A saver holding ``_seed``'s conversation: in memory, or a copy of the module's seeded
+    SQLite database (Keyring, AWS KMS or PKCS#11 key provider)."""
+    if request.param == "memory":
+        s = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), redaction=None)
+        _seed(s)
+        yield s
+        return
+    db, ring = seeded(request.param, request)
+    copy_database(f"sqlite:///{db}", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with SecureSaver.from_url(f"sqlite:///{tmp_path / 'db.sqlite'}", keyring=ring,
+                              redaction=None) as s:
+        yield s
 
 
 def _contents(saver: SecureSaver, tenant: str, thread: str = "shared") -> list[str]:
@@ -78,7 +108,6 @@ class Caller:
 
 @pytest.fixture(params=["sync", "async"])
 def call(request: pytest.FixtureRequest, saver: SecureSaver) -> Caller:
-    _seed(saver)
     return Caller(saver, request.param)
 
 
