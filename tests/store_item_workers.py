@@ -14,10 +14,10 @@ from langgraph_securesaver.tenancy import tenant_scope
 NS = ("user-dana-17", "memories")
 
 
-def _outcome(fn: Any) -> tuple[str, Any]:
+def _outcome(store: SecureStore, cmd: tuple[Any, ...]) -> tuple[str, Any]:
     try:
-        return "ok", fn()
-    except Exception as exc:  # noqa: BLE001 - the driver asserts on the type and message
+        return "ok", _run(store, cmd)
+    except Exception as exc:  # the driver asserts on the type and message
         return "error", f"{type(exc).__name__}: {exc}"
 
 
@@ -31,14 +31,18 @@ def serve(url: str, ring: str, conn: Connection) -> None:
             cmd = conn.recv()
             if cmd[0] == "stop":
                 return
-            if cmd[0] == "put":
-                conn.send(_outcome(lambda: store.put(NS, cmd[1], cmd[2])))
-            elif cmd[0] == "delete":
-                conn.send(_outcome(lambda: store.delete(NS, cmd[1])))
-            elif cmd[0] == "get":
-                conn.send(_outcome(lambda: _value(store, cmd[1])))
-            elif cmd[0] == "loop":
-                conn.send(_outcome(lambda: _loop(store, *cmd[1:])))
+            conn.send(_outcome(store, cmd))
+
+
+def _run(store: SecureStore, cmd: tuple[Any, ...]) -> Any:
+    op = cmd[0]
+    if op == "put":
+        return store.put(NS, cmd[1], cmd[2])
+    if op == "delete":
+        return store.delete(NS, cmd[1])
+    if op == "get":
+        return _value(store, cmd[1])
+    return _loop(store, *cmd[1:])
 
 
 def _value(store: SecureStore, key: str) -> Any:
@@ -63,7 +67,7 @@ def _loop(store: SecureStore, n: int, keys: list[str], seed: int) -> dict[str, l
                 store.delete(NS, key)
             else:
                 store.get(NS, key)
-        except Exception as exc:  # noqa: BLE001 - collected for the driver
+        except Exception as exc:  # collected for the driver
             errors["get" if type(exc).__name__ == "ItemChangedError" else kind].append(
                 f"{type(exc).__name__}: {exc}")
     return errors
