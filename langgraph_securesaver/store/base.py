@@ -197,7 +197,8 @@ class BatchPlan:
             if isinstance(op, GetOp):
                 out.append(None if res is None else open_item(self, cast(Item, res)))
             elif isinstance(op, SearchOp):
-                out.append([open_item(self, it) for it in cast("list[Item]", res or [])])
+                found = [open_item(self, it) for it in cast("list[Item]", res or [])]
+                out.append([one for one in found if one is not None])
             else:
                 out.append(res)
         return out
@@ -257,8 +258,11 @@ class StoreCore:
 
     def __init__(self, pii: PiiLayer, index: Mapping[str, Any] | None, embeddings: Any,
                  blind_index: bool, item_keys: ThreadKeyStore | None,
+                 deleting: Callable[[str, str], bool] = lambda _t, _i: False,
                  dotted_filters: bool = False) -> None:
         self.pii = pii
+        #: whether this process is deleting (tenant, item) right now
+        self.deleting = deleting
         #: where items' own keys come from (None: items sealed under the tenant data key)
         self.item_keys = item_keys
         self.dotted_filters = dotted_filters
@@ -350,6 +354,12 @@ class StoreCore:
         return [(plan.tenant, vault_id(op.namespace, op.key)) for op in plan.ops
                 if isinstance(op, PutOp) and op.value is None]
 
+    @staticmethod
+    def written_items(plan: BatchPlan) -> list[tuple[str, str]]:
+        """(tenant, item) of every item a batch writes or deletes."""
+        return [(plan.tenant, vault_id(op.namespace, op.key)) for op in plan.ops
+                if isinstance(op, PutOp)]
+
     # list_namespaces --------------------------------------------------------------------------
     @staticmethod
     def inner_list(tag: str, op: ListNamespacesOp) -> ListNamespacesOp:
@@ -377,10 +387,12 @@ class StoreCore:
         return unique[op.offset:op.offset + op.limit]
 
     # step 3 -----------------------------------------------------------------------------------
-    def open_item(self, plan: BatchPlan, item: Item) -> Opened:
+    def open_item(self, plan: BatchPlan, item: Item) -> Opened | None:
         """Authenticate one inner item of the plan's tenant and decrypt it. An item sealed
         under a key this process cached before another process deleted the item and wrote it
-        again opens under the item's current key row."""
+        again opens under the item's current key row; one that does not open while this
+        process deletes or writes the item (a key one of its deletes destroyed) is None:
+        absent."""
         ns = tuple(item.namespace)
         if not ns or ns[0] != plan.tag:
             raise TamperedDataError("the inner store returned an item of another tenant")
@@ -399,7 +411,15 @@ class StoreCore:
             # the key row read again; the inner item is read again by the caller
             # (ItemChangedError) when it still does not open -- it may have been written under a
             # key another process deleted after the inner read. What keeps failing is raised.
-            state = self.item_keys.reread_item(plan.tenant, vault_id(outer, item.key))
+            name = vault_id(outer, item.key)
+            state = self.item_keys.reread_item(plan.tenant, name)
+            # this process is deleting or writing the item right now, so a key was destroyed
+            # by one of its deletes: the row read is what such a delete leaves or a put
+            # lands before it seals again -- absent, as after the delete (the put has not
+            # returned)
+            in_flight = self.deleting(plan.tenant, name)
+            if state == "gone" and in_flight:
+                return None
             if state == "gone":
                 raise ItemChangedError(
                     f"a store item of tenant {plan.tenant!r} has no key: it was deleted, and "
@@ -408,6 +428,8 @@ class StoreCore:
             try:
                 value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
             except TamperedDataError:
+                if in_flight:
+                    return None
                 raise ItemChangedError(
                     f"a store item of tenant {plan.tenant!r} does not open under its item's "
                     "key: altered, moved from another item, or an older copy put back after "

@@ -90,7 +90,8 @@ async def open_async_store(url: str, ttl: Any) -> AsyncIterator[Any]:
 def store_location(inner: BaseStore) -> str | None:
     """Where ``inner`` keeps its items: ``sqlite:<file>``, ``postgresql://host:port/db``, or
     ``memory:<type>@<id>`` (this process only); None when it can only be asked
-    asynchronously (an AsyncSqliteStore: :func:`astore_location`)."""
+    asynchronously (an AsyncSqliteStore: :func:`astore_location`). A PostgreSQL store is
+    located from a live connection (of its pool, or one made as the pool makes them)."""
     conn = getattr(inner, "conn", None)
     name = type(inner).__name__
     if name == "SqliteStore" and isinstance(conn, sqlite3.Connection):
@@ -103,11 +104,16 @@ def store_location(inner: BaseStore) -> str | None:
         if info is not None:
             return _pg(info)
         if isinstance(getattr(conn, "conninfo", None), str):   # a connection pool
-            if "Async" in type(conn).__name__:
-                return None
             # read off a live connection, as the registry's location is: a conninfo without
             # a host (the Unix socket) or with defaults left out names the database otherwise
-            with conn.connection() as live:
+            if "Async" not in type(conn).__name__:
+                with conn.connection() as live:
+                    return _pg(live.info)
+            # an async pool asked synchronously: its loop may not be running (or may be this
+            # thread's), so a connection of its own, made as the pool makes them
+            import psycopg
+            with psycopg.connect(conn.conninfo, **dict(getattr(conn, "kwargs", None) or {})
+                                 ) as live:
                 return _pg(live.info)
     return _in_memory(inner)
 
@@ -119,13 +125,13 @@ def _pg(info: Any) -> str:
 async def astore_location(inner: BaseStore) -> str:
     """:func:`store_location`, asking an AsyncSqliteStore's connection on its own thread, or
     a connection of an async pool."""
+    conn = cast(Any, inner).conn
+    if isinstance(getattr(conn, "conninfo", None), str) and "Async" in type(conn).__name__:
+        async with conn.connection() as live:     # an async pool, asked on its loop
+            return _pg(live.info)
     found = store_location(inner)
     if found is not None:
         return found
-    conn = cast(Any, inner).conn
-    if isinstance(getattr(conn, "conninfo", None), str):   # an async connection pool
-        async with conn.connection() as live:
-            return _pg(live.info)
     cursor = await cast(Any, inner).conn.execute("PRAGMA database_list")
     return sqlite_location(_main_file(await cursor.fetchall())) or _in_memory(inner)
 

@@ -46,6 +46,10 @@ class ItemDeletes:
         self._registry = registry
         self._keys = keys
         self._vault = vault
+        #: (tenant, item) -> deletions of it this process has under way (key destroyed, row
+        #: not yet deleted): a read meeting such an item without its key reads it as absent
+        self._under_way: dict[tuple[str, str], int] = {}
+        self._under_way_lock = threading.Lock()
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -60,6 +64,26 @@ class ItemDeletes:
             self._keys.delete_in(conn, wanted, ITEM)
             if self._vault is not None:
                 self._vault.delete_threads_in(conn, wanted)
+
+    def begin(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """These items' deletions start here (before their keys are destroyed)."""
+        with self._under_way_lock:
+            for p in pairs:
+                self._under_way[p] = self._under_way.get(p, 0) + 1
+
+    def end(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """These items' deletions are over (their rows deleted, or the batch failed)."""
+        with self._under_way_lock:
+            for p in pairs:
+                left = self._under_way.get(p, 0) - 1
+                if left > 0:
+                    self._under_way[p] = left
+                else:
+                    self._under_way.pop(p, None)
+
+    def under_way(self, tenant: str, item: str) -> bool:
+        """Whether this process is deleting the item right now."""
+        return (tenant, item) in self._under_way
 
     def destroy_keys(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Destroy the keys of these (tenant, item) pairs (the originals stay: the caller

@@ -130,6 +130,7 @@ class SecureStore(BaseStore):
         # a path, the others as a literal key
         self._core = StoreCore(saver.services.pii, self.index_config, self.embeddings,
                                blind_index, item_keys if item_keys.sealing else None,
+                               self._item_deletes.under_way,
                                dotted_filters="Sqlite" in type(inner).__name__)
 
     def __repr__(self) -> str:
@@ -183,15 +184,20 @@ class SecureStore(BaseStore):
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
             if queries and self.embeddings else []
         # a deleted item's key goes first: what survives of it no longer opens
-        self._item_deletes.forget(self._core.deleted_items(plan))
-        inner_ops = plan.inner_ops(vectors)
-        results = inner_batch(self.inner, inner_ops)
-        again = plan.stale_puts()
-        for _attempt in range(_RESEALS):
-            if not again:
-                break
-            inner_batch(self.inner, list[Op](again))
+        deleted, touched = self._core.deleted_items(plan), self._core.written_items(plan)
+        self._item_deletes.begin(touched)
+        try:
+            self._item_deletes.forget(deleted)
+            inner_ops = plan.inner_ops(vectors)
+            results = inner_batch(self.inner, inner_ops)
             again = plan.stale_puts()
+            for _attempt in range(_RESEALS):
+                if not again:
+                    break
+                inner_batch(self.inner, list[Op](again))
+                again = plan.stale_puts()
+        finally:
+            self._item_deletes.end(touched)
         if again:
             _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
@@ -243,17 +249,22 @@ class SecureStore(BaseStore):
         query_vectors = list(await asyncio.gather(
             *(self.embeddings.aembed_query(q) for q in queries))) \
             if queries and self.embeddings else []
-        await self._item_deletes.aforget(self._core.deleted_items(plan))
-        # sealing reads (or creates) each put item's key row: off the loop
-        inner_ops = await self._run(bool(plan.puts) or len(listed) > _INLINE_OPS,
-                                    plan.inner_ops, vectors)
-        results = await ainner_batch(self.inner, inner_ops)
-        again = await to_thread(plan.stale_puts) if plan.used else []
-        for _attempt in range(_RESEALS):
-            if not again:
-                break
-            await ainner_batch(self.inner, again)
-            again = await to_thread(plan.stale_puts)
+        deleted, touched = self._core.deleted_items(plan), self._core.written_items(plan)
+        self._item_deletes.begin(touched)
+        try:
+            await self._item_deletes.aforget(deleted)
+            # sealing reads (or creates) each put item's key row: off the loop
+            inner_ops = await self._run(bool(plan.puts) or len(listed) > _INLINE_OPS,
+                                        plan.inner_ops, vectors)
+            results = await ainner_batch(self.inner, inner_ops)
+            again = await to_thread(plan.stale_puts) if plan.used else []
+            for _attempt in range(_RESEALS):
+                if not again:
+                    break
+                await ainner_batch(self.inner, again)
+                again = await to_thread(plan.stale_puts)
+        finally:
+            self._item_deletes.end(touched)
         if again:
             _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
