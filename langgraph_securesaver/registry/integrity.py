@@ -119,12 +119,17 @@ class RegistryIntegrity:
 
     def _load_or_create(self, provider: KeyProvider) -> SecretBytes:
         rows = [r for r in self.store.load_key_rows(RESERVED_TENANT) if r.purpose == PURPOSE]
-        if not rows:
-            if self.has_macs is not None and self.has_macs():
+        if not rows and self.has_macs is not None and self.has_macs():
+            # read again: another process may have committed its key row and its first MACed
+            # rows between the two reads above
+            rows = [r for r in self.store.load_key_rows(RESERVED_TENANT)
+                    if r.purpose == PURPOSE]
+            if not rows:
                 raise TamperedDataError(
                     "the registry MAC key row (securesaver_tenant_keys, purpose 'registry') is "
                     "missing although MACed registry rows exist: it was deleted; restore it "
                     "from a backup (a new key would make every existing row unverifiable)")
+        if not rows:
             wrapped = provider.wrap(RESERVED_TENANT, secrets.token_bytes(32), wrap_context(
                 RESERVED_TENANT, PURPOSE, VERSION, self.store.database_id()))
             self.store.insert_key_rows([KeyRow(RESERVED_TENANT, PURPOSE, VERSION,
