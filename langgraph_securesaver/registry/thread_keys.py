@@ -62,6 +62,10 @@ TABLES: dict[str, tuple[sa.Table, sa.Column[Any]]] = {
     ITEM: (store_keys, store_keys.c.item)}
 
 
+#: how often a put reads or creates its item's key row again when other threads or processes
+#: keep deleting the item meanwhile, before it gives up (KeyGoneError, nothing stored)
+_ITEM_KEY_TRIES = 100
+
 #: which key row each of a tenant's store items has (what a put checks once it landed)
 _ITEM_ROWS = sa.select(store_keys.c.item, store_keys.c.created_at).where(
     store_keys.c.tenant == sa.bindparam("tenant"),
@@ -186,13 +190,14 @@ class ThreadKeyStore:
         never from the cache: a put sealed under a key another process destroyed since would
         leave, if its process died before that check, a row that opens under no key."""
         self._drop([(ITEM, tenant, item)])
-        for _ in range(3):
+        for _ in range(_ITEM_KEY_TRIES):
             aes = self.key(tenant, ITEM, item, True, {"owner": owner})
             hit = self._cache.get((ITEM, tenant, item))
             if aes is not None and hit is not None and hit[1] is aes:
                 return aes, hit[2]
         raise KeyGoneError(f"the key of a store item of tenant {tenant!r} was deleted while "
-                           "it was being written, three times; nothing was stored, retry")
+                           f"it was being written, {_ITEM_KEY_TRIES} times; nothing was stored, "
+                           "retry")
 
     def stale_items(self, tenant: str, used: dict[str, float]) -> list[str]:
         """After a SecureStore put landed: the items of ``used`` (item -> the key row it was

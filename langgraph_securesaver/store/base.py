@@ -77,6 +77,8 @@ class BatchPlan:
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: item id -> the key row its put was sealed under (checked once the put landed)
     used: dict[str, float] = field(default_factory=dict)
+    #: the process's write count when the inner read was made (see ItemDeletes.under_way)
+    read_at: int = 0
 
     def __post_init__(self) -> None:
         self.tag = tenant_tag(self.tenant)
@@ -258,7 +260,7 @@ class StoreCore:
 
     def __init__(self, pii: PiiLayer, index: Mapping[str, Any] | None, embeddings: Any,
                  blind_index: bool, item_keys: ThreadKeyStore | None,
-                 deleting: Callable[[str, str], bool] = lambda _t, _i: False,
+                 deleting: Callable[[str, str, int], bool] = lambda _t, _i, _s: False,
                  dotted_filters: bool = False) -> None:
         self.pii = pii
         #: whether this process is deleting (tenant, item) right now
@@ -417,7 +419,7 @@ class StoreCore:
             # by one of its deletes: the row read is what such a delete leaves or a put
             # lands before it seals again -- absent, as after the delete (the put has not
             # returned)
-            in_flight = self.deleting(plan.tenant, name)
+            in_flight = self.deleting(plan.tenant, name, plan.read_at)
             if state == "gone" and in_flight:
                 return None
             if state == "gone":

@@ -50,6 +50,10 @@ class ItemDeletes:
         #: not yet deleted): a read meeting such an item without its key reads it as absent
         self._under_way: dict[tuple[str, str], int] = {}
         self._under_way_lock = threading.Lock()
+        #: a count of every start and end of a write or deletion in this process, and the
+        #: count at each item's latest one (what a read taken before it cannot rely on)
+        self.tick = 0
+        self._changed_at: dict[tuple[str, str], int] = {}
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -68,22 +72,31 @@ class ItemDeletes:
     def begin(self, pairs: Sequence[tuple[str, str]]) -> None:
         """These items' deletions start here (before their keys are destroyed)."""
         with self._under_way_lock:
+            self.tick += 1
             for p in pairs:
                 self._under_way[p] = self._under_way.get(p, 0) + 1
+                self._changed_at[p] = self.tick
 
     def end(self, pairs: Sequence[tuple[str, str]]) -> None:
         """These items' deletions are over (their rows deleted, or the batch failed)."""
         with self._under_way_lock:
+            self.tick += 1
             for p in pairs:
+                self._changed_at[p] = self.tick
                 left = self._under_way.get(p, 0) - 1
                 if left > 0:
                     self._under_way[p] = left
                 else:
                     self._under_way.pop(p, None)
+            if len(self._changed_at) > 100_000:      # bounded: a read older than this retries
+                self._changed_at = {p: t for p, t in self._changed_at.items()
+                                    if p in self._under_way}
 
-    def under_way(self, tenant: str, item: str) -> bool:
-        """Whether this process is deleting the item right now."""
-        return (tenant, item) in self._under_way
+    def under_way(self, tenant: str, item: str, since: int) -> bool:
+        """Whether this process writes or deletes the item now, or did since its count was
+        ``since`` (a read taken then may hold what such a write or deletion left)."""
+        p = (tenant, item)
+        return p in self._under_way or self._changed_at.get(p, 0) > since
 
     def destroy_keys(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Destroy the keys of these (tenant, item) pairs (the originals stay: the caller

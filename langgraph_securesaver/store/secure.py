@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 _INLINE_OPS = 16
 #: how often a put whose item key another process deleted meanwhile is sealed and written
 #: again under the item's new key row before the batch fails
-_RESEALS = 10
+_RESEALS = 100
 #: how often a batch reads again the items another process deleted (or deleted and wrote)
 #: under its read before the failure is raised
 _REREADS = 3
@@ -189,6 +189,7 @@ class SecureStore(BaseStore):
         try:
             self._item_deletes.forget(deleted)
             inner_ops = plan.inner_ops(vectors)
+            plan.read_at = self._item_deletes.tick
             results = inner_batch(self.inner, inner_ops)
             again = plan.stale_puts()
             for _attempt in range(_RESEALS):
@@ -211,6 +212,7 @@ class SecureStore(BaseStore):
                 if attempt == _REREADS:
                     raise
                 reads = plan.reads(inner_ops)
+                plan.read_at = self._item_deletes.tick
                 for i, res in zip(reads, inner_batch(self.inner, [inner_ops[i] for i in reads]),
                                   strict=True):
                     results[i] = res
@@ -256,6 +258,7 @@ class SecureStore(BaseStore):
             # sealing reads (or creates) each put item's key row: off the loop
             inner_ops = await self._run(bool(plan.puts) or len(listed) > _INLINE_OPS,
                                         plan.inner_ops, vectors)
+            plan.read_at = self._item_deletes.tick
             results = await ainner_batch(self.inner, inner_ops)
             again = await to_thread(plan.stale_puts) if plan.used else []
             for _attempt in range(_RESEALS):
@@ -280,6 +283,7 @@ class SecureStore(BaseStore):
                 if attempt == _REREADS:
                     raise
                 reads = plan.reads(inner_ops)
+                plan.read_at = self._item_deletes.tick
                 again = await ainner_batch(self.inner, [inner_ops[i] for i in reads])
                 for i, res in zip(reads, again, strict=True):
                     results[i] = res
