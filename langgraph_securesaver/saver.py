@@ -553,8 +553,9 @@ def _registry_for(inner: BaseCheckpointSaver, registry: Registry | str | None) -
         return Registry(f"sqlite:///{path}")
     raise ConfigurationError(
         f"pass registry=<SQLAlchemy URL> for {type(inner).__name__}: the registry holds the "
-        "wrapped tenant keys and must be as durable as the checkpoints: a SQLite file or a "
-        "PostgreSQL database backed up with them (docs/savers.md)")
+        "wrapped tenant keys and must be as durable as the checkpoints: a SQLite file, a "
+        "PostgreSQL or a MySQL/MariaDB database backed up with them (beside a MySQL saver, "
+        "its own database: registry='mysql://...'; docs/savers.md)")
 
 
 def _redactor_for(redaction: Any) -> Any:

@@ -104,12 +104,15 @@ async def run_chat(checkpointer: Any, use_async: bool, thread: str) -> dict[str,
             "history": [_shape(s) for s in history], "subgraphs": _shape(sub_state)}
 
 
-def wrap(inner: Any, tmp: Path, **options: Any) -> SecureSaver:
+def wrap(inner: Any, tmp: Path, backend: Any = None, **options: Any) -> SecureSaver:
+    """The saver wrapped as its users deploy it: beside a MySQL saver the registry lives in
+    the same MariaDB database; beside the others in a SQLite file."""
     options.setdefault("redaction", None)
     options.setdefault("default_tenant", "acme")
+    registry = (backend.mysql_url if backend is not None and backend.mysql_url
+                else f"sqlite:///{tmp / ('reg-' + uuid.uuid4().hex[:8] + '.db')}")
     return SecureSaver(inner, keyring=options.pop("keyring", None) or Keyring.generate(),
-                       registry=f"sqlite:///{tmp / ('reg-' + uuid.uuid4().hex[:8] + '.db')}",
-                       **options)
+                       registry=registry, **options)
 
 
 async def setup(saver: SecureSaver) -> None:
@@ -124,7 +127,7 @@ async def test_chat_graph_matches_raw(name: str, tmp_path: Path,
     async with open_saver(name, tmp=tmp_path, **servers) as (raw, _backend):
         expected = await run_chat(raw, use_async, "raw-thread")
     async with open_saver(name, tmp=tmp_path, **servers) as (inner, backend):
-        saver = wrap(inner, tmp_path)
+        saver = wrap(inner, tmp_path, backend)
         await setup(saver)
         got = await run_chat(saver, use_async, "t1")
         assert got == expected
@@ -166,8 +169,8 @@ async def test_copy_delete_prune(name: str, tmp_path: Path, request: pytest.Fixt
                                  ) -> None:
     servers = servers_for(name, request)
     use_async = name in ASYNC_ONLY
-    async with open_saver(name, tmp=tmp_path, **servers) as (inner, _backend):
-        saver = wrap(inner, tmp_path)
+    async with open_saver(name, tmp=tmp_path, **servers) as (inner, backend):
+        saver = wrap(inner, tmp_path, backend)
         await setup(saver)
         await run_chat(saver, use_async, "t1")
         await run_chat(saver, use_async, "t2")
@@ -221,7 +224,7 @@ async def test_payload_that_would_execute_is_refused_unevaluated(
     use_async = name in ASYNC_ONLY
     marker = tmp_path / "executed"
     async with open_saver(name, tmp=tmp_path, **servers) as (inner, backend):
-        saver = wrap(inner, tmp_path)
+        saver = wrap(inner, tmp_path, backend)
         await setup(saver)
         await run_chat(saver, use_async, "t1")
         # the attacker: the same saver class on the same storage, writing its own rows
@@ -307,8 +310,8 @@ async def test_retention_sweep_deletes_every_namespace(name: str, tmp_path: Path
     from langgraph_securesaver import RetentionPolicy
     servers = servers_for(name, request)
     use_async = name in ASYNC_ONLY
-    async with open_saver(name, tmp=tmp_path, **servers) as (inner, _backend):
-        saver = wrap(inner, tmp_path, retention=RetentionPolicy(idle_ttl=60))
+    async with open_saver(name, tmp=tmp_path, **servers) as (inner, backend):
+        saver = wrap(inner, tmp_path, backend, retention=RetentionPolicy(idle_ttl=60))
         await setup(saver)
         await run_chat(saver, use_async, "old")
         spaces = await _namespaces(saver, use_async, "old")
@@ -345,8 +348,8 @@ async def test_conformance_equals_raw(name: str, tmp_path: Path,
 
     @checkpointer_test(name=f"SecureSaver[{name}]")
     async def wrapped_factory() -> Any:
-        async with open_saver(name, tmp=tmp_path, **servers) as (inner, _b):
-            saver = wrap(inner, tmp_path, default_tenant="conformance")
+        async with open_saver(name, tmp=tmp_path, **servers) as (inner, backend):
+            saver = wrap(inner, tmp_path, backend, default_tenant="conformance")
             await setup(saver)
             yield drive(saver)
 

@@ -48,15 +48,18 @@ def _mysql(url: str, sql: str, *args: Any) -> list[Any]:
         conn.close()
 
 
-@pytest.fixture
-def deployment(mariadb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-               ) -> tuple[str, str, Path]:
+@pytest.fixture(params=["sqlite-registry", "mariadb-registry"])
+def deployment(request: pytest.FixtureRequest, mariadb: Any, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, Path]:
+    """Checkpoints in MariaDB; the registry in a SQLite file or in the same MariaDB database."""
     url = mariadb.new_database()
     (tmp_path / "mysql_factory.py").write_text(FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("ANYSAVER_TEST_MYSQL", url)
     sys.modules.pop("mysql_factory", None)
-    return url, f"sqlite:///{tmp_path / 'registry.db'}", tmp_path
+    registry = url if request.param == "mariadb-registry" else \
+        f"sqlite:///{tmp_path / 'registry.db'}"
+    return url, registry, tmp_path
 
 
 async def test_scan_and_prune_act_on_the_real_backend(deployment: tuple[str, str, Path]
@@ -73,13 +76,16 @@ async def test_scan_and_prune_act_on_the_real_backend(deployment: tuple[str, str
     # without --saver: the registry database has no checkpoints: refused, nothing created
     blind = runner.invoke(app, ["scan", "--url", registry, "--keyring", str(ring_path),
                                 "--verify", "--format", "json"])
-    assert blind.exit_code == 2 and "no checkpoint tables" in blind.output
+    assert blind.exit_code == 2
+    assert ("no checkpoint tables" if registry.startswith("sqlite") else "--saver") \
+        in blind.output
     blind = runner.invoke(app, ["prune", "--url", registry, "--keyring", str(ring_path)])
     assert blind.exit_code == 2
-    import sqlite3
-    tables = {r[0] for r in sqlite3.connect(registry.removeprefix("sqlite:///")).execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert not tables & {"checkpoints", "writes"}
+    if registry.startswith("sqlite"):
+        import sqlite3
+        tables = {r[0] for r in sqlite3.connect(registry.removeprefix("sqlite:///")).execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert not tables & {"checkpoints", "writes"}
 
     clean = runner.invoke(app, ["scan", "--url", registry, "--keyring", str(ring_path),
                                 "--saver", "mysql_factory:make", "--format", "json"])

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from ..registry.dialects import upsert
 from ..registry.schema import meta_table, tenant_summaries, thread_summaries, threads
 from .report import AGE_BUCKETS, ThreadAudit, registry_number
 from .sql import AuditDatabase, _iter_sql, _kinds_of, _stream_tuples, _Totals
@@ -65,18 +66,8 @@ def _meta(registry: Registry, key: str) -> str | None:
 
 
 def _set_meta(conn: Any, registry: Registry, key: str, value: str) -> None:
-    stmt = registry._upsert(meta_table).values(key=key, value=value)
-    conn.execute(stmt.on_conflict_do_update(index_elements=[meta_table.c.key],
-                                            set_={"value": value}))
-
-
-def _insert(registry: Registry, table: sa.Table) -> Any:
-    """An INSERT that can take ON CONFLICT DO UPDATE, in the registry's dialect."""
-    if registry.dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-        return pg_insert(table)
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-    return sqlite_insert(table)
+    conn.execute(upsert(registry.dialect, meta_table, {"key": key, "value": value},
+                        [meta_table.c.key], lambda new: {"value": value}))
 
 
 def resolution(registry: Registry) -> float:
@@ -272,11 +263,10 @@ def refresh(source: _Source, *, tenant: str | None = None, now: float | None = N
 def _upsert(registry: Registry, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    stmt = _insert(registry, thread_summaries)
     cols = [c for c in rows[0] if c not in ("tenant", "thread_id")]
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[thread_summaries.c.tenant, thread_summaries.c.thread_id],
-        set_={c: getattr(stmt.excluded, c) for c in cols})
+    stmt = upsert(registry.dialect, thread_summaries, None,
+                  [thread_summaries.c.tenant, thread_summaries.c.thread_id],
+                  lambda new: {c: getattr(new, c) for c in cols})
     with registry.begin() as conn:
         conn.execute(stmt, rows)
 
@@ -307,10 +297,8 @@ def _tenant_row(registry: Registry, tenant: str, now: float) -> None:
                "stored_bytes": stored, "first_ts": first, "last_ts": last,
                "key_versions": ",".join(map(str, sorted(versions))),
                "unsealed": json.dumps(unsealed, sort_keys=True), "refreshed_at": now}
-        stmt = _insert(registry, tenant_summaries).values(**row)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=[tenant_summaries.c.tenant],
-            set_={k: v for k, v in row.items() if k != "tenant"}))
+        conn.execute(upsert(registry.dialect, tenant_summaries, row, [tenant_summaries.c.tenant],
+                            lambda new: {k: v for k, v in row.items() if k != "tenant"}))
 
 
 def tenant_totals(registry: Registry) -> list[dict[str, Any]]:

@@ -133,9 +133,10 @@ def thread_arg(value: str | None, what: str = "--thread") -> str | None:
         raise fail(exc) from None
 
 
-def check_url(url: str) -> str | None:
+def check_url(url: str, *, with_saver: bool = False) -> str | None:
     """Refuse a URL that names no usable database before anything is opened or created.
-    Returns the SQLite file path (None for PostgreSQL)."""
+    Returns the SQLite file path (None for PostgreSQL and MySQL). ``with_saver``: the inner
+    saver is named by ``--saver`` and ``url`` is only the registry's, which may be MySQL."""
     from ..storage.backends import sqlite_path
     if not isinstance(url, str) or not url.strip():
         raise fail("--url is empty: use sqlite:///path.db or postgresql://user@host/db")
@@ -143,6 +144,12 @@ def check_url(url: str) -> str | None:
         path = sqlite_path(url)
     except SecureSaverError as exc:
         raise fail(exc) from None
+    if path is None and url.startswith(("mysql://", "mariadb://", "mysql+", "mariadb+")):
+        if with_saver:
+            return None
+        raise fail(f"{url.split('://', 1)[0]}:// names a registry, not the checkpoints: "
+                   "LangGraph's MySQL savers are not opened from a URL here; name yours with "
+                   "--saver MODULE:FACTORY (docs/savers.md)")
     if path is None and not url.startswith(("postgresql://", "postgres://",
                                             "postgresql+psycopg://")):
         raise fail(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
@@ -215,7 +222,8 @@ def main(verbose: Annotated[bool, typer.Option(
 
 UrlOption = Annotated[str, typer.Option("--url", metavar="URL",
                                          help="The database: sqlite:///path.db or "
-                                              "postgresql://user@host/db.")]
+                                              "postgresql://user@host/db (with --saver, the "
+                                              "registry's, which may be mysql://...).")]
 
 
 SaverOption = Annotated[str | None, typer.Option(
@@ -250,7 +258,7 @@ def open_saver(url: str, keyring: Any, saver: str | None = None) -> Iterator[Any
     registry's database."""
     from ..keys.provider import NoKeys
     from ..saver import SecureSaver
-    check_url(url)
+    check_url(url, with_saver=saver is not None)
     try:
         if saver is not None:
             opened_saver = SecureSaver(inner_from_spec(saver), keyring=keyring or NoKeys(),

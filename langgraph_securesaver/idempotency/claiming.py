@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from ..errors import TamperedDataError
 from ..keys.crypto import KeyManager
 from ..offthread import to_thread
+from ..registry.dialects import changed_row, insert_if_absent
 from . import schema
 from . import statements as stmts
 from .errors import (
@@ -153,7 +154,7 @@ class KeyClaims:
         register_running(_ident(claim))
         try:
             with self._begin("claiming a key") as conn:
-                inserted = conn.execute(stmt, params).first() is not None
+                inserted = insert_if_absent(conn, stmt, params)
         except BaseException:
             end_claim(claim)
             raise
@@ -176,7 +177,8 @@ class KeyClaims:
         register_running(_ident(pending))
         try:
             with self._begin("taking over a key") as conn:
-                r = conn.execute(stmt, params).first()
+                r = changed_row(conn, stmt, params, (_T.c.fencing_token, _T.c.attempts),
+                                (stmts.pk(),))
         except BaseException:
             end_claim(pending)
             raise

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
+from ..registry.dialects import absent_insert, changed_row, insert_if_absent
 from .errors import RecoveryLeaseLost
 from .liveness import (
     Liveness,
@@ -90,8 +91,8 @@ class Lease:
 
     def update(self, what: str, **values: Any) -> Any:
         with self.store._begin(what) as conn:
-            return conn.execute(_R.update().where(*self.where()).values(
-                updated_at=self.store._now, **values).returning(_R.c.attempts)).first()
+            return changed_row(conn, _R.update().where(*self.where()).values(
+                updated_at=self.store._now, **values), None, (_R.c.attempts,), self.where())
 
     def renew(self) -> bool:
         now = self.store._now
@@ -285,11 +286,11 @@ def claim(store: IdempotencyStore, tenant: str, thread_id: str, owner: str,
         _R.c.tenant == tenant, _R.c.thread_id == thread_id, _R.c.state == ARMED,
         _R.c.fencing_token == seen, *(() if dead else (free,)))
         .values(owner=owner, lease_expires_at=now + lease, fencing_token=seen + 1,
-                updated_at=now, **holder_values(store))
-        .returning(_R.c.fencing_token, _R.c.configurable))
+                updated_at=now, **holder_values(store)))
     try:
         with store._begin("claiming a thread") as conn:
-            r = conn.execute(stmt).first()
+            r = changed_row(conn, stmt, None, (_R.c.fencing_token, _R.c.configurable),
+                            (_R.c.tenant == tenant, _R.c.thread_id == thread_id))
     except BaseException:
         unregister_running(ident)
         raise
@@ -360,17 +361,9 @@ def opt_in(store: IdempotencyStore, tenant: str, thread_id: str, sealed: bytes, 
 
 def _insert(store: IdempotencyStore, conn: Any, tenant: str, thread_id: str,
             values: dict[str, Any]) -> bool:
-    ins: Any
-    if store.dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-        ins = pg_insert(_R)
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-        ins = sqlite_insert(_R)
-    stmt = ins.values(tenant=tenant, thread_id=thread_id, fencing_token=1,
-                      created_at=store._now, **values).on_conflict_do_nothing().returning(
-                          _R.c.fencing_token)
-    return conn.execute(stmt).first() is not None
+    return insert_if_absent(conn, absent_insert(store.dialect, _R, {
+        "tenant": tenant, "thread_id": thread_id, "fencing_token": 1, "created_at": store._now,
+        **values}), {})
 
 
 def rearm(store: IdempotencyStore, tenant: str, thread_id: str) -> bool:

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..registry.core import metadata
+from ..registry.dialects import MYSQL
+from ..registry.schema import Blob, ThreadId
 
 #: Claim states of an idempotency record.
 IN_PROGRESS = "in_progress"
@@ -22,7 +24,7 @@ idempotency_records = sa.Table(
     "securesaver_idempotency", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
     # "" for tenant-scoped business keys
-    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("thread_id", ThreadId, primary_key=True),
     # the derived key (keyed HMAC, hex); the same string is given to downstream APIs
     sa.Column("key", sa.String(64), primary_key=True),
     sa.Column("kind", sa.String(16), nullable=False),        # tool | task | step | business
@@ -32,16 +34,16 @@ idempotency_records = sa.Table(
     sa.Column("owner", sa.String(128), nullable=True),
     sa.Column("fencing_token", sa.BigInteger, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("lease_expires_at", sa.Float, nullable=True),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-    sa.Column("result", sa.LargeBinary, nullable=True),      # sealed, bound to tenant/thread/key
-    sa.Column("error", sa.LargeBinary, nullable=True),       # sealed error text of the last try
+    sa.Column("lease_expires_at", sa.Double, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("result", Blob, nullable=True),      # sealed, bound to tenant/thread/key
+    sa.Column("error", Blob, nullable=True),       # sealed error text of the last try
     # registry MAC over (tenant, thread_id, key, fingerprint): a forged fingerprint is refused
     sa.Column("fp_mac", sa.String(64), nullable=True),
     # the thread that claimed a tenant-wide record (thread_id ""): the record's PII-vault
     # references are that thread's and it is erased with that thread (NULL otherwise)
-    sa.Column("origin", sa.String(512), nullable=True),
+    sa.Column("origin", ThreadId, nullable=True),
     sa.Index("ix_securesaver_idempotency_state", "tenant", "state"),
     # the holder of the current claim (see liveness.py); NULL when nobody holds it
     *(sa.Column(name, type_, nullable=True) for name, type_ in (
@@ -60,16 +62,16 @@ HOLDER_COLUMNS = ("holder_host", "holder_pid", "holder_start", "holder_nonce", "
 recoverable_threads = sa.Table(
     "securesaver_recoverable", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("thread_id", ThreadId, primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),       # armed | done | dead
     sa.Column("owner", sa.String(128), nullable=True),
     sa.Column("fencing_token", sa.BigInteger, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("lease_expires_at", sa.Float, nullable=True),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-    sa.Column("configurable", sa.LargeBinary, nullable=True),  # sealed run configurable
-    sa.Column("last_error", sa.LargeBinary, nullable=True),    # sealed
+    sa.Column("lease_expires_at", sa.Double, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("configurable", Blob, nullable=True),  # sealed run configurable
+    sa.Column("last_error", Blob, nullable=True),    # sealed
     sa.Index("ix_securesaver_recoverable_state", "state", "lease_expires_at"),
     # the process holding the recovery lease (the running worker or a recoverer), as on
     # idempotency claims; NULL when nobody holds it
@@ -81,7 +83,7 @@ recoverable_threads = sa.Table(
         ("holder_lock", sa.BigInteger),
         # last recorded activity of the thread's run (database clock): opt-in, lease
         # renewals of a live holder, the end of a run; what ``older_than`` is measured from
-        ("active_at", sa.Float),
+        ("active_at", sa.Double),
     )),
 )
 
@@ -89,12 +91,12 @@ dead_letters = sa.Table(
     "securesaver_dead_letters", metadata,
     sa.Column("letter_id", sa.String(36), primary_key=True),
     sa.Column("tenant", sa.String(255), nullable=False, index=True),
-    sa.Column("thread_id", sa.String(512), nullable=False),
-    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("thread_id", ThreadId, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("worker", sa.String(128), nullable=True),
     sa.Column("error_type", sa.String(255), nullable=True),
-    sa.Column("error", sa.LargeBinary, nullable=True),       # sealed
+    sa.Column("error", Blob, nullable=True),       # sealed
 )
 
 TABLES = (idempotency_records, recoverable_threads, dead_letters)
@@ -107,7 +109,9 @@ def db_now(dialect: str) -> ColumnElement[float]:
                                  sa.Float)
     if dialect == "sqlite":
         return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
-    raise ValueError(f"the idempotency store supports sqlite and postgresql, not {dialect!r}")
+    if dialect in MYSQL:   # SYSDATE, not NOW(): the time of evaluation, not of the statement
+        return sa.literal_column("(UNIX_TIMESTAMP(SYSDATE(6)) + 0e0)", sa.Double)
+    raise ValueError(f"the idempotency store runs on SQLite, PostgreSQL or MySQL, not {dialect!r}")
 
 
 def _register_sealed_columns() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..registry.dialects import absent_insert
 from . import schema
 from .keys import KeyScope
 from .schema import COMPLETED, FAILED, IN_PROGRESS, UNKNOWN, idempotency_records
@@ -47,20 +48,14 @@ def build_insert(dialect: str, now: Any) -> Any:
     values.update(state=IN_PROGRESS, fencing_token=1, attempts=1,
                   lease_expires_at=lease_param(now), created_at=now, updated_at=now,
                   **holder_values())
-    ins: Any
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-        ins = pg_insert(_T)
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-        ins = sqlite_insert(_T)
-    # RETURNING rather than rowcount: drivers disagree on rowcount of ON CONFLICT inserts
-    return ins.values(**values).on_conflict_do_nothing().returning(_T.c.fencing_token)
+    # run by insert_if_absent: drivers disagree on the rowcount of ON CONFLICT inserts
+    return absent_insert(dialect, _T, values)
 
 
 def build_takeover(now: Any, retry_expired: bool, check_fp: bool, dead: bool = False) -> Any:
     """Claim a failed key, an expired claim (``retry_expired``), or (``dead``) exactly the
-    in-progress claim with fencing token ``p_token`` whose holder was found dead."""
+    in-progress claim with fencing token ``p_token`` whose holder was found dead. Run by
+    ``changed_row`` for the new fencing token and attempts."""
     claimable: sa.ColumnElement[bool] = _T.c.state == FAILED
     if dead:
         claimable = _T.c.state == IN_PROGRESS
@@ -77,8 +72,7 @@ def build_takeover(now: Any, retry_expired: bool, check_fp: bool, dead: bool = F
     return (_T.update().where(*conds).values(
         state=IN_PROGRESS, owner=sa.bindparam("p_owner"),
         fencing_token=_T.c.fencing_token + 1, attempts=_T.c.attempts + 1,
-        lease_expires_at=lease_param(now), updated_at=now, **holder_values())
-        .returning(_T.c.fencing_token, _T.c.attempts))
+        lease_expires_at=lease_param(now), updated_at=now, **holder_values()))
 
 
 def build_cas(dialect: str, now: Any, kind: str) -> Any:

@@ -30,6 +30,7 @@ from ..errors import ConfigurationError, TamperedDataError
 from ..keys.crypto import KeyManager, TenantKeys
 from ..offthread import to_thread
 from ..registry.core import engine_lock
+from ..registry.dialects import SUPPORTED
 from . import schema
 from . import statements as stmts
 from .admin import RecordAdmin
@@ -88,9 +89,9 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
                  session_lock: bool = True, services: SaverServices | None = None) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        if self.dialect not in ("sqlite", "postgresql"):
-            raise ConfigurationError(
-                f"the idempotency store supports SQLite and PostgreSQL, not {self.dialect!r}")
+        if self.dialect not in SUPPORTED:
+            raise ConfigurationError(f"the idempotency store runs on SQLite, PostgreSQL or "
+                                     f"MySQL/MariaDB, not {self.dialect!r}")
         self.keys = keys
         self.serde = serde or JsonPlusSerializer()
         self.policy = policy or DEFAULT_POLICY

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from ..audit import summaries
 from ..keys.lifecycle import LEASE_FENCE
 from ..registry.core import Registry
+from ..registry.dialects import delete_returning
 from ..registry.schema import ThreadRow, pairs_in
 from ..retention import PruneReport
 from ..services import SaverServices
@@ -155,22 +156,23 @@ class BatchDeletion:
         if schema is not None:
             counts = {p: 0 for p in pairs}
             dialect = self.registry.dialect
-            deletes = [table.delete().where(pairs_in(
-                dialect, table.c.tenant, table.c.thread_id, pairs)).returning(
-                table.c.tenant, table.c.thread_id) for table in schema.TABLES]
             idem = schema.idempotency_records   # tenant-wide records the threads claimed
-            deletes.append(idem.delete().where(idem.c.thread_id == "", pairs_in(
-                dialect, idem.c.tenant, idem.c.origin, pairs)).returning(
-                idem.c.tenant, idem.c.origin.label("thread_id")))
+            targets: list[tuple[sa.Table, list[Any], list[Any]]] = [
+                (table, [pairs_in(dialect, table.c.tenant, table.c.thread_id, pairs)],
+                 [table.c.tenant, table.c.thread_id]) for table in schema.TABLES]
+            targets.append((idem, [idem.c.thread_id == "", pairs_in(
+                dialect, idem.c.tenant, idem.c.origin, pairs)],
+                [idem.c.tenant, idem.c.origin.label("thread_id")]))
             if dialect == "postgresql":  # one round trip: the deletes as CTEs
-                ctes = [d.cte(f"gone_{i}") for i, d in enumerate(deletes)]
-                results = [conn.execute(sa.union_all(*[sa.select(c.c.tenant, c.c.thread_id)
-                                                       for c in ctes]))]
+                ctes = [table.delete().where(*where).returning(*cols).cte(f"gone_{i}")
+                        for i, (table, where, cols) in enumerate(targets)]
+                gone = [(t, th) for t, th in conn.execute(sa.union_all(
+                    *[sa.select(c.c.tenant, c.c.thread_id) for c in ctes]))]
             else:
-                results = [conn.execute(d) for d in deletes]
-            for result in results:
-                for tenant, thread_id in result:
-                    counts[(tenant, thread_id)] += 1
+                gone = [(r["tenant"], r["thread_id"]) for table, where, cols in targets
+                        for r in delete_returning(conn, table, where, cols)]
+            for tenant, thread_id in gone:
+                counts[(tenant, thread_id)] += 1
             out["idempotency_records"] = counts
         return out
 

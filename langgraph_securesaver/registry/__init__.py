@@ -7,6 +7,7 @@
 - :mod:`.schema` -- the tables, row types and engines; :mod:`.claims` -- the pruner's claims
   and fenced deletes; :mod:`.verify` -- MAC and hash-chain verification; :mod:`.integrity` --
   the registry MAC key and row MACs; :mod:`.wrapped_keys` -- the wrapped key rows;
+  :mod:`.dialects` -- where the SQL of SQLite, PostgreSQL and MySQL/MariaDB differs;
   :mod:`.direct_reads` -- one hot read without the pool's per-checkout work.
 - :mod:`.denials` -- refused attempts, coalesced before they reach the registry.
 - :mod:`.thread_keys` -- per-thread data keys (what deletion destroys); :mod:`.pii_vault` --

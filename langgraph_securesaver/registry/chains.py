@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from ..errors import ConfigurationError
 from . import integrity as mac
 from .base import RegistryBase
+from .dialects import upsert_returning
 from .integrity import GENESIS, RegistryIntegrity, row_tag
 from .schema import Event, Receipt, chain_heads, events, receipts
 
@@ -147,13 +148,12 @@ class RegistryChains(RegistryBase):
                 found[chain] = (int(seq), str(prev), str(head_mac))
             return found
         for chain, first in zip(chains, genesis, strict=True):
-            head = conn.execute(self._upsert(chain_heads).values(
-                tbl=tbl, chain=chain, seq=0, mac=GENESIS, head_mac=first,
-            ).on_conflict_do_update(
-                index_elements=[chain_heads.c.tbl, chain_heads.c.chain],
-                set_={"seq": chain_heads.c.seq},
-            ).returning(chain_heads.c.seq, chain_heads.c.mac, chain_heads.c.head_mac)).one()
-            found[chain] = (int(head.seq), str(head.mac), str(head.head_mac))
+            head = upsert_returning(
+                conn, self.dialect, chain_heads,
+                {"tbl": tbl, "chain": chain, "seq": 0, "mac": GENESIS, "head_mac": first},
+                [chain_heads.c.tbl, chain_heads.c.chain], lambda new: {"seq": chain_heads.c.seq},
+                [chain_heads.c.seq, chain_heads.c.mac, chain_heads.c.head_mac])
+            found[chain] = (int(head["seq"]), str(head["mac"]), str(head["head_mac"]))
         return found
 
     def _store_heads(self, conn: Connection, tbl: str,

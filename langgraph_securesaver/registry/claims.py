@@ -20,6 +20,7 @@ from ..errors import TamperedDataError
 from ..keys.lifecycle import LEASE_FENCE
 from . import integrity as mac
 from .base import RegistryBase
+from .dialects import claim_returning, delete_returning, update_returning
 from .schema import (
     ThreadRow,
     _maced,
@@ -78,24 +79,18 @@ class RegistryClaims(RegistryBase):
     def _claim(self, conditions: tuple[Any, ...], order: Any, *, owner: str, lease: float,
                limit: int, tenant: str | None) -> list[ThreadRow]:
         """Claim up to ``limit`` threads matching ``conditions`` (ordered by ``order``) that no
-        live pruner holds: one UPDATE ... RETURNING (PostgreSQL: the candidates locked with
-        SKIP LOCKED, so concurrent pruners take disjoint sets)."""
+        live pruner holds (the candidates locked with SKIP LOCKED, so concurrent pruners take
+        disjoint sets; SQLite has one writer at a time)."""
         wall = time.time()
-        token = uuid.uuid4().hex
-        candidates = sa.select(threads.c.tenant, threads.c.thread_id).where(
-            *conditions,
-            sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall),
-        ).order_by(order).limit(limit)
+        where = [*conditions,
+                 sa.or_(threads.c.claim_expires.is_(None), threads.c.claim_expires < wall)]
         if tenant is not None:
-            candidates = candidates.where(threads.c.tenant == tenant)
-        if self.dialect == "postgresql":
-            candidates = candidates.with_for_update(skip_locked=True)
-        stmt = threads.update().where(
-            sa.tuple_(threads.c.tenant, threads.c.thread_id).in_(candidates)
-        ).values(claim_owner=owner, claim_token=token, claim_expires=wall + lease
-                 ).returning(*threads.c)
+            where.append(threads.c.tenant == tenant)
+        values = {"claim_owner": owner, "claim_token": uuid.uuid4().hex,
+                  "claim_expires": wall + lease}
         with self.begin() as conn:
-            return [ThreadRow(**r) for r in conn.execute(stmt).mappings()]
+            return [ThreadRow(**r) for r in claim_returning(conn, threads, where, order, limit,
+                                                             values)]
 
     def delete_emptied_claimed(self, conn: Connection, row: ThreadRow, cutoff: float) -> bool:
         """Inside the caller's transaction: drop the registry row of a claimed emptied
@@ -104,14 +99,14 @@ class RegistryClaims(RegistryBase):
         re-check is the statement that deletes (and, on SQLite, takes the write lock before
         the caller re-counts the checkpoints). The deleted row's MACs must verify, else
         TamperedDataError rolls the caller's transaction back."""
-        stmt = threads.delete().where(
+        found = delete_returning(conn, threads, [
             threads.c.tenant == row.tenant, threads.c.thread_id == row.thread_id,
             threads.c.claim_token == row.claim_token, threads.c.state == "emptied",
             threads.c.legal_hold.is_(False), threads.c.last_activity <= cutoff,
-        ).returning(*threads.c)
-        gone = conn.execute(stmt).mappings().first()
-        if gone is None:
+        ], list(threads.c))
+        if not found:
             return False
+        gone = found[0]
         # the filter read last_activity and legal_hold as stored; their MACs cover both
         self.verified_expiry(ThreadRow(**gone))  # raises on a row that does not verify
         return True
@@ -180,8 +175,8 @@ class RegistryClaims(RegistryBase):
                 where = self._batch_where(token, pairs)
                 if now is not None:
                     where.append(self._still_due(now))
-                stmt = threads.update().where(*where).values(state=state).returning(*threads.c)
-                for r in conn.execute(stmt).mappings():
+                for r in update_returning(conn, threads, where, {"state": state},
+                                          list(threads.c)):
                     if now is not None:
                         self._refuse_undue(r, now)
                     done.add((r["tenant"], r["thread_id"]))
@@ -233,15 +228,14 @@ class RegistryClaims(RegistryBase):
             return []
         where = self._batch_where(token, pairs)
         if now is None:
-            stmt = threads.delete().where(*where).returning(threads.c.tenant,
-                                                            threads.c.thread_id)
-            return [(t, th) for t, th in conn.execute(stmt)]
+            return [(r["tenant"], r["thread_id"]) for r in delete_returning(
+                conn, threads, where, [threads.c.tenant, threads.c.thread_id])]
         # the re-check under the claim: the SQL filter on the stored columns, then the MACs of
         # exactly the rows this statement deleted (as they were under its locks); one that
         # does not verify raises, rolling the caller's whole transaction back
         where.append(self._still_due(now))
         gone = []
-        for r in conn.execute(threads.delete().where(*where).returning(*threads.c)).mappings():
+        for r in delete_returning(conn, threads, where, list(threads.c)):
             self._refuse_undue(r, now, known)
             gone.append((r["tenant"], r["thread_id"]))
         return gone

@@ -23,6 +23,7 @@ from ..errors import ConfigurationError
 from .chains import RegistryChains
 from .claims import RegistryClaims
 from .denials import flush_for
+from .dialects import MYSQL, insert_ignore
 from .direct_reads import DirectReads
 from .integrity import RegistryIntegrity
 from .namespaces import RegistryNamespaces
@@ -68,6 +69,8 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
         self.engine = create_registry_engine(engine) if isinstance(engine, str) else engine
         check_registry_dialect(self.engine)
         self.dialect = self.engine.dialect.name
+        if self.dialect in MYSQL:   # also on an engine the caller made: see create_registry_engine
+            self.engine = self.engine.execution_options(isolation_level="READ COMMITTED")
         self._setup_lock = threading.Lock()
         self._is_setup = False
         #: pooled-connection-free reads of the hottest statement (the erasure epoch); on the
@@ -164,9 +167,14 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
                 found = conn.execute(sa.text(
                     "SELECT name FROM sqlite_master WHERE name IN :names").bindparams(
                         sa.bindparam("names", expanding=True)), {"names": names}).scalars()
+            elif self.dialect in MYSQL:   # index names are per table: the union of both
+                found = conn.execute(sa.text(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = DATABASE() UNION SELECT index_name FROM "
+                    "information_schema.statistics WHERE table_schema = DATABASE()")).scalars()
             else:
                 return False
-            present = set(found)
+            present = set(found) & set(names)
             # the version first: a registry of another version may lack today's objects
             current = conn.execute(
                 sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
@@ -182,23 +190,8 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
     # dialect helpers --------------------------------------------------------------------------
     def _insert_ignore(self, conn: Connection, table: sa.Table,
                        rows: Sequence[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        stmt: Any
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-            stmt = pg_insert(table).on_conflict_do_nothing()
-        else:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-            stmt = sqlite_insert(table).on_conflict_do_nothing()
-        conn.execute(stmt, list(rows))
-
-    def _upsert(self, table: sa.Table) -> Any:
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-            return pg_insert(table)
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-        return sqlite_insert(table)
+        if rows:
+            conn.execute(insert_ignore(self.dialect, table), list(rows))
 
     # deletion hygiene and shutdown ----------------------------------------------------------
     def flush_deleted(self) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
+from .dialects import MYSQL
+
 logger = logging.getLogger(__name__)
 
 #: a parent's connections seen in a forked child: kept referenced, never used or closed
@@ -63,7 +65,7 @@ class DirectReads:
 
     @property
     def placeholder(self) -> str:
-        """The driver's parameter marker (``?`` for SQLite, ``%s`` for psycopg)."""
+        """The driver's parameter marker (``?`` for SQLite, ``%s`` for psycopg and PyMySQL)."""
         return "?" if self.engine.dialect.name == "sqlite" else "%s"
 
     def scalar(self, sql: str, params: tuple[Any, ...]) -> Any:
@@ -137,6 +139,8 @@ class DirectReads:
             fairy.detach()   # ours now: the pool neither counts, pings, resets nor closes it
             if self.engine.dialect.name == "postgresql":
                 conn.autocommit = True
+            elif self.engine.dialect.name in MYSQL:
+                conn.autocommit(True)   # PyMySQL: a method
         except BaseException:
             _close_quietly(conn)
             raise

@@ -45,8 +45,9 @@ import sqlalchemy as sa
 
 from ..keys.tokens import ENTRY, associated_data
 from .core import Registry, metadata
+from .dialects import delete_returning
 from .pii_lookups import matching, public_token_for
-from .schema import pii_keys
+from .schema import Blob, ThreadId, pii_keys
 
 if TYPE_CHECKING:
     from ..keys.crypto import TenantKeys
@@ -58,8 +59,8 @@ pii_vault = sa.Table(
     sa.Column("tenant", sa.String(255), primary_key=True),
     sa.Column("token", sa.String(128), primary_key=True),
     sa.Column("kind", sa.String(64), nullable=False),
-    sa.Column("sealed", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("sealed", Blob, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
     # the keyed HMAC of the normalized value (redaction.make_token under the tenant's lookup
     # key of master version ``lookup_key``, see pii_lookups): how a value finds its entry
     sa.Column("lookup", sa.String(128), nullable=True),
@@ -70,10 +71,10 @@ pii_vault = sa.Table(
 pii_refs = sa.Table(
     "securesaver_pii_refs", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("thread_id", ThreadId, primary_key=True),
     sa.Column("token", sa.String(128), primary_key=True),
     sa.Column("kind", sa.String(64), nullable=False, index=True),
-    sa.Column("first_seen", sa.Float, nullable=False),
+    sa.Column("first_seen", sa.Double, nullable=False),
 )
 
 
@@ -85,7 +86,7 @@ pii_epoch = sa.Table(
 
 
 _EPOCH_SQL_SQLITE = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = ?"
-_EPOCH_SQL_PG = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
+_EPOCH_SQL_FORMAT = "SELECT epoch FROM securesaver_pii_epoch WHERE tenant = %s"
 #: seconds a write may map values with the tenant's erasure epoch as this process last read
 #: it; reads (:meth:`PiiVault.lookup`) read it every time
 WRITE_EPOCH_REUSE = 0.05
@@ -410,7 +411,7 @@ class PiiVault:
         if sql is None:
             # constant SQL (no user input in it); the tenant is a bound parameter
             sql = self._epoch_sql = (_EPOCH_SQL_SQLITE if self.registry.engine.dialect.name
-                                     == "sqlite" else _EPOCH_SQL_PG)
+                                     == "sqlite" else _EPOCH_SQL_FORMAT)
         if not self.registry._is_setup:
             self.registry.setup()
         return int(self.registry.direct.scalar(sql, (tenant,)) or 0)
@@ -536,10 +537,9 @@ class PiiVault:
             conn.execute(pii_refs.delete().where(pii_refs.c.tenant == tenant,
                                                  pii_refs.c.thread_id == thread_id))
             still_used = sa.select(pii_refs.c.token).where(pii_refs.c.tenant == tenant)
-            gone = list(conn.execute(pii_vault.delete().where(
+            gone = [r["token"] for r in delete_returning(conn, pii_vault, [
                 pii_vault.c.tenant == tenant, pii_vault.c.token.in_(tokens),
-                pii_vault.c.token.not_in(still_used)).returning(pii_vault.c.token)).scalars()
-            ) if tokens else []
+                pii_vault.c.token.not_in(still_used)], [pii_vault.c.token])] if tokens else []
             erased = len(gone)
             if erased:
                 self._destroy_keys(conn, tenant, gone)
@@ -572,9 +572,9 @@ class PiiVault:
         from .schema import pairs_in
         wanted = list(pairs)
         dialect = conn.dialect.name
-        refs = conn.execute(pii_refs.delete().where(
-            pairs_in(dialect, pii_refs.c.tenant, pii_refs.c.thread_id, wanted)).returning(
-            pii_refs.c.tenant, pii_refs.c.thread_id, pii_refs.c.token)).all()
+        refs = [(r["tenant"], r["thread_id"], r["token"]) for r in delete_returning(
+            conn, pii_refs, [pairs_in(dialect, pii_refs.c.tenant, pii_refs.c.thread_id, wanted)],
+            [pii_refs.c.tenant, pii_refs.c.thread_id, pii_refs.c.token])]
         owner: dict[tuple[str, str], tuple[str, str]] = {}
         for tenant, thread_id, token in sorted(refs):
             owner.setdefault((tenant, token), (tenant, thread_id))
@@ -582,9 +582,9 @@ class PiiVault:
         if owner:
             still_used = sa.select(pii_refs.c.token).where(
                 pii_refs.c.tenant == pii_vault.c.tenant, pii_refs.c.token == pii_vault.c.token)
-            gone = conn.execute(pii_vault.delete().where(
+            gone = [(r["tenant"], r["token"]) for r in delete_returning(conn, pii_vault, [
                 pairs_in(dialect, pii_vault.c.tenant, pii_vault.c.token, list(owner)),
-                ~sa.exists(still_used)).returning(pii_vault.c.tenant, pii_vault.c.token)).all()
+                ~sa.exists(still_used)], [pii_vault.c.tenant, pii_vault.c.token])]
             for tenant, token in gone:
                 erased[owner[(tenant, token)]] += 1
             for tenant in sorted({t for t, _token in gone}):

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+import sqlalchemy.dialects.mysql
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import StaticPool
 
 from ..errors import ConfigurationError
 from ..retention import DEFAULT_POLICY_KEY
 from . import integrity as mac
+from .dialects import MYSQL, SUPPORTED
 from .integrity import row_tag
 
 logger = logging.getLogger("langgraph_securesaver.registry.core")
@@ -33,6 +35,12 @@ logger = logging.getLogger("langgraph_securesaver.registry.core")
 SCHEMA_VERSION = 1
 
 metadata = sa.MetaData()
+
+#: thread ids: 512 characters; 255 on MySQL/MariaDB, whose keys hold at most 3,072 bytes
+#: (LangGraph's MySQL saver keeps 150)
+ThreadId = sa.String(512).with_variant(sa.String(255), "mysql", "mariadb")
+#: sealed values and wrapped keys (MySQL's BLOB stops at 64 KB)
+Blob = sa.LargeBinary().with_variant(sa.dialects.mysql.LONGBLOB(), "mysql", "mariadb")
 
 meta_table = sa.Table(
     "securesaver_meta", metadata,
@@ -46,8 +54,8 @@ tenant_keys = sa.Table(
     sa.Column("purpose", sa.String(16), primary_key=True),
     sa.Column("version", sa.Integer, primary_key=True),
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
-    sa.Column("wrapped", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("wrapped", Blob, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
 )
 
 # one random data key per thread, wrapped by the tenant KEK (registry/thread_keys.py); deleting the
@@ -55,10 +63,10 @@ tenant_keys = sa.Table(
 thread_keys = sa.Table(
     "securesaver_thread_keys", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("thread_id", ThreadId, primary_key=True),
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
-    sa.Column("wrapped", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("wrapped", Blob, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
 )
 
 # one random data key per PII-vault entry (token): erasing the value deletes its key
@@ -67,8 +75,8 @@ pii_keys = sa.Table(
     sa.Column("tenant", sa.String(255), primary_key=True),
     sa.Column("token", sa.String(128), primary_key=True),
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
-    sa.Column("wrapped", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("wrapped", Blob, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
 )
 
 # one random data key per SecureStore item (``item``: its vault owner id, a digest of namespace
@@ -80,8 +88,8 @@ store_keys = sa.Table(
     sa.Column("item", sa.String(128), primary_key=True),
     sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
-    sa.Column("wrapped", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("wrapped", Blob, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ix_securesaver_store_keys_owner", "tenant", "owner"),
 )
 
@@ -90,30 +98,30 @@ store_keys = sa.Table(
 thread_subjects = sa.Table(
     "securesaver_thread_subjects", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("thread_id", ThreadId, primary_key=True),
     sa.Column("subject", sa.String(64), nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ix_securesaver_thread_subjects_subject", "tenant", "subject"),
 )
 
 threads = sa.Table(
     "securesaver_threads", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("last_activity", sa.Float, nullable=False),
+    sa.Column("thread_id", ThreadId, primary_key=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("last_activity", sa.Double, nullable=False),
     # effective retention (copied from the thread override, tenant or default policy)
-    sa.Column("idle_ttl", sa.Float, nullable=True),
-    sa.Column("max_age", sa.Float, nullable=True),
+    sa.Column("idle_ttl", sa.Double, nullable=True),
+    sa.Column("max_age", sa.Double, nullable=True),
     sa.Column("strategy", sa.String(16), nullable=False, default="delete"),
     sa.Column("legal_hold", sa.Boolean, nullable=False, default=False, index=True),
     sa.Column("policy_source", sa.String(16), nullable=False, default="default"),
-    sa.Column("expires_at", sa.Float, nullable=True, index=True),
+    sa.Column("expires_at", sa.Double, nullable=True, index=True),
     sa.Column("state", sa.String(16), nullable=False, default="active"),
     # pruner claims (lease + fencing token)
     sa.Column("claim_owner", sa.String(128), nullable=True),
     sa.Column("claim_token", sa.String(64), nullable=True),
-    sa.Column("claim_expires", sa.Float, nullable=True),
+    sa.Column("claim_expires", sa.Double, nullable=True),
     # registry MACs (registry/integrity.py): over the retention fields, and over last_activity
     sa.Column("policy_mac", sa.String(64), nullable=True),
     sa.Column("activity_mac", sa.String(64), nullable=True),
@@ -125,7 +133,7 @@ thread_namespaces = sa.Table(
     "securesaver_thread_namespaces", metadata,
     sa.Column("ns_key", sa.String(64), primary_key=True),  # sha256(tenant, thread, ns)
     sa.Column("tenant", sa.String(255), nullable=False),
-    sa.Column("thread_id", sa.String(512), nullable=False),
+    sa.Column("thread_id", ThreadId, nullable=False),
     sa.Column("checkpoint_ns", sa.Text, nullable=False),
     sa.Index("ix_securesaver_thread_namespaces_thread", "tenant", "thread_id"),
 )
@@ -133,11 +141,11 @@ thread_namespaces = sa.Table(
 policies = sa.Table(
     "securesaver_policies", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),  # "*" = the saver default
-    sa.Column("idle_ttl", sa.Float, nullable=True),
-    sa.Column("max_age", sa.Float, nullable=True),
+    sa.Column("idle_ttl", sa.Double, nullable=True),
+    sa.Column("max_age", sa.Double, nullable=True),
     sa.Column("strategy", sa.String(16), nullable=False),
     sa.Column("legal_hold", sa.Boolean, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
     sa.Column("mac", sa.String(64), nullable=True),
 )
 
@@ -146,8 +154,8 @@ receipts = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("receipt_id", sa.String(64), nullable=False, unique=True),
     sa.Column("tenant", sa.String(255), nullable=False, index=True),
-    sa.Column("thread_id", sa.String(512), nullable=True),
-    sa.Column("deleted_at", sa.Float, nullable=False, index=True),
+    sa.Column("thread_id", ThreadId, nullable=True),
+    sa.Column("deleted_at", sa.Double, nullable=False, index=True),
     sa.Column("action", sa.String(16), nullable=False),  # deleted | pruned | shredded
     sa.Column("reason", sa.String(64), nullable=False),
     sa.Column("requested_by", sa.String(255), nullable=True),
@@ -161,10 +169,10 @@ receipts = sa.Table(
 events = sa.Table(
     "securesaver_events", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("at", sa.Float, nullable=False, index=True),
+    sa.Column("at", sa.Double, nullable=False, index=True),
     sa.Column("kind", sa.String(32), nullable=False, index=True),
     sa.Column("tenant", sa.String(255), nullable=True, index=True),
-    sa.Column("thread_id", sa.String(512), nullable=True),
+    sa.Column("thread_id", ThreadId, nullable=True),
     sa.Column("actor", sa.String(255), nullable=True),
     sa.Column("detail", sa.Text, nullable=False, default="{}"),
     # hash chain per tenant ("" for tenant-less events)
@@ -188,19 +196,19 @@ chain_heads = sa.Table(
 thread_summaries = sa.Table(
     "securesaver_thread_summaries", metadata,
     sa.Column("tenant", sa.String(255), primary_key=True),
-    sa.Column("thread_id", sa.String(512), primary_key=True),
+    sa.Column("thread_id", ThreadId, primary_key=True),
     sa.Column("checkpoints", sa.BigInteger, nullable=False),
     sa.Column("stored_bytes", sa.BigInteger, nullable=False),
-    sa.Column("first_ts", sa.Float, nullable=True),
-    sa.Column("last_ts", sa.Float, nullable=True),
+    sa.Column("first_ts", sa.Double, nullable=True),
+    sa.Column("last_ts", sa.Double, nullable=True),
     sa.Column("key_versions", sa.Text, nullable=False),
     sa.Column("pii", sa.Text, nullable=False),
     sa.Column("ages", sa.Text, nullable=False),
     sa.Column("unsealed", sa.Text, nullable=False),
-    sa.Column("refreshed_at", sa.Float, nullable=True),
+    sa.Column("refreshed_at", sa.Double, nullable=True),
     # set by the paths that change stored rows without touching the thread's activity
     # (keep_latest, delete_for_runs, forget_pii): due again if at or after refreshed_at
-    sa.Column("changed_at", sa.Float, nullable=True),
+    sa.Column("changed_at", sa.Double, nullable=True),
 )
 # Per tenant, the sums of its thread summaries (written with them).
 tenant_summaries = sa.Table(
@@ -209,11 +217,11 @@ tenant_summaries = sa.Table(
     sa.Column("threads", sa.BigInteger, nullable=False),
     sa.Column("checkpoints", sa.BigInteger, nullable=False),
     sa.Column("stored_bytes", sa.BigInteger, nullable=False),
-    sa.Column("first_ts", sa.Float, nullable=True),
-    sa.Column("last_ts", sa.Float, nullable=True),
+    sa.Column("first_ts", sa.Double, nullable=True),
+    sa.Column("last_ts", sa.Double, nullable=True),
     sa.Column("key_versions", sa.Text, nullable=False),
     sa.Column("unsealed", sa.Text, nullable=False),
-    sa.Column("refreshed_at", sa.Float, nullable=True),
+    sa.Column("refreshed_at", sa.Double, nullable=True),
 )
 
 #: securesaver_meta key naming the database (bound into every wrapped key)
@@ -315,6 +323,11 @@ def normalize_url(url: str) -> str:
     """Accept the URLs users already have (``postgresql://``, ``sqlite:///``) for SQLAlchemy."""
     if url.startswith(("postgres://", "postgresql://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith(("mysql://", "mariadb://")):
+        scheme, rest = url.split("://", 1)
+        url = f"{scheme}+pymysql://{rest}"
+    if url.startswith(("mysql+", "mariadb+")) and "charset=" not in url:
+        url += ("&" if "?" in url else "?") + "charset=utf8mb4"
     return url
 
 
@@ -341,11 +354,14 @@ def create_registry_engine(url: str) -> Engine:
         # on more: beyond pool_size a connection is closed when it is returned (PostgreSQL
         # forks a backend for each new one), beyond pool_size + max_overflow a thread waits
         return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=22)
+    if url.startswith(("mysql", "mariadb")):
+        # READ COMMITTED: a statement sees rows committed before it, as on PostgreSQL (the
+        # claims and leases are written for that, not for REPEATABLE READ's snapshots)
+        return sa.create_engine(url, pool_pre_ping=True, pool_recycle=3600, pool_size=10,
+                                max_overflow=22, isolation_level="READ COMMITTED")
     raise ConfigurationError(
-        f"unsupported registry URL {_scheme(url)!r}: the registry runs on SQLite or PostgreSQL "
-        "(sqlite:///path.db, postgresql://...); MySQL/MariaDB lack the UPDATE ... RETURNING "
-        "its claims and chains use (docs/savers.md). A MySQL or Redis deployment keeps its "
-        "registry in a SQLite file or a PostgreSQL database backed up with the checkpoints")
+        f"unsupported registry URL {_scheme(url)!r}: the registry runs on SQLite, PostgreSQL "
+        "or MySQL/MariaDB (sqlite:///path.db, postgresql://..., mysql://...)")
 
 
 def _scheme(url: str) -> str:
@@ -354,11 +370,10 @@ def _scheme(url: str) -> str:
 
 def check_registry_dialect(engine: Engine) -> None:
     """Refuse, before any table is created, an engine the registry cannot run on."""
-    if engine.dialect.name not in ("sqlite", "postgresql"):
+    if engine.dialect.name not in SUPPORTED:
         raise ConfigurationError(
-            f"the registry cannot run on {engine.dialect.name}: it runs on SQLite or "
-            "PostgreSQL (MySQL/MariaDB lack the UPDATE ... RETURNING its claims and chains "
-            "use); nothing was created (docs/savers.md)")
+            f"the registry cannot run on {engine.dialect.name}: it runs on SQLite, "
+            "PostgreSQL or MySQL/MariaDB; nothing was created (docs/savers.md)")
 
 
 def scrub_wal(engine: Engine) -> None:
@@ -393,12 +408,15 @@ def engine_lock(engine: Engine) -> AbstractContextManager[Any]:
 
 def _create_all(engine: Engine) -> None:
     """create_all, tolerating another process creating the same tables at the same moment."""
+    if engine.dialect.name in MYSQL:
+        _binary_collation(engine)
     for attempt in range(5):
         try:
             metadata.create_all(engine, checkfirst=True)
             return
         except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
-            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
+            if not any(m in str(exc) for m in ("already exists", "duplicate key",
+                                               "Duplicate key name")):
                 raise
             logger.debug("concurrent schema creation (attempt %d): %s", attempt + 1, exc)
             time.sleep(0.05 * (attempt + 1))
@@ -414,3 +432,15 @@ def _register_companion_tables() -> None:
             importlib.import_module(module)
         except ImportError:  # an optional component that is not installed
             logger.debug("companion tables %s not available", module)
+
+
+def _binary_collation(engine: Engine) -> None:
+    """On MySQL/MariaDB every registry table compares text byte for byte, trailing spaces
+    included: under the default collations ``Acme``, ``acme`` and ``acme `` are one tenant
+    and one key."""
+    with engine.connect() as conn:
+        mariadb = "mariadb" in str(conn.exec_driver_sql("SELECT VERSION()").scalar()).lower()
+    collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
+    for table in metadata.tables.values():
+        table.dialect_kwargs.update(mysql_engine="InnoDB", mysql_charset="utf8mb4",
+                                    mysql_collate=collation)

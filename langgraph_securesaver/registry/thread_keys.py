@@ -49,6 +49,7 @@ from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
 from ..keys.provider import WrappedKey
 from ..keys.tokens import ENTRY, ITEM, KEK, THREAD, thread_key_context
 from .core import Registry
+from .dialects import delete_returning
 from .pii_lookups import LookupKeys
 from .schema import meta_table, pairs_in, pii_keys, store_keys, tenant_keys, thread_keys
 from .wrapped_keys import retiring_versions
@@ -443,12 +444,11 @@ class ThreadKeyStore:
         if not pairs:
             return {}
         table, col = TABLES[scope]
-        gone = conn.execute(table.delete().where(pairs_in(
-            conn.dialect.name, table.c.tenant, col, list(pairs))).returning(
-            table.c.tenant, col)).all()
+        gone = delete_returning(conn, table, [pairs_in(
+            conn.dialect.name, table.c.tenant, col, list(pairs))], [table.c.tenant, col])
         out = {p: 0 for p in pairs}
-        for tenant, name in gone:
-            out[(tenant, name)] = 1
+        for r in gone:
+            out[(r["tenant"], r[col.name])] = 1
         self._drop([(scope, t, n) for t, n in pairs])
         return out
 
@@ -456,9 +456,8 @@ class ThreadKeyStore:
         """Destroy, in the caller's transaction, the keys of every store item of ``tenant``
         whose first namespace label has digest ``owner`` -- also of items the inner store
         already expired (their remnants then no longer open)."""
-        gone = conn.execute(store_keys.delete().where(
-            store_keys.c.tenant == tenant, store_keys.c.owner == owner).returning(
-            store_keys.c.item)).scalars().all()
+        gone = [r["item"] for r in delete_returning(conn, store_keys, [
+            store_keys.c.tenant == tenant, store_keys.c.owner == owner], [store_keys.c.item])]
         self._drop([(ITEM, tenant, name) for name in gone])
         return len(gone)
 

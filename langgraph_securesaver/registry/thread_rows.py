@@ -21,6 +21,7 @@ from ..errors import TamperedDataError
 from ..retention import DEFAULT_POLICY_KEY, NO_RETENTION, RetentionPolicy
 from . import integrity as mac
 from .base import RegistryBase
+from .dialects import greatest, upsert, upsert_returning
 from .integrity import RESERVED_TENANT
 from .schema import (
     ThreadRow,
@@ -39,9 +40,6 @@ class RegistryThreads(RegistryBase):
     """Thread rows (registration, last activity) and the retention policies they follow."""
 
     # threads ----------------------------------------------------------------------------------
-    def _greatest(self, a: Any, b: Any) -> Any:
-        return sa.func.greatest(a, b) if self.dialect == "postgresql" else sa.func.max(a, b)
-
     def touch_thread(self, tenant: str, thread_id: str, now: float | None = None,
                      policy: RetentionPolicy | None = None, state: str = "active",
                      within: Callable[[Connection, str, float], None] | None = None) -> float:
@@ -61,24 +59,25 @@ class RegistryThreads(RegistryBase):
                "expires_at": policy.expires_at(now, now), "state": state}
         row["policy_mac"] = integ.mac(mac.THREAD_POLICY, *mac.thread_policy_parts(row))
         row["activity_mac"] = integ.mac(mac.THREAD_ACTIVITY, *mac.thread_activity_parts(row))
-        stmt = self._upsert(threads).values(**row)
-        last = self._greatest(threads.c.last_activity, stmt.excluded.last_activity)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[threads.c.tenant, threads.c.thread_id],
-            set_={
-                "last_activity": last,
-                # the MAC moves with the value it covers (SET sees the old row on both backends)
-                "activity_mac": sa.case(
-                    (stmt.excluded.last_activity > threads.c.last_activity,
-                     stmt.excluded.activity_mac), else_=threads.c.activity_mac),
+
+        def on_conflict(new: Any) -> dict[str, Any]:
+            last = greatest(self.dialect, threads.c.last_activity, new.last_activity)
+            return {
+                # the MAC moves with the value it covers; every SET here reads the stored
+                # row, so last_activity is set last (MySQL assigns left to right)
+                "activity_mac": sa.case((new.last_activity > threads.c.last_activity,
+                                         new.activity_mac), else_=threads.c.activity_mac),
                 "expires_at": expires_expr(threads.c.created_at, last, threads.c.idle_ttl,
                                            threads.c.max_age, threads.c.legal_hold),
                 "state": sa.case((threads.c.state == "deleting", "deleting"), else_=state),
-            },
-        )
-        stmt = stmt.returning(threads.c.state, threads.c.last_activity)
+                "last_activity": last,
+            }
+
         with self.begin() as conn:
-            stood, last = conn.execute(stmt).one()
+            stood_row = upsert_returning(
+                conn, self.dialect, threads, row, [threads.c.tenant, threads.c.thread_id],
+                on_conflict, [threads.c.state, threads.c.last_activity])
+            stood, last = stood_row["state"], stood_row["last_activity"]
             if within is not None:
                 within(conn, str(stood), float(last))
         return float(last)
@@ -141,10 +140,8 @@ class RegistryThreads(RegistryBase):
             else:   # an upsert: processes starting together save the same default at once
                 row = {"tenant": tenant, **policy.as_row(), "updated_at": time.time()}
                 row["mac"] = integ.mac(mac.POLICY, *mac.policy_parts(row))
-                stmt = self._upsert(policies).values(**row)
-                conn.execute(stmt.on_conflict_do_update(
-                    index_elements=[policies.c.tenant],
-                    set_={k: v for k, v in row.items() if k != "tenant"}))
+                conn.execute(upsert(self.dialect, policies, row, [policies.c.tenant],
+                                    lambda new: {k: v for k, v in row.items() if k != "tenant"}))
             self._reapply(conn, tenant)
 
     def get_policy(self, tenant: str) -> RetentionPolicy | None:
@@ -223,7 +220,7 @@ class RegistryThreads(RegistryBase):
         pk = (threads.c.tenant == tenant, threads.c.thread_id == thread_id)
         with self.begin() as conn:
             q = sa.select(threads).where(*pk)
-            if self.dialect == "postgresql":
+            if self.dialect != "sqlite":   # SQLite: one writer at a time
                 q = q.with_for_update()
             current = conn.execute(q).mappings().first()
             if current is None:

@@ -1,0 +1,218 @@
+"""The registry on MariaDB, the database a MySQL deployment already runs: its tables beside
+LangGraph's MySQL saver in one database, attacked and raced the way they are on SQLite and
+PostgreSQL. (The chat graph, deletion, retention, copy, conformance and the CLI on this
+deployment are in tests/test_thirdparty.py and tests/test_thirdparty_cli.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.mysql.pymysql import PyMySQLSaver
+
+from langgraph_securesaver import (
+    ConfigurationError,
+    Keyring,
+    RetentionPolicy,
+    SecureSaver,
+    TamperedDataError,
+)
+from langgraph_securesaver.registry.core import Registry
+from langgraph_securesaver.registry.schema import normalize_url
+
+from .test_thirdparty import run_chat
+
+RACE = Path(__file__).parent / "idem_scripts" / "race_worker.py"
+
+
+@pytest.fixture
+def db(mariadb: Any) -> str:
+    return str(mariadb.new_database())
+
+
+@pytest.fixture
+def deployment(db: str) -> Iterator[tuple[Any, str]]:
+    """LangGraph's MySQL saver and the registry in one MariaDB database."""
+    with PyMySQLSaver.from_conn_string(db) as inner:
+        inner.setup()
+        yield inner, db
+
+
+def _sql(url: str, statement: str, **params: Any) -> list[Any]:
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.begin() as conn:
+            result = conn.execute(sa.text(statement), params)
+            return list(result) if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+async def test_tenants_differing_in_case_stay_apart(deployment: tuple[Any, str]) -> None:
+    """MySQL's default collations compare ``Acme``, ``acme`` and ``ACME`` as equal: the
+    registry's keys, rows and vault would be shared between three tenants."""
+    _inner, url = deployment
+    ring = Keyring.generate()
+    stack = contextlib.ExitStack()
+    savers = {t: SecureSaver(stack.enter_context(PyMySQLSaver.from_conn_string(url)),
+                             keyring=ring, registry=url, redaction=None, default_tenant=t)
+              for t in ("acme", "Acme", "ACME")}
+    for saver in savers.values():
+        saver.setup()
+        await run_chat(saver, False, "t1")
+    first = savers["acme"].registry
+    assert set(first.tenants()) >= {"acme", "Acme", "ACME"}
+    keys = _sql(url, "SELECT tenant FROM securesaver_thread_keys WHERE thread_id = 't1'")
+    assert sorted(r[0] for r in keys) == sorted(["acme", "Acme", "ACME"])
+    # each reads its own thread; deleting one tenant's thread leaves the others readable
+    cfg = {"configurable": {"thread_id": "t1"}}
+    for saver in savers.values():
+        assert saver.get_tuple(cfg) is not None
+    savers["Acme"].delete_thread("t1")
+    assert savers["Acme"].get_tuple(cfg) is None
+    assert savers["acme"].get_tuple(cfg) is not None
+    assert savers["ACME"].get_tuple(cfg) is not None
+    stack.close()
+
+
+def test_registry_timestamps_keep_their_precision(db: str) -> None:
+    """A FLOAT column would round an epoch to minutes: every MAC over a time would fail."""
+    registry = Registry(db)
+    registry.attach_keys(Keyring.generate())
+    registry.setup()
+    at = 1_765_000_000.123456
+    registry.touch_thread("acme", "t1", now=at, policy=RetentionPolicy(idle_ttl=60))
+    row = registry.get_thread("acme", "t1")
+    assert row is not None and row.last_activity == at and row.expires_at == at + 60
+    assert registry.verified_expiry(row) == at + 60
+    registry.dispose()
+
+
+def test_two_pruners_claim_disjoint_sets(db: str) -> None:
+    """Claims are taken with SKIP LOCKED: pruners on two machines never take one thread."""
+    ring = Keyring.generate()
+    setup = Registry(db)
+    setup.attach_keys(ring)
+    setup.setup()
+    for i in range(60):
+        setup.touch_thread("acme", f"t{i}", now=1000.0, policy=RetentionPolicy(idle_ttl=1))
+    registries = [Registry(db) for _ in range(4)]
+    claimed: list[list[str]] = [[] for _ in registries]
+    start = threading.Barrier(len(registries))
+
+    def prune(i: int) -> None:
+        registries[i].attach_keys(ring)
+        start.wait()
+        while rows := registries[i].claim_expired(now=time.time(), owner=f"p{i}", lease=60,
+                                                  limit=7):
+            claimed[i].extend(r.thread_id for r in rows)
+
+    workers = [threading.Thread(target=prune, args=(i,)) for i in range(len(registries))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    every = [t for c in claimed for t in c]
+    assert sorted(every) == sorted(f"t{i}" for i in range(60))   # each claimed exactly once
+    owners = _sql(db, "SELECT DISTINCT claim_owner FROM securesaver_threads")
+    assert {o[0] for o in owners} <= {f"p{i}" for i in range(4)}
+    for r in (setup, *registries):
+        r.dispose()
+
+
+async def test_a_forged_hold_removal_in_mariadb_is_not_obeyed(deployment: tuple[Any, str]
+                                                              ) -> None:
+    inner, url = deployment
+    saver = SecureSaver(inner, keyring=Keyring.generate(), registry=url, redaction=None,
+                        default_tenant="acme")
+    saver.setup()
+    await run_chat(saver, False, "held")
+    saver.set_retention("held", legal_hold=True)
+    # a database writer lifts the hold and makes the thread due
+    _sql(url, "UPDATE securesaver_threads SET legal_hold = 0, idle_ttl = 1, "
+              "expires_at = 1 WHERE thread_id = 'held'")
+    report = saver.prune_expired(now=time.time() + 7200, active_grace=0)
+    assert any(t == "held" and "TamperedDataError" in e for _, t, e in report.errors)
+    assert saver.get_tuple({"configurable": {"thread_id": "held"}}) is not None
+    with pytest.raises(TamperedDataError, match="securesaver_threads"):
+        saver.set_retention("held", legal_hold=False)
+
+
+def test_receipts_and_events_chain_across_processes(db: str) -> None:
+    """Two registries (two processes' worth of connections) append to one tenant's chains at
+    once; the chains verify, with every row in them."""
+    ring = Keyring.generate()
+    registries = [Registry(db) for _ in range(3)]
+    for r in registries:
+        r.attach_keys(ring)
+        r.setup()
+    start = threading.Barrier(len(registries))
+
+    def append(i: int) -> None:
+        start.wait()
+        for n in range(15):
+            registries[i].add_receipt(tenant="acme", thread_id=f"t{i}-{n}", action="deleted",
+                                      reason="test")
+
+    workers = [threading.Thread(target=append, args=(i,)) for i in range(len(registries))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert len(registries[0].list_receipts(tenant="acme")) == 45
+    assert registries[0].verify_integrity().ok
+    for r in registries:
+        r.dispose()
+
+
+def test_idempotency_race_on_mariadb(db: str, tmp_path: Path) -> None:
+    """Duplicates racing in two processes (4 threads each): exactly one execution."""
+    _sql(db, "CREATE TABLE race_effects (pid INTEGER, token INTEGER)")
+    keyring = tmp_path / "keyring.json"
+    Keyring.generate().save(keyring)
+    key = "race-" + uuid.uuid4().hex
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen([sys.executable, str(RACE), db, str(keyring), key, str(ready),
+                               "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outputs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        outputs.append(json.loads(out.strip().splitlines()[-1]))
+    assert [o["errors"] for o in outputs] == [[], []]
+    effects = _sql(db, "SELECT pid, token FROM race_effects")
+    assert len(effects) == 1
+    results = [r for o in outputs for r in o["results"]]
+    assert sorted(r["replayed"] for r in results) == [False] + [True] * 7
+    assert {r["value"] for r in results} == {f"executed by {effects[0][0]}"}
+
+
+def test_a_thread_id_too_long_for_mysql_is_refused_and_nothing_is_stored(db: str) -> None:
+    saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), registry=db,
+                        redaction=None, default_tenant="acme")
+    saver.setup()
+    from langgraph.checkpoint.base import empty_checkpoint
+    cfg = {"configurable": {"thread_id": "x" * 300, "checkpoint_ns": ""}}
+    with pytest.raises((ConfigurationError, sa.exc.DataError)):
+        saver.put(cfg, empty_checkpoint(), {}, {})
+    assert saver.get_tuple(cfg) is None
+
+
+def test_an_unsupported_database_is_refused_before_anything_is_created() -> None:
+    with pytest.raises(ConfigurationError, match="SQLite, PostgreSQL or MySQL"):
+        Registry("oracle://nobody@nowhere/db")
