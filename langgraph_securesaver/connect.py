@@ -69,9 +69,10 @@ class UrlConstructors:
         """A saver on one database (inner saver + registry), set up and ready; closed on exit.
 
         Args:
-            url: ``sqlite:///path.db`` (or ``sqlite:///:memory:``) or ``postgresql://...``
-                (needs the ``postgres`` extra). The inner saver is ``SqliteSaver`` or
-                ``PostgresSaver`` on a psycopg pool; the registry lives in the same database.
+            url: ``sqlite:///path.db`` (or ``sqlite:///:memory:``), ``postgresql://...``
+                (the ``postgres`` extra) or ``mysql://...`` (the ``mysql`` extra). The inner
+                saver is ``SqliteSaver``, ``PostgresSaver`` on a psycopg pool or LangGraph's
+                ``PyMySQLSaver``; the registry lives in the same database.
             keyring: a :class:`~langgraph_securesaver.Keyring`, any ``KeyProvider``, or a
                 keyring file's path; ``None`` reads ``SECURESAVER_MASTER_KEY``.
             redaction: a ``Redactor``, the default policy (omit it), or ``None`` for off.
@@ -111,9 +112,9 @@ class UrlConstructors:
                         blind_index: bool = True, activity_resolution: float = 60.0,
                         serde: SerializerProtocol | None = None,
                         thread_keys: bool = True) -> AsyncIterator[S]:
-        """Async twin of :meth:`from_url`: ``AsyncSqliteSaver`` (``aiosqlite``) or
-        ``AsyncPostgresSaver`` inside, set up without blocking the event loop; the same
-        parameters."""
+        """Async twin of :meth:`from_url`: ``AsyncSqliteSaver`` (``aiosqlite``),
+        ``AsyncPostgresSaver`` or ``AsyncMySaver`` (``asyncmy``) inside, set up without
+        blocking the event loop; the same parameters."""
         from .storage.backends import open_async_inner
         keyring = await to_thread(_keyring_of, keyring)
         async with open_async_inner(url) as (inner, registry_url):

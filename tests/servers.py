@@ -98,10 +98,12 @@ def start_mariadb(base: Path) -> MariaDb:
                     "--skip-test-db", *user], check=True, capture_output=True)
     port = _free_port(33306 + 20 * _worker_offset())
     log = base / "mariadb.log"
+    tmp = base / "tmp"   # its own temporary tables (not /tmp, shared with other servers)
+    tmp.mkdir()
     proc = subprocess.Popen(
         [mariadbd, "--no-defaults", f"--datadir={data}", f"--port={port}",
          "--bind-address=127.0.0.1", f"--socket={base / 'mariadb.sock'}",
-         f"--pid-file={base / 'mariadb.pid'}", f"--log-error={log}",
+         f"--pid-file={base / 'mariadb.pid'}", f"--log-error={log}", f"--tmpdir={tmp}",
          "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
          "--skip-log-bin", "--innodb-flush-log-at-trx-commit=2", *user],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,4 +1,4 @@
-"""Duplicates racing in two processes (4 threads each) on PostgreSQL and on one SQLite file:
+"""Duplicates racing in two processes (4 threads each) on PostgreSQL, MariaDB and one SQLite file:
 exactly one execution, every other caller gets the stored result."""
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ SCRIPT = Path(__file__).parent / "idem_scripts" / "race_worker.py"
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres",
-                                                            marks=pytest.mark.postgres)])
+                                                            marks=pytest.mark.postgres),
+                                     "mariadb"])
 def test_two_processes_race_for_one_key(tmp_path: Path, request: pytest.FixtureRequest,
                                         backend: str) -> None:
-    url = (f"sqlite:///{tmp_path / 'race.db'}" if backend == "sqlite"
-           else request.getfixturevalue("pg_url"))
+    url = {"sqlite": lambda: f"sqlite:///{tmp_path / 'race.db'}",
+           "postgres": lambda: request.getfixturevalue("pg_url"),
+           "mariadb": lambda: request.getfixturevalue("mariadb").new_database()}[backend]()
     engine = sa.create_engine(normalize_url(url))
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE race_effects (pid INTEGER, token INTEGER)"))

@@ -3,7 +3,8 @@ savers and caches, while other processes rotate keys (SIGKILLed at random points
 --retire-old), prune, delete threads and forget a subject. After each round every turn a writer
 saw return (on a thread not deleted on purpose since) reads back, `scan --verify` is clean and
 one master version is in use. Three rounds per backend here; benchmarks/lifecycle_stress.py
-runs twenty and more and reports them."""
+runs twenty and more and reports them. SQLite, PostgreSQL, and MariaDB (LangGraph's MySQL saver
+with the registry beside it)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,16 @@ ROUNDS = 3
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres",
-                                                            marks=pytest.mark.postgres)])
+                                                            marks=pytest.mark.postgres),
+                                     "mariadb"])
 def test_rounds_of_rotation_pruning_and_deletion_beside_writers(
         backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    url = (f"sqlite:///{tmp_path / 'agent.db'}" if backend == "sqlite"
-           else str(request.getfixturevalue("pg_url")))
+    """On MariaDB: LangGraph's MySQL saver with the registry in the same database, and the
+    rotations rewrap keys without re-encrypting (docs/savers.md)."""
+    url = {"sqlite": lambda: f"sqlite:///{tmp_path / 'agent.db'}",
+           "postgres": lambda: str(request.getfixturevalue("pg_url")),
+           "mariadb": lambda: str(request.getfixturevalue("mariadb").new_database()),
+           }[backend]()
     ring_path = new_keyring(url, tmp_path / "keyring.json")
     deletions = Deletions()
     history: dict[str, list[Turn]] = {}

@@ -1,20 +1,15 @@
 """The registry on MariaDB, the database a MySQL deployment already runs: its tables beside
 LangGraph's MySQL saver in one database, attacked and raced the way they are on SQLite and
 PostgreSQL. (The chat graph, deletion, retention, copy, conformance and the CLI on this
-deployment are in tests/test_thirdparty.py and tests/test_thirdparty_cli.py.)"""
+deployment are in tests/test_thirdparty.py and tests/test_thirdparty_cli.py; the
+idempotency race and the key-lifecycle stress in their own files, on MariaDB too.)"""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,8 +28,6 @@ from langgraph_securesaver.registry.core import Registry
 from langgraph_securesaver.registry.schema import normalize_url
 
 from .test_thirdparty import run_chat
-
-RACE = Path(__file__).parent / "idem_scripts" / "race_worker.py"
 
 
 @pytest.fixture
@@ -177,31 +170,6 @@ def test_receipts_and_events_chain_across_processes(db: str) -> None:
         r.dispose()
 
 
-def test_idempotency_race_on_mariadb(db: str, tmp_path: Path) -> None:
-    """Duplicates racing in two processes (4 threads each): exactly one execution."""
-    _sql(db, "CREATE TABLE race_effects (pid INTEGER, token INTEGER)")
-    keyring = tmp_path / "keyring.json"
-    Keyring.generate().save(keyring)
-    key = "race-" + uuid.uuid4().hex
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    procs = [subprocess.Popen([sys.executable, str(RACE), db, str(keyring), key, str(ready),
-                               "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for _ in range(2)]
-    outputs = []
-    for p in procs:
-        out, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
-        outputs.append(json.loads(out.strip().splitlines()[-1]))
-    assert [o["errors"] for o in outputs] == [[], []]
-    effects = _sql(db, "SELECT pid, token FROM race_effects")
-    assert len(effects) == 1
-    results = [r for o in outputs for r in o["results"]]
-    assert sorted(r["replayed"] for r in results) == [False] + [True] * 7
-    assert {r["value"] for r in results} == {f"executed by {effects[0][0]}"}
-
-
 def test_a_thread_id_too_long_for_mysql_is_refused_and_nothing_is_stored(db: str) -> None:
     saver = SecureSaver(InMemorySaver(), keyring=Keyring.generate(), registry=db,
                         redaction=None, default_tenant="acme")
@@ -216,3 +184,22 @@ def test_a_thread_id_too_long_for_mysql_is_refused_and_nothing_is_stored(db: str
 def test_an_unsupported_database_is_refused_before_anything_is_created() -> None:
     with pytest.raises(ConfigurationError, match="SQLite, PostgreSQL or MySQL"):
         Registry("oracle://nobody@nowhere/db")
+
+
+async def test_from_url_and_afrom_url_open_langgraphs_mysql_savers(db: str) -> None:
+    """``mysql://`` in from_url: PyMySQLSaver (afrom_url: asyncmy's AsyncMySaver) with the
+    registry in the same database; what one writes the other reads, nothing in clear."""
+    from .thirdparty_savers import _mysql_rows
+    ring = Keyring.generate()
+    with SecureSaver.from_url(db, keyring=ring, redaction=None,
+                              default_tenant="acme") as saver:
+        assert type(saver.inner).__name__ == "PyMySQLSaver"
+        written = await run_chat(saver, False, "t1")
+    async with SecureSaver.afrom_url(db, keyring=ring, redaction=None,
+                                     default_tenant="acme") as asaver:
+        assert type(asaver.inner).__name__ == "AsyncMySaver"
+        got = await asaver.aget_tuple({"configurable": {"thread_id": "t1"}})
+        assert got is not None
+        assert tuple(got.checkpoint["channel_values"]["messages"]) == written["final"][0]
+    from .graph_helpers import found_markers
+    assert found_markers(_mysql_rows(db)) == []

@@ -1,7 +1,8 @@
 """The CLI on a deployment whose checkpoints are in another saver (MySQL here): named with
 ``--saver MODULE:FACTORY``, ``scan`` finds a ciphertext corrupted in the backend and ``prune``
-removes the rows it reports; without it, a command pointed at the registry database refuses
-instead of reporting clean."""
+removes the rows it reports; without it, a command pointed at a registry file refuses instead
+of reporting clean. With the registry in the MySQL database itself, ``--url mysql://...``
+alone opens LangGraph's MySQL saver there."""
 
 from __future__ import annotations
 
@@ -73,19 +74,24 @@ async def test_scan_and_prune_act_on_the_real_backend(deployment: tuple[str, str
     saver.setup()
     for thread in ("t1", "t2"):
         await run_chat(saver, False, thread)
-    # without --saver: the registry database has no checkpoints: refused, nothing created
-    blind = runner.invoke(app, ["scan", "--url", registry, "--keyring", str(ring_path),
-                                "--verify", "--format", "json"])
-    assert blind.exit_code == 2
-    assert ("no checkpoint tables" if registry.startswith("sqlite") else "--saver") \
-        in blind.output
-    blind = runner.invoke(app, ["prune", "--url", registry, "--keyring", str(ring_path)])
-    assert blind.exit_code == 2
     if registry.startswith("sqlite"):
+        # without --saver: the registry file has no checkpoints: refused, nothing created
+        blind = runner.invoke(app, ["scan", "--url", registry, "--keyring", str(ring_path),
+                                    "--verify", "--format", "json"])
+        assert blind.exit_code == 2 and "no checkpoint tables" in blind.output
+        blind = runner.invoke(app, ["prune", "--url", registry, "--keyring", str(ring_path)])
+        assert blind.exit_code == 2
         import sqlite3
         tables = {r[0] for r in sqlite3.connect(registry.removeprefix("sqlite:///")).execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert not tables & {"checkpoints", "writes"}
+    else:
+        # the registry beside the checkpoints: --url mysql:// alone opens LangGraph's MySQL
+        # saver on that database, as from_url does
+        alone = runner.invoke(app, ["scan", "--url", registry, "--keyring", str(ring_path),
+                                    "--format", "json"])
+        assert alone.exit_code == 0, alone.output
+        assert json.loads(alone.stdout)["backend"] == "PyMySQLSaver"
 
     clean = runner.invoke(app, ["scan", "--url", registry, "--keyring", str(ring_path),
                                 "--saver", "mysql_factory:make", "--format", "json"])

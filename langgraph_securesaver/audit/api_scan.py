@@ -3,8 +3,9 @@ object storage, your own): every checkpoint of every registered thread, in every
 it was written in, is read back through the saver's own API and authenticated as ``get_tuple``
 would (a ciphertext edited in the backend is a ``refused`` violation naming the thread, never
 a value), and threads the saver holds that SecureSaver did not write are ``unsealed``
-violations (where the saver can list across threads). What it cannot check there: clear
-columns of tables it does not know. docs/savers.md.
+violations (where the saver can list across threads). The master versions in use are those
+wrapping the registry's key rows. What it cannot check there: clear columns of tables it does
+not know. docs/savers.md.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def scan_through_api(saver: Any, progress: Callable[[int, int], None] | None = N
             "written without SecureSaver (in clear): securesaver adopt"))
     report.rows = {where: checked}
     report.verified = checked
+    # what every stored ciphertext depends on: the master versions wrapping the key rows
+    report.master_versions = saver.master_versions_in_use()
     report.duration = time.time() - report.started_at
     return report
 

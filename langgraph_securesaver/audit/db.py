@@ -33,7 +33,7 @@ class AuditDatabase:
     @staticmethod
     def inner_tables(dialect: str) -> tuple[str, ...]:
         """The inner saver's tables the grouped statements read."""
-        if dialect == "postgresql":
+        if dialect in ("postgresql", "mysql", "mariadb"):   # LangGraph's savers' table names
             return ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
         return ("checkpoints", "writes")
 

@@ -133,26 +133,22 @@ def thread_arg(value: str | None, what: str = "--thread") -> str | None:
         raise fail(exc) from None
 
 
-def check_url(url: str, *, with_saver: bool = False) -> str | None:
+def check_url(url: str) -> str | None:
     """Refuse a URL that names no usable database before anything is opened or created.
-    Returns the SQLite file path (None for PostgreSQL and MySQL). ``with_saver``: the inner
-    saver is named by ``--saver`` and ``url`` is only the registry's, which may be MySQL."""
-    from ..storage.backends import sqlite_path
+    Returns the SQLite file path (None for PostgreSQL and MySQL)."""
+    from ..storage.backends import is_mysql, sqlite_path
     if not isinstance(url, str) or not url.strip():
         raise fail("--url is empty: use sqlite:///path.db or postgresql://user@host/db")
     try:
         path = sqlite_path(url)
     except SecureSaverError as exc:
         raise fail(exc) from None
-    if path is None and url.startswith(("mysql://", "mariadb://", "mysql+", "mariadb+")):
-        if with_saver:
-            return None
-        raise fail(f"{url.split('://', 1)[0]}:// names a registry, not the checkpoints: "
-                   "LangGraph's MySQL savers are not opened from a URL here; name yours with "
-                   "--saver MODULE:FACTORY (docs/savers.md)")
+    if path is None and is_mysql(url):   # LangGraph's MySQL saver, or --saver's registry
+        return None
     if path is None and not url.startswith(("postgresql://", "postgres://",
                                             "postgresql+psycopg://")):
-        raise fail(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+        raise fail(f"unsupported URL {url!r}: use sqlite:///path.db, postgresql://... or "
+                   "mysql://...")
     if path is not None and path != ":memory:":
         p = Path(path)
         if not p.exists():
@@ -222,8 +218,9 @@ def main(verbose: Annotated[bool, typer.Option(
 
 UrlOption = Annotated[str, typer.Option("--url", metavar="URL",
                                          help="The database: sqlite:///path.db or "
-                                              "postgresql://user@host/db (with --saver, the "
-                                              "registry's, which may be mysql://...).")]
+                                              "postgresql://user@host/db or "
+                                              "mysql://user@host/db (with --saver, the "
+                                              "registry's database).")]
 
 
 SaverOption = Annotated[str | None, typer.Option(
@@ -258,7 +255,7 @@ def open_saver(url: str, keyring: Any, saver: str | None = None) -> Iterator[Any
     registry's database."""
     from ..keys.provider import NoKeys
     from ..saver import SecureSaver
-    check_url(url, with_saver=saver is not None)
+    check_url(url)
     try:
         if saver is not None:
             opened_saver = SecureSaver(inner_from_spec(saver), keyring=keyring or NoKeys(),
@@ -333,6 +330,11 @@ def opened_for_audit(url: str, ring: Any) -> Iterator[Any]:
     the inner saver's tables -- no inner saver, no LangGraph import, a second less to start.
     Otherwise (a database SecureSaver never set up) a full SecureSaver, as :func:`opened`."""
     check_url(url)
+    from ..storage.backends import is_mysql
+    if is_mysql(url):   # the audit's grouped statements are SQLite's and PostgreSQL's
+        with opened(url, ring) as saver:
+            yield saver
+        return
     try:
         from ..audit.db import AuditDatabase
         from ..registry.core import Registry

@@ -93,7 +93,7 @@ def forget_subject(
     namespace: object = ... if store_namespace is None else (
         None if store_namespace == "none" else tuple(store_namespace.split(".")))
     key = evidence.signing_key(signing, out)
-    check_url(url, with_saver=saver_spec is not None)
+    check_url(url)
     for store_url in store_urls or []:
         path = check_url(store_url)
         if path is not None and (path == ":memory:" or not Path(path).is_file()):

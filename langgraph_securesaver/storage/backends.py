@@ -29,6 +29,21 @@ def sqlite_path(url: str) -> str | None:
     return rest[3:]
 
 
+MYSQL_EXTRA_HINT = (
+    "MySQL support needs the mysql extra: pip install 'langgraph-securesaver[mysql]'"
+)
+
+
+def is_mysql(url: str) -> bool:
+    return url.startswith(("mysql://", "mariadb://", "mysql+pymysql://", "mariadb+pymysql://"))
+
+
+def mysql_url(url: str, driver: str) -> str:
+    """``mysql://`` for LangGraph's MySQL savers: ``mysql+<driver>://`` for the async one."""
+    rest = url.split("://", 1)[1]
+    return f"mysql+{driver}://{rest}" if driver else f"mysql://{rest}"
+
+
 def is_postgres(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://"))
 
@@ -89,7 +104,16 @@ def open_sync_inner(url: str) -> Iterator[tuple[BaseCheckpointSaver, str]]:
                             open=True) as pool:
             yield PostgresSaver(pool), url  # type: ignore[arg-type]
         return
-    raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+    if is_mysql(url):
+        try:
+            from langgraph.checkpoint.mysql.pymysql import PyMySQLSaver
+        except ImportError:
+            raise ConfigurationError(MYSQL_EXTRA_HINT) from None
+        with PyMySQLSaver.from_conn_string(mysql_url(url, "")) as saver:
+            yield saver, url
+        return
+    raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db, "
+                             "postgresql://... or mysql://...")
 
 
 @asynccontextmanager
@@ -118,4 +142,13 @@ async def open_async_inner(url: str) -> AsyncIterator[tuple[BaseCheckpointSaver,
                                        open=False) as pool:
             yield AsyncPostgresSaver(pool), url  # type: ignore[arg-type]
         return
-    raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db or postgresql://...")
+    if is_mysql(url):
+        try:   # asyncmy: aiomysql's saver fails raw (docs/savers.md)
+            from langgraph.checkpoint.mysql.asyncmy import AsyncMySaver
+        except ImportError:
+            raise ConfigurationError(MYSQL_EXTRA_HINT) from None
+        async with AsyncMySaver.from_conn_string(mysql_url(url, "asyncmy")) as saver:
+            yield saver, url
+        return
+    raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db, "
+                             "postgresql://... or mysql://...")

@@ -508,6 +508,8 @@ def raw_tables_for(inner: BaseCheckpointSaver) -> RawTables:
     if PostgresSaver is not None and isinstance(inner, PostgresSaver):
         return PostgresRawTables(inner)
     raise ConfigurationError(
-        f"audits, scans and re-encryption read the SQLite or PostgreSQL tables of a sync "
-        f"SqliteSaver or PostgresSaver; {type(inner).__name__} is not one. Open the same "
-        "database with SecureSaver.from_url(url) (the CLI does) and run it from there")
+        f"re-encryption and the table audit rewrite and read the tables of a sync SqliteSaver "
+        f"or PostgresSaver; {type(inner).__name__} is not one. On a SQLite or PostgreSQL "
+        "database open it with SecureSaver.from_url(url) (the CLI does); on other savers "
+        "rotate without re-encryption (every data key is rewrapped under the new master "
+        "version, which is all retiring the old ones needs; docs/savers.md)")

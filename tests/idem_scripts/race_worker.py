@@ -10,14 +10,12 @@ duplicates overlap. Prints a JSON list of {"replayed", "value", "token"} per thr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -29,14 +27,7 @@ from langgraph_securesaver.idempotency import Claim, IdempotencyStore, KeyScope
 
 def main() -> None:
     url, keyring, key, ready_dir, n = sys.argv[1:6]
-    ring = Keyring.from_file(keyring)
-    if url.startswith("mysql"):   # the registry on MariaDB beside a saver of its own
-        from langgraph.checkpoint.memory import InMemorySaver
-        opened: Any = contextlib.nullcontext(SecureSaver(InMemorySaver(), keyring=ring,
-                                                         registry=url, redaction=None))
-    else:
-        opened = SecureSaver.from_url(url, keyring=ring, redaction=None)
-    with opened as saver:
+    with SecureSaver.from_url(url, keyring=Keyring.from_file(keyring), redaction=None) as saver:
         store = IdempotencyStore.for_saver(saver)
         store.setup()
         store.tenant_keys("acme")
