@@ -203,3 +203,21 @@ async def test_from_url_and_afrom_url_open_langgraphs_mysql_savers(db: str) -> N
         assert tuple(got.checkpoint["channel_values"]["messages"]) == written["final"][0]
     from .graph_helpers import found_markers
     assert found_markers(_mysql_rows(db)) == []
+
+
+def test_an_engine_of_the_callers_own_is_made_strict_and_read_committed_or_refused(db: str
+                                                                                   ) -> None:
+    """An engine the caller made: run at READ COMMITTED whatever it was made with; without
+    strict mode (values cut to their column with a warning) refused before any table."""
+    loose = sa.create_engine(normalize_url(db).split("?")[0],
+                             connect_args={"init_command": "SET SESSION sql_mode = ''"})
+    with pytest.raises(ConfigurationError, match="strict mode"):
+        Registry(loose).setup()
+    assert _sql(db, "SHOW TABLES LIKE 'securesaver%'") == []
+    loose.dispose()
+    own = sa.create_engine(normalize_url(db), isolation_level="REPEATABLE READ")
+    registry = Registry(own)
+    registry.setup()
+    with registry.engine.connect() as conn:
+        assert conn.get_isolation_level() == "READ COMMITTED"
+    registry.dispose()

@@ -33,6 +33,7 @@ from .schema import (
     _register_companion_tables,
     chain_heads,
     check_registry_dialect,
+    check_strict,
     create_registry_engine,
     engine_lock,
     events,
@@ -119,6 +120,9 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
             if self._is_setup:
                 return
             _register_companion_tables()
+            if self.dialect in MYSQL:
+                with self.engine.connect() as conn:
+                    check_strict(conn)
             _create_all(self.engine)
             with engine_lock(self.engine), self.engine.begin() as conn:
                 self._insert_ignore(conn, meta_table, [{"key": "schema_version",

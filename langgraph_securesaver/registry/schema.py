@@ -357,11 +357,29 @@ def create_registry_engine(url: str) -> Engine:
     if url.startswith(("mysql", "mariadb")):
         # READ COMMITTED: a statement sees rows committed before it, as on PostgreSQL (the
         # claims and leases are written for that, not for REPEATABLE READ's snapshots)
+        # strict: a value too long for its column is an error, never stored cut
         return sa.create_engine(url, pool_pre_ping=True, pool_recycle=3600, pool_size=10,
-                                max_overflow=22, isolation_level="READ COMMITTED")
+                                max_overflow=22, isolation_level="READ COMMITTED",
+                                connect_args={"init_command": STRICT_MODE})
     raise ConfigurationError(
         f"unsupported registry URL {_scheme(url)!r}: the registry runs on SQLite, PostgreSQL "
         "or MySQL/MariaDB (sqlite:///path.db, postgresql://..., mysql://...)")
+
+
+#: MySQL's session mode for the registry's connections (see check_strict)
+STRICT_MODE = ("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,"
+               "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'")
+
+
+def check_strict(conn: Any) -> None:
+    """On MySQL/MariaDB, refuse a session that would store a value cut to its column or
+    convert a bad value with a warning (an engine the caller made without strict mode)."""
+    mode = str(conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar() or "")
+    if "STRICT_ALL_TABLES" not in mode and "STRICT_TRANS_TABLES" not in mode:
+        raise ConfigurationError(
+            "the registry's MySQL connections must run in strict mode (sql_mode without "
+            "STRICT_TRANS_TABLES stores values cut to their column): pass a URL and let the "
+            "registry make its engine, or set sql_mode on yours; nothing was created")
 
 
 def _scheme(url: str) -> str:
