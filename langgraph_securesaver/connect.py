@@ -88,7 +88,7 @@ class UrlConstructors:
         Raises:
             KeyringMismatch: the database was created with another keyring.
         """
-        from .storage.backends import open_sync_inner
+        from .storage.backends import binary_thread_ids, is_mysql, open_sync_inner
         keyring = _keyring_of(keyring)     # refused before the database is opened
         with open_sync_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(
@@ -98,6 +98,8 @@ class UrlConstructors:
                 activity_resolution=activity_resolution, serde=serde,
                 thread_keys=thread_keys)
             saver.setup()
+            if is_mysql(url):
+                binary_thread_ids(saver.registry.engine)
             try:
                 yield saver
             finally:
@@ -115,7 +117,7 @@ class UrlConstructors:
         """Async twin of :meth:`from_url`: ``AsyncSqliteSaver`` (``aiosqlite``),
         ``AsyncPostgresSaver`` or ``AsyncMySaver`` (``asyncmy``) inside, set up without
         blocking the event loop; the same parameters."""
-        from .storage.backends import open_async_inner
+        from .storage.backends import binary_thread_ids, is_mysql, open_async_inner
         keyring = await to_thread(_keyring_of, keyring)
         async with open_async_inner(url) as (inner, registry_url):
             saver: Any = cast(Any, cls)(
@@ -125,6 +127,8 @@ class UrlConstructors:
                 activity_resolution=activity_resolution, serde=serde,
                 thread_keys=thread_keys)
             await saver.asetup()
+            if is_mysql(url):
+                await to_thread(binary_thread_ids, saver.registry.engine)
             try:
                 yield saver
             finally:

@@ -221,3 +221,25 @@ def test_an_engine_of_the_callers_own_is_made_strict_and_read_committed_or_refus
     with registry.engine.connect() as conn:
         assert conn.get_isolation_level() == "READ COMMITTED"
     registry.dispose()
+
+
+async def test_thread_ids_differing_in_case_or_trailing_space_stay_apart(db: str) -> None:
+    """LangGraph's MySQL saver creates its tables with the server's default collation, under
+    which ``abc``, ``ABC`` and ``abc `` are one thread: from_url makes them compare byte for
+    byte, so each reads its own, and deleting one never deletes a held other."""
+    ring = Keyring.generate()
+    threads = ["abc", "ABC", "pad", "pad "]
+    with SecureSaver.from_url(db, keyring=ring, redaction=None,
+                              default_tenant="acme") as saver:
+        seen = {t: (await run_chat(saver, False, t))["final"] for t in threads}
+        saver.set_retention("ABC", legal_hold=True)
+        saver.delete_thread("abc")
+        assert saver.get_tuple({"configurable": {"thread_id": "abc"}}) is None
+        for t in ("ABC", "pad", "pad "):
+            got = saver.get_tuple({"configurable": {"thread_id": t}})
+            assert got is not None
+            assert tuple(got.checkpoint["channel_values"]["messages"]) == seen[t][0]
+    # a second open changes nothing, and the async twin reads the same threads
+    async with SecureSaver.afrom_url(db, keyring=ring, redaction=None,
+                                     default_tenant="acme") as asaver:
+        assert await asaver.aget_tuple({"configurable": {"thread_id": "ABC"}}) is not None

@@ -30,7 +30,7 @@ from ..errors import ConfigurationError, TamperedDataError
 from ..keys.crypto import KeyManager, TenantKeys
 from ..offthread import to_thread
 from ..registry.core import engine_lock
-from ..registry.dialects import SUPPORTED
+from ..registry.dialects import MYSQL, SUPPORTED
 from . import schema
 from . import statements as stmts
 from .admin import RecordAdmin
@@ -66,7 +66,8 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
     """Claims, leases and sealed results of idempotent effects, per tenant and thread.
 
     Args:
-        engine: SQLAlchemy engine (SQLite or PostgreSQL), usually ``saver.registry.engine``.
+        engine: SQLAlchemy engine (SQLite, PostgreSQL or MySQL), usually
+            ``saver.registry.engine``.
         keys: the saver's :class:`KeyManager` (results are sealed with the tenant's data key and
             keys/fingerprints are HMACs under the tenant's index key).
         serde: serializer for results (LangGraph's JsonPlusSerializer by default).
@@ -87,8 +88,10 @@ class IdempotencyStore(KeyClaims, RecordAdmin):
                  *, policy: IdempotencyPolicy | None = None, saver: SaverLike | None = None,
                  owner: str | None = None, host_id: str | None = None,
                  session_lock: bool = True, services: SaverServices | None = None) -> None:
-        self.engine = engine
         self.dialect = engine.dialect.name
+        # MySQL: READ COMMITTED, as the registry's (an engine the caller made included)
+        self.engine = (engine.execution_options(isolation_level="READ COMMITTED")
+                       if self.dialect in MYSQL else engine)
         if self.dialect not in SUPPORTED:
             raise ConfigurationError(f"the idempotency store runs on SQLite, PostgreSQL or "
                                      f"MySQL/MariaDB, not {self.dialect!r}")

@@ -38,8 +38,10 @@ def is_transient(exc: BaseException) -> bool:
     """Deadlocks, serialization failures and busy databases: worth retrying, never surfaced."""
     names = {type(e).__name__ for e in (exc, exc.__cause__, getattr(exc, "orig", None)) if e}
     text = str(exc).lower()
+    codes = {getattr(e, "args", (None,))[0] for e in (exc, getattr(exc, "orig", None)) if e}
     return bool(names & {"DeadlockDetected", "SerializationFailure", "LockNotAvailable"}) or (
-        "database is locked" in text or "deadlock detected" in text)
+        "database is locked" in text or "deadlock detected" in text) or bool(
+        codes & {1213, 1205})   # MySQL: deadlock, lock wait timeout
 
 
 def deletion_reason(row: ThreadRow, now: float) -> str:

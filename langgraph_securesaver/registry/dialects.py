@@ -36,9 +36,11 @@ def insert(dialect: str, table: sa.Table) -> Any:
 
 
 def insert_ignore(dialect: str, table: sa.Table) -> Any:
-    """INSERT that leaves an existing row (same key) as it is. On MySQL a no-op
-    ``ON DUPLICATE KEY UPDATE``, not ``INSERT IGNORE``, which would also turn a value too long
-    for its column into a warning and store it cut."""
+    """INSERT that leaves an existing row (same key) as it is (several rows at once). On MySQL a
+    no-op ``ON DUPLICATE KEY UPDATE`` (not ``INSERT IGNORE``, which would also turn a value too
+    long for its column into a warning and store it cut); it locks the existing row
+    exclusively, so the registry's own inserts of rows others may hold use
+    :func:`insert_if_absent` row by row, which takes a shared lock."""
     stmt = insert(dialect, table)
     if dialect in MYSQL:
         first = next(iter(table.primary_key.columns))
@@ -126,7 +128,15 @@ def claim_returning(conn: Connection, table: sa.Table, where: Sequence[Any], ord
         return list(conn.execute(table.update().where(
             sa.tuple_(*_key_of(table)).in_(candidates)).values(**values)
             .returning(*table.c)).mappings())
-    keys = _locked_keys(conn, table, where, order=order, limit=limit, skip_locked=True)
+    # MySQL: a locking read sorted by a filesort locks every row it examined, so the earliest
+    # candidates are read first without locks (a window larger than the claim), then locked
+    # by primary key with SKIP LOCKED: another pruner takes what this one does not hold
+    window = [tuple(r) for r in conn.execute(sa.select(*_key_of(table)).where(*where)
+                                             .order_by(order).limit(limit * 4))]
+    if not window:
+        return []
+    keys = _locked_keys(conn, table, [_by_keys(table, window), *where], limit=limit,
+                        skip_locked=True)
     if not keys:
         return []
     return update_returning(conn, table, [_by_keys(table, keys)], values, list(table.c))

@@ -366,9 +366,11 @@ def create_registry_engine(url: str) -> Engine:
         "or MySQL/MariaDB (sqlite:///path.db, postgresql://..., mysql://...)")
 
 
-#: MySQL's session mode for the registry's connections (see check_strict)
+#: MySQL's session for every connection SecureSaver opens there (registry and from_url's
+#: saver): strict (see check_strict), and UTC, so UNIX_TIMESTAMP (the idempotency store's
+#: clock) does not repeat an hour when the server's zone leaves daylight saving time
 STRICT_MODE = ("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,"
-               "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'")
+               "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', time_zone = '+00:00'")
 
 
 def check_strict(conn: Any) -> None:

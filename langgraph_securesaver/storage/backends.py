@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
+from ..registry.schema import STRICT_MODE
 
 if TYPE_CHECKING:  # (the URL helpers here are used by the CLI before LangGraph is needed)
     from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -106,11 +107,13 @@ def open_sync_inner(url: str) -> Iterator[tuple[BaseCheckpointSaver, str]]:
         return
     if is_mysql(url):
         try:
+            import pymysql
             from langgraph.checkpoint.mysql.pymysql import PyMySQLSaver
         except ImportError:
             raise ConfigurationError(MYSQL_EXTRA_HINT) from None
-        with PyMySQLSaver.from_conn_string(mysql_url(url, "")) as saver:
-            yield saver, url
+        with pymysql.connect(**PyMySQLSaver.parse_conn_string(mysql_url(url, "")),
+                             autocommit=True, init_command=STRICT_MODE) as conn:
+            yield PyMySQLSaver(conn), url
         return
     raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db, "
                              "postgresql://... or mysql://...")
@@ -144,11 +147,41 @@ async def open_async_inner(url: str) -> AsyncIterator[tuple[BaseCheckpointSaver,
         return
     if is_mysql(url):
         try:   # asyncmy: aiomysql's saver fails raw (docs/savers.md)
+            import asyncmy
             from langgraph.checkpoint.mysql.asyncmy import AsyncMySaver
         except ImportError:
             raise ConfigurationError(MYSQL_EXTRA_HINT) from None
-        async with AsyncMySaver.from_conn_string(mysql_url(url, "asyncmy")) as saver:
-            yield saver, url
+        async with asyncmy.connect(**AsyncMySaver.parse_conn_string(mysql_url(url, "asyncmy")),
+                                   autocommit=True, init_command=STRICT_MODE) as my_conn:
+            yield AsyncMySaver(conn=my_conn), url
         return
     raise ConfigurationError(f"unsupported URL {url!r}: use sqlite:///path.db, "
                              "postgresql://... or mysql://...")
+
+
+#: the tables of LangGraph's MySQL savers that hold thread ids
+MYSQL_SAVER_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
+
+
+def binary_thread_ids(engine: Any) -> list[str]:
+    """Make LangGraph's MySQL tables compare thread ids byte for byte; returns the tables
+    changed. They are created with the server's default collation, under which ``abc``,
+    ``ABC`` and ``abc `` are one thread: a write to one makes the others unreadable and
+    deleting one deletes them all, held or not. Idempotent (from_url runs it after setup)."""
+    import sqlalchemy as sa
+    with engine.connect() as conn:
+        mariadb = "mariadb" in str(conn.exec_driver_sql("SELECT VERSION()").scalar()).lower()
+        collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
+        found = conn.execute(sa.text(
+            "SELECT table_name, collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND column_name = 'thread_id' "
+            "AND table_name IN :names").bindparams(sa.bindparam("names", expanding=True)),
+            {"names": list(MYSQL_SAVER_TABLES)}).all()
+    changed = []
+    for table, current in found:
+        if current != collation:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE `{table}` CONVERT TO CHARACTER SET utf8mb4 "
+                                     f"COLLATE {collation}")
+            changed.append(str(table))
+    return changed
