@@ -176,6 +176,7 @@ def test_independent_recall_and_false_positives_meet_the_bar() -> None:
     ("call 13405225815 ext. 707 today", "CN_MOBILE", "13405225815 ext. 707"),
     ("call 138-1234-5678x12 today", "CN_MOBILE", "138-1234-5678x12"),
     ("call 029 2018052 today", "PHONE_NUMBER", "029 2018052"),
+    ("call 020 7946 0862 ext. 286 today", "PHONE_NUMBER", "020 7946 0862 ext. 286"),
     ("주민등록번호 040013-1815471", "KR_RRN", "040013-1815471"),   # Faker: month 00
     ("주민등록번호 770900-2105712", "KR_RRN", "770900-2105712"),   # day 00
 ])
