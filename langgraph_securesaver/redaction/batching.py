@@ -13,7 +13,6 @@ value, its NER read a neighbour).
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -48,30 +47,11 @@ class BatchedAnalysis(BudgetedDetection):
         """Batch the analysis of the uncached strings of a list (see
         :meth:`_analyze_in_batches`)."""
         limit = call.policy.max_chars // 4
-        self._analyze_in_batches(self._precharged(
+        self._analyze_in_batches(
             (s for s in strings
              if (s and len(s) <= limit and not looks_like_json(s)
                  and self._text_cache.get((call.ctx, s)) is None
-                 and (self._custom_analyzer or may_have_pii(s)))), call), call)
-
-    def _precharged(self, texts: Iterable[str], call: Any) -> Iterable[str]:
-        """``texts`` charged to the write before any of them is analyzed: a value that needs
-        more analysis than the write has left is refused (``RedactionError``) after looking
-        at no more strings than the budget has parts left, with no analysis, token or cache
-        entry made for it (a hostile 100,000-string value cost 5,000 analyses and tokens
-        before its refusal, and the other tenants' turns waited on the GIL meanwhile). The
-        charges are the ones the batches would make: each distinct string once."""
-        if self._custom_analyzer or call.unbilled:
-            return texts  # charged one by one as analyzed / read back: not charged
-        room = call.spend.parts_left()
-        rest = iter(texts)
-        pending: dict[str, None] = {}
-        for s in rest:
-            pending[s] = None
-            if len(pending) > room:
-                break
-        call.spend.admit(pending)  # some were charged before (another channel): go on
-        return itertools.chain(pending, rest)
+                 and (self._custom_analyzer or may_have_pii(s)))), call)
 
     def _analyze_in_batches(self, texts: Iterable[str], call: Any) -> None:
         """Analyze ``texts`` in batches of up to ``max_chars`` characters, in order; each
@@ -144,7 +124,7 @@ class BatchedAnalysis(BudgetedDetection):
 
         Walker(on_str, max_depth=call.policy.max_depth).walk(parsed, depth)
         if len(pending) >= 2:
-            self._analyze_in_batches(self._precharged(pending, call), call)
+            self._analyze_in_batches(pending, call)
 
     def _finish_batch(self, texts: list[str], found: dict[tuple[str, int, int], float],
                       call: Any) -> None:
