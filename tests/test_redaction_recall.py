@@ -222,3 +222,10 @@ def test_a_slack_webhook_keeps_its_host_and_masks_its_path(redactor: Redactor) -
 ])
 def test_version_like_numbers_are_kept(redactor: Redactor, text: str) -> None:
     assert _kinds(redactor, text) == []
+
+
+def test_a_dotted_code_identifier_without_digits_is_no_token(redactor: Redactor) -> None:
+    """Only a provider's prefixed key may lack a digit: a Discord-token-shaped run of code
+    identifiers (three dotted words, both cases) is kept."""
+    text = "see LongCamelCaseClassNameHereX.method.AnotherLongCamelCaseIdentifierHere ok"
+    assert _kinds(redactor, text) == []

@@ -32,12 +32,20 @@ def _random_looking(value: str) -> bool:
 
 
 def _mixed(m: re.Match[str], view: str) -> float | None:
-    """Letters and digits, or (20 characters or more) both cases: one random key in a few
-    hundred has no digit (``pscale_pw_NYt.zlyFT=FYdsMp_WYbGdJbqTUejGvxL``)."""
     body = m.group(0)
     if body.startswith("sk-"):
         body = body[3:]
-    if _HAS_DIGIT.search(body) and _HAS_ALPHA.search(body):
+    return 0.9 if _HAS_DIGIT.search(body) and _HAS_ALPHA.search(body) else None
+
+
+def _prefixed(m: re.Match[str], view: str) -> float | None:
+    """A provider's prefixed key: letters and digits, or (20 characters or more) both cases:
+    one random key in a few hundred has no digit
+    (``pscale_pw_NYt.zlyFT=FYdsMp_WYbGdJbqTUejGvxL``). Only after a provider's own prefix:
+    unprefixed shapes (Discord's dotted tokens) still need a digit, as code identifiers of
+    that shape have none."""
+    body = m.group(0)
+    if _mixed(m, view) is not None:
         return 0.9
     if len(body) >= 20 and _HAS_UPPER.search(body) and _HAS_LOWER.search(body):
         return 0.9
@@ -124,14 +132,14 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
        r"(?![A-Za-z0-9_\-])", 0.95, needles=("SG.",)),
     # Telegram bot tokens: bot id, colon, 35-character secret (both halves are the secret).
     rx("telegram_bot", r"(?<![A-Za-z0-9_:])[0-9]{5,16}:A[A-Za-z0-9_\-]{34}(?![A-Za-z0-9_\-])",
-       0.95, _mixed, needles=(":A",)),
+       0.95, _prefixed, needles=(":A",)),
     # Azure storage account keys and connection strings' secrets.
     rx("azure_account_key", r"(?i:AccountKey|SharedAccessKey|AccessKey)=(?P<v>[A-Za-z0-9+/]"
        r"{20,100}={0,2})", 0.95, None, "v", needles=("accesskey", "accountkey"), fold_case=True),
     rx("azure_sas_sig", r"(?<![A-Za-z0-9])sig=(?P<v>[A-Za-z0-9%+/]{30,100}(?:%3D|=){0,2})",
        0.9, None, "v", needles=("sig=",)),
     # Slack tokens.
-    rx("slack_token", r"(?<![A-Za-z0-9\-.])(?:xoxe\.)?xox[abposre]-[A-Za-z0-9\-]{10,}"
+    rx("slack_token", r"(?<![A-Za-z0-9\-])(?:xoxe\.)?xox[abposre]-[A-Za-z0-9\-]{10,}"
        r"(?![A-Za-z0-9\-])", 0.9, needles=("xox",)),
     rx("slack_app_token", r"(?<![A-Za-z0-9\-])xapp-[0-9]-[A-Z0-9]{6,}-[0-9]{6,}-[a-z0-9]{16,}"
        r"(?![A-Za-z0-9\-])", 0.95, needles=("xapp-",)),
@@ -188,7 +196,7 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
        r"|gsk_[A-Za-z0-9]{52}"                              # Groq
        r"|r8_[A-Za-z0-9]{37}"                               # Replicate
        r"|(?:sk|pk)_(?:live|test)_[A-Za-z0-9]{24,99}"       # Stripe-style (Clerk, Paystack)
-       r")(?![A-Za-z0-9_\-])", 0.9, _mixed, needles=(
+       r")(?![A-Za-z0-9_\-])", 0.9, _prefixed, needles=(
            "shp", "SK", "key-", "-us", "sq0", "EAAA", "_v1_", "dp.", "dapi", "lin_api_", "eyJrIjoi",
            "PMAK-", "NRAK-", "glc_", "glsa_", "pscale_", "pul-", "sntr", "hvs.", "hvb.",
            "AGE-SECRET", "LTAI", "ATATT3", "dt0c01.", "FLWSECK", "rubygems_", "pnu_",
