@@ -8,12 +8,14 @@ time -- each phase against the victim alone, interleaved, async, default setting
 legitimate ~310 K-character search result of the victim beside 8 concurrent writes of a
 loaded neighbour: stored in full, redacted, never refused?
 
-Also: 16 concurrent async conversations on PostgreSQL, SecureSaver (redaction on) against the
-raw AsyncPostgresSaver, throughput ratio (``--concurrent``), once with a new e-mail address in
-every turn and once in every fifth (``--pii-every``, the mix of benchmarks/saver_overhead.py).
+Also: 16 concurrent async conversations on PostgreSQL (``--concurrent-backends
+postgres,sqlite`` for SQLite too), SecureSaver (redaction on) against the raw async saver,
+throughput ratio (``--concurrent``), once with a new e-mail address in every turn and once in
+every fifth (``--pii-every``, the mix of benchmarks/saver_overhead.py).
 
     python benchmarks/noisy_neighbour.py [--rounds 2] [--victim-turns 200] [--backends sqlite,postgres]
                                          [--concurrent 16] [--turns 12] [--pii-every 1,5]
+                                         [--concurrent-backends postgres,sqlite]
                                          [--only 500,denial]
 
 Targets: victim median <= 1.5x and p95 <= 2x alone; no stored value holds a WITHHELD marker;
@@ -392,27 +394,43 @@ async def conversations(make_saver: Callable[[], Any], n: int, turns: int,
                 (time.process_time() - own) * 1e3 / done)
 
 
-async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> None:
+async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int,
+                         backend: str = "postgres", workdir: Path | None = None) -> None:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     from langgraph_securesaver.storage.backends import libpq_url
 
     @asynccontextmanager
+    async def database() -> AsyncIterator[str]:
+        if backend == "sqlite":
+            assert workdir is not None
+            yield f"sqlite:///{workdir / (uuid.uuid4().hex + '.db')}"
+            return
+        async with pg_schema() as url:
+            yield url
+
+    @asynccontextmanager
     async def raw() -> AsyncIterator[Any]:
-        async with pg_schema() as url, AsyncPostgresSaver.from_conn_string(
-                libpq_url(url)) as saver:
-            await saver.setup()
-            yield saver
+        async with database() as url:
+            if backend == "sqlite":
+                async with AsyncSqliteSaver.from_conn_string(url[len("sqlite:///"):]) as saver:
+                    await saver.setup()
+                    yield saver
+                return
+            async with AsyncPostgresSaver.from_conn_string(libpq_url(url)) as saver:
+                await saver.setup()
+                yield saver
 
     @asynccontextmanager
     async def wrapped() -> AsyncIterator[Any]:
-        async with pg_schema() as url, SecureSaver.afrom_url(
+        async with database() as url, SecureSaver.afrom_url(
                 url, keyring=Keyring.generate()) as saver:
             yield saver
 
     @asynccontextmanager
     async def sealed_only() -> AsyncIterator[Any]:
-        async with pg_schema() as url, SecureSaver.afrom_url(
+        async with database() as url, SecureSaver.afrom_url(
                 url, keyring=Keyring.generate(), redaction=None) as saver:
             yield saver
 
@@ -424,7 +442,8 @@ async def run_concurrent(n: int, turns: int, rounds: int, pii_every: int) -> Non
     r, s = statistics.median(t[0] for t in raws), statistics.median(t[0] for t in secures)
     rc, sc = statistics.median(t[1] for t in raws), statistics.median(t[1] for t in secures)
     rp, sp = statistics.median(t[2] for t in raws), statistics.median(t[2] for t in secures)
-    print(f"\n{n} concurrent async conversations on PostgreSQL, {turns} turns each, a new "
+    where = "SQLite" if backend == "sqlite" else "PostgreSQL"
+    print(f"\n{n} concurrent async conversations on {where}, {turns} turns each, a new "
           f"e-mail address every {pii_every} turn(s), {rounds} rounds: raw {r:.1f} turns/s, "
           f"SecureSaver (redaction on) {s:.1f} turns/s = {s / r:.2f}x; machine CPU per turn "
           f"(every process) raw {rc:.1f} ms, SecureSaver {sc:.1f} ms = {sc / rc:.2f}x; "
@@ -481,6 +500,9 @@ def main() -> None:
                         help="victim turns per phase (a fresh conversation each time)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrent", type=int, default=16)
+    parser.add_argument("--concurrent-backends", default="postgres",
+                        help="where the concurrent conversations run (comma-separated: "
+                             "postgres, sqlite)")
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--pii-every", default="1,5",
                         help="the concurrent conversations carry a new e-mail address every N "
@@ -507,9 +529,12 @@ def main() -> None:
             if args.legit:
                 asyncio.run(legit_beside_load(backend, Path(tmp)))
     if args.concurrent:
-        for every in [int(e) for e in args.pii_every.split(",") if e]:
-            asyncio.run(run_concurrent(args.concurrent, args.turns, max(1, args.rounds),
-                                       max(1, every)))
+        with tempfile.TemporaryDirectory() as tmp:
+            for backend in [b for b in args.concurrent_backends.split(",") if b]:
+                for every in [int(e) for e in args.pii_every.split(",") if e]:
+                    asyncio.run(run_concurrent(args.concurrent, args.turns,
+                                               max(1, args.rounds), max(1, every), backend,
+                                               Path(tmp)))
     readme_rows(by_backend)
     print(f"\n{time.perf_counter() - started:.0f} s in all; {load()}")
 

@@ -8,8 +8,9 @@ JSON field); a value counts as found when a detection of its kind covers all of 
 recognizers were not written from Faker's output; false positives are measured on the hard
 negatives of ``redaction_eval.py`` (0 of 665 when this script was added).
 
-Target: recall >= 0.99. Faker writes some values no authority issues (a KR RRN with month
-00): those stay misses, printed with ``--errors``.
+Target: recall >= 0.995 (issue 40's bar). Faker writes KR RRNs with a month or day of 00;
+they are claimed since the dashed RRN shape allows 00 (misses are printed with ``--errors``).
+benchmarks/redaction_locales_eval.py is the independent measure of the same kinds.
 
 Usage: python benchmarks/redaction_ids_eval.py [--per-kind 40] [--errors]
 """
@@ -38,7 +39,7 @@ SOURCES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("ES_NIE", "es_ES", lambda f: f.nie()), ("NL_BSN", "nl_NL", lambda f: f.ssn()),
     ("IBAN_CODE", "en_GB", lambda f: f.iban().lower())]
 TEMPLATES = ("{label}: {v}", "please update my {label} to {v} thanks", '{{"{label}": "{v}"}}')
-TARGET = 0.99
+TARGET = 0.995
 
 
 def values(per_kind: int) -> list[tuple[str, str]]:

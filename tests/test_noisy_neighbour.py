@@ -636,3 +636,26 @@ def test_the_async_api_never_needs_the_loops_default_executor(tmp_path: Path) ->
     assert tup is not None and listed == 1 and denied
     assert tup.checkpoint["channel_values"]["messages"][0].content == "mail me at ann@example.com"
     assert [w[2] for w in tup.pending_writes] == ["or bob@example.com"]
+
+
+def test_reading_back_a_huge_list_looks_at_no_more_items_than_it_can_remember(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of a checkpoint holding 1,000,000 strings walked every one of them to find
+    messages worth remembering (readback.py), holding the GIL while other tenants waited:
+    plain values are skipped, and no more items are looked at than the cache keeps."""
+    from langchain_core.messages import AIMessage
+
+    from langgraph_securesaver.redaction import readback
+
+    looked: list[Any] = []
+    real = readback.content_strings
+    monkeypatch.setattr(readback, "content_strings", lambda m: looked.append(m) or real(m))
+    rb = readback.ReadBack()
+    rb.remember(b"ctx", [f"r{i}" for i in range(200_000)])
+    assert looked == []
+    long = "x" * (readback.MIN_CHARS + 1)
+    messages = [AIMessage(long + str(i)) for i in range(readback.MAX_MESSAGES + 10)]
+    rb.remember(b"ctx", messages)
+    assert len(looked) == readback.MAX_MESSAGES
+    assert rb.exempt(b"ctx", messages[-1]) is not None  # the latest are remembered
+    assert rb.exempt(b"other", messages[-1]) is None

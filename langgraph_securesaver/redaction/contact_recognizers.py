@@ -126,6 +126,10 @@ class CnResidentIdRecognizer(LinearRecognizer):
 # --------------------------------------------------------------------------------------------
 # Chinese mainland mobile number
 # --------------------------------------------------------------------------------------------
+# an extension after a number: "x5924", " ext. 12", " extension 7", " #205" (Faker writes
+# "+1-212-555-0147x1234", "+49(0)30 901820x77"): part of the number's span
+_EXTENSION = r"(?:[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6})?"
+_EXT_TAIL = re.compile(r"[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6}$")
 _CN_SHAPES = frozenset({(11,), (3, 4, 4), (3, 8), (7, 4), (4, 3, 4), (4, 4, 3)})
 _CN_PREFIX = re.compile(r"(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)")
 
@@ -133,7 +137,7 @@ _CN_PREFIX = re.compile(r"(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)")
 def _validate_cn_mobile(m: re.Match[str], view: str) -> float | None:
     """One kind of separator, in the groupings people write (3-4-4, 3-8, 7-4, 4-3-4, 4-4-3);
     "151940 12996" (a time of day, then a pid) is not one."""
-    value = m.group(0)
+    value = _EXT_TAIL.sub("", m.group(0))  # an extension is part of the span, not the shape
     head = _CN_PREFIX.match(value)
     body = value[head.end():] if head else value
     seps = {c for c in body if not c.isdigit()}
@@ -151,17 +155,14 @@ class CnMobileRecognizer(LinearRecognizer):
     PATTERNS = (
         rx("cn_mobile",
            r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ \-]?|\(\+?86\)[ \-]?)?"
-           r"1[3-9][0-9](?:[ \-]?[0-9]){8}" + _NOT_ALNUM_AFTER, 0.75, _validate_cn_mobile),
+           r"1[3-9][0-9](?:[ \-]?[0-9]){8}" + _EXTENSION + _NOT_ALNUM_AFTER, 0.75,
+           _validate_cn_mobile),
     )
 
 
 # --------------------------------------------------------------------------------------------
 # Phone numbers validated by phonenumbers, one parse per candidate and region
 # --------------------------------------------------------------------------------------------
-# an extension after a number: "x5924", " ext. 12", " extension 7", " #205" (Faker writes
-# "+1-212-555-0147x1234", "+49(0)30 901820x77"): part of the number's span
-_EXTENSION = r"(?:[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6})?"
-_EXT_TAIL = re.compile(r"[ ,]{0,2}(?:x|X|ext\.?|Ext\.?|EXT\.?|extension|#) ?[0-9]{1,6}$")
 _PHONE_CANDIDATE = re.compile(
     r"(?<![0-9A-Za-z+])(?P<n>(?:\+|00)?(?:\([0-9]{1,4}\)[ .\-]?)?[0-9](?:[ .\-]{0,2}[0-9]|"
     r"[ .\-]?\([0-9]{1,4}\)[ .\-]?[0-9]){5,17})" + _EXTENSION +
@@ -299,10 +300,10 @@ class PhoneShapeRecognizer(LinearRecognizer):
            r"(?<![0-9A-Za-z+])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]){6,13}"
            + _EXTENSION + r"(?![0-9A-Za-z]|[.\-][0-9])", 0.45, _validate_intl),
         rx("gb_344",
-           r"(?<![0-9A-Za-z+.\-/])0[1-9][0-9](?P<s>[ \-])[0-9]{4}(?P=s)[0-9]{4}"
+           r"(?<![0-9A-Za-z+.\-/])0[1-9][0-9](?P<s>[ \-])[0-9]{4}(?P=s)[0-9]{4}" + _EXTENSION +
            r"(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("gb_grouped",
-           r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{2,4}) ?[0-9]{3}[ \-]?"
+           r"(?<![0-9A-Za-z+.\-/])(?:\(0[1-9][0-9]{1,4}\)|0[1-9][0-9]{1,4}) ?[0-9]{3}[ \-]?"
            r"[0-9]{3,4}" + _EXTENSION + r"(?![0-9A-Za-z]|[.\-][0-9])", 0.4, _validate_gb),
         rx("plain10_labelled", r"(?<![0-9A-Za-z+.\-])[2-9][0-9]{9}(?![0-9A-Za-z]|[.\-][0-9])",
            0.6, _validate_plain10),

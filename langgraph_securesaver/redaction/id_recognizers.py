@@ -192,8 +192,10 @@ _SPECS: tuple[_Spec, ...] = (
     ("KR_RRN", _p(r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])-[1-8][0-9]{6}"), _rrn,
      None),
     # numbers issued since 2020 carry no check digit: written with the dash, a birth date and
-    # the century/sex digit are the shape; without the dash, after their name
-    ("KR_RRN", _p(r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])-[1-8][0-9]{6}"), _any,
+    # the century/sex digit are the shape (a month or day of 00 too: an unknown birth date
+    # is registered so, and a mistyped number is still someone's); without the dash, after
+    # their name
+    ("KR_RRN", _p(r"[0-9]{2}(?:0[0-9]|1[0-2])(?:[0-2][0-9]|3[01])-[1-8][0-9]{6}"), _any,
      None),
     ("KR_RRN", _p(r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])[1-8][0-9]{6}"), _any,
      _RRN_LABEL),

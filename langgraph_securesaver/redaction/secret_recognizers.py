@@ -38,6 +38,20 @@ def _mixed(m: re.Match[str], view: str) -> float | None:
     return 0.9 if _HAS_DIGIT.search(body) and _HAS_ALPHA.search(body) else None
 
 
+def _prefixed(m: re.Match[str], view: str) -> float | None:
+    """A provider's prefixed key: letters and digits, or (20 characters or more) both cases:
+    one random key in a few hundred has no digit
+    (``pscale_pw_NYt.zlyFT=FYdsMp_WYbGdJbqTUejGvxL``). Only after a provider's own prefix:
+    unprefixed shapes (Discord's dotted tokens) still need a digit, as code identifiers of
+    that shape have none."""
+    body = m.group(0)
+    if _mixed(m, view) is not None:
+        return 0.9
+    if len(body) >= 20 and _HAS_UPPER.search(body) and _HAS_LOWER.search(body):
+        return 0.9
+    return None
+
+
 def _connection_password(m: re.Match[str], view: str) -> float | None:
     """A connection string's password: not an empty, templated or masked value."""
     value = m.group("v").strip("{} \t")
@@ -68,7 +82,8 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
     rx("openai_style", rf"(?<![{_B64URL}])sk-[{_B64URL}]{{20,}}(?![{_B64URL}])", 0.9, _mixed,
        needles=("sk-",)),
     # Stripe live/test secret and restricted keys.
-    rx("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}(?![A-Za-z0-9_])",
+    rx("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test|prod)_[A-Za-z0-9]{16,}"
+       r"(?![A-Za-z0-9_])",
        0.95, needles=("sk_", "rk_")),
     # AWS access key ids (long-term AKIA, temporary ASIA).
     rx("aws_access_key_id", r"(?<![A-Za-z0-9])(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|"
@@ -93,8 +108,9 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
     rx("github_pat", r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_])", 0.95,
        needles=("github_pat_",)),
     # GitLab personal/project/group tokens and friends.
-    rx("gitlab_token", r"(?<![A-Za-z0-9_\-])gl(?:pat|dt|ptt|rt|cbt|oas|soat|ft|imt|agent)-"
-       r"[A-Za-z0-9_\-]{20,64}(?![A-Za-z0-9_\-])", 0.95, needles=("gl",)),
+    # routable tokens end in "." and nine base-36 characters (gitleaks' -routable rules)
+    rx("gitlab_token", r"(?<![A-Za-z0-9_\-])gl(?:pat|dt|ptt|rt|cbt|oas|soat|ft|ffct|imt|agent)-"
+       r"[A-Za-z0-9_\-]{20,300}(?:\.[0-9a-z]{9})?(?![A-Za-z0-9_\-])", 0.95, needles=("gl",)),
     rx("gitlab_runner", r"(?<![A-Za-z0-9_\-])GR1348941[A-Za-z0-9_\-]{20,64}(?![A-Za-z0-9_\-])",
        0.95, needles=("GR1348941",)),
     # npm: the token in an .npmrc "_authToken=" line (whatever its shape)
@@ -115,16 +131,18 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
     rx("sendgrid", r"(?<![A-Za-z0-9_\-])SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}"
        r"(?![A-Za-z0-9_\-])", 0.95, needles=("SG.",)),
     # Telegram bot tokens: bot id, colon, 35-character secret (both halves are the secret).
-    rx("telegram_bot", r"(?<![A-Za-z0-9_:])[0-9]{6,12}:AA[A-Za-z0-9_\-]{33}(?![A-Za-z0-9_\-])",
-       0.95, needles=(":AA",)),
+    rx("telegram_bot", r"(?<![A-Za-z0-9_:])[0-9]{5,16}:A[A-Za-z0-9_\-]{34}(?![A-Za-z0-9_\-])",
+       0.95, _prefixed, needles=(":A",)),
     # Azure storage account keys and connection strings' secrets.
     rx("azure_account_key", r"(?i:AccountKey|SharedAccessKey|AccessKey)=(?P<v>[A-Za-z0-9+/]"
        r"{20,100}={0,2})", 0.95, None, "v", needles=("accesskey", "accountkey"), fold_case=True),
     rx("azure_sas_sig", r"(?<![A-Za-z0-9])sig=(?P<v>[A-Za-z0-9%+/]{30,100}(?:%3D|=){0,2})",
        0.9, None, "v", needles=("sig=",)),
     # Slack tokens.
-    rx("slack_token", r"(?<![A-Za-z0-9\-])xox[abposre]-[A-Za-z0-9\-]{10,}(?![A-Za-z0-9\-])", 0.9,
-       needles=("xox",)),
+    rx("slack_token", r"(?<![A-Za-z0-9\-])(?:xoxe\.)?xox[abposre]-[A-Za-z0-9\-]{10,}"
+       r"(?![A-Za-z0-9\-])", 0.9, needles=("xox",)),
+    rx("slack_app_token", r"(?<![A-Za-z0-9\-])xapp-[0-9]-[A-Z0-9]{6,}-[0-9]{6,}-[a-z0-9]{16,}"
+       r"(?![A-Za-z0-9\-])", 0.95, needles=("xapp-",)),
     rx("slack_webhook", r"hooks\.slack\.com/services/(?P<v>T[A-Za-z0-9_]{6,}/B[A-Za-z0-9_]{6,}/"
        r"[A-Za-z0-9_]{16,})", 0.95, None, "v", needles=("hooks.slack.com",)),
     # Google API keys.
@@ -149,27 +167,28 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
        r"|SK[0-9a-fA-F]{32}"                                # Twilio API key
        r"|key-[0-9a-zA-Z]{32}"                              # Mailgun
        r"|[0-9a-f]{32}-us[0-9]{1,2}"                        # Mailchimp
-       r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}"             # Square
-       r"|EAAA[0-9A-Za-z_\-]{60}"                           # Square access token
+       r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,60}"             # Square
+       r"|EAAA[0-9A-Za-z_\-]{22,60}"                        # Square access token
        r"|do[opr]_v1_[a-f0-9]{64}"                          # DigitalOcean
        r"|dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}"  # Doppler
        r"|dapi[a-f0-9]{32}(?:-[0-9])?"                      # Databricks
        r"|lin_api_[A-Za-z0-9]{40}"                          # Linear
-       r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}"                   # Postman
-       r"|NRAK-[A-Z0-9]{27}"                                # New Relic user key
+       r"|PMAK-[a-fA-F0-9]{24}-[a-fA-F0-9]{34}"             # Postman
+       r"|NRAK-[A-Za-z0-9]{27}"                             # New Relic user key
        r"|gl(?:c|sa)_[A-Za-z0-9_+/]{32,400}={0,2}"          # Grafana
+       r"|eyJrIjoi[A-Za-z0-9]{70,400}={0,3}"                # Grafana API key (older)
        r"|pscale_(?:tkn|pw|oauth)_[A-Za-z0-9=\-_.]{32,64}"   # PlanetScale
        r"|pul-[a-f0-9]{40}"                                 # Pulumi
-       r"|sntr[ysu]_[A-Za-z0-9_+/=]{40,}"                   # Sentry
+       r"|sntry[su]_[A-Za-z0-9_+/=]{40,}"                   # Sentry (user, org tokens)
        r"|hv[sb]\.[A-Za-z0-9_\-]{24,}"                      # HashiCorp Vault
        r"|AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}"  # age
        r"|LTAI[A-Za-z0-9]{20}"                              # Alibaba Cloud
        r"|ATATT3[A-Za-z0-9_\-=]{186}"                       # Atlassian
-       r"|dt0c01\.[A-Z0-9]{24}\.[A-Z0-9]{64}"                # Dynatrace
-       r"|FLWSECK(?:_TEST)?-[a-h0-9]{32}-X"                 # Flutterwave
+       r"|dt0c01\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}"          # Dynatrace
+       r"|FLWSECK(?:_TEST)?-(?:[a-hA-H0-9]{32}-X|[a-hA-H0-9]{12})"  # Flutterwave
        r"|rubygems_[a-f0-9]{48}"                            # RubyGems
        r"|pnu_[A-Za-z0-9]{36}"                              # Prefect
-       r"|shippo_(?:live|test)_[a-f0-9]{40}"                # Shippo
+       r"|shippo_(?:live|test)_[a-fA-F0-9]{40}"             # Shippo
        r"|ntn_[0-9]{11}[A-Za-z0-9]{35}"                     # Notion
        r"|secret_[A-Za-z0-9]{43}"                           # Notion (older)
        r"|pat[A-Za-z0-9]{14}\.[a-f0-9]{64}"                  # Airtable
@@ -177,8 +196,8 @@ _SECRET_PATTERNS: tuple[Rx, ...] = (
        r"|gsk_[A-Za-z0-9]{52}"                              # Groq
        r"|r8_[A-Za-z0-9]{37}"                               # Replicate
        r"|(?:sk|pk)_(?:live|test)_[A-Za-z0-9]{24,99}"       # Stripe-style (Clerk, Paystack)
-       r")(?![A-Za-z0-9_\-])", 0.9, _mixed, needles=(
-           "shp", "SK", "key-", "-us", "sq0", "EAAA", "_v1_", "dp.", "dapi", "lin_api_",
+       r")(?![A-Za-z0-9_\-])", 0.9, _prefixed, needles=(
+           "shp", "SK", "key-", "-us", "sq0", "EAAA", "_v1_", "dp.", "dapi", "lin_api_", "eyJrIjoi",
            "PMAK-", "NRAK-", "glc_", "glsa_", "pscale_", "pul-", "sntr", "hvs.", "hvb.",
            "AGE-SECRET", "LTAI", "ATATT3", "dt0c01.", "FLWSECK", "rubygems_", "pnu_",
            "shippo_", "ntn_", "secret_", "pat", "xai-", "gsk_", "r8_", "k_live_", "k_test_")),

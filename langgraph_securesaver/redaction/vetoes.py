@@ -17,7 +17,7 @@ from .windows import window_start
 # or when the number is glued to an identifier ("INV-2723916661", "uid=12894277801").
 # Applied by the redactor to the original text.
 # --------------------------------------------------------------------------------------------
-_VERSION_LABEL = (r"v|ver|version|rev|revision|build|release|firmware|fw|sdk|section|sec|oid|"
+_VERSION_LABEL = (r"v|rv|ver|version|rev|revision|build|release|firmware|fw|sdk|section|sec|oid|"
                   r"chapter|clause|step|\u00a7|\u7248\u672c|\u7248\u672c\u53f7|\u56fa\u4ef6|"
                   r"\u5185\u6838|\u5347\u7ea7\u5230|\u66f4\u65b0\u5230")
 _REFERENCE_LABEL = (r"created_?at|updated_?at|expires?_?at|exp|iat|nbf|time|date|since|until|"
