@@ -82,6 +82,10 @@ store_keys = sa.Table(
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
     sa.Column("wrapped", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    # the item's version (store/versions: what binds a sealed copy to its place in time):
+    # the highest version a put reserved, and the version readers accept at least
+    sa.Column("reserved", sa.BigInteger, nullable=False, server_default="0", default=0),
+    sa.Column("version", sa.BigInteger, nullable=False, server_default="0", default=0),
     sa.Index("ix_securesaver_store_keys_owner", "tenant", "owner"),
 )
 

@@ -48,6 +48,7 @@ from ..keys.crypto import KeyManager, KeyRow, kek_unwrap, kek_wrap, row_context,
 from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
 from ..keys.provider import WrappedKey
 from ..keys.tokens import ENTRY, ITEM, KEK, THREAD, thread_key_context
+from . import item_versions
 from .core import Registry
 from .pii_lookups import LookupKeys
 from .schema import meta_table, pairs_in, pii_keys, store_keys, tenant_keys, thread_keys
@@ -65,12 +66,6 @@ TABLES: dict[str, tuple[sa.Table, sa.Column[Any]]] = {
 #: how often a put reads or creates its item's key row again when other threads or processes
 #: keep deleting the item meanwhile, before it gives up (KeyGoneError, nothing stored)
 _ITEM_KEY_TRIES = 100
-
-#: which key row each of a tenant's store items has (what a put checks once it landed)
-_ITEM_ROWS = sa.select(store_keys.c.item, store_keys.c.created_at).where(
-    store_keys.c.tenant == sa.bindparam("tenant"),
-    store_keys.c.item.in_(sa.bindparam("items", expanding=True)))
-
 
 def _as_bytes(table: sa.Table) -> Any:
     return sa.cast(table.c.wrapped, sa.LargeBinary).label("wrapped")
@@ -148,20 +143,27 @@ class ThreadKeyStore:
                 row = self._create_retrying(scope, tenant, name, columns or {})
                 if row is None:   # deleted between the insert and the read
                     return None
-            kek = self.kek(tenant, row[0], create=False)
-            if kek is None:
-                raise TamperedDataError(
-                    f"a {scope} key of tenant {tenant!r} names a key-encryption key the "
-                    "registry does not hold (retired, shredded, or copied from elsewhere)")
-            aes = kek_unwrap(kek, row[1], thread_key_context(
-                self.registry.database_id(), tenant, name, scope))
-            with self._lock:
-                self._cache[k] = (time.monotonic(), aes, row[2])
-                self._cache.move_to_end(k)
-                self._remember_born(k, row[2])
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-            return aes
+            return self._unwrapped(scope, tenant, name, row)
+
+    def _unwrapped(self, scope: str, tenant: str, name: str,
+                   row: tuple[str, bytes, float]) -> AESGCM:
+        """The key a row (master version, wrapped key, created_at) holds, unwrapped and
+        cached."""
+        k = (scope, tenant, name)
+        kek = self.kek(tenant, row[0], create=False)
+        if kek is None:
+            raise TamperedDataError(
+                f"a {scope} key of tenant {tenant!r} names a key-encryption key the "
+                "registry does not hold (retired, shredded, or copied from elsewhere)")
+        aes = kek_unwrap(kek, row[1], thread_key_context(
+            self.registry.database_id(), tenant, name, scope))
+        with self._lock:
+            self._cache[k] = (time.monotonic(), aes, row[2])
+            self._cache.move_to_end(k)
+            self._remember_born(k, row[2])
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return aes
 
     def confirm(self, conn: Any, tenant: str, thread_id: str) -> bool:
         """In the transaction of a write's lease (the thread's registry touch): drop the cached
@@ -182,35 +184,49 @@ class ThreadKeyStore:
             return False
         return True
 
-    def item_key(self, tenant: str, item: str, owner: str) -> tuple[AESGCM, float]:
-        """The key of SecureStore ``item`` (read, or created with its row; ``owner``: the
-        digest of the item's first namespace label, what ``forget_subject`` finds the keys of
-        a subject's items by, expired ones included) and which key row it is (the row's
-        ``created_at``): what :meth:`stale_items` checks after the put lands. Read afresh,
-        never from the cache: a put sealed under a key another process destroyed since would
-        leave, if its process died before that check, a row that opens under no key."""
-        self._drop([(ITEM, tenant, item)])
+    # store items: a key and a version each ----------------------------------------------------
+    def reserve_item(self, tenant: str, item: str, owner: str) -> tuple[AESGCM, float, int]:
+        """For a put of SecureStore ``item``: its key (the row read, or created; ``owner``:
+        the digest of the item's first namespace label, what ``forget_subject`` finds a
+        subject's items by, expired ones included), which key row it is (``created_at``) and
+        the version the put seals under -- reserved in the row (``reserved + 1``, one
+        statement), so no two seals of the item share one. Never from the cache: a put
+        sealed under a key another process destroyed since would leave, if its process died
+        before :meth:`commit_items`, a row no key opens. One registry transaction (two for
+        the item's first put)."""
+        k = (ITEM, tenant, item)
         for _ in range(_ITEM_KEY_TRIES):
-            aes = self.key(tenant, ITEM, item, True, {"owner": owner})
-            hit = self._cache.get((ITEM, tenant, item))
-            if aes is not None and hit is not None and hit[1] is aes:
-                return aes, hit[2]
+            with self.registry.begin() as conn:
+                row = conn.execute(store_keys.update().where(
+                    store_keys.c.tenant == tenant, store_keys.c.item == item).values(
+                    reserved=store_keys.c.reserved + 1).returning(
+                    store_keys.c.master_version, _as_bytes(store_keys), store_keys.c.created_at,
+                    store_keys.c.reserved)).first()
+            if row is None:     # a new item (or deleted meanwhile): its row, then reserve
+                self._drop([k])
+                self._create_retrying(ITEM, tenant, item, {"owner": owner})
+                continue
+            born, version = float(row[2]), int(row[3])
+            hit = self._cache.get(k)
+            if hit is not None and hit[2] == born:
+                return hit[1], born, version
+            return self._unwrapped(ITEM, tenant, item, (str(row[0]), bytes(row[1]), born)), \
+                born, version
         raise KeyGoneError(f"the key of a store item of tenant {tenant!r} was deleted while "
                            f"it was being written, {_ITEM_KEY_TRIES} times; nothing was stored, "
                            "retry")
 
-    def stale_items(self, tenant: str, used: dict[str, float]) -> list[str]:
-        """After a SecureStore put landed: the items of ``used`` (item -> the key row it was
-        sealed under, from :meth:`item_key`) whose key row is no longer that row (another
-        process deleted the item meanwhile, or deleted and wrote it again). Their cached keys
-        are dropped; the caller seals those puts again under the current row, so a put that
-        returned always opens. One registry read."""
-        with self.registry.read() as conn:
-            rows = dict(conn.execute(_ITEM_ROWS, {"tenant": tenant, "items": list(used)}).all())
-        stale = [name for name, born in used.items()
-                 if name not in rows or float(rows[name]) != born]
+    def commit_items(self, tenant: str, used: dict[str, tuple[float, int]]) -> list[str]:
+        """:func:`.item_versions.commit`; the cached keys of the items it refuses are dropped
+        (the caller seals those puts again)."""
+        stale = item_versions.commit(self.registry, tenant, used)
         self._drop([(ITEM, tenant, name) for name in stale])
         return stale
+
+    def cached_born(self, tenant: str, item: str) -> float | None:
+        """Which key row the cached key of store ``item`` is (its ``created_at``)."""
+        hit = self._cache.get((ITEM, tenant, item))
+        return None if hit is None else hit[2]
 
     def reread_item(self, tenant: str, item: str) -> str:
         """After a store item failed to open: its key row read again. ``"gone"`` (no key

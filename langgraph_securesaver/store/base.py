@@ -14,7 +14,9 @@ registry work off the event loop, embedding and the inner store awaited):
 from __future__ import annotations
 
 import logging
+import random
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +39,7 @@ from ..keys.crypto import TenantKeys
 from ..keys.material import SecretBytes
 from ..keys.tokens import ITEM
 from ..pii_layer import PiiLayer
+from ..registry import item_versions
 from ..registry.subjects import subject_digest
 from ..registry.thread_keys import ThreadKeyStore
 from ..storage.store_format import vault_id
@@ -49,6 +52,11 @@ logger = logging.getLogger(__name__)
 STORE_CHANNEL = "__store__"
 #: "every row" for an inner search whose filtering, scoring or paging SecureStore does itself
 SCAN_LIMIT = 2 ** 62
+#: the first pause (seconds, doubling, randomized) before a put sealed again writes again
+_BACKOFF = 0.0005
+_NO_KEY = ("a store item of tenant {!r} has no key: it was deleted, and what the inner store "
+           "returns is left of it or a copy put back after the deletion, or moved there from "
+           "another item")
 
 
 @dataclass
@@ -75,8 +83,15 @@ class BatchPlan:
     tag: str = ""                    # the tenant's namespace label in the inner store
     #: redacted equality filters by search op index (what the blind index is compared with)
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)
-    #: item id -> the key row its put was sealed under (checked once the put landed)
-    used: dict[str, float] = field(default_factory=dict)
+    #: item id -> (the key row, the version) its put was sealed under (confirmed once the
+    #: put landed)
+    used: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: item id -> (key row, version accepted at least), read after the inner read
+    versions: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: item id -> (key row, version) of items read at a version not yet confirmed
+    ahead: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: how often this batch's puts were sealed again
+    reseals: int = 0
     #: the process's write count when the inner read was made (see ItemDeletes.under_way)
     read_at: int = 0
 
@@ -137,15 +152,16 @@ class BatchPlan:
         op = put.op
         if self.keys is None:  # pragma: no cover - prepare() creates keys for puts
             raise TamperedDataError("no keys to seal a put with")
-        key = None
+        key, version = None, 0
         item_keys = self.core.item_keys
         if item_keys is not None:
             item = vault_id(op.namespace, op.key)
-            key, self.used[item] = item_keys.item_key(
+            key, born, version = item_keys.reserve_item(
                 self.tenant, item, subject_digest(self.keys, op.namespace[0]))
+            self.used[item] = (born, version)
         sealed = codec.seal_item(
             self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
-            put.value_json, put.vectors, put.blind, key)
+            put.value_json, put.vectors, put.blind, key, version)
         return PutOp(ns, op.key, sealed, index=False, ttl=op.ttl)
 
     @staticmethod
@@ -155,14 +171,20 @@ class BatchPlan:
         return [i for i, op in enumerate(inner_ops) if not isinstance(op, PutOp)]
 
     def stale_puts(self) -> list[PutOp]:
-        """Once the inner batch landed: the puts to seal and write again, because another
-        process deleted their item's key meanwhile (:meth:`..registry.thread_keys.
-        ThreadKeyStore.stale_items`); empty when every put opens under its item's key row."""
+        """Once the inner batch landed: each put's version confirmed in its item's key row
+        (:meth:`..registry.thread_keys.ThreadKeyStore.commit_items`), and the puts to seal
+        and write again -- another process deleted their item meanwhile, or another put of
+        it reserved a later version and may land before this one; empty when every put is
+        its item's confirmed version."""
         item_keys = self.core.item_keys
         if item_keys is None or not self.used or self.keys is None:
             return []
-        stale = set(item_keys.stale_items(self.tenant, self.used))
+        stale = set(item_keys.commit_items(self.tenant, self.used))
         self.used = {}
+        if stale:
+            # puts of one item racing each other seal again in turn, not in lockstep
+            self.reseals += 1
+            time.sleep(random.uniform(0, _BACKOFF * 2 ** min(self.reseals, 6)))  # noqa: S311
         return [self._sealed_put((self.tag, *put.op.namespace), put)
                 for _i, put in sorted(self.puts.items())
                 if vault_id(put.op.namespace, put.op.key) in stale]
@@ -190,9 +212,27 @@ class BatchPlan:
                            for item in cast("list[SearchItem]", res or []))
         return out
 
+    def opens_in_registry(self, results: Sequence[Result]) -> bool:
+        """Whether opening ``results`` reads the registry (the versions of the items the
+        inner store returned): the async path then opens them off the event loop."""
+        return self.core.item_keys is not None and any(
+            isinstance(item, Item) for res in results
+            for item in (res if isinstance(res, list) else [res]))
+
     def open_results(self, results: Sequence[Result]) -> list[Any]:
         """Authenticate and decrypt every item the inner store returned (PII tokens still
-        in): per op, an :class:`Opened` (get), a list of them (search), or the raw result."""
+        in): per op, an :class:`Opened` (get), a list of them (search), or the raw result.
+        Each item's version is checked against its key row, read once for the batch after
+        the inner read (``versions``); items met at a version not yet confirmed are confirmed
+        (``ahead``, one registry transaction when there are any)."""
+        item_keys = self.core.item_keys
+        if item_keys is not None:
+            names = [vault_id(tuple(item.namespace)[1:], item.key) for res in results
+                     for item in (res if isinstance(res, list) else [res])
+                     if isinstance(item, Item)]
+            self.versions = item_versions.read(item_keys.registry, self.tenant, names) \
+                if names else {}
+            self.ahead = {}
         out: list[Any] = []
         open_item = self.core.open_item
         for op, res in zip(self.ops, results, strict=True):
@@ -203,6 +243,8 @@ class BatchPlan:
                 out.append([one for one in found if one is not None])
             else:
                 out.append(res)
+        if self.ahead and item_keys is not None:
+            item_versions.roll_forward(item_keys.registry, self.tenant, self.ahead)
         return out
 
     def tokens(self, opened: Sequence[Any]) -> list[str]:
@@ -390,11 +432,14 @@ class StoreCore:
 
     # step 3 -----------------------------------------------------------------------------------
     def open_item(self, plan: BatchPlan, item: Item) -> Opened | None:
-        """Authenticate one inner item of the plan's tenant and decrypt it. An item sealed
-        under a key this process cached before another process deleted the item and wrote it
-        again opens under the item's current key row; one that does not open while this
-        process deletes or writes the item (a key one of its deletes destroyed) is None:
-        absent."""
+        """Authenticate one inner item of the plan's tenant, decrypt it and check its version
+        against its key row (:meth:`_refusal`). An item sealed under a key this process
+        cached before another process deleted the item and wrote it again opens under the
+        item's current key row. What does not open, or is not the item's current version,
+        raises ItemChangedError (the caller reads the item again, then gives up) -- unless
+        this process is deleting or writing the item right now (or did since the read): then
+        what the read met is what such a delete leaves, or a put lands before it is
+        confirmed or sealed again, and the item reads as absent (the put has not returned)."""
         ns = tuple(item.namespace)
         if not ns or ns[0] != plan.tag:
             raise TamperedDataError("the inner store returned an item of another tenant")
@@ -404,31 +449,27 @@ class StoreCore:
                 "(shredded, or the registry of another database)")
         outer = ns[1:]
         aad = codec.item_aad(plan.database_id, plan.tenant, outer, item.key)
+        item_keys = self.item_keys
         try:
-            value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+            value, vectors, tokens, version = codec.open_item_scanned(plan.keys, aad,
+                                                                      item.value)
         except TamperedDataError:
-            if self.item_keys is None or not codec.is_envelope(item.value):
+            if item_keys is None or not codec.is_envelope(item.value):
                 raise
             # an envelope that does not open under the key this process holds for the item:
             # the key row read again; the inner item is read again by the caller
             # (ItemChangedError) when it still does not open -- it may have been written under a
             # key another process deleted after the inner read. What keeps failing is raised.
             name = vault_id(outer, item.key)
-            state = self.item_keys.reread_item(plan.tenant, name)
-            # this process is deleting or writing the item right now, so a key was destroyed
-            # by one of its deletes: the row read is what such a delete leaves or a put
-            # lands before it seals again -- absent, as after the delete (the put has not
-            # returned)
+            state = item_keys.reread_item(plan.tenant, name)
             in_flight = self.deleting(plan.tenant, name, plan.read_at)
             if state == "gone" and in_flight:
                 return None
             if state == "gone":
-                raise ItemChangedError(
-                    f"a store item of tenant {plan.tenant!r} has no key: it was deleted, and "
-                    "what the inner store returns is left of it or a copy put back after the "
-                    "deletion, or moved there from another item") from None
+                raise ItemChangedError(_NO_KEY.format(plan.tenant)) from None
             try:
-                value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+                value, vectors, tokens, version = codec.open_item_scanned(plan.keys, aad,
+                                                                          item.value)
             except TamperedDataError:
                 if in_flight:
                     return None
@@ -436,7 +477,42 @@ class StoreCore:
                     f"a store item of tenant {plan.tenant!r} does not open under its item's "
                     "key: altered, moved from another item, or an older copy put back after "
                     "its deletion") from None
+        if item_keys is not None:
+            name = vault_id(outer, item.key)
+            refusal = self._refusal(plan, name, version)
+            if refusal is not None:
+                if self.deleting(plan.tenant, name, plan.read_at):
+                    return None
+                raise ItemChangedError(refusal)
         return Opened(outer, value, vectors, item, tokens)
+
+    def _refusal(self, plan: BatchPlan, name: str, version: int) -> str | None:
+        """Why an item that opened is not the item's current version (None: it is). Its key
+        row, read after the inner read (``plan.versions``), must still be the key it opened
+        under, and name a version no later than the one the item was sealed at: an earlier
+        version is an older copy of the item put back (or a put the writer has not yet
+        sealed again after a later one landed). A later one is a put that landed and is not
+        confirmed yet (its process may be killed before it is): the read confirms it
+        (``plan.ahead``), so what it served is never rolled back."""
+        item_keys = self.item_keys
+        if item_keys is None:  # pragma: no cover - the caller checked
+            return None
+        row = plan.versions.get(name)
+        if row is None:
+            # no key row: deleted (concurrently, or before a copy was put back under a key
+            # this process still caches); an unversioned item sealed without one is older data
+            return None if version == 0 else _NO_KEY.format(plan.tenant)
+        born = item_keys.cached_born(plan.tenant, name)
+        if born is not None and born != row[0]:
+            item_keys.reread_item(plan.tenant, name)
+            return (f"a store item of tenant {plan.tenant!r} opened under a key its item no "
+                    "longer has: a copy put back after the item was deleted and written again")
+        if version < row[1]:
+            return (f"a store item of tenant {plan.tenant!r} is version {version}, its key row "
+                    f"names version {row[1]}: an older copy of the item put back")
+        if version > row[1]:
+            plan.ahead[name] = (row[0], version)
+        return None
 
     def restorer(self, originals: Mapping[str, str]) -> Callable[[Any], Any]:
         """Put the tenant's originals (looked up once per batch) back into a value."""

@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..errors import ConfigurationError, TamperedDataError
 from ..keys.crypto import TenantKeys
 from ..keys.tokens import from_text, to_text
-from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
+from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, VERSION_KEY, item_aad, sealed_aad
 
-__all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "open_item_scanned",
-           "seal_item"]
+__all__ = ["BLIND_PREFIX", "SEALED_KEY", "VERSION_KEY", "item_aad", "open_item",
+           "open_item_scanned", "seal_item"]
 
 ENVELOPE_VERSION = 1
 #: the largest serialized value a put accepts (before sealing), as the saver bounds its input
@@ -140,41 +140,56 @@ def unpack_vector(text: Any) -> list[float]:
 
 def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
-              blind: Mapping[str, str], key: AESGCM | None = None) -> dict[str, Any]:
-    """The inner store's value for one item: version, vectors (JSON, usually empty), value;
-    sealed under ``key`` (the item's key) or, without one, the tenant's data key."""
+              blind: Mapping[str, str], key: AESGCM | None = None, version: int = 0
+              ) -> dict[str, Any]:
+    """The inner store's value for one item: format version, vectors (JSON, usually empty),
+    value; sealed under ``key`` (the item's key) or, without one, the tenant's data key, and
+    bound to the item's ``version`` (stored beside the token when not 0)."""
     if vectors:
         head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
                           separators=(",", ":")).encode("ascii")
         plain = _VERSION + len(head).to_bytes(4, "big") + head + value_json
     else:
         plain = _NO_VECTORS + value_json
-    return {SEALED_KEY: to_text(keys.seal(plain, sealed_aad(aad, blind), key=key)), **blind}
+    sealed = to_text(keys.seal(plain, sealed_aad(aad, blind, version), key=key))
+    if version:
+        return {SEALED_KEY: sealed, VERSION_KEY: version, **blind}
+    return {SEALED_KEY: sealed, **blind}
 
 
 def open_item(keys: TenantKeys, aad: bytes, stored: Any
               ) -> tuple[Any, dict[str, list[float]]]:
     """Authenticate an inner store's value, then parse it: (value, vectors by field path).
     Anything but an envelope SecureStore sealed for exactly this place is TamperedDataError."""
-    value, vectors, _tokens = open_item_scanned(keys, aad, stored)
+    value, vectors, _tokens, _version = open_item_scanned(keys, aad, stored)
     return value, vectors
 
 
+def stored_version(stored: Mapping[str, Any]) -> int:
+    """The version an envelope says it was sealed at (0: none; whether that is true is what
+    opening it decides)."""
+    version = stored.get(VERSION_KEY, 0)
+    if type(version) is not int or version < 0 or (version == 0 and VERSION_KEY in stored):
+        raise TamperedDataError("a store item's version field is malformed")
+    return version
+
+
 def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
-                      ) -> tuple[Any, dict[str, list[float]], bool]:
+                      ) -> tuple[Any, dict[str, list[float]], bool, int]:
     """:func:`open_item`, plus whether the value may hold PII tokens (see
-    :func:`may_hold_tokens`)."""
+    :func:`may_hold_tokens`) and the version it was sealed at (authenticated)."""
     sealed = stored.get(SEALED_KEY) if type(stored) is dict or isinstance(stored, Mapping) \
         else None
     if not isinstance(sealed, str):
         raise TamperedDataError(
             "a store item holds a plain value where a SecureStore ciphertext was expected "
             "(written without encryption, or injected)")
-    blind = {k: v for k, v in stored.items() if k != SEALED_KEY}
+    version = stored_version(stored)
+    blind = {k: v for k, v in stored.items() if k != SEALED_KEY and k != VERSION_KEY}
     for k in blind:
         if not (isinstance(k, str) and k.startswith(BLIND_PREFIX)):
             raise TamperedDataError("a store item holds fields SecureStore did not write")
-    plain = keys.open(from_text(sealed), sealed_aad(aad, blind))
+    plain = keys.open(from_text(sealed), sealed_aad(aad, blind, version))
     if plain[:1] != _VERSION:
         raise TamperedDataError("a store item was sealed in an unknown format")
     try:
@@ -184,7 +199,7 @@ def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
         value = _loads(body.decode("utf-8", "surrogatepass"))
     except (ValueError, UnicodeDecodeError):  # pragma: no cover - authenticated: ours
         raise TamperedDataError("a sealed store value does not parse") from None
-    return value, {p: unpack_vector(t) for p, t in head.items()}, may_hold_tokens(body)
+    return value, {p: unpack_vector(t) for p, t in head.items()}, may_hold_tokens(body), version
 
 
 def is_envelope(stored: Any) -> bool:

@@ -46,8 +46,8 @@ logger = logging.getLogger(__name__)
 #: up to this many ops (or returned items) a batch's CPU steps run on the event loop: below
 #: it they take less time than the hop to a worker thread
 _INLINE_OPS = 16
-#: how often a put whose item key another process deleted meanwhile is sealed and written
-#: again under the item's new key row before the batch fails
+#: how often a put whose item another process deleted meanwhile, or another put of which
+#: reserved a later version, is sealed and written again before the batch fails
 _RESEALS = 100
 #: how often a batch reads again the items another process deleted (or deleted and wrote)
 #: under its read before the failure is raised
@@ -55,10 +55,36 @@ _REREADS = 3
 
 
 def _unsettled(plan: BatchPlan) -> None:
-    """Raise: the items of ``plan`` kept being deleted under its puts (see ``_RESEALS``)."""
+    """Raise: the items of ``plan`` kept being deleted or written under its puts (see
+    ``_RESEALS``)."""
     raise KeyGoneError(
-        f"store items of tenant {plan.tenant!r} were deleted by another process while this "
+        f"store items of tenant {plan.tenant!r} were deleted or written by others while this "
         f"batch wrote them, {_RESEALS} times over; what this batch wrote may not open, retry")
+
+
+class _Rereads:
+    """The re-read loop ``batch`` and ``abatch`` share: when the items a batch read do not
+    open (or are not their items' current versions), the batch's reads -- never its writes --
+    are made again, up to ``_REREADS`` times; then the ItemChangedError stands."""
+
+    def __init__(self, plan: BatchPlan, inner_ops: list[Op], results: list[Result],
+                 deletes: ItemDeletes) -> None:
+        self.plan, self.inner_ops, self.results, self.deletes = plan, inner_ops, results, deletes
+        self.left = _REREADS
+        self.positions: list[int] = []
+
+    def next_ops(self, error: ItemChangedError) -> list[Op]:
+        """The inner reads to make again after ``error`` (raised when none are left)."""
+        if self.left == 0:
+            raise error
+        self.left -= 1
+        self.positions = self.plan.reads(self.inner_ops)
+        self.plan.read_at = self.deletes.tick
+        return [self.inner_ops[i] for i in self.positions]
+
+    def took(self, again: list[Result]) -> None:
+        for i, res in zip(self.positions, again, strict=True):
+            self.results[i] = res
 
 
 def _returned(results: list[Result]) -> int:
@@ -204,18 +230,13 @@ class SecureStore(BaseStore):
         if plan.keys is None and plan.found_items(results):
             # another caller created the tenant's first item meanwhile
             plan.keys = self.saver.keys.require(tenant)
-        for attempt in range(_REREADS + 1):
+        rereads = _Rereads(plan, inner_ops, results, self._item_deletes)
+        while True:
             try:
                 opened = plan.open_results(results)
                 break
-            except ItemChangedError:
-                if attempt == _REREADS:
-                    raise
-                reads = plan.reads(inner_ops)
-                plan.read_at = self._item_deletes.tick
-                for i, res in zip(reads, inner_batch(self.inner, [inner_ops[i] for i in reads]),
-                                  strict=True):
-                    results[i] = res
+            except ItemChangedError as exc:
+                rereads.took(inner_batch(self.inner, rereads.next_ops(exc)))
         tokens = plan.tokens(opened)
         originals = self.saver.vault.lookup(plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
@@ -272,21 +293,17 @@ class SecureStore(BaseStore):
             _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
             plan.keys = await self._services.arequire_keys(tenant)
-        for attempt in range(_REREADS + 1):
+        rereads = _Rereads(plan, inner_ops, results, self._item_deletes)
+        while True:
             try:
-                # a key not cached is read from the registry: off the loop
+                # the items' versions (and a key not cached) are read from the registry: off
+                # the loop
                 opened = await self._run(
-                    _returned(results) > _INLINE_OPS or not plan.keys_cached(results),
-                    plan.open_results, results)
+                    _returned(results) > _INLINE_OPS or plan.opens_in_registry(results)
+                    or not plan.keys_cached(results), plan.open_results, results)
                 break
-            except ItemChangedError:
-                if attempt == _REREADS:
-                    raise
-                reads = plan.reads(inner_ops)
-                plan.read_at = self._item_deletes.tick
-                again = await ainner_batch(self.inner, [inner_ops[i] for i in reads])
-                for i, res in zip(reads, again, strict=True):
-                    results[i] = res
+            except ItemChangedError as exc:
+                rereads.took(await ainner_batch(self.inner, rereads.next_ops(exc)))
         tokens = plan.tokens(opened)
         originals = await to_thread(self.saver.vault.lookup, plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
