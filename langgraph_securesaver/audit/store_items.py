@@ -64,7 +64,7 @@ class StoreRow:
     blind: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None        # why the row is not a SecureStore envelope
     malformed_blind: bool = False
-    version: int = 0                  # the item version the value says it was sealed at
+    version: str = ""                 # the item version the value says it was sealed at
 
 
 def has_store_table(engine: sa.Engine) -> bool:
@@ -117,8 +117,9 @@ def _envelope(row: StoreRow, text: str | bytes) -> None:
         row.problem = "the sealed field holds no ciphertext"
         return
     row.token = token
-    version = value.get(VERSION_KEY, 0)
-    if type(version) is not int or version < 0 or (version == 0 and VERSION_KEY in value):
+    version = value.get(VERSION_KEY, "")
+    if not isinstance(version, str) or len(version) > 64 or (
+            not version and VERSION_KEY in value):
         row.problem = "the stored value's version field is malformed"
     else:
         row.version = version

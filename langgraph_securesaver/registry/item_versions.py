@@ -1,81 +1,170 @@
 """Store items bound to their version: what stops an older copy of a live item from opening.
 
-Each SecureStore item's key row (``securesaver_store_keys``) counts its versions:
-``reserved``, the last version a put took, and ``version``, the version the item is at --
-the least a read accepts. A put takes ``reserved + 1`` (one statement, with its key,
-:meth:`.thread_keys.ThreadKeyStore.reserve_item`), seals the value bound to that number (it is
-in the associated data, and beside the token in the envelope), writes it to the inner store,
-then confirms it (:func:`commit`): ``version`` becomes the put's, if the key row is still the
-one it sealed under and no put reserved a later number since -- else the put seals and writes
-again, so the item's last write is always its confirmed version. A read checks each item it
-met against its row (:func:`read`, after the inner read): an earlier version is an older copy
-put back and is refused; a later one is a put that landed but was not confirmed (in flight, or
-its process killed between its inner write and the confirmation), which the read confirms
-(:func:`roll_forward`): once served, a version is never rolled back, and a writer killed at any
-point never leaves the item unreadable.
+Each SecureStore item has, per store holding it and per key row, a row of
+``securesaver_store_versions`` naming the version the item is at: a number and the random tag
+of the put that wrote it. A put reads it with the item's key (:func:`read_key`: one statement,
+as the key read was), seals the value bound to the next number and a fresh tag (``"n:tag"``,
+in the associated data and beside the token in the envelope), writes it to the inner store,
+then confirms it (:func:`confirm`: one statement) -- only if the item's key row is still the
+one it sealed under and the row names an earlier number (or already this very version: a read
+confirmed it first). Otherwise another put confirmed the same or a later number meanwhile,
+and its write may have landed after this one: the put seals and writes again, so what a
+returned put wrote is the item's confirmed version until a later put or a delete replaces it.
 
-Numbers are never reused (a put killed after reserving leaves a gap), so the copy a killed put
-wrote and a later put's are told apart.
+A read checks each item it met against its row (:func:`read`, after the inner read): a lower
+number, or the same number with another tag, is an older copy put back (or a killed put's,
+overwritten since) and is refused; a higher number is a put that landed but was not confirmed
+(in flight, or its process killed between its inner write and its confirmation), which the
+read confirms: once served, a version is never rolled back, and a writer killed at any point
+never leaves the item unreadable. Tags tell apart the copies of puts that took the same
+number (concurrent puts, or a killed put and the next one).
+
+One case stays open: two puts of one item racing from different processes, the one whose
+write lands last killed before it writes again -- the item is then refused until it is written
+or deleted again. A new key row (the item deleted and written again) starts afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
 from .core import Registry
-from .schema import store_keys
+from .schema import pairs_in, store_keys, store_versions
 
-#: which key row each of a tenant's store items has, and the version it is at
-_VERSIONS = sa.select(store_keys.c.item, store_keys.c.created_at, store_keys.c.version).where(
+#: (number, tag): the version a put sealed under, or an item's row names ((0, ""): none)
+Version = tuple[int, str]
+
+_on = sa.and_(store_versions.c.tenant == store_keys.c.tenant,
+              store_versions.c.item == store_keys.c.item,
+              store_versions.c.store == sa.bindparam("store"))
+#: a put's read: the item's key row and the version it is at in this store
+_KEY_ROW = sa.select(store_keys.c.master_version,
+                     sa.cast(store_keys.c.wrapped, sa.LargeBinary).label("wrapped"),
+                     store_keys.c.created_at, store_versions.c.key_born,
+                     store_versions.c.version, store_versions.c.tag).select_from(
+    store_keys.outerjoin(store_versions, _on)).where(
+    store_keys.c.tenant == sa.bindparam("tenant"), store_keys.c.item == sa.bindparam("item"))
+#: a read's: which key row each of a tenant's items has, and the version it is at
+_VERSIONS = sa.select(store_keys.c.item, store_keys.c.created_at, store_versions.c.key_born,
+                      store_versions.c.version, store_versions.c.tag).select_from(
+    store_keys.outerjoin(store_versions, _on)).where(
     store_keys.c.tenant == sa.bindparam("tenant"),
     store_keys.c.item.in_(sa.bindparam("items", expanding=True)))
+#: a confirmation: the row set to (number, tag) while the key row is the one sealed under and
+#: the row names an earlier number, another key row's, or this version already
+_CONFIRM = sa.text("""INSERT INTO securesaver_store_versions
+    (tenant, item, store, key_born, version, tag)
+SELECT :tenant, :item, :store, created_at, :version, :tag FROM securesaver_store_keys
+    WHERE tenant = :key_tenant AND item = :key_item AND created_at = :born
+ON CONFLICT (tenant, item, store) DO UPDATE SET
+    key_born = excluded.key_born, version = excluded.version, tag = excluded.tag
+WHERE securesaver_store_versions.key_born <> excluded.key_born
+    OR securesaver_store_versions.version < excluded.version
+    OR (securesaver_store_versions.version = excluded.version
+        AND securesaver_store_versions.tag = excluded.tag)
+RETURNING 1""")
 #: how many items one read names (bound parameters per statement stay modest)
 _CHUNK = 500
 
 
-def commit(registry: Registry, tenant: str, used: dict[str, tuple[float, int]]) -> list[str]:
-    """After SecureStore puts landed in the inner store: each item's version raised to the one
-    its put sealed under (``used``: item -> (key row ``created_at``, version) from
-    ``reserve_item``), in one transaction -- only where the row is still that key row and no
-    put reserved a later version since. Returns the items where that failed: deleted by
-    another process meanwhile (or deleted and written again), or written again by a put that
-    may land before this one. The caller seals those puts again (a new version), so a put that
-    returned opens, as the item's current version, in every process."""
-    stale: list[str] = []
-    with registry.begin() as conn:
-        for name, (born, version) in used.items():
-            done = conn.execute(store_keys.update().where(
-                store_keys.c.tenant == tenant, store_keys.c.item == name,
-                store_keys.c.created_at == born, store_keys.c.reserved == version).values(
-                version=version)).rowcount
-            if not done:
-                stale.append(name)
-    return stale
+def store_id(location: str) -> str:
+    """The name of a store in ``securesaver_store_versions`` (a digest of where it keeps its
+    items)."""
+    return hashlib.sha256(location.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def read(registry: Registry, tenant: str, items: Sequence[str]) -> dict[str, tuple[float, int]]:
-    """Item -> (its key row's ``created_at``, the version it is at), for the items of
-    ``items`` that have a key row. One registry read (per 500 items)."""
-    wanted = list(dict.fromkeys(items))
-    out: dict[str, tuple[float, int]] = {}
+def text(version: Version) -> str:
+    """A version as the envelope and the associated data hold it (``""``: none)."""
+    return f"{version[0]}:{version[1]}" if version[0] else ""
+
+
+def parse(stored: str) -> Version:
+    """:func:`text` read back; ValueError when it is not one."""
+    if not stored:
+        return 0, ""
+    number, _sep, tag = stored.partition(":")
+    if not (number.isdigit() and number[0] != "0" and 0 < len(tag) <= 32 and tag.isalnum()):
+        raise ValueError("not a store item version")
+    return int(number), tag
+
+
+def _at(born: float, counted: Any, number: Any, tag: Any) -> Version:
+    """The version a row names for the key row ``born`` ((0, ""): none, or another key's)."""
+    if counted is None or float(counted) != born:
+        return 0, ""
+    return int(number), str(tag)
+
+
+def read_key(registry: Registry, tenant: str, item: str, store: str
+             ) -> tuple[tuple[str, bytes, float], Version] | None:
+    """For a put: the item's key row (master version, wrapped key, created_at) and the
+    version the item is at in ``store``; None when the item has no key row. One statement."""
     with registry.read() as conn:
-        for i in range(0, len(wanted), _CHUNK):
-            for name, born, version in conn.execute(_VERSIONS, {
-                    "tenant": tenant, "items": wanted[i:i + _CHUNK]}):
-                out[str(name)] = (float(born), int(version))
+        row = conn.execute(_KEY_ROW, {"tenant": tenant, "item": item, "store": store}).first()
+    if row is None:
+        return None
+    born = float(row[2])
+    return (str(row[0]), bytes(row[1]), born), _at(born, row[3], row[4], row[5])
+
+
+def next_version(current: Version) -> Version:
+    """The version a put seals under after ``current``: the next number, a fresh tag."""
+    return current[0] + 1, secrets.token_hex(8)
+
+
+def confirm(registry: Registry, tenant: str, store: str,
+            written: dict[str, tuple[float, Version]]) -> list[str]:
+    """After SecureStore puts landed in the inner store (``written``: item -> (key row
+    ``created_at``, version sealed under)): each item's row set to its put's version, in one
+    transaction (one statement for one item). Returns the items where that was refused:
+    deleted by another process meanwhile (or deleted and written again), or at the same or a
+    later number by another put, which may have landed after this one. The caller seals
+    those puts again (the next number), so a put that returned opens, as the item's current
+    version, in every process. Also what a read confirms a version it served with."""
+    return confirm_many(registry, [(tenant, store, written)])[0]
+
+
+def confirm_many(registry: Registry,
+                 requests: Sequence[tuple[str, str, dict[str, tuple[float, Version]]]]
+                 ) -> list[list[str]]:
+    """:func:`confirm` for several batches (tenant, store, written) in one transaction; the
+    refused items of each, in order."""
+    out: list[list[str]] = []
+    single = len(requests) == 1 and len(requests[0][2]) == 1
+    with (registry.single() if single else registry.begin()) as conn:
+        for tenant, store, written in requests:
+            refused: list[str] = []
+            for name, (born, (number, tag)) in written.items():
+                if conn.execute(_CONFIRM, {
+                        "tenant": tenant, "item": name, "store": store, "key_tenant": tenant,
+                        "key_item": name, "born": born, "version": number, "tag": tag}
+                                ).first() is None:
+                    refused.append(name)
+            out.append(refused)
     return out
 
 
-def roll_forward(registry: Registry, tenant: str, seen: dict[str, tuple[float, int]]) -> None:
-    """A read met items at a later version than their rows are at (``seen``: item -> (key
-    row, version)): puts that landed and are not confirmed yet, or never will be (their
-    process was killed). Their rows are at that version from now on, so the earlier one never
-    opens again: what a read served is never rolled back."""
-    with registry.begin() as conn:
-        for name, (born, version) in seen.items():
-            conn.execute(store_keys.update().where(
-                store_keys.c.tenant == tenant, store_keys.c.item == name,
-                store_keys.c.created_at == born, store_keys.c.version < version,
-                store_keys.c.reserved >= version).values(version=version))
+def read(registry: Registry, tenant: str, store: str, items: Sequence[str]
+         ) -> dict[str, tuple[float, Version]]:
+    """Item -> (its key row's ``created_at``, the version it is at in ``store``), for the items
+    of ``items`` that have a key row. One registry read (per 500 items)."""
+    wanted = list(dict.fromkeys(items))
+    out: dict[str, tuple[float, Version]] = {}
+    with registry.read() as conn:
+        for i in range(0, len(wanted), _CHUNK):
+            for name, born, counted, number, tag in conn.execute(_VERSIONS, {
+                    "tenant": tenant, "store": store, "items": wanted[i:i + _CHUNK]}):
+                out[str(name)] = (float(born), _at(float(born), counted, number, tag))
+    return out
+
+
+def forget_in(conn: Any, pairs: Sequence[tuple[str, str]]) -> None:
+    """In the transaction destroying these (tenant, item) keys: their version rows too."""
+    if pairs:
+        conn.execute(store_versions.delete().where(pairs_in(
+            conn.dialect.name, store_versions.c.tenant, store_versions.c.item, list(pairs))))

@@ -82,11 +82,21 @@ store_keys = sa.Table(
     sa.Column("master_version", sa.String(64), nullable=False, index=True),
     sa.Column("wrapped", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
-    # the item's version (store/versions: what binds a sealed copy to its place in time):
-    # the highest version a put reserved, and the version readers accept at least
-    sa.Column("reserved", sa.BigInteger, nullable=False, server_default="0", default=0),
-    sa.Column("version", sa.BigInteger, nullable=False, server_default="0", default=0),
     sa.Index("ix_securesaver_store_keys_owner", "tenant", "owner"),
+)
+
+# the version each SecureStore item is at, per store holding it (``store``: a digest of where
+# the store keeps its items; stores sharing one registry hold items of the same names) and per
+# key row (``key_born``: the row's created_at): a number and the random tag of the put that
+# wrote it, what a read accepts (registry/item_versions.py)
+store_versions = sa.Table(
+    "securesaver_store_versions", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("item", sa.String(128), primary_key=True),
+    sa.Column("store", sa.String(64), primary_key=True),
+    sa.Column("key_born", sa.Float, nullable=False),
+    sa.Column("version", sa.BigInteger, nullable=False),
+    sa.Column("tag", sa.String(32), nullable=False),
 )
 
 # the subject (end user) of a thread, as a keyed digest (registry/subjects.py): written by the first

@@ -51,7 +51,15 @@ from ..keys.tokens import ENTRY, ITEM, KEK, THREAD, thread_key_context
 from . import item_versions
 from .core import Registry
 from .pii_lookups import LookupKeys
-from .schema import meta_table, pairs_in, pii_keys, store_keys, tenant_keys, thread_keys
+from .schema import (
+    meta_table,
+    pairs_in,
+    pii_keys,
+    store_keys,
+    store_versions,
+    tenant_keys,
+    thread_keys,
+)
 from .wrapped_keys import retiring_versions
 
 logger = logging.getLogger(__name__)
@@ -140,9 +148,10 @@ class ThreadKeyStore:
                 if not create:
                     self._drop([k])
                     return None
-                row = self._create_retrying(scope, tenant, name, columns or {})
-                if row is None:   # deleted between the insert and the read
+                created = self._create_retrying(scope, tenant, name, columns or {})
+                if created is None:   # deleted between the insert and the read
                     return None
+                row = created[0]
             return self._unwrapped(scope, tenant, name, row)
 
     def _unwrapped(self, scope: str, tenant: str, name: str,
@@ -185,43 +194,39 @@ class ThreadKeyStore:
         return True
 
     # store items: a key and a version each ----------------------------------------------------
-    def reserve_item(self, tenant: str, item: str, owner: str) -> tuple[AESGCM, float, int]:
-        """For a put of SecureStore ``item``: its key (the row read, or created; ``owner``:
-        the digest of the item's first namespace label, what ``forget_subject`` finds a
-        subject's items by, expired ones included), which key row it is (``created_at``) and
-        the version the put seals under -- reserved in the row (``reserved + 1``, one
-        statement), so no two seals of the item share one. Never from the cache: a put
+    def item_key(self, tenant: str, item: str, owner: str, store: str
+                 ) -> tuple[AESGCM, float, item_versions.Version]:
+        """For a put of SecureStore ``item`` into ``store`` (:func:`.item_versions.store_id`):
+        its key (the row read, or created; ``owner``: the digest of the item's first
+        namespace label, what ``forget_subject`` finds a subject's items by, expired ones
+        included), which key row it is (``created_at``) and the version the item is at
+        there, read with it (:func:`.item_versions.read_key`). Never from the cache: a put
         sealed under a key another process destroyed since would leave, if its process died
-        before :meth:`commit_items`, a row no key opens. One registry transaction (two for
-        the item's first put)."""
+        before :meth:`confirm_items`, a row no key opens."""
         k = (ITEM, tenant, item)
         for _ in range(_ITEM_KEY_TRIES):
-            with self.registry.begin() as conn:
-                row = conn.execute(store_keys.update().where(
-                    store_keys.c.tenant == tenant, store_keys.c.item == item).values(
-                    reserved=store_keys.c.reserved + 1).returning(
-                    store_keys.c.master_version, _as_bytes(store_keys), store_keys.c.created_at,
-                    store_keys.c.reserved)).first()
-            if row is None:     # a new item (or deleted meanwhile): its row, then reserve
+            found = item_versions.read_key(self.registry, tenant, item, store)
+            if found is None:     # a new item (or deleted meanwhile): its row, then read
                 self._drop([k])
                 self._create_retrying(ITEM, tenant, item, {"owner": owner})
                 continue
-            born, version = float(row[2]), int(row[3])
+            row, version = found
             hit = self._cache.get(k)
-            if hit is not None and hit[2] == born:
-                return hit[1], born, version
-            return self._unwrapped(ITEM, tenant, item, (str(row[0]), bytes(row[1]), born)), \
-                born, version
+            if hit is not None and hit[2] == row[2]:
+                return hit[1], row[2], version
+            return self._unwrapped(ITEM, tenant, item, row), row[2], version
         raise KeyGoneError(f"the key of a store item of tenant {tenant!r} was deleted while "
                            f"it was being written, {_ITEM_KEY_TRIES} times; nothing was stored, "
                            "retry")
 
-    def commit_items(self, tenant: str, used: dict[str, tuple[float, int]]) -> list[str]:
-        """:func:`.item_versions.commit`; the cached keys of the items it refuses are dropped
-        (the caller seals those puts again)."""
-        stale = item_versions.commit(self.registry, tenant, used)
-        self._drop([(ITEM, tenant, name) for name in stale])
-        return stale
+    def confirm_items(self, requests: Sequence[tuple[
+            str, str, dict[str, tuple[float, item_versions.Version]]]]) -> list[list[str]]:
+        """:func:`.item_versions.confirm_many`; the cached keys of the items it refuses are
+        dropped (the caller seals those puts again)."""
+        refused = item_versions.confirm_many(self.registry, requests)
+        self._drop([(ITEM, tenant, name) for (tenant, _s, _w), names in zip(
+            requests, refused, strict=True) for name in names])
+        return refused
 
     def cached_born(self, tenant: str, item: str) -> float | None:
         """Which key row the cached key of store ``item`` is (its ``created_at``)."""
@@ -277,7 +282,7 @@ class ThreadKeyStore:
         return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
 
     def _create_retrying(self, scope: str, tenant: str, name: str, columns: dict[str, Any]
-                         ) -> tuple[str, bytes, float] | None:
+                         ) -> tuple[tuple[str, bytes, float], bool] | None:
         """:meth:`_create`; when the KEK it used is going away (another process rotates), once
         more after re-reading the KEKs and reloading the key provider (KeyGoneError if that
         does not help: nothing was stored)."""
@@ -291,10 +296,11 @@ class ThreadKeyStore:
             return self._create(scope, tenant, name, columns)
 
     def _create(self, scope: str, tenant: str, name: str, columns: dict[str, Any]
-                ) -> tuple[str, bytes, float] | None:
+                ) -> tuple[tuple[str, bytes, float], bool] | None:
         """Insert a new key row unless one exists, and read back the row that stands (another
-        process may have won the race), in one transaction -- which also checks that the KEK
-        the new row names is live (:meth:`require_live_kek`), or rolls back."""
+        process may have won the race) and whether it is the one inserted here, in one
+        transaction -- which also checks that the KEK the new row names is live
+        (:meth:`require_live_kek`), or rolls back."""
         table, col = TABLES[scope]
         version = self.keys.provider.current_version
         kek = self.kek(tenant, version, create=True)
@@ -309,9 +315,10 @@ class ThreadKeyStore:
             row = conn.execute(sa.select(table.c.master_version, _as_bytes(table),
                                          table.c.created_at).where(
                 table.c.tenant == tenant, col == name)).first()
-            if row is not None and bytes(row[1]) == blob:   # ours: its KEK must stay
+            mine = row is not None and bytes(row[1]) == blob
+            if mine:   # ours: its KEK must stay
                 self.require_live_kek(conn, tenant, version)
-        return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
+        return None if row is None else ((str(row[0]), bytes(row[1]), float(row[2])), mine)
 
     def require_live_kek(self, conn: Any, tenant: str, master_version: str) -> None:
         """In the transaction inserting a key row wrapped under the tenant's KEK of
@@ -462,6 +469,8 @@ class ThreadKeyStore:
         gone = conn.execute(table.delete().where(pairs_in(
             conn.dialect.name, table.c.tenant, col, list(pairs))).returning(
             table.c.tenant, col)).all()
+        if scope == ITEM:
+            item_versions.forget_in(conn, pairs)
         out = {p: 0 for p in pairs}
         for tenant, name in gone:
             out[(tenant, name)] = 1
@@ -475,6 +484,7 @@ class ThreadKeyStore:
         gone = conn.execute(store_keys.delete().where(
             store_keys.c.tenant == tenant, store_keys.c.owner == owner).returning(
             store_keys.c.item)).scalars().all()
+        item_versions.forget_in(conn, [(tenant, name) for name in gone])
         self._drop([(ITEM, tenant, name) for name in gone])
         return len(gone)
 
@@ -484,6 +494,7 @@ class ThreadKeyStore:
             for table, _col in TABLES.values():
                 n += int(conn.execute(table.delete().where(table.c.tenant == tenant)).rowcount
                          or 0)
+            conn.execute(store_versions.delete().where(store_versions.c.tenant == tenant))
         self.forget(tenant)
         return n
 

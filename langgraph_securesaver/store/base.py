@@ -40,6 +40,7 @@ from ..keys.material import SecretBytes
 from ..keys.tokens import ITEM
 from ..pii_layer import PiiLayer
 from ..registry import item_versions
+from ..registry.item_versions import Version
 from ..registry.subjects import subject_digest
 from ..registry.thread_keys import ThreadKeyStore
 from ..storage.store_format import vault_id
@@ -52,6 +53,9 @@ logger = logging.getLogger(__name__)
 STORE_CHANNEL = "__store__"
 #: "every row" for an inner search whose filtering, scoring or paging SecureStore does itself
 SCAN_LIMIT = 2 ** 62
+#: how often a batch reads again the items another process deleted (or deleted and wrote)
+#: under its read before the failure is raised
+_REREADS = 3
 #: the first pause (seconds, doubling, randomized) before a put sealed again writes again
 _BACKOFF = 0.0005
 _NO_KEY = ("a store item of tenant {!r} has no key: it was deleted, and what the inner store "
@@ -85,13 +89,21 @@ class BatchPlan:
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: item id -> (the key row, the version) its put was sealed under (confirmed once the
     #: put landed)
-    used: dict[str, tuple[float, int]] = field(default_factory=dict)
-    #: item id -> (key row, version accepted at least), read after the inner read
-    versions: dict[str, tuple[float, int]] = field(default_factory=dict)
+    used: dict[str, tuple[float, Version]] = field(default_factory=dict)
+    #: item id -> (key row, the version it is at), read after the inner read
+    versions: dict[str, tuple[float, Version]] = field(default_factory=dict)
     #: item id -> (key row, version) of items read at a version not yet confirmed
-    ahead: dict[str, tuple[float, int]] = field(default_factory=dict)
+    ahead: dict[str, tuple[float, Version]] = field(default_factory=dict)
     #: how often this batch's puts were sealed again
     reseals: int = 0
+    #: the store's name among those sharing the registry, or what finds it when first needed
+    store: str = ""
+    locate: Callable[[], str] | None = None
+
+    def store_id(self) -> str:
+        if not self.store and self.locate is not None:
+            self.store = self.locate()
+        return self.store
     #: the process's write count when the inner read was made (see ItemDeletes.under_way)
     read_at: int = 0
 
@@ -152,13 +164,15 @@ class BatchPlan:
         op = put.op
         if self.keys is None:  # pragma: no cover - prepare() creates keys for puts
             raise TamperedDataError("no keys to seal a put with")
-        key, version = None, 0
+        key, version = None, ""
         item_keys = self.core.item_keys
         if item_keys is not None:
             item = vault_id(op.namespace, op.key)
-            key, born, version = item_keys.reserve_item(
-                self.tenant, item, subject_digest(self.keys, op.namespace[0]))
-            self.used[item] = (born, version)
+            key, born, current = item_keys.item_key(
+                self.tenant, item, subject_digest(self.keys, op.namespace[0]), self.store_id())
+            sealed_at = item_versions.next_version(current)
+            self.used[item] = (born, sealed_at)
+            version = item_versions.text(sealed_at)
         sealed = codec.seal_item(
             self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
             put.value_json, put.vectors, put.blind, key, version)
@@ -170,17 +184,25 @@ class BatchPlan:
         an item changed under the read: the batch's writes are not repeated)."""
         return [i for i, op in enumerate(inner_ops) if not isinstance(op, PutOp)]
 
-    def stale_puts(self) -> list[PutOp]:
-        """Once the inner batch landed: each put's version confirmed in its item's key row
-        (:meth:`..registry.thread_keys.ThreadKeyStore.commit_items`), and the puts to seal
-        and write again -- another process deleted their item meanwhile, or another put of
-        it reserved a later version and may land before this one; empty when every put is
-        its item's confirmed version."""
+    def written(self) -> tuple[str, str, dict[str, tuple[float, Version]]]:
+        """What confirms this batch's puts (``item_versions.confirm_many``): taken once."""
+        written, self.used = (self.tenant, self.store_id(), self.used), {}
+        return written
+
+    def stale_puts(self, refused: Sequence[str] | None = None) -> list[PutOp]:
+        """Once the inner batch landed: each put's version confirmed (here, or by the caller:
+        ``refused``, the items :meth:`written` was refused for), and the puts to seal and
+        write again -- another process deleted their item meanwhile, or another put of it
+        confirmed the same or a later number and may have landed after this one; empty when
+        every put is its item's confirmed version."""
         item_keys = self.core.item_keys
-        if item_keys is None or not self.used or self.keys is None:
+        if item_keys is None or self.keys is None:
             return []
-        stale = set(item_keys.commit_items(self.tenant, self.used))
-        self.used = {}
+        if refused is None:
+            if not self.used:
+                return []
+            refused = item_keys.confirm_items([self.written()])[0]
+        stale = set(refused)
         if stale:
             # puts of one item racing each other seal again in turn, not in lockstep
             self.reseals += 1
@@ -213,8 +235,7 @@ class BatchPlan:
         return out
 
     def opens_in_registry(self, results: Sequence[Result]) -> bool:
-        """Whether opening ``results`` reads the registry (the versions of the items the
-        inner store returned): the async path then opens them off the event loop."""
+        """Whether opening ``results`` reads the registry (the items' versions): off the loop."""
         return self.core.item_keys is not None and any(
             isinstance(item, Item) for res in results
             for item in (res if isinstance(res, list) else [res]))
@@ -230,8 +251,8 @@ class BatchPlan:
             names = [vault_id(tuple(item.namespace)[1:], item.key) for res in results
                      for item in (res if isinstance(res, list) else [res])
                      if isinstance(item, Item)]
-            self.versions = item_versions.read(item_keys.registry, self.tenant, names) \
-                if names else {}
+            self.versions = item_versions.read(item_keys.registry, self.tenant,
+                                               self.store_id(), names) if names else {}
             self.ahead = {}
         out: list[Any] = []
         open_item = self.core.open_item
@@ -244,7 +265,7 @@ class BatchPlan:
             else:
                 out.append(res)
         if self.ahead and item_keys is not None:
-            item_versions.roll_forward(item_keys.registry, self.tenant, self.ahead)
+            item_versions.confirm(item_keys.registry, self.tenant, self.store_id(), self.ahead)
         return out
 
     def tokens(self, opened: Sequence[Any]) -> list[str]:
@@ -280,6 +301,31 @@ class BatchPlan:
             else:
                 out.append(None)
         return out
+
+
+class Rereads:
+    """The re-read loop ``batch`` and ``abatch`` share: when the items a batch read do not
+    open (or are not their items' current versions), the batch's reads -- never its writes --
+    are made again, up to ``_REREADS`` times; then the ItemChangedError stands."""
+
+    def __init__(self, plan: BatchPlan, inner_ops: list[Op], results: list[Result],
+                 tick: Callable[[], int]) -> None:
+        self.plan, self.inner_ops, self.results, self.tick = plan, inner_ops, results, tick
+        self.left = _REREADS
+        self.positions: list[int] = []
+
+    def next_ops(self, error: ItemChangedError) -> list[Op]:
+        """The inner reads to make again after ``error`` (raised when none are left)."""
+        if self.left == 0:
+            raise error
+        self.left -= 1
+        self.positions = self.plan.reads(self.inner_ops)
+        self.plan.read_at = self.tick()
+        return [self.inner_ops[i] for i in self.positions]
+
+    def took(self, again: list[Result]) -> None:
+        for i, res in zip(self.positions, again, strict=True):
+            self.results[i] = res
 
 
 @dataclass
@@ -486,7 +532,7 @@ class StoreCore:
                 raise ItemChangedError(refusal)
         return Opened(outer, value, vectors, item, tokens)
 
-    def _refusal(self, plan: BatchPlan, name: str, version: int) -> str | None:
+    def _refusal(self, plan: BatchPlan, name: str, stored: str) -> str | None:
         """Why an item that opened is not the item's current version (None: it is). Its key
         row, read after the inner read (``plan.versions``), must still be the key it opened
         under, and name a version no later than the one the item was sealed at: an earlier
@@ -497,20 +543,24 @@ class StoreCore:
         item_keys = self.item_keys
         if item_keys is None:  # pragma: no cover - the caller checked
             return None
+        version = item_versions.parse(stored)   # authenticated (ours), so well formed
         row = plan.versions.get(name)
         if row is None:
             # no key row: deleted (concurrently, or before a copy was put back under a key
             # this process still caches); an unversioned item sealed without one is older data
-            return None if version == 0 else _NO_KEY.format(plan.tenant)
+            return None if not stored else _NO_KEY.format(plan.tenant)
         born = item_keys.cached_born(plan.tenant, name)
         if born is not None and born != row[0]:
             item_keys.reread_item(plan.tenant, name)
             return (f"a store item of tenant {plan.tenant!r} opened under a key its item no "
                     "longer has: a copy put back after the item was deleted and written again")
-        if version < row[1]:
-            return (f"a store item of tenant {plan.tenant!r} is version {version}, its key row "
-                    f"names version {row[1]}: an older copy of the item put back")
-        if version > row[1]:
+        current = row[1]
+        if version[0] < current[0] or (version[0] == current[0] and version != current):
+            return (f"a store item of tenant {plan.tenant!r} is version {version[0]}, its "
+                    f"item is at version {current[0]}"
+                    f"{'' if version[0] < current[0] else ' of another put'}: an older copy of "
+                    "the item put back")
+        if version[0] > current[0]:
             plan.ahead[name] = (row[0], version)
         return None
 

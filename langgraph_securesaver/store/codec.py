@@ -140,11 +140,11 @@ def unpack_vector(text: Any) -> list[float]:
 
 def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
-              blind: Mapping[str, str], key: AESGCM | None = None, version: int = 0
+              blind: Mapping[str, str], key: AESGCM | None = None, version: str = ""
               ) -> dict[str, Any]:
     """The inner store's value for one item: format version, vectors (JSON, usually empty),
     value; sealed under ``key`` (the item's key) or, without one, the tenant's data key, and
-    bound to the item's ``version`` (stored beside the token when not 0)."""
+    bound to the item's ``version`` (stored beside the token when there is one)."""
     if vectors:
         head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
                           separators=(",", ":")).encode("ascii")
@@ -165,17 +165,18 @@ def open_item(keys: TenantKeys, aad: bytes, stored: Any
     return value, vectors
 
 
-def stored_version(stored: Mapping[str, Any]) -> int:
-    """The version an envelope says it was sealed at (0: none; whether that is true is what
-    opening it decides)."""
-    version = stored.get(VERSION_KEY, 0)
-    if type(version) is not int or version < 0 or (version == 0 and VERSION_KEY in stored):
+def stored_version(stored: Mapping[str, Any]) -> str:
+    """The version an envelope says it was sealed at (``""``: none; whether that is true is
+    what opening it decides)."""
+    version = stored.get(VERSION_KEY, "")
+    if not isinstance(version, str) or len(version) > 64 or (
+            not version and VERSION_KEY in stored):
         raise TamperedDataError("a store item's version field is malformed")
     return version
 
 
 def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
-                      ) -> tuple[Any, dict[str, list[float]], bool, int]:
+                      ) -> tuple[Any, dict[str, list[float]], bool, str]:
     """:func:`open_item`, plus whether the value may hold PII tokens (see
     :func:`may_hold_tokens`) and the version it was sealed at (authenticated)."""
     sealed = stored.get(SEALED_KEY) if type(stored) is dict or isinstance(stored, Mapping) \
