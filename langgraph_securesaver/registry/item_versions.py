@@ -34,27 +34,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from .core import Registry
-from .schema import pairs_in, store_keys, store_versions
+from .schema import pairs_in, store_versions
 
 #: (number, tag): the version a put sealed under, or an item's row names ((0, ""): none)
 Version = tuple[int, str]
 
-_on = sa.and_(store_versions.c.tenant == store_keys.c.tenant,
-              store_versions.c.item == store_keys.c.item,
-              store_versions.c.store == sa.bindparam("store"))
-#: a put's read: the item's key row and the version it is at in this store
-_KEY_ROW = sa.select(store_keys.c.master_version,
-                     sa.cast(store_keys.c.wrapped, sa.LargeBinary).label("wrapped"),
-                     store_keys.c.created_at, store_versions.c.key_born,
-                     store_versions.c.version, store_versions.c.tag).select_from(
-    store_keys.outerjoin(store_versions, _on)).where(
-    store_keys.c.tenant == sa.bindparam("tenant"), store_keys.c.item == sa.bindparam("item"))
-#: a read's: which key row each of a tenant's items has, and the version it is at
-_VERSIONS = sa.select(store_keys.c.item, store_keys.c.created_at, store_versions.c.key_born,
-                      store_versions.c.version, store_versions.c.tag).select_from(
-    store_keys.outerjoin(store_versions, _on)).where(
-    store_keys.c.tenant == sa.bindparam("tenant"),
-    store_keys.c.item.in_(sa.bindparam("items", expanding=True)))
 #: a confirmation: the row set to (number, tag) while the key row is the one sealed under and
 #: the row names an earlier number, another key row's, or this version already
 _CONFIRM = sa.text("""INSERT INTO securesaver_store_versions
@@ -70,6 +54,20 @@ WHERE securesaver_store_versions.key_born <> excluded.key_born
 RETURNING 1""")
 #: how many items one read names (bound parameters per statement stay modest)
 _CHUNK = 500
+#: a put's read (the item's key row and version) and a read's (which key row each item has, and
+#: its version), in the driver's parameter style (``{p}``), through the registry's direct
+#: connections (no pool checkout, no transaction: the hot path of a get and a put)
+_ONE = ("SELECT {cols}, v.key_born, v.version, v.tag FROM securesaver_store_keys k "
+        "LEFT JOIN securesaver_store_versions v ON v.tenant = k.tenant AND v.item = k.item "
+        "AND v.store = {p} WHERE k.tenant = {p} AND k.item {items}")
+_KEY_COLS = "k.master_version, k.wrapped, k.created_at"
+
+
+def _direct(registry: Registry) -> Any:
+    """The registry's direct reads, once its tables exist."""
+    if not registry._is_setup:
+        registry.setup()
+    return registry.direct
 
 
 def store_id(location: str) -> str:
@@ -104,12 +102,18 @@ def read_key(registry: Registry, tenant: str, item: str, store: str
              ) -> tuple[tuple[str, bytes, float], Version] | None:
     """For a put: the item's key row (master version, wrapped key, created_at) and the
     version the item is at in ``store``; None when the item has no key row. One statement."""
-    with registry.read() as conn:
-        row = conn.execute(_KEY_ROW, {"tenant": tenant, "item": item, "store": store}).first()
-    if row is None:
+    direct = _direct(registry)
+    p = direct.placeholder
+    rows = direct.rows(_ONE.format(cols=_KEY_COLS, p=p, items=f"= {p}"),
+                       (store, tenant, item), one=True)
+    if not rows:
         return None
+    row = rows[0]
     born = float(row[2])
-    return (str(row[0]), bytes(row[1]), born), _at(born, row[3], row[4], row[5])
+    # text a database writer put there reads as bytes that fail to unwrap
+    wrapped = row[1].encode("utf-8", "surrogatepass") if isinstance(row[1], str) \
+        else bytes(row[1])
+    return (str(row[0]), wrapped, born), _at(born, row[3], row[4], row[5])
 
 
 def next_version(current: Version) -> Version:
@@ -155,11 +159,15 @@ def read(registry: Registry, tenant: str, store: str, items: Sequence[str]
     of ``items`` that have a key row. One registry read (per 500 items)."""
     wanted = list(dict.fromkeys(items))
     out: dict[str, tuple[float, Version]] = {}
-    with registry.read() as conn:
-        for i in range(0, len(wanted), _CHUNK):
-            for name, born, counted, number, tag in conn.execute(_VERSIONS, {
-                    "tenant": tenant, "store": store, "items": wanted[i:i + _CHUNK]}):
-                out[str(name)] = (float(born), _at(float(born), counted, number, tag))
+    direct = _direct(registry)
+    p = direct.placeholder
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
+        sql = _ONE.format(cols="k.item, k.created_at", p=p,
+                          items=f"= {p}" if len(chunk) == 1
+                          else "IN (" + ", ".join([p] * len(chunk)) + ")")
+        for name, born, counted, number, tag in direct.rows(sql, (store, tenant, *chunk)):
+            out[str(name)] = (float(born), _at(float(born), counted, number, tag))
     return out
 
 

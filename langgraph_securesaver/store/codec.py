@@ -3,9 +3,11 @@
 An inner store's value column holds ``{"__securesaver": "ss1.<token>", "ssbi_<k>": "<d>", ...}``
 and nothing else. The token is AES-GCM under the item's own key (:mod:`..registry.thread_keys`,
 deleted with the item) over the redacted value and its embedding vectors, with associated data
-naming (tenant, item, database id, namespace, key) and the item's blind-index entries: a value
-copied to another item, namespace, tenant or database, with its ``ssbi_`` entries altered, or
-put back after the item was deleted, does not open. ``ssbi_`` entries are keyed digests of
+naming (tenant, item, database id, namespace, key), the item's version (``__securesaver_v``,
+:mod:`..registry.item_versions`) and its blind-index entries: a value copied to another item,
+namespace, tenant or database, with its ``ssbi_`` entries or version altered, or put back
+after the item was deleted, does not open (an older version put back opens, and is refused by
+the version check of the read). ``ssbi_`` entries are keyed digests of
 top-level scalar fields after redaction (equality filters run in the inner store).
 
 Only bytes-in/bytes-out logic here: no tenancy rules, no redaction, no inner store API.
