@@ -136,10 +136,13 @@ def confirm(registry: Registry, tenant: str, store: str,
 def confirm_many(registry: Registry,
                  requests: Sequence[tuple[str, str, dict[str, tuple[float, Version]]]]
                  ) -> list[list[str]]:
-    """:func:`confirm` for several batches (tenant, store, written) in one transaction; the
-    refused items of each, in order."""
+    """:func:`confirm` for several batches (tenant, store, written); the refused items of
+    each, in order. On SQLite in one transaction (one write lock, not one per put); on
+    PostgreSQL each statement commits by itself on one connection: a transaction locking
+    several version rows would deadlock with a deletion locking them in another order."""
     out: list[list[str]] = []
-    single = len(requests) == 1 and len(requests[0][2]) == 1
+    single = registry.dialect == "postgresql" or (
+        len(requests) == 1 and len(requests[0][2]) == 1)
     with (registry.single() if single else registry.begin()) as conn:
         for tenant, store, written in requests:
             refused: list[str] = []

@@ -206,10 +206,13 @@ class ThreadKeyStore:
         k = (ITEM, tenant, item)
         for _ in range(_ITEM_KEY_TRIES):
             found = item_versions.read_key(self.registry, tenant, item, store)
-            if found is None:     # a new item (or deleted meanwhile): its row, then read
+            if found is None:     # a new item (or deleted meanwhile): its row
                 self._drop([k])
-                self._create_retrying(ITEM, tenant, item, {"owner": owner})
-                continue
+                created = self._create_retrying(ITEM, tenant, item, {"owner": owner})
+                if created is not None and created[1]:   # made here: no version yet
+                    return self._unwrapped(ITEM, tenant, item, created[0]), created[0][2], \
+                        (0, "")
+                continue          # another put made it: read it, with its version
             row, version = found
             hit = self._cache.get(k)
             if hit is not None and hit[2] == row[2]:
