@@ -87,8 +87,7 @@ class BatchPlan:
     tag: str = ""                    # the tenant's namespace label in the inner store
     #: redacted equality filters by search op index (what the blind index is compared with)
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)
-    #: item id -> (the key row, the version) its put was sealed under (confirmed once the
-    #: put landed)
+    #: item id -> (key row, version) its put was sealed under (confirmed once it landed)
     used: dict[str, tuple[float, Version]] = field(default_factory=dict)
     #: item id -> (key row, the version it is at), read after the inner read
     versions: dict[str, tuple[float, Version]] = field(default_factory=dict)
@@ -100,12 +99,13 @@ class BatchPlan:
     store: str = ""
     locate: Callable[[], str] | None = None
 
+    #: the process's write count when the inner read was made (see ItemDeletes.under_way)
+    read_at: int = 0
+
     def store_id(self) -> str:
         if not self.store and self.locate is not None:
             self.store = self.locate()
         return self.store
-    #: the process's write count when the inner read was made (see ItemDeletes.under_way)
-    read_at: int = 0
 
     def __post_init__(self) -> None:
         self.tag = tenant_tag(self.tenant)
