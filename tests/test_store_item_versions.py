@@ -89,6 +89,26 @@ def test_an_older_copy_of_a_live_item_is_refused_in_every_process(url: str,
                     store.get(NS, KEY)
 
 
+def test_a_copy_of_a_deleted_item_is_refused_by_a_process_that_cached_its_key(
+        url: str, tmp_path: Path) -> None:
+    """Each read checks the item's key row afresh: the key a process still caches does not
+    open a copy of an item another process deleted (nor of one it deleted and wrote again)."""
+    ring = Keyring.generate().save(tmp_path / "keyring.json")
+    with _pair(url, ring) as a, _pair(url, ring) as b, tenant_scope("acme"):
+        a.put(NS, KEY, {"text": "v1"})
+        copy = _raw(a)
+        assert _value(a) == {"text": "v1"}           # a caches the item's key
+        b.delete(NS, KEY)
+        _put_back(b, copy)
+        with pytest.raises(TamperedDataError):
+            a.get(NS, KEY)
+        b.put(NS, KEY, {"text": "v2"})                # written again: a new key
+        assert _value(a) == {"text": "v2"}
+        _put_back(b, copy)
+        with pytest.raises(TamperedDataError):
+            a.get(NS, KEY)
+
+
 def test_an_older_copy_of_a_live_item_is_refused_async(url: str, tmp_path: Path) -> None:
     ring = Keyring.generate().save(tmp_path / "keyring.json")
 
