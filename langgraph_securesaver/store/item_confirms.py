@@ -5,8 +5,9 @@ Every put confirms the version it sealed under once its inner write landed
 burst of concurrent async puts (LangGraph's ``test_large_batches_async``: thousands at once)
 commit one by one -- on SQLite, beside the inner store's own transactions on the same file,
 so often that the inner store's batches kept losing their snapshot ("database is locked").
-Here the confirmations of one event loop that arrive while a transaction runs are collected
-and made by the next one together.
+Here the confirmations of one event loop that arrive while a call runs are collected and made
+by the next one together (one transaction on SQLite; on PostgreSQL one connection, a statement
+each).
 """
 
 from __future__ import annotations
