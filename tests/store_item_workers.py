@@ -8,8 +8,10 @@ import random
 from multiprocessing.connection import Connection
 from typing import Any
 
+from langgraph.store.base import PutOp
+
 from langgraph_securesaver import Keyring, SecureSaver, SecureStore
-from langgraph_securesaver.tenancy import tenant_scope
+from langgraph_securesaver.tenancy import tenant_scope, tenant_tag
 
 NS = ("user-dana-17", "memories")
 
@@ -42,6 +44,12 @@ def _run(store: SecureStore, cmd: tuple[Any, ...]) -> Any:
         return store.delete(NS, cmd[1])
     if op == "get":
         return _value(store, cmd[1])
+    if op == "raw":      # the inner store's row, as a database writer reads it
+        item = store.inner.get((tenant_tag("acme"), *NS), cmd[1])
+        return None if item is None else item.value
+    if op == "putback":  # ... and writes it back, past SecureStore
+        store.inner.batch([PutOp((tenant_tag("acme"), *NS), cmd[1], cmd[2])])
+        return None
     return _loop(store, *cmd[1:])
 
 

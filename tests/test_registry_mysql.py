@@ -243,3 +243,35 @@ async def test_thread_ids_differing_in_case_or_trailing_space_stay_apart(db: str
     async with SecureSaver.afrom_url(db, keyring=ring, redaction=None,
                                      default_tenant="acme") as asaver:
         assert await asaver.aget_tuple({"configurable": {"thread_id": "ABC"}}) is not None
+
+
+def test_store_items_are_bound_to_their_version_with_the_registry_on_mariadb(db: str) -> None:
+    """SecureStore's item keys and versions in a MariaDB registry: an older copy of a live
+    item put back is refused, in this store and in another with its own caches."""
+    from langgraph.store.base import PutOp
+    from langgraph.store.memory import InMemoryStore
+
+    from langgraph_securesaver import SecureStore
+    from langgraph_securesaver.tenancy import tenant_scope, tenant_tag
+    ring = Keyring.generate()
+    inner = InMemoryStore()
+    saver = SecureSaver(InMemorySaver(), keyring=ring, registry=db, redaction=None)
+    other = SecureSaver(InMemorySaver(), keyring=ring, registry=db, redaction=None)
+    a, b = SecureStore(inner, saver=saver), SecureStore(inner, saver=other)
+    ns = ("user-1", "memories")
+    with tenant_scope("acme"):
+        a.put(ns, "m1", {"text": "v1"})
+        old = inner.get((tenant_tag("acme"), *ns), "m1")
+        assert old is not None
+        a.put(ns, "m1", {"text": "v2"})
+        got = b.get(ns, "m1")
+        assert got is not None and got.value == {"text": "v2"}
+        inner.batch([PutOp((tenant_tag("acme"), *ns), "m1", old.value)])   # rolled back
+        for store in (a, b):
+            with pytest.raises(TamperedDataError):
+                store.get(ns, "m1")
+        a.put(ns, "m1", {"text": "v3"})
+        got = b.get(ns, "m1")
+        assert got is not None and got.value == {"text": "v3"}
+    saver.registry.dispose()
+    other.registry.dispose()

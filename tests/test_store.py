@@ -24,7 +24,7 @@ from langgraph_securesaver import (
     tenant_scope,
 )
 from langgraph_securesaver.store import secure_pair
-from langgraph_securesaver.store.codec import SEALED_KEY
+from langgraph_securesaver.store.codec import SEALED_KEY, VERSION_KEY
 
 
 def _raw_items(store: SecureStore) -> list[Any]:
@@ -58,7 +58,9 @@ def test_round_trip_and_only_ciphertext_stored(store: SecureStore) -> None:
     assert item.namespace == ("users", "u1") and item.key == "prefs"
     raw = _raw_items(store)
     assert len(raw) == 1
-    assert set(raw[0].value) - {SEALED_KEY} == {k for k in raw[0].value if k.startswith("ssbi_")}
+    assert raw[0].value[VERSION_KEY].startswith("1:")    # the item's first version
+    assert set(raw[0].value) - {SEALED_KEY, VERSION_KEY} == {
+        k for k in raw[0].value if k.startswith("ssbi_")}
     assert "Zebulon" not in json.dumps(raw[0].value) and "tea" not in json.dumps(raw[0].value)
     assert raw[0].namespace[0] != "users"  # tenant prefix, invisible to the caller
 
@@ -379,10 +381,13 @@ def test_sealed_format_is_stable(store: SecureStore, vectors: Any) -> None:
     # the kind, the tenant and the item id first: the item's own key is named by them
     item = "securestore:" + hashlib.sha256(_reference_aad("2", *namespace, key)[
         len(_reference_aad()):]).hexdigest()[:40]
+    version = raw.value[VERSION_KEY]
+    assert version.startswith("1:")
     reference = _reference_aad("si", "acme", item, db, "2", *namespace, key) \
+        + _reference_aad("store-version", version) \
         + _reference_aad("store-blind", *(p for k in sorted(blind) for p in (k, blind[k])))
     sealed = codec.seal_item(keys, codec.item_aad(db, "acme", namespace, key),
-                             codec.dump_json(value), vectors, blind)
+                             codec.dump_json(value), vectors, blind, version=version)
     token = base64.urlsafe_b64decode(sealed[SEALED_KEY][len("ss1."):])
     plain = keys.open(token, reference)
     size = int.from_bytes(plain[1:5], "big")
@@ -392,16 +397,19 @@ def test_sealed_format_is_stable(store: SecureStore, vectors: Any) -> None:
     head = json.dumps({"text": codec.pack_vector([1.0])}).encode() if vectors else b""
     body = json.dumps(value, ensure_ascii=True, indent=1).encode()   # another writer's JSON
     by_hand = keys.seal(b"\x01" + len(head).to_bytes(4, "big") + head + body, reference)
-    _raw_put(store, tuple(raw.namespace), key, {
-        SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(), **blind})
+    envelope = {SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(),
+                VERSION_KEY: version, **blind}
+    _raw_put(store, tuple(raw.namespace), key, envelope)
     assert store.get(namespace, key).value == value  # type: ignore[union-attr]
-    assert codec.open_item(keys, codec.item_aad(db, "acme", namespace, key),
-                           {SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(),
-                            **blind})[0] == value
+    assert codec.open_item(keys, codec.item_aad(db, "acme", namespace, key), envelope)[0] \
+        == value
     with pytest.raises(TamperedDataError):   # the binding still holds for it
-        codec.open_item(keys, codec.item_aad(db, "acme", namespace, "other"),
-                        {SEALED_KEY: "ss1." + base64.urlsafe_b64encode(by_hand).decode(),
-                         **blind})
+        codec.open_item(keys, codec.item_aad(db, "acme", namespace, "other"), envelope)
+    for other in ("2" + version[1:], ""):     # and so does the version's
+        changed = {**envelope, VERSION_KEY: other} if other else {
+            k: v for k, v in envelope.items() if k != VERSION_KEY}
+        with pytest.raises(TamperedDataError):
+            codec.open_item(keys, codec.item_aad(db, "acme", namespace, key), changed)
 
 
 def test_escaped_tokens_are_restored(tmp_path: Path, keyring: Keyring) -> None:
@@ -425,9 +433,11 @@ def test_escaped_tokens_are_restored(tmp_path: Path, keyring: Keyring) -> None:
         assert b"<" not in escaped
         blind = {k: v for k, v in raw.value.items() if k.startswith("ssbi_")}
         from langgraph_securesaver.storage.store_format import sealed_aad
-        token = keys.seal(b"\x01" + bytes(4) + escaped, sealed_aad(aad, blind))
+        version = raw.value[VERSION_KEY]
+        token = keys.seal(b"\x01" + bytes(4) + escaped, sealed_aad(aad, blind, version))
         _raw_put(store, tuple(raw.namespace), "k", {
-            SEALED_KEY: "ss1." + base64.urlsafe_b64encode(token).decode(), **blind})
+            SEALED_KEY: "ss1." + base64.urlsafe_b64encode(token).decode(),
+            VERSION_KEY: version, **blind})
         assert store.get(("m",), "k").value == value  # type: ignore[union-attr]
         assert store.search(("m",))[0].value == value
 

@@ -9,7 +9,11 @@ Three real processes share one database, each with its own saver, store and key 
   process. Now and then it SIGKILLs the process in the middle of an operation (the outcome
   of that operation is then either the old or the new state) and starts a fresh one. A put
   that returned always reads back as written, in every process, until something deletes or
-  overwrites it; a delete that returned leaves the item absent.
+  overwrites it; a delete that returned leaves the item absent. After every step an older
+  sealed copy of a live item (any stored copy of it seen before) is written back into the
+  inner store by hand, as a database writer would: every process refuses it
+  (``TamperedDataError``), and once the current copy is back it reads as before -- also
+  after a put killed between its inner write and its confirmation.
 * **at once** -- every process runs random puts, deletes and gets on the same few items for a
   few hundred operations; no put or delete fails, and afterwards every process reads every
   item without error and all of them read the same.
@@ -90,6 +94,8 @@ def test_puts_and_deletes_in_turn_with_kill_points(url: str, tmp_path: Path) -> 
     workers = [_Worker(url, ring) for _ in range(3)]
     #: key -> the states the store may be in (one, unless an operation was interrupted)
     model: dict[str, set[Any]] = {k: {None} for k in KEYS}
+    #: key -> every stored copy of it seen while it was live (what a writer could put back)
+    history: dict[str, list[Any]] = {k: [] for k in KEYS}
     kills = 0
     try:
         for step in range(STEPS):
@@ -117,6 +123,7 @@ def test_puts_and_deletes_in_turn_with_kill_points(url: str, tmp_path: Path) -> 
                 assert got in model[check], (
                     f"step {step}: {check} reads {got!r}, expected one of {model[check]!r}")
                 model[check] = {got}   # what is stored now (interrupted ops settled)
+            _roll_back_one(workers, model, history, rng, step)
         for check in KEYS:             # every process agrees
             seen = {_freeze_or_gone(_read(w, check)) for w in workers}
             assert len(seen) == 1 and seen <= model[check], (check, seen, model[check])
@@ -124,6 +131,41 @@ def test_puts_and_deletes_in_turn_with_kill_points(url: str, tmp_path: Path) -> 
     finally:
         for w in workers:
             w.stop()
+
+
+def _roll_back_one(workers: list[_Worker], model: dict[str, set[Any]],
+                   history: dict[str, list[Any]], rng: random.Random, step: int) -> None:
+    """Record the stored copy of every live item; put an older copy of one of them back:
+    every process refuses it; then the current copy back: it reads as the model says."""
+    live = []
+    for key in KEYS:
+        (state,) = model[key]
+        if state is None or state is _GONE:
+            continue
+        status, current = rng.choice(workers).call("raw", key)
+        assert status == "ok" and current is not None, (step, key, current)
+        if current not in history[key]:
+            history[key].append(current)
+        older = [copy for copy in history[key] if copy != current]
+        if older:
+            live.append((key, current, rng.choice(older)))
+    if not live:
+        return
+    key, current, older = rng.choice(live)
+    assert rng.choice(workers).call("putback", key, older)[0] == "ok"
+    for w in workers:
+        status, detail = w.call("get", key)
+        assert status == "error" and detail.split(":")[0] in _REFUSED, (
+            f"step {step}: an older copy of live item {key} was served: {detail!r}")
+    assert rng.choice(workers).call("putback", key, current)[0] == "ok"
+    got = _read(rng.choice(workers), key)
+    assert got is not _GONE and _freeze(got) in model[key], (
+        f"step {step}: {key} reads {got!r} once its current copy is back, "
+        f"expected {model[key]!r}")
+
+
+#: how SecureStore refuses a copy that is not the item's current version
+_REFUSED = {"ItemChangedError", "TamperedDataError"}
 
 
 def test_puts_deletes_and_gets_at_once(url: str, tmp_path: Path) -> None:

@@ -450,7 +450,8 @@ class Scanner:
         if tenant is not None:
             from ..storage.store_format import item_aad, sealed_aad
             aad = lambda: sealed_aad(item_aad(  # noqa: E731
-                self.saver.services.database_id(), tenant, row.namespace, row.key), row.blind)
+                self.saver.services.database_id(), tenant, row.namespace, row.key), row.blind,
+                row.version)
         self._token(table, where, tenant, row.token, aad)
 
     def _scan_registry_table(self, table: RegistryTable) -> int:

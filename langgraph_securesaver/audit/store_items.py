@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from ..errors import TamperedDataError
 from ..keys.tokens import TEXT_PREFIX, from_text, is_token
 from ..registry.pii_vault import pii_refs, pii_vault
-from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, VAULT_PREFIX, vault_id
+from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, VAULT_PREFIX, VERSION_KEY, vault_id
 from ..storage.stored_json import lenient_json_loads
 from ..tenancy import tenant_tag
 from .report import age_bucket, iso
@@ -64,6 +64,7 @@ class StoreRow:
     blind: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None        # why the row is not a SecureStore envelope
     malformed_blind: bool = False
+    version: str = ""                 # the item version the value says it was sealed at
 
 
 def has_store_table(engine: sa.Engine) -> bool:
@@ -116,8 +117,14 @@ def _envelope(row: StoreRow, text: str | bytes) -> None:
         row.problem = "the sealed field holds no ciphertext"
         return
     row.token = token
+    version = value.get(VERSION_KEY, "")
+    if not isinstance(version, str) or len(version) > 64 or (
+            not version and VERSION_KEY in value):
+        row.problem = "the stored value's version field is malformed"
+    else:
+        row.version = version
     for name, digest in value.items():
-        if name == SEALED_KEY:
+        if name == SEALED_KEY or name == VERSION_KEY:
             continue
         if not isinstance(name, str) or not name.startswith(BLIND_PREFIX):
             row.problem = "the stored value holds fields SecureStore never writes"

@@ -10,7 +10,8 @@
   :mod:`.dialects` -- where the SQL of SQLite, PostgreSQL and MySQL/MariaDB differs;
   :mod:`.direct_reads` -- one hot read without the pool's per-checkout work.
 - :mod:`.denials` -- refused attempts, coalesced before they reach the registry.
-- :mod:`.thread_keys` -- per-thread data keys (what deletion destroys); :mod:`.pii_vault` --
+- :mod:`.thread_keys` -- per-thread data keys (what deletion destroys); :mod:`.item_versions`
+  -- the versions store items are bound to (an older copy does not open); :mod:`.pii_vault` --
   the sealed originals of redacted PII; :mod:`.subjects` -- the keyed subject of a thread.
 
 May import: the foundation modules and :mod:`..keys`. Nothing here imports the inner saver's

@@ -102,6 +102,13 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
     def read(self) -> Iterator[Connection]:
         """A connection for one read-only statement: on PostgreSQL in autocommit (no BEGIN and
         COMMIT round trips around it), elsewhere like :meth:`begin`."""
+        with self.single() as conn:
+            yield conn
+
+    @contextmanager
+    def single(self) -> Iterator[Connection]:
+        """A connection for one statement that is atomic by itself (a read, or an UPDATE of
+        one row with RETURNING): on PostgreSQL in autocommit, elsewhere like :meth:`begin`."""
         if self.dialect != "postgresql":
             with self.begin() as conn:
                 yield conn

@@ -93,6 +93,20 @@ store_keys = sa.Table(
     sa.Index("ix_securesaver_store_keys_owner", "tenant", "owner"),
 )
 
+# the version each SecureStore item is at, per store holding it (``store``: a digest of where
+# the store keeps its items; stores sharing one registry hold items of the same names) and per
+# key row (``key_born``: the row's created_at): a number and the random tag of the put that
+# wrote it, what a read accepts (registry/item_versions.py)
+store_versions = sa.Table(
+    "securesaver_store_versions", metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    sa.Column("item", sa.String(128), primary_key=True),
+    sa.Column("store", sa.String(64), primary_key=True),
+    sa.Column("key_born", sa.Double, nullable=False),
+    sa.Column("version", sa.BigInteger, nullable=False),
+    sa.Column("tag", sa.String(32), nullable=False),
+)
+
 # the subject (end user) of a thread, as a keyed digest (registry/subjects.py): written by the first
 # write naming a subject, deleted with the thread; what forget_subject finds threads by
 thread_subjects = sa.Table(

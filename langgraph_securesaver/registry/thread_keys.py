@@ -48,10 +48,19 @@ from ..keys.crypto import KeyManager, KeyRow, kek_unwrap, kek_wrap, row_context,
 from ..keys.lifecycle import KEY_CACHE_TTL, RETIRING_MASTERS
 from ..keys.provider import WrappedKey
 from ..keys.tokens import ENTRY, ITEM, KEK, THREAD, thread_key_context
+from . import item_versions
 from .core import Registry
 from .dialects import delete_returning
 from .pii_lookups import LookupKeys
-from .schema import meta_table, pairs_in, pii_keys, store_keys, tenant_keys, thread_keys
+from .schema import (
+    meta_table,
+    pairs_in,
+    pii_keys,
+    store_keys,
+    store_versions,
+    tenant_keys,
+    thread_keys,
+)
 from .wrapped_keys import retiring_versions
 
 logger = logging.getLogger(__name__)
@@ -66,12 +75,6 @@ TABLES: dict[str, tuple[sa.Table, sa.Column[Any]]] = {
 #: how often a put reads or creates its item's key row again when other threads or processes
 #: keep deleting the item meanwhile, before it gives up (KeyGoneError, nothing stored)
 _ITEM_KEY_TRIES = 100
-
-#: which key row each of a tenant's store items has (what a put checks once it landed)
-_ITEM_ROWS = sa.select(store_keys.c.item, store_keys.c.created_at).where(
-    store_keys.c.tenant == sa.bindparam("tenant"),
-    store_keys.c.item.in_(sa.bindparam("items", expanding=True)))
-
 
 def _as_bytes(table: sa.Table) -> Any:
     return sa.cast(table.c.wrapped, sa.LargeBinary).label("wrapped")
@@ -146,23 +149,31 @@ class ThreadKeyStore:
                 if not create:
                     self._drop([k])
                     return None
-                row = self._create_retrying(scope, tenant, name, columns or {})
-                if row is None:   # deleted between the insert and the read
+                created = self._create_retrying(scope, tenant, name, columns or {})
+                if created is None:   # deleted between the insert and the read
                     return None
-            kek = self.kek(tenant, row[0], create=False)
-            if kek is None:
-                raise TamperedDataError(
-                    f"a {scope} key of tenant {tenant!r} names a key-encryption key the "
-                    "registry does not hold (retired, shredded, or copied from elsewhere)")
-            aes = kek_unwrap(kek, row[1], thread_key_context(
-                self.registry.database_id(), tenant, name, scope))
-            with self._lock:
-                self._cache[k] = (time.monotonic(), aes, row[2])
-                self._cache.move_to_end(k)
-                self._remember_born(k, row[2])
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-            return aes
+                row = created[0]
+            return self._unwrapped(scope, tenant, name, row)
+
+    def _unwrapped(self, scope: str, tenant: str, name: str,
+                   row: tuple[str, bytes, float]) -> AESGCM:
+        """The key a row (master version, wrapped key, created_at) holds, unwrapped and
+        cached."""
+        k = (scope, tenant, name)
+        kek = self.kek(tenant, row[0], create=False)
+        if kek is None:
+            raise TamperedDataError(
+                f"a {scope} key of tenant {tenant!r} names a key-encryption key the "
+                "registry does not hold (retired, shredded, or copied from elsewhere)")
+        aes = kek_unwrap(kek, row[1], thread_key_context(
+            self.registry.database_id(), tenant, name, scope))
+        with self._lock:
+            self._cache[k] = (time.monotonic(), aes, row[2])
+            self._cache.move_to_end(k)
+            self._remember_born(k, row[2])
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return aes
 
     def confirm(self, conn: Any, tenant: str, thread_id: str) -> bool:
         """In the transaction of a write's lease (the thread's registry touch): drop the cached
@@ -183,35 +194,48 @@ class ThreadKeyStore:
             return False
         return True
 
-    def item_key(self, tenant: str, item: str, owner: str) -> tuple[AESGCM, float]:
-        """The key of SecureStore ``item`` (read, or created with its row; ``owner``: the
-        digest of the item's first namespace label, what ``forget_subject`` finds the keys of
-        a subject's items by, expired ones included) and which key row it is (the row's
-        ``created_at``): what :meth:`stale_items` checks after the put lands. Read afresh,
-        never from the cache: a put sealed under a key another process destroyed since would
-        leave, if its process died before that check, a row that opens under no key."""
-        self._drop([(ITEM, tenant, item)])
+    # store items: a key and a version each ----------------------------------------------------
+    def item_key(self, tenant: str, item: str, owner: str, store: str
+                 ) -> tuple[AESGCM, float, item_versions.Version]:
+        """For a put of SecureStore ``item`` into ``store`` (:func:`.item_versions.store_id`):
+        its key (the row read, or created; ``owner``: the digest of the item's first
+        namespace label, what ``forget_subject`` finds a subject's items by, expired ones
+        included), which key row it is (``created_at``) and the version the item is at
+        there, read with it (:func:`.item_versions.read_key`). Never from the cache: a put
+        sealed under a key another process destroyed since would leave, if its process died
+        before :meth:`confirm_items`, a row no key opens."""
+        k = (ITEM, tenant, item)
         for _ in range(_ITEM_KEY_TRIES):
-            aes = self.key(tenant, ITEM, item, True, {"owner": owner})
-            hit = self._cache.get((ITEM, tenant, item))
-            if aes is not None and hit is not None and hit[1] is aes:
-                return aes, hit[2]
+            found = item_versions.read_key(self.registry, tenant, item, store)
+            if found is None:     # a new item (or deleted meanwhile): its row
+                self._drop([k])
+                created = self._create_retrying(ITEM, tenant, item, {"owner": owner})
+                if created is not None and created[1]:   # made here: no version yet
+                    return self._unwrapped(ITEM, tenant, item, created[0]), created[0][2], \
+                        (0, "")
+                continue          # another put made it: read it, with its version
+            row, version = found
+            hit = self._cache.get(k)
+            if hit is not None and hit[2] == row[2]:
+                return hit[1], row[2], version
+            return self._unwrapped(ITEM, tenant, item, row), row[2], version
         raise KeyGoneError(f"the key of a store item of tenant {tenant!r} was deleted while "
                            f"it was being written, {_ITEM_KEY_TRIES} times; nothing was stored, "
                            "retry")
 
-    def stale_items(self, tenant: str, used: dict[str, float]) -> list[str]:
-        """After a SecureStore put landed: the items of ``used`` (item -> the key row it was
-        sealed under, from :meth:`item_key`) whose key row is no longer that row (another
-        process deleted the item meanwhile, or deleted and wrote it again). Their cached keys
-        are dropped; the caller seals those puts again under the current row, so a put that
-        returned always opens. One registry read."""
-        with self.registry.read() as conn:
-            rows = dict(conn.execute(_ITEM_ROWS, {"tenant": tenant, "items": list(used)}).all())
-        stale = [name for name, born in used.items()
-                 if name not in rows or float(rows[name]) != born]
-        self._drop([(ITEM, tenant, name) for name in stale])
-        return stale
+    def confirm_items(self, requests: Sequence[tuple[
+            str, str, dict[str, tuple[float, item_versions.Version]]]]) -> list[list[str]]:
+        """:func:`.item_versions.confirm_many`; the cached keys of the items it refuses are
+        dropped (the caller seals those puts again)."""
+        refused = item_versions.confirm_many(self.registry, requests)
+        self._drop([(ITEM, tenant, name) for (tenant, _s, _w), names in zip(
+            requests, refused, strict=True) for name in names])
+        return refused
+
+    def cached_born(self, tenant: str, item: str) -> float | None:
+        """Which key row the cached key of store ``item`` is (its ``created_at``)."""
+        hit = self._cache.get((ITEM, tenant, item))
+        return None if hit is None else hit[2]
 
     def reread_item(self, tenant: str, item: str) -> str:
         """After a store item failed to open: its key row read again. ``"gone"`` (no key
@@ -262,7 +286,7 @@ class ThreadKeyStore:
         return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
 
     def _create_retrying(self, scope: str, tenant: str, name: str, columns: dict[str, Any]
-                         ) -> tuple[str, bytes, float] | None:
+                         ) -> tuple[tuple[str, bytes, float], bool] | None:
         """:meth:`_create`; when the KEK it used is going away (another process rotates), once
         more after re-reading the KEKs and reloading the key provider (KeyGoneError if that
         does not help: nothing was stored)."""
@@ -276,10 +300,11 @@ class ThreadKeyStore:
             return self._create(scope, tenant, name, columns)
 
     def _create(self, scope: str, tenant: str, name: str, columns: dict[str, Any]
-                ) -> tuple[str, bytes, float] | None:
+                ) -> tuple[tuple[str, bytes, float], bool] | None:
         """Insert a new key row unless one exists, and read back the row that stands (another
-        process may have won the race), in one transaction -- which also checks that the KEK
-        the new row names is live (:meth:`require_live_kek`), or rolls back."""
+        process may have won the race) and whether it is the one inserted here, in one
+        transaction -- which also checks that the KEK the new row names is live
+        (:meth:`require_live_kek`), or rolls back."""
         table, col = TABLES[scope]
         version = self.keys.provider.current_version
         kek = self.kek(tenant, version, create=True)
@@ -294,9 +319,10 @@ class ThreadKeyStore:
             row = conn.execute(sa.select(table.c.master_version, _as_bytes(table),
                                          table.c.created_at).where(
                 table.c.tenant == tenant, col == name)).first()
-            if row is not None and bytes(row[1]) == blob:   # ours: its KEK must stay
+            mine = row is not None and bytes(row[1]) == blob
+            if mine:   # ours: its KEK must stay
                 self.require_live_kek(conn, tenant, version)
-        return None if row is None else (str(row[0]), bytes(row[1]), float(row[2]))
+        return None if row is None else ((str(row[0]), bytes(row[1]), float(row[2])), mine)
 
     def require_live_kek(self, conn: Any, tenant: str, master_version: str) -> None:
         """In the transaction inserting a key row wrapped under the tenant's KEK of
@@ -446,6 +472,8 @@ class ThreadKeyStore:
         table, col = TABLES[scope]
         gone = delete_returning(conn, table, [pairs_in(
             conn.dialect.name, table.c.tenant, col, list(pairs))], [table.c.tenant, col])
+        if scope == ITEM:
+            item_versions.forget_in(conn, pairs)
         out = {p: 0 for p in pairs}
         for r in gone:
             out[(r["tenant"], r[col.name])] = 1
@@ -458,6 +486,7 @@ class ThreadKeyStore:
         already expired (their remnants then no longer open)."""
         gone = [r["item"] for r in delete_returning(conn, store_keys, [
             store_keys.c.tenant == tenant, store_keys.c.owner == owner], [store_keys.c.item])]
+        item_versions.forget_in(conn, [(tenant, name) for name in gone])
         self._drop([(ITEM, tenant, name) for name in gone])
         return len(gone)
 
@@ -467,6 +496,7 @@ class ThreadKeyStore:
             for table, _col in TABLES.values():
                 n += int(conn.execute(table.delete().where(table.c.tenant == tenant)).rowcount
                          or 0)
+            conn.execute(store_versions.delete().where(store_versions.c.tenant == tenant))
         self.forget(tenant)
         return n
 

@@ -15,6 +15,9 @@ from ..keys.tokens import aad_parts, associated_data
 #: the inner store's value holds ``{SEALED_KEY: "ss1.<token>", "ssbi_<k>": "<d>", ...}``
 SEALED_KEY = "__securesaver"
 BLIND_PREFIX = "ssbi_"
+#: the item version the value was sealed at (``"<number>:<tag>"``, bound into the associated
+#: data; absent: sealed before items had versions)
+VERSION_KEY = "__securesaver_v"
 #: the PII vault keeps a store item's originals under a pseudo thread id of this prefix
 VAULT_PREFIX = "securestore:"
 
@@ -25,6 +28,7 @@ def _item_prefix(tenant: str) -> bytes:
 
 
 _BLIND_HEAD = associated_data("store-blind")
+_VERSION_HEAD = associated_data("store-version")
 #: encoded (blind name, digest) pairs: the digests of frequent field values repeat (they are
 #: stored in clear next to the ciphertext; nothing secret is cached here)
 _BLIND_PAIRS: dict[tuple[str, str], bytes] = {}
@@ -41,10 +45,13 @@ def item_aad(database_id: str, tenant: str, namespace: Sequence[str], key: str) 
         (vault_id(namespace, key), database_id, str(len(namespace)), *namespace, key))
 
 
-def sealed_aad(aad: bytes, blind: Mapping[str, Any]) -> bytes:
-    """The item's associated data plus its blind-index entries (so they cannot be altered,
-    added, removed or copied without the value failing to open):
-    ``aad + associated_data("store-blind", k1, v1, k2, v2, ...)``, keys sorted."""
+def sealed_aad(aad: bytes, blind: Mapping[str, Any], version: str = "") -> bytes:
+    """The item's associated data plus its version and its blind-index entries (so none of
+    them can be altered, added, removed or copied without the value failing to open):
+    ``aad + associated_data("store-version", version) + associated_data("store-blind",
+    k1, v1, k2, v2, ...)``, keys sorted; each part only when there is one."""
+    if version:
+        aad = aad + _VERSION_HEAD + aad_parts((version,))
     if not blind:
         return aad
     out = [aad, _BLIND_HEAD]

@@ -14,7 +14,9 @@ registry work off the event loop, embedding and the inner store awaited):
 from __future__ import annotations
 
 import logging
+import random
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +39,8 @@ from ..keys.crypto import TenantKeys
 from ..keys.material import SecretBytes
 from ..keys.tokens import ITEM
 from ..pii_layer import PiiLayer
+from ..registry import item_versions
+from ..registry.item_versions import Version
 from ..registry.subjects import subject_digest
 from ..registry.thread_keys import ThreadKeyStore
 from ..storage.store_format import vault_id
@@ -49,6 +53,14 @@ logger = logging.getLogger(__name__)
 STORE_CHANNEL = "__store__"
 #: "every row" for an inner search whose filtering, scoring or paging SecureStore does itself
 SCAN_LIMIT = 2 ** 62
+#: how often a batch reads again the items another process deleted (or deleted and wrote)
+#: under its read before the failure is raised
+_REREADS = 3
+#: the first pause (seconds, doubling, randomized) before a put sealed again writes again
+_BACKOFF = 0.0005
+_NO_KEY = ("a store item of tenant {!r} has no key: it was deleted, and what the inner store "
+           "returns is left of it or a copy put back after the deletion, or moved there from "
+           "another item")
 
 
 @dataclass
@@ -75,10 +87,25 @@ class BatchPlan:
     tag: str = ""                    # the tenant's namespace label in the inner store
     #: redacted equality filters by search op index (what the blind index is compared with)
     filters: dict[int, dict[str, Any]] = field(default_factory=dict)
-    #: item id -> the key row its put was sealed under (checked once the put landed)
-    used: dict[str, float] = field(default_factory=dict)
+    #: item id -> (key row, version) its put was sealed under (confirmed once it landed)
+    used: dict[str, tuple[float, Version]] = field(default_factory=dict)
+    #: item id -> (key row, the version it is at), read after the inner read
+    versions: dict[str, tuple[float, Version]] = field(default_factory=dict)
+    #: item id -> (key row, version) of items read at a version not yet confirmed
+    ahead: dict[str, tuple[float, Version]] = field(default_factory=dict)
+    #: how often this batch's puts were sealed again
+    reseals: int = 0
+    #: the store's name among those sharing the registry, or what finds it when first needed
+    store: str = ""
+    locate: Callable[[], str] | None = None
+
     #: the process's write count when the inner read was made (see ItemDeletes.under_way)
     read_at: int = 0
+
+    def store_id(self) -> str:
+        if not self.store and self.locate is not None:
+            self.store = self.locate()
+        return self.store
 
     def __post_init__(self) -> None:
         self.tag = tenant_tag(self.tenant)
@@ -137,15 +164,18 @@ class BatchPlan:
         op = put.op
         if self.keys is None:  # pragma: no cover - prepare() creates keys for puts
             raise TamperedDataError("no keys to seal a put with")
-        key = None
+        key, version = None, ""
         item_keys = self.core.item_keys
         if item_keys is not None:
             item = vault_id(op.namespace, op.key)
-            key, self.used[item] = item_keys.item_key(
-                self.tenant, item, subject_digest(self.keys, op.namespace[0]))
+            key, born, current = item_keys.item_key(
+                self.tenant, item, subject_digest(self.keys, op.namespace[0]), self.store_id())
+            sealed_at = item_versions.next_version(current)
+            self.used[item] = (born, sealed_at)
+            version = item_versions.text(sealed_at)
         sealed = codec.seal_item(
             self.keys, codec.item_aad(self.database_id, self.tenant, op.namespace, op.key),
-            put.value_json, put.vectors, put.blind, key)
+            put.value_json, put.vectors, put.blind, key, version)
         return PutOp(ns, op.key, sealed, index=False, ttl=op.ttl)
 
     @staticmethod
@@ -154,15 +184,29 @@ class BatchPlan:
         an item changed under the read: the batch's writes are not repeated)."""
         return [i for i, op in enumerate(inner_ops) if not isinstance(op, PutOp)]
 
-    def stale_puts(self) -> list[PutOp]:
-        """Once the inner batch landed: the puts to seal and write again, because another
-        process deleted their item's key meanwhile (:meth:`..registry.thread_keys.
-        ThreadKeyStore.stale_items`); empty when every put opens under its item's key row."""
+    def written(self) -> tuple[str, str, dict[str, tuple[float, Version]]]:
+        """What confirms this batch's puts (``item_versions.confirm_many``): taken once."""
+        written, self.used = (self.tenant, self.store_id(), self.used), {}
+        return written
+
+    def stale_puts(self, refused: Sequence[str] | None = None) -> list[PutOp]:
+        """Once the inner batch landed: each put's version confirmed (here, or by the caller:
+        ``refused``, the items :meth:`written` was refused for), and the puts to seal and
+        write again -- another process deleted their item meanwhile, or another put of it
+        confirmed the same or a later number and may have landed after this one; empty when
+        every put is its item's confirmed version."""
         item_keys = self.core.item_keys
-        if item_keys is None or not self.used or self.keys is None:
+        if item_keys is None or self.keys is None:
             return []
-        stale = set(item_keys.stale_items(self.tenant, self.used))
-        self.used = {}
+        if refused is None:
+            if not self.used:
+                return []
+            refused = item_keys.confirm_items([self.written()])[0]
+        stale = set(refused)
+        if stale:
+            # puts of one item racing each other seal again in turn, not in lockstep
+            self.reseals += 1
+            time.sleep(random.uniform(0, _BACKOFF * 2 ** min(self.reseals, 6)))  # noqa: S311
         return [self._sealed_put((self.tag, *put.op.namespace), put)
                 for _i, put in sorted(self.puts.items())
                 if vault_id(put.op.namespace, put.op.key) in stale]
@@ -190,9 +234,26 @@ class BatchPlan:
                            for item in cast("list[SearchItem]", res or []))
         return out
 
+    def opens_in_registry(self, results: Sequence[Result]) -> bool:
+        """Whether opening ``results`` reads the registry (the items' versions): off the loop."""
+        return self.core.item_keys is not None and any(
+            isinstance(item, Item) for res in results
+            for item in (res if isinstance(res, list) else [res]))
+
     def open_results(self, results: Sequence[Result]) -> list[Any]:
         """Authenticate and decrypt every item the inner store returned (PII tokens still
-        in): per op, an :class:`Opened` (get), a list of them (search), or the raw result."""
+        in): per op, an :class:`Opened` (get), a list of them (search), or the raw result.
+        Each item's version is checked against its key row, read once for the batch after
+        the inner read (``versions``); items met at a version not yet confirmed are confirmed
+        (``ahead``, one registry transaction when there are any)."""
+        item_keys = self.core.item_keys
+        if item_keys is not None:
+            names = [vault_id(tuple(item.namespace)[1:], item.key) for res in results
+                     for item in (res if isinstance(res, list) else [res])
+                     if isinstance(item, Item)]
+            self.versions = item_versions.read(item_keys.registry, self.tenant,
+                                               self.store_id(), names) if names else {}
+            self.ahead = {}
         out: list[Any] = []
         open_item = self.core.open_item
         for op, res in zip(self.ops, results, strict=True):
@@ -203,6 +264,8 @@ class BatchPlan:
                 out.append([one for one in found if one is not None])
             else:
                 out.append(res)
+        if self.ahead and item_keys is not None:
+            item_versions.confirm(item_keys.registry, self.tenant, self.store_id(), self.ahead)
         return out
 
     def tokens(self, opened: Sequence[Any]) -> list[str]:
@@ -238,6 +301,31 @@ class BatchPlan:
             else:
                 out.append(None)
         return out
+
+
+class Rereads:
+    """The re-read loop ``batch`` and ``abatch`` share: when the items a batch read do not
+    open (or are not their items' current versions), the batch's reads -- never its writes --
+    are made again, up to ``_REREADS`` times; then the ItemChangedError stands."""
+
+    def __init__(self, plan: BatchPlan, inner_ops: list[Op], results: list[Result],
+                 tick: Callable[[], int]) -> None:
+        self.plan, self.inner_ops, self.results, self.tick = plan, inner_ops, results, tick
+        self.left = _REREADS
+        self.positions: list[int] = []
+
+    def next_ops(self, error: ItemChangedError) -> list[Op]:
+        """The inner reads to make again after ``error`` (raised when none are left)."""
+        if self.left == 0:
+            raise error
+        self.left -= 1
+        self.positions = self.plan.reads(self.inner_ops)
+        self.plan.read_at = self.tick()
+        return [self.inner_ops[i] for i in self.positions]
+
+    def took(self, again: list[Result]) -> None:
+        for i, res in zip(self.positions, again, strict=True):
+            self.results[i] = res
 
 
 @dataclass
@@ -390,11 +478,14 @@ class StoreCore:
 
     # step 3 -----------------------------------------------------------------------------------
     def open_item(self, plan: BatchPlan, item: Item) -> Opened | None:
-        """Authenticate one inner item of the plan's tenant and decrypt it. An item sealed
-        under a key this process cached before another process deleted the item and wrote it
-        again opens under the item's current key row; one that does not open while this
-        process deletes or writes the item (a key one of its deletes destroyed) is None:
-        absent."""
+        """Authenticate one inner item of the plan's tenant, decrypt it and check its version
+        against its key row (:meth:`_refusal`). An item sealed under a key this process
+        cached before another process deleted the item and wrote it again opens under the
+        item's current key row. What does not open, or is not the item's current version,
+        raises ItemChangedError (the caller reads the item again, then gives up) -- unless
+        this process is deleting or writing the item right now (or did since the read): then
+        what the read met is what such a delete leaves, or a put lands before it is
+        confirmed or sealed again, and the item reads as absent (the put has not returned)."""
         ns = tuple(item.namespace)
         if not ns or ns[0] != plan.tag:
             raise TamperedDataError("the inner store returned an item of another tenant")
@@ -404,31 +495,27 @@ class StoreCore:
                 "(shredded, or the registry of another database)")
         outer = ns[1:]
         aad = codec.item_aad(plan.database_id, plan.tenant, outer, item.key)
+        item_keys = self.item_keys
         try:
-            value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+            value, vectors, tokens, version = codec.open_item_scanned(plan.keys, aad,
+                                                                      item.value)
         except TamperedDataError:
-            if self.item_keys is None or not codec.is_envelope(item.value):
+            if item_keys is None or not codec.is_envelope(item.value):
                 raise
             # an envelope that does not open under the key this process holds for the item:
             # the key row read again; the inner item is read again by the caller
             # (ItemChangedError) when it still does not open -- it may have been written under a
             # key another process deleted after the inner read. What keeps failing is raised.
             name = vault_id(outer, item.key)
-            state = self.item_keys.reread_item(plan.tenant, name)
-            # this process is deleting or writing the item right now, so a key was destroyed
-            # by one of its deletes: the row read is what such a delete leaves or a put
-            # lands before it seals again -- absent, as after the delete (the put has not
-            # returned)
+            state = item_keys.reread_item(plan.tenant, name)
             in_flight = self.deleting(plan.tenant, name, plan.read_at)
             if state == "gone" and in_flight:
                 return None
             if state == "gone":
-                raise ItemChangedError(
-                    f"a store item of tenant {plan.tenant!r} has no key: it was deleted, and "
-                    "what the inner store returns is left of it or a copy put back after the "
-                    "deletion, or moved there from another item") from None
+                raise ItemChangedError(_NO_KEY.format(plan.tenant)) from None
             try:
-                value, vectors, tokens = codec.open_item_scanned(plan.keys, aad, item.value)
+                value, vectors, tokens, version = codec.open_item_scanned(plan.keys, aad,
+                                                                          item.value)
             except TamperedDataError:
                 if in_flight:
                     return None
@@ -436,7 +523,46 @@ class StoreCore:
                     f"a store item of tenant {plan.tenant!r} does not open under its item's "
                     "key: altered, moved from another item, or an older copy put back after "
                     "its deletion") from None
+        if item_keys is not None:
+            name = vault_id(outer, item.key)
+            refusal = self._refusal(plan, name, version)
+            if refusal is not None:
+                if self.deleting(plan.tenant, name, plan.read_at):
+                    return None
+                raise ItemChangedError(refusal)
         return Opened(outer, value, vectors, item, tokens)
+
+    def _refusal(self, plan: BatchPlan, name: str, stored: str) -> str | None:
+        """Why an item that opened is not the item's current version (None: it is). Its key
+        row, read after the inner read (``plan.versions``), must still be the key it opened
+        under, and name a version no later than the one the item was sealed at: an earlier
+        version is an older copy of the item put back (or a put the writer has not yet
+        sealed again after a later one landed). A later one is a put that landed and is not
+        confirmed yet (its process may be killed before it is): the read confirms it
+        (``plan.ahead``), so what it served is never rolled back."""
+        item_keys = self.item_keys
+        if item_keys is None:  # pragma: no cover - the caller checked
+            return None
+        version = item_versions.parse(stored)   # authenticated (ours), so well formed
+        row = plan.versions.get(name)
+        if row is None:
+            # no key row: deleted (concurrently, or before a copy was put back under a key
+            # this process still caches); an unversioned item sealed without one is older data
+            return None if not stored else _NO_KEY.format(plan.tenant)
+        born = item_keys.cached_born(plan.tenant, name)
+        if born is not None and born != row[0]:
+            item_keys.reread_item(plan.tenant, name)
+            return (f"a store item of tenant {plan.tenant!r} opened under a key its item no "
+                    "longer has: a copy put back after the item was deleted and written again")
+        current = row[1]
+        if version[0] < current[0] or (version[0] == current[0] and version != current):
+            return (f"a store item of tenant {plan.tenant!r} is version {version[0]}, its "
+                    f"item is at version {current[0]}"
+                    f"{'' if version[0] < current[0] else ' of another put'}: an older copy of "
+                    "the item put back")
+        if version[0] > current[0]:
+            plan.ahead[name] = (row[0], version)
+        return None
 
     def restorer(self, originals: Mapping[str, str]) -> Callable[[Any], Any]:
         """Put the tenant's originals (looked up once per batch) back into a value."""

@@ -3,9 +3,11 @@
 An inner store's value column holds ``{"__securesaver": "ss1.<token>", "ssbi_<k>": "<d>", ...}``
 and nothing else. The token is AES-GCM under the item's own key (:mod:`..registry.thread_keys`,
 deleted with the item) over the redacted value and its embedding vectors, with associated data
-naming (tenant, item, database id, namespace, key) and the item's blind-index entries: a value
-copied to another item, namespace, tenant or database, with its ``ssbi_`` entries altered, or
-put back after the item was deleted, does not open. ``ssbi_`` entries are keyed digests of
+naming (tenant, item, database id, namespace, key), the item's version (``__securesaver_v``,
+:mod:`..registry.item_versions`) and its blind-index entries: a value copied to another item,
+namespace, tenant or database, with its ``ssbi_`` entries or version altered, or put back
+after the item was deleted, does not open (an older version put back opens, and is refused by
+the version check of the read). ``ssbi_`` entries are keyed digests of
 top-level scalar fields after redaction (equality filters run in the inner store).
 
 Only bytes-in/bytes-out logic here: no tenancy rules, no redaction, no inner store API.
@@ -25,10 +27,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..errors import ConfigurationError, TamperedDataError
 from ..keys.crypto import TenantKeys
 from ..keys.tokens import from_text, to_text
-from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, item_aad, sealed_aad
+from ..storage.store_format import BLIND_PREFIX, SEALED_KEY, VERSION_KEY, item_aad, sealed_aad
 
-__all__ = ["BLIND_PREFIX", "SEALED_KEY", "item_aad", "open_item", "open_item_scanned",
-           "seal_item"]
+__all__ = ["BLIND_PREFIX", "SEALED_KEY", "VERSION_KEY", "item_aad", "open_item",
+           "open_item_scanned", "seal_item"]
 
 ENVELOPE_VERSION = 1
 #: the largest serialized value a put accepts (before sealing), as the saver bounds its input
@@ -140,41 +142,57 @@ def unpack_vector(text: Any) -> list[float]:
 
 def seal_item(keys: TenantKeys, aad: bytes, value_json: bytes,
               vectors: Mapping[str, Sequence[float]] | None,
-              blind: Mapping[str, str], key: AESGCM | None = None) -> dict[str, Any]:
-    """The inner store's value for one item: version, vectors (JSON, usually empty), value;
-    sealed under ``key`` (the item's key) or, without one, the tenant's data key."""
+              blind: Mapping[str, str], key: AESGCM | None = None, version: str = ""
+              ) -> dict[str, Any]:
+    """The inner store's value for one item: format version, vectors (JSON, usually empty),
+    value; sealed under ``key`` (the item's key) or, without one, the tenant's data key, and
+    bound to the item's ``version`` (stored beside the token when there is one)."""
     if vectors:
         head = json.dumps({p: pack_vector(vec) for p, vec in vectors.items()},
                           separators=(",", ":")).encode("ascii")
         plain = _VERSION + len(head).to_bytes(4, "big") + head + value_json
     else:
         plain = _NO_VECTORS + value_json
-    return {SEALED_KEY: to_text(keys.seal(plain, sealed_aad(aad, blind), key=key)), **blind}
+    sealed = to_text(keys.seal(plain, sealed_aad(aad, blind, version), key=key))
+    if version:
+        return {SEALED_KEY: sealed, VERSION_KEY: version, **blind}
+    return {SEALED_KEY: sealed, **blind}
 
 
 def open_item(keys: TenantKeys, aad: bytes, stored: Any
               ) -> tuple[Any, dict[str, list[float]]]:
     """Authenticate an inner store's value, then parse it: (value, vectors by field path).
     Anything but an envelope SecureStore sealed for exactly this place is TamperedDataError."""
-    value, vectors, _tokens = open_item_scanned(keys, aad, stored)
+    value, vectors, _tokens, _version = open_item_scanned(keys, aad, stored)
     return value, vectors
 
 
+def stored_version(stored: Mapping[str, Any]) -> str:
+    """The version an envelope says it was sealed at (``""``: none; whether that is true is
+    what opening it decides)."""
+    version = stored.get(VERSION_KEY, "")
+    if not isinstance(version, str) or len(version) > 64 or (
+            not version and VERSION_KEY in stored):
+        raise TamperedDataError("a store item's version field is malformed")
+    return version
+
+
 def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
-                      ) -> tuple[Any, dict[str, list[float]], bool]:
+                      ) -> tuple[Any, dict[str, list[float]], bool, str]:
     """:func:`open_item`, plus whether the value may hold PII tokens (see
-    :func:`may_hold_tokens`)."""
+    :func:`may_hold_tokens`) and the version it was sealed at (authenticated)."""
     sealed = stored.get(SEALED_KEY) if type(stored) is dict or isinstance(stored, Mapping) \
         else None
     if not isinstance(sealed, str):
         raise TamperedDataError(
             "a store item holds a plain value where a SecureStore ciphertext was expected "
             "(written without encryption, or injected)")
-    blind = {k: v for k, v in stored.items() if k != SEALED_KEY}
+    version = stored_version(stored)
+    blind = {k: v for k, v in stored.items() if k != SEALED_KEY and k != VERSION_KEY}
     for k in blind:
         if not (isinstance(k, str) and k.startswith(BLIND_PREFIX)):
             raise TamperedDataError("a store item holds fields SecureStore did not write")
-    plain = keys.open(from_text(sealed), sealed_aad(aad, blind))
+    plain = keys.open(from_text(sealed), sealed_aad(aad, blind, version))
     if plain[:1] != _VERSION:
         raise TamperedDataError("a store item was sealed in an unknown format")
     try:
@@ -184,7 +202,7 @@ def open_item_scanned(keys: TenantKeys, aad: bytes, stored: Any
         value = _loads(body.decode("utf-8", "surrogatepass"))
     except (ValueError, UnicodeDecodeError):  # pragma: no cover - authenticated: ours
         raise TamperedDataError("a sealed store value does not parse") from None
-    return value, {p: unpack_vector(t) for p, t in head.items()}, may_hold_tokens(body)
+    return value, {p: unpack_vector(t) for p, t in head.items()}, may_hold_tokens(body), version
 
 
 def is_envelope(stored: Any) -> bool:

@@ -24,12 +24,13 @@ from ..offthread import to_thread
 from ..ops.subjects import item_key_destroyer
 from ..redaction.scheduler import aredaction_job, redaction_job
 from ..registry.core import Registry
+from ..registry.item_versions import store_id
 from ..registry.namespaces import is_durable, registry_location
 from ..registry.thread_keys import ThreadKeyStore
 from ..saver import DEFAULT, SecureSaver
 from ..storage.store_format import vault_id
 from ..tenancy import tenant_tag
-from .base import SCAN_LIMIT, BatchPlan, StoreCore
+from .base import SCAN_LIMIT, BatchPlan, Rereads, StoreCore
 from .inner_stores import (
     ainner_batch,
     astore_location,
@@ -39,6 +40,7 @@ from .inner_stores import (
     split_options,
     store_location,
 )
+from .item_confirms import ItemConfirms
 from .item_deletes import ItemDeletes
 
 logger = logging.getLogger(__name__)
@@ -46,18 +48,16 @@ logger = logging.getLogger(__name__)
 #: up to this many ops (or returned items) a batch's CPU steps run on the event loop: below
 #: it they take less time than the hop to a worker thread
 _INLINE_OPS = 16
-#: how often a put whose item key another process deleted meanwhile is sealed and written
-#: again under the item's new key row before the batch fails
+#: how often a put whose item another process deleted meanwhile, or another put of which
+#: reserved a later version, is sealed and written again before the batch fails
 _RESEALS = 100
-#: how often a batch reads again the items another process deleted (or deleted and wrote)
-#: under its read before the failure is raised
-_REREADS = 3
 
 
 def _unsettled(plan: BatchPlan) -> None:
-    """Raise: the items of ``plan`` kept being deleted under its puts (see ``_RESEALS``)."""
+    """Raise: the items of ``plan`` kept being deleted or written under its puts (see
+    ``_RESEALS``)."""
     raise KeyGoneError(
-        f"store items of tenant {plan.tenant!r} were deleted by another process while this "
+        f"store items of tenant {plan.tenant!r} were deleted or written by others while this "
         f"batch wrote them, {_RESEALS} times over; what this batch wrote may not open, retry")
 
 
@@ -123,6 +123,7 @@ class SecureStore(BaseStore):
         item_keys = saver.keys.threads
         if not isinstance(item_keys, ThreadKeyStore):  # pragma: no cover - SecureSaver's
             raise ConfigurationError("the saver holds no key store for store items")
+        self._item_confirms = ItemConfirms(item_keys)
         self._item_deletes = ItemDeletes(
             saver.registry, item_keys,
             saver.vault if saver.services.pii.redactor is not None else None)
@@ -179,6 +180,7 @@ class SecureStore(BaseStore):
         # (no redactor, or only gets and deletes) is prepared here, without the hop
         plan = (redaction_job if self._redacts(listed) else _direct)(
             tenant, self._core.prepare, listed, tenant, keys, self._services.database_id())
+        plan.locate = self._store_id
         texts, queries = plan.texts(), plan.query_texts()
         vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings else []
         query_vectors = [self.embeddings.embed_query(q) for q in queries] \
@@ -204,18 +206,13 @@ class SecureStore(BaseStore):
         if plan.keys is None and plan.found_items(results):
             # another caller created the tenant's first item meanwhile
             plan.keys = self.saver.keys.require(tenant)
-        for attempt in range(_REREADS + 1):
+        rereads = Rereads(plan, inner_ops, results, lambda: self._item_deletes.tick)
+        while True:
             try:
                 opened = plan.open_results(results)
                 break
-            except ItemChangedError:
-                if attempt == _REREADS:
-                    raise
-                reads = plan.reads(inner_ops)
-                plan.read_at = self._item_deletes.tick
-                for i, res in zip(reads, inner_batch(self.inner, [inner_ops[i] for i in reads]),
-                                  strict=True):
-                    results[i] = res
+            except ItemChangedError as exc:
+                rereads.took(inner_batch(self.inner, rereads.next_ops(exc)))
         tokens = plan.tokens(opened)
         originals = self.saver.vault.lookup(plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
@@ -245,6 +242,7 @@ class SecureStore(BaseStore):
                                      database_id) if self._redacts(listed) else
                       self._run(queries_to_embed or len(listed) > _INLINE_OPS,
                                 self._core.prepare, listed, tenant, keys, database_id))
+        plan.store = store_id(await self._alocation())
         texts, queries = plan.texts(), plan.query_texts()
         vectors = await self.embeddings.aembed_documents(texts) \
             if texts and self.embeddings else []
@@ -260,33 +258,29 @@ class SecureStore(BaseStore):
                                         plan.inner_ops, vectors)
             plan.read_at = self._item_deletes.tick
             results = await ainner_batch(self.inner, inner_ops)
-            again = await to_thread(plan.stale_puts) if plan.used else []
+            again = await self._astale_puts(plan)
             for _attempt in range(_RESEALS):
                 if not again:
                     break
-                await ainner_batch(self.inner, again)
-                again = await to_thread(plan.stale_puts)
+                await ainner_batch(self.inner, list[Op](again))
+                again = await self._astale_puts(plan)
         finally:
             self._item_deletes.end(touched)
         if again:
             _unsettled(plan)
         if plan.keys is None and plan.found_items(results):
             plan.keys = await self._services.arequire_keys(tenant)
-        for attempt in range(_REREADS + 1):
+        rereads = Rereads(plan, inner_ops, results, lambda: self._item_deletes.tick)
+        while True:
             try:
-                # a key not cached is read from the registry: off the loop
+                # the items' versions (and a key not cached) are read from the registry: off
+                # the loop
                 opened = await self._run(
-                    _returned(results) > _INLINE_OPS or not plan.keys_cached(results),
-                    plan.open_results, results)
+                    _returned(results) > _INLINE_OPS or plan.opens_in_registry(results)
+                    or not plan.keys_cached(results), plan.open_results, results)
                 break
-            except ItemChangedError:
-                if attempt == _REREADS:
-                    raise
-                reads = plan.reads(inner_ops)
-                plan.read_at = self._item_deletes.tick
-                again = await ainner_batch(self.inner, [inner_ops[i] for i in reads])
-                for i, res in zip(reads, again, strict=True):
-                    results[i] = res
+            except ItemChangedError as exc:
+                rereads.took(await ainner_batch(self.inner, rereads.next_ops(exc)))
         tokens = plan.tokens(opened)
         originals = await to_thread(self.saver.vault.lookup, plan.keys, tokens) \
             if tokens and plan.keys is not None else {}
@@ -296,6 +290,14 @@ class SecureStore(BaseStore):
         if refreshes:
             await ainner_batch(self.inner, refreshes)
         return finished
+
+    async def _astale_puts(self, plan: BatchPlan) -> list[PutOp]:
+        """:meth:`BatchPlan.stale_puts`, the confirmation shared with the other tasks of this
+        event loop (:class:`.item_confirms.ItemConfirms`)."""
+        if not plan.used:
+            return []
+        refused = await self._item_confirms.aconfirm(plan.written())
+        return await to_thread(plan.stale_puts, refused) if refused else []
 
     # TTL --------------------------------------------------------------------------------------
     def sweep_ttl(self) -> int:
@@ -413,6 +415,14 @@ class SecureStore(BaseStore):
             self.location = asyncio.run_coroutine_threadsafe(
                 astore_location(self.inner), loop).result()
         return self.location
+
+    def _store_id(self) -> str:
+        """This store's name among the stores sharing its registry (the versions of its
+        items are its own: stores on other databases hold items of the same names)."""
+        found: str | None = self.__dict__.get("_store_name")
+        if found is None:
+            found = self.__dict__["_store_name"] = store_id(self._location())
+        return found
 
     async def _alocation(self) -> str:
         if self.location is None:
