@@ -31,7 +31,10 @@ def test_rounds_of_rotation_pruning_and_deletion_beside_writers(
     ring_path = new_keyring(url, tmp_path / "keyring.json")
     deletions = Deletions()
     history: dict[str, list[Turn]] = {}
-    for number in range(ROUNDS):
+    # on MariaDB the final scan of each round reads every checkpoint through LangGraph's MySQL
+    # saver (its list query aggregates the blobs per checkpoint): two rounds keep the test
+    # within minutes; benchmarks/lifecycle_stress.py runs more
+    for number in range(ROUNDS if backend != "mariadb" else 2):
         report = stress_round(url, ring_path, tmp_path / f"round{number}", number,
                               seed=1000 + number, deletions=deletions, history=history)
         assert report.turns_ok >= 27 and report.protected_checked >= 15, report
