@@ -7,34 +7,23 @@ the vault originals recorded under its owner id that nothing else uses
 tuple, a backup, a row put back) no longer opens. One transaction per deleted item made a
 burst of concurrent async deletes wait on the registry one by one; here the async deletes of
 one event loop that arrive while a transaction runs are collected and handled by the next one
-together, and a batch's deletes share one transaction. A delete reaches the inner store only
-once its keys and originals are gone.
+together (:mod:`.loop_batches`), and a batch's deletes share one transaction. A delete
+reaches the inner store only once its keys and originals are gone.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-import weakref
 from collections.abc import Sequence
 
 from ..keys.tokens import ITEM
-from ..offthread import to_thread
 from ..registry.core import Registry
 from ..registry.pii_vault import PiiVault
 from ..registry.thread_keys import ThreadKeyStore
+from .loop_batches import LoopBatches
 
 logger = logging.getLogger(__name__)
-
-
-class _LoopQueue:
-    """The deletes waiting on one event loop (futures belong to their loop)."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[list[tuple[str, str]], asyncio.Future[None]]] = []
-        self.flushing = False
-        self.task: asyncio.Task[None] | None = None  # kept: the loop holds tasks weakly
 
 
 class ItemDeletes:
@@ -54,9 +43,7 @@ class ItemDeletes:
         #: count at each item's latest one (what a read taken before it cannot rely on)
         self.tick = 0
         self._changed_at: dict[tuple[str, str], int] = {}
-        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = \
-            weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._forgets: LoopBatches[list[tuple[str, str]], None] = LoopBatches(self._forget_all)
 
     def forget(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Destroy the keys and drop the originals of these (tenant, item) pairs in one
@@ -108,42 +95,9 @@ class ItemDeletes:
     async def aforget(self, pairs: Sequence[tuple[str, str]]) -> None:
         """:meth:`forget` off the event loop, sharing a transaction with the deletes that
         other tasks of this loop request meanwhile."""
-        if not pairs:
-            return
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            queue = self._queues.get(loop)
-            if queue is None:
-                queue = self._queues[loop] = _LoopQueue()
-        future: asyncio.Future[None] = loop.create_future()
-        queue.pending.append((list(pairs), future))
-        if not queue.flushing:
-            queue.flushing = True
-            queue.task = loop.create_task(self._flush(queue))
-        await future
+        if pairs:
+            await self._forgets.submit(list(pairs))
 
-    async def _flush(self, queue: _LoopQueue) -> None:
-        try:
-            while queue.pending:
-                taken, queue.pending = queue.pending, []
-                pairs = [p for wanted, _f in taken for p in wanted]
-                try:
-                    await to_thread(self.forget, pairs)
-                except Exception as exc:  # noqa: BLE001  # each waiter raises it in its task
-                    for _wanted, future in taken:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                except BaseException:  # the flush was cancelled (loop closing): so are they
-                    for _wanted, future in taken:
-                        future.cancel()
-                    raise
-                for _wanted, future in taken:
-                    if not future.done():
-                        future.set_result(None)
-        finally:
-            queue.flushing = False
-            for _wanted, future in queue.pending:  # cancelled meanwhile: nobody flushes them
-                if not future.done():
-                    future.cancel()
-            queue.pending = []
+    def _forget_all(self, requests: list[list[tuple[str, str]]]) -> list[None]:
+        self.forget([p for pairs in requests for p in pairs])
+        return [None] * len(requests)

@@ -40,8 +40,8 @@ from .inner_stores import (
     split_options,
     store_location,
 )
-from .item_confirms import ItemConfirms
 from .item_deletes import ItemDeletes
+from .loop_batches import LoopBatches
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ class SecureStore(BaseStore):
         item_keys = saver.keys.threads
         if not isinstance(item_keys, ThreadKeyStore):  # pragma: no cover - SecureSaver's
             raise ConfigurationError("the saver holds no key store for store items")
-        self._item_confirms = ItemConfirms(item_keys)
+        #: the async puts' version confirmations (registry/item_versions.py), made together
+        self._item_confirms = LoopBatches(item_keys.confirm_items)
         self._item_deletes = ItemDeletes(
             saver.registry, item_keys,
             saver.vault if saver.services.pii.redactor is not None else None)
@@ -293,10 +294,10 @@ class SecureStore(BaseStore):
 
     async def _astale_puts(self, plan: BatchPlan) -> list[PutOp]:
         """:meth:`BatchPlan.stale_puts`, the confirmation shared with the other tasks of this
-        event loop (:class:`.item_confirms.ItemConfirms`)."""
+        event loop (:class:`.loop_batches.LoopBatches`)."""
         if not plan.used:
             return []
-        refused = await self._item_confirms.aconfirm(plan.written())
+        refused = await self._item_confirms.submit(plan.written())
         return await to_thread(plan.stale_puts, refused) if refused else []
 
     # TTL --------------------------------------------------------------------------------------
