@@ -23,7 +23,7 @@ from ..errors import ConfigurationError
 from .chains import RegistryChains
 from .claims import RegistryClaims
 from .denials import flush_for
-from .dialects import MYSQL, insert_if_absent, insert_ignore
+from .dialects import MYSQL, insert_ignore
 from .direct_reads import DirectReads
 from .integrity import RegistryIntegrity
 from .namespaces import RegistryNamespaces
@@ -201,11 +201,7 @@ class Registry(RegistryThreads, RegistryChains, RegistryKeys, RegistryClaims,
     # dialect helpers --------------------------------------------------------------------------
     def _insert_ignore(self, conn: Connection, table: sa.Table,
                        rows: Sequence[dict[str, Any]]) -> None:
-        if rows and self.dialect in MYSQL:
-            for row in rows:
-                insert_if_absent(conn, table.insert().values(**row), {})
-        elif rows:
-            conn.execute(insert_ignore(self.dialect, table), list(rows))
+        insert_ignore(conn, table, rows)
 
     # deletion hygiene and shutdown ----------------------------------------------------------
     def flush_deleted(self) -> None:

@@ -35,17 +35,19 @@ def insert(dialect: str, table: sa.Table) -> Any:
     return sqlite_insert(table)
 
 
-def insert_ignore(dialect: str, table: sa.Table) -> Any:
-    """INSERT that leaves an existing row (same key) as it is (several rows at once). On MySQL a
-    no-op ``ON DUPLICATE KEY UPDATE`` (not ``INSERT IGNORE``, which would also turn a value too
-    long for its column into a warning and store it cut); it locks the existing row
-    exclusively, so the registry's own inserts of rows others may hold use
-    :func:`insert_if_absent` row by row, which takes a shared lock."""
-    stmt = insert(dialect, table)
-    if dialect in MYSQL:
-        first = next(iter(table.primary_key.columns))
-        return stmt.on_duplicate_key_update({first.name: first})
-    return stmt.on_conflict_do_nothing()
+def insert_ignore(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]]) -> None:
+    """INSERT ``rows``, leaving a row whose key exists as it is. On MySQL row by row, each a
+    plain INSERT whose duplicate key is the answer (:func:`insert_if_absent`: a shared lock on
+    the existing row). Not ``INSERT IGNORE``, which also stores a value too long for its column
+    cut, nor a no-op ``ON DUPLICATE KEY UPDATE``, whose exclusive lock on the existing row
+    deadlocked a rotation against writers holding it shared."""
+    if not rows:
+        return
+    if conn.dialect.name in MYSQL:
+        for row in rows:
+            insert_if_absent(conn, table.insert().values(**row), {})
+        return
+    conn.execute(insert(conn.dialect.name, table).on_conflict_do_nothing(), list(rows))
 
 
 def upsert(dialect: str, table: sa.Table, values: dict[str, Any] | None,
@@ -72,11 +74,9 @@ def _key_of(table: sa.Table) -> list[sa.Column]:
 
 
 def _locked_keys(conn: Connection, table: sa.Table, where: Sequence[Any],
-                 order: Any = None, limit: int | None = None,
-                 skip_locked: bool = False) -> list[tuple[Any, ...]]:
+                 limit: int | None = None, skip_locked: bool = False
+                 ) -> list[tuple[Any, ...]]:
     q = sa.select(*_key_of(table)).where(*where)
-    if order is not None:
-        q = q.order_by(order)
     if limit is not None:
         q = q.limit(limit)
     q = q.with_for_update(skip_locked=skip_locked)
